@@ -1,0 +1,394 @@
+//! The impl contracts ([`AttentionImpl`], [`MlaAttentionImpl`]), their constructor parameters
+//! ([`AttentionParams`]) and the model-facing layer object ([`Attention`]).
+//!
+//! vLLM constructs one impl per layer with the layer's hyper-parameters, then calls
+//! `forward(layer, query, key, value, kv_cache, attn_metadata, output)` every step. polyattn
+//! keeps that shape. One difference, on purpose: `forward` also writes the new keys and values
+//! into the cache (vLLM's `forward_includes_kv_cache_update = True` behaviour), so model code
+//! makes one call per layer; `do_kv_cache_update` stays available on its own.
+
+use crate::backend::{AttentionBackend, AttentionType, BackendRef, SelectorConfig};
+use crate::device::Tensor;
+use crate::dtype::CacheDType;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::metadata::{AttentionMetadata, AttentionMetadataBuilder};
+
+/// The hyper-parameters an impl is constructed with (vLLM's `AttentionImpl.__init__`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Head size of queries, keys and values.
+    pub head_size: usize,
+    /// Logit scale, usually `head_size^-0.5`.
+    pub scale: f32,
+    /// KV heads; `num_heads` must be a multiple (GQA; MQA when 1).
+    pub num_kv_heads: usize,
+    /// ALiBi slope per query head: bias `slope · (j − q_pos)` on the scaled logits.
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Sliding window W: a query sees the W most recent keys, itself included.
+    pub sliding_window: Option<usize>,
+    /// KV-cache dtype.
+    pub kv_cache_dtype: CacheDType,
+    /// Logit soft cap c: `s ← c·tanh(s/c)` on the scaled logits; `None` or 0 disables.
+    pub logits_soft_cap: Option<f32>,
+    /// Attention type.
+    pub attn_type: AttentionType,
+    /// Per-head sink logits: they join the softmax denominator and contribute no value.
+    pub sinks: Option<Vec<f32>>,
+}
+
+impl AttentionParams {
+    /// Plain decoder attention with `scale = head_size^-0.5` and an `auto` cache.
+    pub fn new(num_heads: usize, head_size: usize, num_kv_heads: usize) -> Self {
+        AttentionParams {
+            num_heads,
+            head_size,
+            scale: 1.0 / (head_size as f32).sqrt(),
+            num_kv_heads,
+            alibi_slopes: None,
+            sliding_window: None,
+            kv_cache_dtype: CacheDType::Auto,
+            logits_soft_cap: None,
+            attn_type: AttentionType::Decoder,
+            sinks: None,
+        }
+    }
+
+    /// Query heads per KV head.
+    pub fn num_queries_per_kv(&self) -> usize {
+        self.num_heads / self.num_kv_heads.max(1)
+    }
+
+    /// The soft cap if enabled (vLLM maps `None` and 0 to "off").
+    pub fn soft_cap(&self) -> Option<f32> {
+        self.logits_soft_cap.filter(|&c| c > 0.0)
+    }
+
+    /// Checks the parameters among themselves (backend support is checked by the selector).
+    pub fn validate(&self) -> Result<()> {
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_size == 0 {
+            return Err(Error::config(format!(
+                "num_heads ({}), num_kv_heads ({}) and head_size ({}) must all be positive",
+                self.num_heads, self.num_kv_heads, self.head_size
+            )));
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(Error::config(format!(
+                "num_heads {} is not a multiple of num_kv_heads {} (GQA needs whole groups)",
+                self.num_heads, self.num_kv_heads
+            )));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return Err(Error::config(format!(
+                "scale {} must be finite and positive",
+                self.scale
+            )));
+        }
+        if let Some(a) = &self.alibi_slopes {
+            if a.len() != self.num_heads {
+                return Err(Error::config(format!(
+                    "alibi_slopes has {} entries; expected one per query head ({})",
+                    a.len(),
+                    self.num_heads
+                )));
+            }
+        }
+        if let Some(s) = &self.sinks {
+            if s.len() != self.num_heads {
+                return Err(Error::config(format!(
+                    "sinks has {} entries; expected one per query head ({})",
+                    s.len(),
+                    self.num_heads
+                )));
+            }
+        }
+        if self.sliding_window == Some(0) {
+            return Err(Error::config(
+                "sliding_window 0 would hide every key; use None for no window",
+            ));
+        }
+        if let Some(c) = self.logits_soft_cap {
+            if !c.is_finite() || c < 0.0 {
+                return Err(Error::config(format!(
+                    "logits_soft_cap {c} must be finite and ≥ 0"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The per-layer state vLLM passes as `layer`: its name and the fp8 KV scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionLayer {
+    /// Unique layer name ("model.layers.3.self_attn").
+    pub name: String,
+    /// fp8 key scale: stored `k / k_scale`, loaded `q · k_scale`. 1.0 when unquantised.
+    pub k_scale: f32,
+    /// fp8 value scale.
+    pub v_scale: f32,
+}
+
+impl AttentionLayer {
+    /// A layer with unit scales.
+    pub fn new(name: impl Into<String>) -> Self {
+        AttentionLayer {
+            name: name.into(),
+            k_scale: 1.0,
+            v_scale: 1.0,
+        }
+    }
+
+    /// Sets the fp8 scales (must be finite and positive).
+    pub fn with_scales(mut self, k_scale: f32, v_scale: f32) -> Result<Self> {
+        for (n, s) in [("k_scale", k_scale), ("v_scale", v_scale)] {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(Error::config(format!(
+                    "{n} {s} must be finite and positive"
+                )));
+            }
+        }
+        self.k_scale = k_scale;
+        self.v_scale = v_scale;
+        Ok(self)
+    }
+}
+
+/// One layer's attention kernels on one backend (vLLM's `AttentionImpl`).
+///
+/// Shapes: `query [num_tokens, num_heads, head_size]`; `key`, `value`
+/// `[num_tokens, num_kv_heads, head_size]` (absent when the layer reuses another layer's
+/// cache); `output [num_tokens, num_heads, head_size]` preallocated in the query's dtype;
+/// `output_lse [num_heads, num_tokens]` f32, natural log. Tensors may be longer than the
+/// batch's `num_actual_tokens` (graph padding): only the first `num_actual_tokens` rows are
+/// read and written.
+pub trait AttentionImpl: Send + Sync {
+    /// The parameters it was built with.
+    fn params(&self) -> &AttentionParams;
+
+    /// True if `forward_with_lse` can return the LSE for decode batches (needed by DCP).
+    fn can_return_lse_for_decode(&self) -> bool;
+
+    /// True when the LSE is `ln Σ exp`, false for `log2 Σ exp`.
+    fn lse_base_on_e(&self) -> bool {
+        true
+    }
+
+    /// Decode context parallelism support.
+    fn supports_dcp(&self) -> bool {
+        false
+    }
+
+    /// Prefill context parallelism support (no vLLM 0.25.1 impl has it).
+    fn supports_pcp(&self) -> bool {
+        false
+    }
+
+    /// Writes `key` / `value` rows into the cache at the batch's slot mapping (−1 skipped).
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()>;
+
+    /// Attention for one batch, writing `output` and, when given, `output_lse`.
+    /// For decoder layers it first writes `key` / `value` into the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_with_lse(
+        &self,
+        layer: &AttentionLayer,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        output_lse: Option<&mut Tensor>,
+    ) -> Result<()>;
+
+    /// Attention for one batch (vLLM's `forward`), writing `output`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        layer: &AttentionLayer,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+    ) -> Result<()> {
+        self.forward_with_lse(layer, query, key, value, kv_cache, metadata, output, None)
+    }
+}
+
+/// MLA (multi-head latent attention) kernels (vLLM's `MLAAttentionImpl`): decode runs as MQA
+/// on the latent cache with absorbed weights, prefill as MHA. There is no plain `forward`.
+///
+/// No built-in backend implements it yet; the contract is fixed here so that MLA backends and
+/// plugins plug into the same registry and selector (`use_mla` in [`SelectorConfig`]).
+pub trait MlaAttentionImpl: Send + Sync {
+    /// Decode: `q [B, N, kv_lora_rank + rope_dim]` against the latent cache
+    /// `[blocks, block_size, kv_lora_rank + rope_dim]`; writes `output [B, N, kv_lora_rank]`
+    /// and, when given, `lse [N, B]`.
+    fn forward_mqa(
+        &self,
+        layer: &AttentionLayer,
+        q: &Tensor,
+        kv_cache: &KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        lse: Option<&mut Tensor>,
+    ) -> Result<()>;
+
+    /// Prefill: causal MHA over up-projected keys and values; writes `output [T, N, v_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_mha(
+        &self,
+        layer: &AttentionLayer,
+        q: &Tensor,
+        kv_c_normed: &Tensor,
+        k_pe: &Tensor,
+        kv_cache: &KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+    ) -> Result<()>;
+}
+
+/// The model-facing attention layer: one per model layer, identical on every backend.
+///
+/// It owns the layer state and the backend's impl; model code builds the batch metadata once
+/// per step with the backend's builder ([`Attention::backend`]) and calls [`Attention::forward`].
+pub struct Attention {
+    layer: AttentionLayer,
+    backend: BackendRef,
+    imp: Box<dyn AttentionImpl>,
+}
+
+impl Attention {
+    /// Builds the layer on the backend the selector picks for it (honouring
+    /// `POLYATTN_BACKEND`).
+    pub fn new(
+        layer: AttentionLayer,
+        params: AttentionParams,
+        dtype: crate::DType,
+        block_size: Option<u32>,
+    ) -> Result<Self> {
+        params.validate()?;
+        let config = SelectorConfig::for_layer(&params, dtype, block_size);
+        let backend = crate::selector::get_attn_backend(&config)?;
+        Self::on_backend(layer, params, backend)
+    }
+
+    /// Builds the layer on a given backend (no selection), after validating the
+    /// configuration against it.
+    pub fn on_backend(
+        layer: AttentionLayer,
+        params: AttentionParams,
+        backend: BackendRef,
+    ) -> Result<Self> {
+        params.validate()?;
+        let imp = backend.make_impl(params)?;
+        Ok(Attention {
+            layer,
+            backend,
+            imp,
+        })
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> &dyn AttentionBackend {
+        self.backend.as_ref()
+    }
+
+    /// A shared handle to its backend.
+    pub fn backend_ref(&self) -> BackendRef {
+        self.backend.clone()
+    }
+
+    /// The layer state.
+    pub fn layer(&self) -> &AttentionLayer {
+        &self.layer
+    }
+
+    /// The impl.
+    pub fn imp(&self) -> &dyn AttentionImpl {
+        self.imp.as_ref()
+    }
+
+    /// A metadata builder for this layer's KV-cache group.
+    pub fn make_builder(
+        &self,
+        spec: &crate::kv_cache::KvCacheSpec,
+    ) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        self.backend.make_builder(spec)
+    }
+
+    /// Runs the layer: writes `key` / `value` into the cache, attends, fills `output`.
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+    ) -> Result<()> {
+        self.imp
+            .forward(&self.layer, query, key, value, kv_cache, metadata, output)
+    }
+}
+
+impl std::fmt::Debug for Attention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attention")
+            .field("layer", &self.layer)
+            .field("backend", &self.backend.name())
+            .field("params", self.imp.params())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_validation_names_the_problem() {
+        let mut p = AttentionParams::new(6, 64, 4);
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not a multiple"));
+        p.num_kv_heads = 2;
+        p.validate().unwrap();
+        p.sinks = Some(vec![0.0; 5]);
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("one per query head (6)"));
+        p.sinks = None;
+        p.sliding_window = Some(0);
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn layer_scales_must_be_positive() {
+        assert!(AttentionLayer::new("l").with_scales(0.0, 1.0).is_err());
+        assert!(AttentionLayer::new("l").with_scales(0.5, f32::NAN).is_err());
+        assert_eq!(
+            AttentionLayer::new("l")
+                .with_scales(0.5, 0.25)
+                .unwrap()
+                .v_scale,
+            0.25
+        );
+    }
+}

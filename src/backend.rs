@@ -1,0 +1,547 @@
+//! The backend descriptor: what a backend is, what it supports, and how to build its parts.
+//!
+//! This is vLLM's `AttentionBackend` (v0.25.1, `vllm/v1/attention/backend.py`). In vLLM the
+//! descriptor is a class with class methods; here it is a trait object, because plugins add
+//! backends at run time (see [`crate::registry`]). What a backend supports is plain data,
+//! [`BackendCapabilities`], and [`AttentionBackend::validate_configuration`] derives vLLM's
+//! reason strings from it, so every backend answers "why not?" the same way.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::attention::{AttentionImpl, AttentionParams};
+use crate::device::{Device, DeviceKind};
+use crate::dtype::{CacheDType, DType};
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::AttentionMetadataBuilder;
+
+/// vLLM's `AttentionType`: which tokens attend to which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum AttentionType {
+    /// Decoder self-attention over the paged KV cache (causal unless the metadata says not).
+    Decoder,
+    /// Encoder self-attention inside an encoder-decoder model (non-causal).
+    Encoder,
+    /// Encoder-only self-attention (BERT-style, non-causal).
+    EncoderOnly,
+    /// Cross-attention: decoder queries, encoder keys and values.
+    EncoderDecoder,
+}
+
+impl AttentionType {
+    /// vLLM's string value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AttentionType::Decoder => "decoder",
+            AttentionType::Encoder => "encoder",
+            AttentionType::EncoderOnly => "encoder_only",
+            AttentionType::EncoderDecoder => "encoder_decoder",
+        }
+    }
+
+    /// True for the types whose self-attention is bidirectional.
+    pub const fn is_encoder(self) -> bool {
+        matches!(self, AttentionType::Encoder | AttentionType::EncoderOnly)
+    }
+}
+
+impl fmt::Display for AttentionType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A kernel block-size rule: an exact size, or any multiple of a base (vLLM's `MultipleOf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockSize {
+    /// Exactly this many tokens per block (also accepted as a divisor: vLLM's hybrid blocks).
+    Exact(u32),
+    /// Any multiple of this many tokens.
+    MultipleOf(u32),
+}
+
+impl BlockSize {
+    /// vLLM's `supports_block_size` rule for one entry: `bs % size == 0`.
+    pub fn accepts(self, bs: u32) -> bool {
+        let base = match self {
+            BlockSize::Exact(b) | BlockSize::MultipleOf(b) => b,
+        };
+        bs > 0 && base > 0 && bs % base == 0
+    }
+
+    fn describe(self) -> String {
+        match self {
+            BlockSize::Exact(b) => format!("{b}"),
+            BlockSize::MultipleOf(b) => format!("any multiple of {b}"),
+        }
+    }
+}
+
+/// Which head sizes a backend's kernels accept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeadSizes {
+    /// Any head size.
+    Any,
+    /// Exactly these.
+    List(Vec<usize>),
+    /// Multiples of `multiple` in `min..=max`.
+    Range {
+        /// Smallest.
+        min: usize,
+        /// Largest.
+        max: usize,
+        /// Step.
+        multiple: usize,
+    },
+}
+
+impl HeadSizes {
+    /// True if `h` is accepted.
+    pub fn contains(&self, h: usize) -> bool {
+        match self {
+            HeadSizes::Any => true,
+            HeadSizes::List(l) => l.contains(&h),
+            HeadSizes::Range { min, max, multiple } => {
+                h >= *min && h <= *max && *multiple > 0 && h % multiple == 0
+            }
+        }
+    }
+}
+
+impl fmt::Display for HeadSizes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeadSizes::Any => f.write_str("any"),
+            HeadSizes::List(l) => write!(f, "{l:?}"),
+            HeadSizes::Range { min, max, multiple } => {
+                write!(f, "multiples of {multiple} in {min}..={max}")
+            }
+        }
+    }
+}
+
+/// Memory order of one block of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum KvLayout {
+    /// `[block_size, num_kv_heads, head_size]`: a token's heads are adjacent.
+    Nhd,
+    /// `[num_kv_heads, block_size, head_size]`: a head's tokens are adjacent.
+    Hnd,
+}
+
+impl KvLayout {
+    /// vLLM's stride order of the logical `(num_blocks, 2, block_size, num_kv_heads, head_size)`
+    /// shape: NHD `(0,1,2,3,4)`, HND `(0,1,3,2,4)`.
+    pub const fn stride_order(self) -> [usize; 5] {
+        match self {
+            KvLayout::Nhd => [0, 1, 2, 3, 4],
+            KvLayout::Hnd => [0, 1, 3, 2, 4],
+        }
+    }
+}
+
+/// vLLM's `AttentionCGSupport`: for which batches a full graph capture (CUDA graphs, Vulkan
+/// re-submittable command buffers) is valid. Larger means more support.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum GraphCaptureSupport {
+    /// No full-graph capture.
+    Never = 0,
+    /// Only pure `query_len == 1` decode batches.
+    UniformSingleTokenDecode = 1,
+    /// Only batches whose queries all have the same length.
+    UniformBatch = 2,
+    /// Any batch, mixed prefill and decode included.
+    Always = 3,
+}
+
+/// A device's compute capability (`major.minor`), ordered as a tuple.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct DeviceCapability {
+    /// Major version (9 for Hopper).
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+/// Everything a backend supports, as plain data. [`AttentionBackend::validate_configuration`]
+/// checks a [`SelectorConfig`] against it.
+#[derive(Clone, Debug)]
+pub struct BackendCapabilities {
+    /// Accepted head sizes.
+    pub head_sizes: HeadSizes,
+    /// Accepted activation dtypes.
+    pub dtypes: Vec<DType>,
+    /// Accepted KV-cache dtypes.
+    pub kv_cache_dtypes: Vec<CacheDType>,
+    /// Accepted kernel block sizes; a block size is accepted if any entry accepts it.
+    pub block_sizes: Vec<BlockSize>,
+    /// Accepted attention types.
+    pub attn_types: Vec<AttentionType>,
+    /// Attention sinks (per-head sink logits).
+    pub supports_sink: bool,
+    /// Non-causal attention inside the paged decoder path.
+    pub supports_non_causal: bool,
+    /// ALiBi biases.
+    pub supports_alibi: bool,
+    /// Sliding-window attention.
+    pub supports_sliding_window: bool,
+    /// Logit soft capping.
+    pub supports_soft_cap: bool,
+    /// Cascade attention over a common prefix.
+    pub supports_cascade: bool,
+    /// An MLA backend (latent cache) rather than standard attention.
+    pub is_mla: bool,
+    /// Smallest device capability it runs on (`None`: any).
+    pub min_capability: Option<DeviceCapability>,
+    /// Graph-capture level.
+    pub graph_capture: GraphCaptureSupport,
+    /// KV-cache memory order.
+    pub kv_layout: KvLayout,
+}
+
+/// What the selector asks a backend: vLLM's `AttentionSelectorConfig` plus the layer features
+/// polyattn checks up front (ALiBi, sliding window, soft cap). Hashable: the selector caches
+/// its answer per configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct SelectorConfig {
+    /// Head size.
+    pub head_size: usize,
+    /// Activation dtype.
+    pub dtype: DType,
+    /// KV-cache dtype.
+    pub kv_cache_dtype: CacheDType,
+    /// Kernel block size; `None` lets the backend choose (never disqualifies).
+    pub block_size: Option<u32>,
+    /// MLA layer.
+    pub use_mla: bool,
+    /// The layer has attention sinks.
+    pub has_sink: bool,
+    /// Attention type.
+    pub attn_type: AttentionType,
+    /// Non-causal attention in the decoder path.
+    pub use_non_causal: bool,
+    /// The layer uses ALiBi.
+    pub use_alibi: bool,
+    /// The layer uses a sliding window.
+    pub use_sliding_window: bool,
+    /// The layer uses a logit soft cap.
+    pub use_soft_cap: bool,
+}
+
+impl SelectorConfig {
+    /// A decoder configuration with everything optional turned off.
+    pub fn new(head_size: usize, dtype: DType, kv_cache_dtype: CacheDType) -> Self {
+        SelectorConfig {
+            head_size,
+            dtype,
+            kv_cache_dtype,
+            block_size: None,
+            use_mla: false,
+            has_sink: false,
+            attn_type: AttentionType::Decoder,
+            use_non_causal: false,
+            use_alibi: false,
+            use_sliding_window: false,
+            use_soft_cap: false,
+        }
+    }
+
+    /// The configuration a layer with these parameters needs.
+    pub fn for_layer(params: &AttentionParams, dtype: DType, block_size: Option<u32>) -> Self {
+        SelectorConfig {
+            head_size: params.head_size,
+            dtype,
+            kv_cache_dtype: params.kv_cache_dtype,
+            block_size,
+            use_mla: false,
+            has_sink: params.sinks.is_some(),
+            attn_type: params.attn_type,
+            use_non_causal: false,
+            use_alibi: params.alibi_slopes.is_some(),
+            use_sliding_window: params.sliding_window.is_some(),
+            use_soft_cap: params.logits_soft_cap.is_some_and(|c| c > 0.0),
+        }
+    }
+}
+
+impl fmt::Display for SelectorConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "head_size={} dtype={} kv_cache_dtype={} block_size={} attn_type={}",
+            self.head_size,
+            self.dtype,
+            self.kv_cache_dtype,
+            self.block_size
+                .map_or_else(|| "auto".to_string(), |b| b.to_string()),
+            self.attn_type
+        )?;
+        for (on, name) in [
+            (self.use_mla, "mla"),
+            (self.has_sink, "sinks"),
+            (self.use_non_causal, "non_causal"),
+            (self.use_alibi, "alibi"),
+            (self.use_sliding_window, "sliding_window"),
+            (self.use_soft_cap, "soft_cap"),
+        ] {
+            if on {
+                write!(f, " +{name}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One reason a backend cannot run a configuration.
+///
+/// `code` is vLLM's reason string where one applies ("head_size not supported"), so logs and
+/// tests match vLLM's; `detail` says what was asked and what would be valid.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Reason {
+    /// vLLM's reason string (or polyattn's own, for checks vLLM does not make).
+    pub code: String,
+    /// What was asked and what is valid.
+    pub detail: String,
+}
+
+impl Reason {
+    /// A reason with a detail.
+    pub fn new(code: impl Into<String>, detail: impl Into<String>) -> Self {
+        Reason {
+            code: code.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.detail.is_empty() {
+            f.write_str(&self.code)
+        } else {
+            write!(f, "{} ({})", self.code, self.detail)
+        }
+    }
+}
+
+/// Whether a backend can be used on this machine at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// Its driver and compiler were found; the string describes the device.
+    Available(String),
+    /// It cannot run here, and why ("libcuda.so not found").
+    Unavailable(String),
+}
+
+impl Availability {
+    /// True when available.
+    pub fn is_available(&self) -> bool {
+        matches!(self, Availability::Available(_))
+    }
+}
+
+/// A backend descriptor (vLLM's `AttentionBackend`).
+///
+/// Implemented once per device family in `src/backends/<name>/descriptor.rs`, and by plugins.
+/// Descriptors are cheap to create and must not touch a device until [`Self::availability`]
+/// or [`Self::device`] is called.
+pub trait AttentionBackend: Send + Sync {
+    /// The name users force it with (`POLYATTN_BACKEND=<name>`, case-insensitive).
+    fn name(&self) -> &str;
+
+    /// The device family it runs on.
+    fn device_kind(&self) -> DeviceKind;
+
+    /// Rank in automatic selection: lower is tried first. Built-ins use CUDA 100, HIP 200,
+    /// Vulkan 300, wgpu 400, CPU 1000, leaving room for backends in between.
+    fn priority(&self) -> u32;
+
+    /// Whether its driver / runtime compiler is present. Must never panic.
+    fn availability(&self) -> Availability;
+
+    /// What it supports.
+    fn capabilities(&self) -> &BackendCapabilities;
+
+    /// Opens (or returns the already open) device its kernels run on.
+    fn device(&self) -> Result<Device>;
+
+    /// Builds the impl for one layer (vLLM's `get_impl_cls()(...)`).
+    fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>>;
+
+    /// Builds the metadata builder for one KV-cache group (vLLM's `get_builder_cls()(...)`).
+    fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>>;
+
+    /// Cross-feature veto (vLLM's `supports_combination`): a reason, or `None` if fine.
+    fn supports_combination(&self, _config: &SelectorConfig) -> Option<Reason> {
+        None
+    }
+
+    /// The device capability of this backend's device, when it has one.
+    fn device_capability(&self) -> Option<DeviceCapability> {
+        None
+    }
+
+    /// The logical KV-cache shape `(num_blocks, 2, block_size, num_kv_heads, head_size)`.
+    /// Errors when the block size or head size is not supported.
+    fn kv_cache_shape(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_size: usize,
+        _cache_dtype: CacheDType,
+    ) -> Result<[usize; 5]> {
+        let caps = self.capabilities();
+        if !caps
+            .block_sizes
+            .iter()
+            .any(|b| b.accepts(block_size as u32))
+        {
+            return Err(Error::config(format!(
+                "{}: block size {block_size} is not supported (supported: {})",
+                self.name(),
+                describe_block_sizes(&caps.block_sizes)
+            )));
+        }
+        if !caps.head_sizes.contains(head_size) {
+            return Err(Error::config(format!(
+                "{}: head size {head_size} is not supported (supported: {})",
+                self.name(),
+                caps.head_sizes
+            )));
+        }
+        Ok([num_blocks, 2, block_size, num_kv_heads, head_size])
+    }
+
+    /// Physical order of the logical KV-cache shape (vLLM's `get_kv_cache_stride_order`).
+    fn kv_cache_stride_order(&self) -> [usize; 5] {
+        self.capabilities().kv_layout.stride_order()
+    }
+
+    /// vLLM's `get_preferred_block_size(default)`: `default` if supported, else the smallest
+    /// declared size.
+    fn preferred_block_size(&self, default: u32) -> u32 {
+        let caps = self.capabilities();
+        if caps.block_sizes.iter().any(|b| b.accepts(default)) {
+            return default;
+        }
+        caps.block_sizes
+            .iter()
+            .map(|b| match b {
+                BlockSize::Exact(s) | BlockSize::MultipleOf(s) => *s,
+            })
+            .min()
+            .unwrap_or(default)
+    }
+
+    /// Every reason this backend cannot run `config`, in vLLM's order; empty means valid.
+    fn validate_configuration(&self, config: &SelectorConfig) -> Vec<Reason> {
+        validate_against(self.capabilities(), self.device_capability(), config)
+            .into_iter()
+            .chain(self.supports_combination(config))
+            .collect()
+    }
+}
+
+/// Renders a block-size list for messages.
+pub fn describe_block_sizes(sizes: &[BlockSize]) -> String {
+    sizes
+        .iter()
+        .map(|b| b.describe())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The capability checks of vLLM's `validate_configuration`, in its order, plus polyattn's
+/// layer-feature checks (ALiBi, sliding window, soft cap) at the end.
+pub fn validate_against(
+    caps: &BackendCapabilities,
+    device_cap: Option<DeviceCapability>,
+    c: &SelectorConfig,
+) -> Vec<Reason> {
+    let mut r = Vec::new();
+    if !caps.head_sizes.contains(c.head_size) {
+        r.push(Reason::new(
+            "head_size not supported",
+            format!("got {}; supported: {}", c.head_size, caps.head_sizes),
+        ));
+    }
+    if !caps.dtypes.contains(&c.dtype) {
+        r.push(Reason::new(
+            "dtype not supported",
+            format!("got {}; supported: {}", c.dtype, list(&caps.dtypes)),
+        ));
+    }
+    if !caps.kv_cache_dtypes.contains(&c.kv_cache_dtype) {
+        r.push(Reason::new(
+            "kv_cache_dtype not supported",
+            format!(
+                "got {}; supported: {}",
+                c.kv_cache_dtype,
+                list(&caps.kv_cache_dtypes)
+            ),
+        ));
+    }
+    if let Some(bs) = c.block_size {
+        if !caps.block_sizes.iter().any(|b| b.accepts(bs)) {
+            r.push(Reason::new(
+                "block_size not supported",
+                format!(
+                    "got {bs}; supported: {}",
+                    describe_block_sizes(&caps.block_sizes)
+                ),
+            ));
+        }
+    }
+    if c.use_mla && !caps.is_mla {
+        r.push(Reason::new("MLA not supported", ""));
+    }
+    if !c.use_mla && caps.is_mla {
+        r.push(Reason::new("non-MLA not supported", ""));
+    }
+    if c.has_sink && !caps.supports_sink {
+        r.push(Reason::new("attention sinks not supported", ""));
+    }
+    if let (Some(min), Some(have)) = (caps.min_capability, device_cap) {
+        if have < min {
+            r.push(Reason::new(
+                "compute capability not supported",
+                format!(
+                    "device is {}.{}, needs {}.{}",
+                    have.major, have.minor, min.major, min.minor
+                ),
+            ));
+        }
+    }
+    if !caps.attn_types.contains(&c.attn_type) {
+        r.push(Reason::new(
+            format!("attention type {} not supported", c.attn_type),
+            format!("supported: {}", list(&caps.attn_types)),
+        ));
+    }
+    if c.use_non_causal && !caps.supports_non_causal {
+        r.push(Reason::new("non-causal attention not supported", ""));
+    }
+    if c.use_alibi && !caps.supports_alibi {
+        r.push(Reason::new("ALiBi not supported", ""));
+    }
+    if c.use_sliding_window && !caps.supports_sliding_window {
+        r.push(Reason::new("sliding window not supported", ""));
+    }
+    if c.use_soft_cap && !caps.supports_soft_cap {
+        r.push(Reason::new("logits soft cap not supported", ""));
+    }
+    r
+}
+
+fn list<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A shared handle to a backend descriptor.
+pub type BackendRef = Arc<dyn AttentionBackend>;

@@ -1,0 +1,146 @@
+//! The CPU backend's metadata builder: validates cascade requests and cuts the batch into
+//! work tiles once per step, so every layer's forward just walks the tiles.
+
+use std::any::Any;
+
+use crate::backend::GraphCaptureSupport;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::{
+    AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
+};
+
+/// Query rows of one request processed together: they share every key block they load.
+pub const TILE_TOKENS: usize = 16;
+
+/// One unit of work: query tokens `q_start..q_end` (batch-global) of request `req`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    /// Request index.
+    pub req: usize,
+    /// First query token (index into the batch).
+    pub q_start: usize,
+    /// One past the last query token.
+    pub q_end: usize,
+}
+
+/// Shared-prefix (cascade) attention plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CascadePlan {
+    /// Tokens of the shared prefix (a multiple of the block size).
+    pub prefix_len: usize,
+    /// The prefix's blocks, shared by every request.
+    pub prefix_blocks: Vec<i32>,
+}
+
+/// What the CPU kernels consume for one batch.
+#[derive(Clone, Debug)]
+pub struct CpuAttentionMetadata {
+    /// The validated common metadata.
+    pub common: CommonAttentionMetadata,
+    /// Work tiles covering every query token exactly once.
+    pub tiles: Vec<Tile>,
+    /// The decode / prefill split (informational: the kernels handle both in one pass).
+    pub split: DecodePrefillSplit,
+    /// Cascade plan when `common_prefix_len > 0`.
+    pub cascade: Option<CascadePlan>,
+}
+
+impl AttentionMetadata for CpuAttentionMetadata {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Builds [`CpuAttentionMetadata`].
+#[derive(Clone, Debug)]
+pub struct CpuMetadataBuilder {
+    spec: KvCacheSpec,
+}
+
+impl CpuMetadataBuilder {
+    /// A builder for one KV-cache group.
+    pub fn new(spec: KvCacheSpec) -> Self {
+        CpuMetadataBuilder { spec }
+    }
+
+    fn cascade_plan(
+        &self,
+        common_prefix_len: usize,
+        common: &CommonAttentionMetadata,
+    ) -> Result<Option<CascadePlan>> {
+        if common_prefix_len == 0 {
+            return Ok(None);
+        }
+        let bs = common.block_size();
+        if common_prefix_len % bs != 0 {
+            return Err(Error::metadata(format!(
+                "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
+            )));
+        }
+        let min_computed = common.num_computed_tokens().into_iter().min().unwrap_or(0);
+        if common_prefix_len > min_computed {
+            return Err(Error::metadata(format!(
+                "common_prefix_len {common_prefix_len} exceeds the smallest cached context \
+                 ({min_computed} tokens): the prefix must already be in the cache for every request"
+            )));
+        }
+        let n = common_prefix_len / bs;
+        let first = &common.block_table_row(0)[..n];
+        for r in 1..common.num_reqs() {
+            if &common.block_table_row(r)[..n] != first {
+                return Err(Error::metadata(format!(
+                    "common_prefix_len {common_prefix_len}: request {r} does not share the \
+                     first {n} blocks of request 0"
+                )));
+            }
+        }
+        Ok(Some(CascadePlan {
+            prefix_len: common_prefix_len,
+            prefix_blocks: first.to_vec(),
+        }))
+    }
+}
+
+impl AttentionMetadataBuilder for CpuMetadataBuilder {
+    fn graph_capture_support(&self) -> GraphCaptureSupport {
+        GraphCaptureSupport::Never
+    }
+
+    fn build(
+        &self,
+        common_prefix_len: usize,
+        common: &CommonAttentionMetadata,
+        _fast_build: bool,
+    ) -> Result<Box<dyn AttentionMetadata>> {
+        if common.block_size() != self.spec.block_size {
+            return Err(Error::metadata(format!(
+                "batch block size {} differs from the KV-cache group's {}",
+                common.block_size(),
+                self.spec.block_size
+            )));
+        }
+        let cascade = self.cascade_plan(common_prefix_len, common)?;
+        let qsl = common.query_start_loc_cpu();
+        let mut tiles = Vec::new();
+        for req in 0..common.num_reqs() {
+            let (s, e) = (qsl[req] as usize, qsl[req + 1] as usize);
+            let mut t = s;
+            while t < e {
+                let end = (t + TILE_TOKENS).min(e);
+                tiles.push(Tile {
+                    req,
+                    q_start: t,
+                    q_end: end,
+                });
+                t = end;
+            }
+        }
+        Ok(Box::new(CpuAttentionMetadata {
+            split: common.split_decodes_and_prefills(1, false, true),
+            common: common.clone(),
+            tiles,
+            cascade,
+        }))
+    }
+}

@@ -1,0 +1,73 @@
+//! The CPU device: host memory, work spread over rayon's thread pool.
+
+use half::{bf16, f16};
+
+/// The host CPU as a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuDevice {
+    threads: usize,
+}
+
+impl CpuDevice {
+    /// The CPU with rayon's global pool (`RAYON_NUM_THREADS` sets its size).
+    pub fn new() -> Self {
+        CpuDevice {
+            threads: rayon::current_num_threads(),
+        }
+    }
+
+    /// Worker threads used by kernels.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// A one-line description.
+    pub fn description(&self) -> String {
+        format!("cpu: {} threads, {}", self.threads, std::env::consts::ARCH)
+    }
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Host storage of one tensor, typed by element.
+///
+/// The fp8 dtypes are stored as raw bytes (`U8`); the tensor's [`crate::DType`] says which
+/// format they hold.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CpuStorage {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    Bf16(Vec<bf16>),
+    /// fp8 bytes (E4M3 or E5M2).
+    U8(Vec<u8>),
+    /// i32 elements.
+    I32(Vec<i32>),
+    /// i64 elements.
+    I64(Vec<i64>),
+}
+
+impl CpuStorage {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            CpuStorage::F32(v) => v.len(),
+            CpuStorage::F16(v) => v.len(),
+            CpuStorage::Bf16(v) => v.len(),
+            CpuStorage::U8(v) => v.len(),
+            CpuStorage::I32(v) => v.len(),
+            CpuStorage::I64(v) => v.len(),
+        }
+    }
+
+    /// True if it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,82 @@
+//! The compute abstraction every backend implements: a device handle, typed buffers with a
+//! shape ([`Tensor`]), upload / download and synchronisation.
+//!
+//! [`Device`] is a closed enum, as in candle: the set of device families is fixed by the crate,
+//! and each GPU backend adds its variant (CUDA, HIP, Vulkan, wgpu) next to the CPU one. Callers
+//! only use `Device` and `Tensor` methods, so a new variant changes no caller. Backends reach
+//! their own storage through [`Tensor::storage`] / [`Tensor::storage_mut`].
+
+mod cpu;
+mod tensor;
+
+pub use cpu::{CpuDevice, CpuStorage};
+pub use tensor::{Storage, Tensor};
+
+use crate::error::Result;
+
+/// A compute device that holds tensors and runs kernels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The host CPU (multithreaded with rayon).
+    Cpu(CpuDevice),
+}
+
+/// The device family, without a handle: what the selector ranks and reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum DeviceKind {
+    /// NVIDIA through CUDA (PTX via NVRTC).
+    Cuda,
+    /// AMD through HIP.
+    Hip,
+    /// Any Vulkan device through SPIR-V (Intel XPU among them).
+    Vulkan,
+    /// WGSL through wgpu (Metal, DX12, Vulkan, GL).
+    Wgpu,
+    /// The host CPU.
+    Cpu,
+    /// A device brought by a plugin backend.
+    Other,
+}
+
+impl DeviceKind {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Hip => "hip",
+            DeviceKind::Vulkan => "vulkan",
+            DeviceKind::Wgpu => "wgpu",
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Other => "other",
+        }
+    }
+}
+
+impl Device {
+    /// The host CPU device.
+    pub fn cpu() -> Self {
+        Device::Cpu(CpuDevice::new())
+    }
+
+    /// The device family.
+    pub fn kind(&self) -> DeviceKind {
+        match self {
+            Device::Cpu(_) => DeviceKind::Cpu,
+        }
+    }
+
+    /// A one-line description ("cpu: 2 threads, x86_64").
+    pub fn description(&self) -> String {
+        match self {
+            Device::Cpu(c) => c.description(),
+        }
+    }
+
+    /// Waits until all work queued on the device has finished. A no-op on the CPU, where
+    /// every call returns when its work is done.
+    pub fn synchronize(&self) -> Result<()> {
+        match self {
+            Device::Cpu(_) => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! [`Tensor`]: a typed, shaped buffer on a [`Device`].
+
+use half::{bf16, f16};
+
+use super::{CpuStorage, Device};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::fp8;
+
+/// Where a tensor's elements live. One variant per device family, like [`Device`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Storage {
+    /// Host memory.
+    Cpu(CpuStorage),
+}
+
+/// A dense, row-major buffer with a shape and a dtype, on one device.
+///
+/// Tensors are plain buffers: polyattn does no autograd and no lazy ops. Kernels read and
+/// write them through their backend's storage; model code creates them with
+/// [`Tensor::from_f32`] / [`Tensor::zeros`] and reads results with [`Tensor::to_f32_vec`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    storage: Storage,
+    shape: Vec<usize>,
+    dtype: DType,
+    device: Device,
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Tensor {
+    /// A tensor of zeros.
+    pub fn zeros(device: &Device, shape: &[usize], dtype: DType) -> Result<Self> {
+        let n = numel(shape);
+        let storage = match device {
+            Device::Cpu(_) => Storage::Cpu(match dtype {
+                DType::F32 => CpuStorage::F32(vec![0.0; n]),
+                DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
+                DType::Bf16 => CpuStorage::Bf16(vec![bf16::ZERO; n]),
+                DType::Fp8E4m3 | DType::Fp8E5m2 => CpuStorage::U8(vec![0; n]),
+                DType::I32 => CpuStorage::I32(vec![0; n]),
+                DType::I64 => CpuStorage::I64(vec![0; n]),
+            }),
+        };
+        Ok(Tensor {
+            storage,
+            shape: shape.to_vec(),
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// Uploads `data` converted to `dtype` (rounding to nearest; fp8 saturates, scale 1).
+    pub fn from_f32(device: &Device, data: &[f32], shape: &[usize], dtype: DType) -> Result<Self> {
+        if data.len() != numel(shape) {
+            return Err(Error::shape(
+                "from_f32 data",
+                &[data.len()],
+                format!("{} elements for shape {shape:?}", numel(shape)),
+            ));
+        }
+        let cpu = match dtype {
+            DType::F32 => CpuStorage::F32(data.to_vec()),
+            DType::F16 => CpuStorage::F16(data.iter().map(|&x| f16::from_f32(x)).collect()),
+            DType::Bf16 => CpuStorage::Bf16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::Fp8E4m3 | DType::Fp8E5m2 => {
+                CpuStorage::U8(data.iter().map(|&x| fp8::encode(dtype, x)).collect())
+            }
+            DType::I32 | DType::I64 => {
+                return Err(Error::DType {
+                    what: "from_f32",
+                    got: dtype.to_string(),
+                    expected: "a float dtype (use from_i32 / from_i64 for integers)".into(),
+                })
+            }
+        };
+        Ok(Self::from_cpu_storage(device, cpu, shape, dtype))
+    }
+
+    /// Uploads i32 data.
+    pub fn from_i32(device: &Device, data: &[i32], shape: &[usize]) -> Result<Self> {
+        if data.len() != numel(shape) {
+            return Err(Error::shape(
+                "from_i32 data",
+                &[data.len()],
+                format!("{shape:?}"),
+            ));
+        }
+        Ok(Self::from_cpu_storage(
+            device,
+            CpuStorage::I32(data.to_vec()),
+            shape,
+            DType::I32,
+        ))
+    }
+
+    /// Uploads i64 data.
+    pub fn from_i64(device: &Device, data: &[i64], shape: &[usize]) -> Result<Self> {
+        if data.len() != numel(shape) {
+            return Err(Error::shape(
+                "from_i64 data",
+                &[data.len()],
+                format!("{shape:?}"),
+            ));
+        }
+        Ok(Self::from_cpu_storage(
+            device,
+            CpuStorage::I64(data.to_vec()),
+            shape,
+            DType::I64,
+        ))
+    }
+
+    fn from_cpu_storage(device: &Device, cpu: CpuStorage, shape: &[usize], dtype: DType) -> Self {
+        // Every device family uploads from host storage; today only the CPU exists.
+        let storage = match device {
+            Device::Cpu(_) => Storage::Cpu(cpu),
+        };
+        Tensor {
+            storage,
+            shape: shape.to_vec(),
+            dtype,
+            device: device.clone(),
+        }
+    }
+
+    /// Downloads the elements converted to f32 (fp8 bytes decoded with scale 1).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        match &self.storage {
+            Storage::Cpu(c) => Ok(match c {
+                CpuStorage::F32(v) => v.clone(),
+                CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                CpuStorage::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+                CpuStorage::U8(v) => {
+                    let t = fp8::table(self.dtype).expect("u8 storage holds fp8");
+                    v.iter().map(|&b| t[b as usize]).collect()
+                }
+                CpuStorage::I32(v) => v.iter().map(|&x| x as f32).collect(),
+                CpuStorage::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            }),
+        }
+    }
+
+    /// Downloads the raw fp8 bytes of an fp8 tensor.
+    pub fn to_u8_vec(&self) -> Result<Vec<u8>> {
+        match &self.storage {
+            Storage::Cpu(CpuStorage::U8(v)) => Ok(v.clone()),
+            _ => Err(Error::DType {
+                what: "to_u8_vec",
+                got: self.dtype.to_string(),
+                expected: "fp8_e4m3 or fp8_e5m2".into(),
+            }),
+        }
+    }
+
+    /// Downloads an i32 tensor.
+    pub fn to_i32_vec(&self) -> Result<Vec<i32>> {
+        match &self.storage {
+            Storage::Cpu(CpuStorage::I32(v)) => Ok(v.clone()),
+            _ => Err(Error::DType {
+                what: "to_i32_vec",
+                got: self.dtype.to_string(),
+                expected: "i32".into(),
+            }),
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// Size in bytes.
+    pub fn size_in_bytes(&self) -> usize {
+        self.numel() * self.dtype.size_in_bytes()
+    }
+
+    /// The backing storage (for backends and kernels).
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The backing storage, mutable (for kernels writing outputs).
+    pub fn storage_mut(&mut self) -> &mut Storage {
+        &mut self.storage
+    }
+
+    /// The host storage, if the tensor lives on the CPU.
+    pub fn as_cpu(&self) -> Option<&CpuStorage> {
+        match &self.storage {
+            Storage::Cpu(c) => Some(c),
+        }
+    }
+
+    /// The host storage, mutable, if the tensor lives on the CPU.
+    pub fn as_cpu_mut(&mut self) -> Option<&mut CpuStorage> {
+        match &mut self.storage {
+            Storage::Cpu(c) => Some(c),
+        }
+    }
+
+    /// Checks the shape against `expected`, naming `what` in the error.
+    pub fn expect_shape(&self, what: &'static str, expected: &[usize]) -> Result<()> {
+        if self.shape != expected {
+            return Err(Error::shape(what, &self.shape, format!("{expected:?}")));
+        }
+        Ok(())
+    }
+
+    /// Checks the dtype, naming `what` in the error.
+    pub fn expect_dtype(&self, what: &'static str, expected: DType) -> Result<()> {
+        if self.dtype != expected {
+            return Err(Error::DType {
+                what,
+                got: self.dtype.to_string(),
+                expected: expected.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_per_dtype() {
+        let dev = Device::cpu();
+        let data = [1.0f32, -2.5, 0.125, 3.0];
+        for dt in [
+            DType::F32,
+            DType::F16,
+            DType::Bf16,
+            DType::Fp8E4m3,
+            DType::Fp8E5m2,
+        ] {
+            let t = Tensor::from_f32(&dev, &data, &[2, 2], dt).unwrap();
+            assert_eq!(t.to_f32_vec().unwrap(), data, "{dt}");
+            assert_eq!(t.size_in_bytes(), 4 * dt.size_in_bytes());
+        }
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        let err = Tensor::from_f32(&Device::cpu(), &[1.0; 3], &[2, 2], DType::F32).unwrap_err();
+        assert!(err.to_string().contains("4 elements"), "{err}");
+    }
+}

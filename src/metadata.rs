@@ -1,0 +1,460 @@
+//! Per-batch attention metadata: vLLM's `CommonAttentionMetadata`, its one validation step,
+//! the decode/prefill split helpers, and the [`AttentionMetadataBuilder`] contract.
+//!
+//! The runner builds one [`CommonAttentionMetadata`] per step; each backend's builder turns it
+//! into what its kernels consume. Validation happens here, once, when the metadata is built:
+//! kernels then trust every offset, block id and slot, so a bad batch is an [`Error`] on the
+//! host and never an out-of-bounds access on a device.
+
+use std::any::Any;
+use std::fmt::Debug;
+
+use crate::backend::GraphCaptureSupport;
+use crate::device::{Device, Tensor};
+use crate::error::{Error, Result};
+
+/// vLLM's `PAD_SLOT_ID`: a slot-mapping entry that writes nothing.
+pub const PAD_SLOT_ID: i64 = -1;
+/// vLLM's `NULL_BLOCK_ID`: block 0 is reserved and never allocated to a request.
+pub const NULL_BLOCK_ID: i32 = 0;
+
+/// The host-side description of a batch, before validation. Field meanings are vLLM's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchDescription {
+    /// `[num_reqs + 1]` exclusive prefix sum of query lengths, starting at 0.
+    pub query_start_loc: Vec<i32>,
+    /// `[num_reqs]` KV length per request after this step (context + new tokens).
+    pub seq_lens: Vec<i32>,
+    /// `[num_reqs][max_blocks_per_req]` physical block ids, row-major.
+    pub block_table: Vec<i32>,
+    /// Width of each block-table row.
+    pub max_blocks_per_req: usize,
+    /// `[num_tokens]` cache slot of each new token (`block * block_size + offset`), or −1.
+    pub slot_mapping: Vec<i64>,
+    /// Causal (decoder) attention.
+    pub causal: bool,
+    /// Tokens per KV-cache block.
+    pub block_size: usize,
+    /// Blocks in the KV cache the batch refers to.
+    pub num_blocks: usize,
+    /// Optional `[num_reqs]`: true while a request is still prefilling its prompt.
+    pub is_prefilling: Option<Vec<bool>>,
+}
+
+/// Copies of the metadata arrays on the backend's device.
+#[derive(Clone, Debug)]
+pub struct DeviceMetadata {
+    /// `[num_reqs + 1]` i32.
+    pub query_start_loc: Tensor,
+    /// `[num_reqs]` i32.
+    pub seq_lens: Tensor,
+    /// `[num_reqs, max_blocks_per_req]` i32.
+    pub block_table: Tensor,
+    /// `[num_tokens]` i64.
+    pub slot_mapping: Tensor,
+}
+
+/// Validated, backend-neutral metadata of one batch (vLLM's `CommonAttentionMetadata`).
+///
+/// Construct it with [`CommonAttentionMetadata::new`]; the fields are read through accessors
+/// so that nothing can change them after validation.
+#[derive(Clone, Debug)]
+pub struct CommonAttentionMetadata {
+    desc: BatchDescription,
+    num_reqs: usize,
+    num_actual_tokens: usize,
+    max_query_len: usize,
+    max_seq_len: usize,
+    device: DeviceMetadata,
+}
+
+/// How a reordered batch splits into decodes (first) and prefills (after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodePrefillSplit {
+    /// Requests treated as decodes.
+    pub num_decodes: usize,
+    /// Requests treated as prefills.
+    pub num_prefills: usize,
+    /// Tokens of the decode requests.
+    pub num_decode_tokens: usize,
+    /// Tokens of the prefill requests.
+    pub num_prefill_tokens: usize,
+}
+
+impl CommonAttentionMetadata {
+    /// Validates `desc` and uploads its arrays to `device`.
+    ///
+    /// Checks: `query_start_loc` starts at 0 and never decreases; one seq_len per request;
+    /// each query length ≤ its seq_len; the block table is wide enough for every seq_len;
+    /// every block id a request uses is in `0..num_blocks`; every slot is −1 or in
+    /// `0..num_blocks * block_size`; one slot per token.
+    pub fn new(device: &Device, desc: BatchDescription) -> Result<Self> {
+        let (num_reqs, max_query_len, max_seq_len) = validate(&desc)?;
+        let num_actual_tokens = *desc.query_start_loc.last().unwrap_or(&0) as usize;
+        let dev = DeviceMetadata {
+            query_start_loc: Tensor::from_i32(device, &desc.query_start_loc, &[num_reqs + 1])?,
+            seq_lens: Tensor::from_i32(device, &desc.seq_lens, &[num_reqs])?,
+            block_table: Tensor::from_i32(
+                device,
+                &desc.block_table,
+                &[num_reqs, desc.max_blocks_per_req],
+            )?,
+            slot_mapping: Tensor::from_i64(device, &desc.slot_mapping, &[desc.slot_mapping.len()])?,
+        };
+        Ok(CommonAttentionMetadata {
+            desc,
+            num_reqs,
+            num_actual_tokens,
+            max_query_len,
+            max_seq_len,
+            device: dev,
+        })
+    }
+
+    /// Number of requests.
+    pub fn num_reqs(&self) -> usize {
+        self.num_reqs
+    }
+    /// Total new tokens in the batch.
+    pub fn num_actual_tokens(&self) -> usize {
+        self.num_actual_tokens
+    }
+    /// Longest query.
+    pub fn max_query_len(&self) -> usize {
+        self.max_query_len
+    }
+    /// Longest sequence.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+    /// Host copy of `query_start_loc`.
+    pub fn query_start_loc_cpu(&self) -> &[i32] {
+        &self.desc.query_start_loc
+    }
+    /// Host copy of `seq_lens`.
+    pub fn seq_lens_cpu(&self) -> &[i32] {
+        &self.desc.seq_lens
+    }
+    /// Host copy of the block table, row-major `[num_reqs][max_blocks_per_req]`.
+    pub fn block_table_cpu(&self) -> &[i32] {
+        &self.desc.block_table
+    }
+    /// One request's block-table row.
+    pub fn block_table_row(&self, req: usize) -> &[i32] {
+        let w = self.desc.max_blocks_per_req;
+        &self.desc.block_table[req * w..(req + 1) * w]
+    }
+    /// Width of a block-table row.
+    pub fn max_blocks_per_req(&self) -> usize {
+        self.desc.max_blocks_per_req
+    }
+    /// Host copy of the slot mapping.
+    pub fn slot_mapping_cpu(&self) -> &[i64] {
+        &self.desc.slot_mapping
+    }
+    /// Causal attention.
+    pub fn causal(&self) -> bool {
+        self.desc.causal
+    }
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.desc.block_size
+    }
+    /// Blocks in the cache.
+    pub fn num_blocks(&self) -> usize {
+        self.desc.num_blocks
+    }
+    /// The device copies.
+    pub fn device(&self) -> &DeviceMetadata {
+        &self.device
+    }
+    /// The description it was built from.
+    pub fn description(&self) -> &BatchDescription {
+        &self.desc
+    }
+
+    /// Query length of request `i`.
+    pub fn query_len(&self, i: usize) -> usize {
+        (self.desc.query_start_loc[i + 1] - self.desc.query_start_loc[i]) as usize
+    }
+
+    /// vLLM's `naive_query_lens()`.
+    pub fn query_lens(&self) -> Vec<usize> {
+        (0..self.num_reqs).map(|i| self.query_len(i)).collect()
+    }
+
+    /// Tokens already in the cache before this step, per request: `seq_len − query_len`
+    /// (vLLM derives it the same way; there is no field).
+    pub fn num_computed_tokens(&self) -> Vec<usize> {
+        (0..self.num_reqs)
+            .map(|i| self.desc.seq_lens[i] as usize - self.query_len(i))
+            .collect()
+    }
+
+    /// vLLM's `split_decodes_and_prefills` for a batch already ordered decodes-first:
+    /// requests whose query length is ≤ `decode_threshold` (and that are not still
+    /// prefilling, when `is_prefilling` is known and `treat_short_extends_as_decodes` is
+    /// false) count as decodes until the first one that is not. With `require_uniform`, the
+    /// decode region must have one query length.
+    pub fn split_decodes_and_prefills(
+        &self,
+        decode_threshold: usize,
+        require_uniform: bool,
+        treat_short_extends_as_decodes: bool,
+    ) -> DecodePrefillSplit {
+        let lens = self.query_lens();
+        let n = self.num_reqs;
+        let all_tokens = self.num_actual_tokens;
+        if n == 0 {
+            return DecodePrefillSplit {
+                num_decodes: 0,
+                num_prefills: 0,
+                num_decode_tokens: 0,
+                num_prefill_tokens: 0,
+            };
+        }
+        let is_decode = |i: usize| {
+            let short = lens[i] <= decode_threshold;
+            let prefilling = !treat_short_extends_as_decodes
+                && self.desc.is_prefilling.as_ref().is_some_and(|p| p[i]);
+            short && !prefilling
+        };
+        let boundary = if require_uniform {
+            // A uniform (possibly zero-padded) decode region: it ends at the first row whose
+            // length differs from row 0's.
+            let first = lens[0];
+            if first > decode_threshold || !is_decode(0) {
+                0
+            } else {
+                (0..n)
+                    .find(|&i| lens[i] != first && lens[i] != 0)
+                    .unwrap_or(n)
+            }
+        } else {
+            (0..n).find(|&i| !is_decode(i)).unwrap_or(n)
+        };
+        let decode_tokens = self.desc.query_start_loc[boundary] as usize;
+        DecodePrefillSplit {
+            num_decodes: boundary,
+            num_prefills: n - boundary,
+            num_decode_tokens: decode_tokens,
+            num_prefill_tokens: all_tokens - decode_tokens,
+        }
+    }
+}
+
+fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
+    if d.query_start_loc.is_empty() {
+        return Err(Error::metadata(
+            "query_start_loc is empty; it needs num_reqs + 1 entries starting at 0",
+        ));
+    }
+    let num_reqs = d.query_start_loc.len() - 1;
+    if d.query_start_loc[0] != 0 {
+        return Err(Error::metadata(format!(
+            "query_start_loc[0] = {}; it must start at 0",
+            d.query_start_loc[0]
+        )));
+    }
+    if d.seq_lens.len() != num_reqs {
+        return Err(Error::metadata(format!(
+            "seq_lens has {} entries for {num_reqs} requests (query_start_loc has {})",
+            d.seq_lens.len(),
+            d.query_start_loc.len()
+        )));
+    }
+    if d.block_size == 0 {
+        return Err(Error::metadata("block_size is 0"));
+    }
+    if d.block_table.len() != num_reqs * d.max_blocks_per_req {
+        return Err(Error::metadata(format!(
+            "block_table has {} entries; expected num_reqs × max_blocks_per_req = {num_reqs} × {}",
+            d.block_table.len(),
+            d.max_blocks_per_req
+        )));
+    }
+    if let Some(p) = &d.is_prefilling {
+        if p.len() != num_reqs {
+            return Err(Error::metadata(format!(
+                "is_prefilling has {} entries for {num_reqs} requests",
+                p.len()
+            )));
+        }
+    }
+    let (mut max_q, mut max_s) = (0usize, 0usize);
+    for i in 0..num_reqs {
+        let (a, b) = (d.query_start_loc[i], d.query_start_loc[i + 1]);
+        if b < a {
+            return Err(Error::metadata(format!(
+                "query_start_loc decreases at request {i}: {a} then {b}; it must be monotonic"
+            )));
+        }
+        let q = (b - a) as usize;
+        let s = d.seq_lens[i];
+        if s < 0 {
+            return Err(Error::metadata(format!("seq_lens[{i}] = {s} is negative")));
+        }
+        let s = s as usize;
+        if q > s {
+            return Err(Error::metadata(format!(
+                "request {i}: query length {q} exceeds its sequence length {s} \
+                 (seq_len counts context plus new tokens)"
+            )));
+        }
+        let needed = s.div_ceil(d.block_size);
+        if needed > d.max_blocks_per_req {
+            return Err(Error::metadata(format!(
+                "request {i}: seq_len {s} needs {needed} blocks of {} tokens but the block \
+                 table row has {}",
+                d.block_size, d.max_blocks_per_req
+            )));
+        }
+        let row = &d.block_table[i * d.max_blocks_per_req..][..needed];
+        if let Some((j, &b)) = row
+            .iter()
+            .enumerate()
+            .find(|(_, &b)| b < 0 || b as usize >= d.num_blocks)
+        {
+            return Err(Error::metadata(format!(
+                "request {i}: block_table[{i}][{j}] = {b} is out of range 0..{}",
+                d.num_blocks
+            )));
+        }
+        max_q = max_q.max(q);
+        max_s = max_s.max(s);
+    }
+    let num_tokens = d.query_start_loc[num_reqs] as usize;
+    if d.slot_mapping.len() != num_tokens {
+        return Err(Error::metadata(format!(
+            "slot_mapping has {} entries for {num_tokens} tokens; pad with -1 (PAD_SLOT_ID)",
+            d.slot_mapping.len()
+        )));
+    }
+    let num_slots = (d.num_blocks * d.block_size) as i64;
+    if let Some((t, &s)) = d
+        .slot_mapping
+        .iter()
+        .enumerate()
+        .find(|(_, &s)| s != PAD_SLOT_ID && !(0..num_slots).contains(&s))
+    {
+        return Err(Error::metadata(format!(
+            "slot_mapping[{t}] = {s} is out of range: expected -1 or 0..{num_slots} \
+             ({} blocks × {} tokens)",
+            d.num_blocks, d.block_size
+        )));
+    }
+    Ok((num_reqs, max_q, max_s))
+}
+
+/// Backend-specific metadata produced by a builder (vLLM's `AttentionMetadata` marker).
+pub trait AttentionMetadata: Any + Debug + Send + Sync {
+    /// For the impl to downcast to its own type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Turns [`CommonAttentionMetadata`] into a backend's own metadata, once per step
+/// (vLLM's `AttentionMetadataBuilder`).
+pub trait AttentionMetadataBuilder: Send + Sync {
+    /// Which batches the built metadata may be graph-captured for.
+    fn graph_capture_support(&self) -> GraphCaptureSupport;
+
+    /// Query length at or below which a request is treated as a decode and should be moved
+    /// to the front of the batch; `None`: no reordering wanted.
+    fn reorder_batch_threshold(&self) -> Option<usize> {
+        None
+    }
+
+    /// Builds the metadata. `common_prefix_len` > 0 asks for cascade attention over that
+    /// many shared tokens; `fast_build` trades kernel speed for build speed.
+    fn build(
+        &self,
+        common_prefix_len: usize,
+        common: &CommonAttentionMetadata,
+        fast_build: bool,
+    ) -> Result<Box<dyn AttentionMetadata>>;
+
+    /// Builds metadata for graph capture (default: a plain build without cascade).
+    fn build_for_graph_capture(
+        &self,
+        common: &CommonAttentionMetadata,
+    ) -> Result<Box<dyn AttentionMetadata>> {
+        self.build(0, common, false)
+    }
+
+    /// Whether cascade attention pays off for this batch (vLLM's heuristic hook).
+    fn use_cascade_attention(&self, _common_prefix_len: usize, _query_lens: &[usize]) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc() -> BatchDescription {
+        // Two requests: a decode (1 new token, 5 total) and a prefill (3 new, 3 total).
+        BatchDescription {
+            query_start_loc: vec![0, 1, 4],
+            seq_lens: vec![5, 3],
+            block_table: vec![1, 2, 3, 0],
+            max_blocks_per_req: 2,
+            slot_mapping: vec![2 * 4, 3 * 4, 3 * 4 + 1, -1],
+            causal: true,
+            block_size: 4,
+            num_blocks: 4,
+            is_prefilling: None,
+        }
+    }
+
+    #[test]
+    fn valid_batch_builds() {
+        let m = CommonAttentionMetadata::new(&Device::cpu(), desc()).unwrap();
+        assert_eq!(m.num_actual_tokens(), 4);
+        assert_eq!(m.max_query_len(), 3);
+        assert_eq!(m.max_seq_len(), 5);
+        assert_eq!(m.num_computed_tokens(), vec![4, 0]);
+        let s = m.split_decodes_and_prefills(1, false, true);
+        assert_eq!(
+            s,
+            DecodePrefillSplit {
+                num_decodes: 1,
+                num_prefills: 1,
+                num_decode_tokens: 1,
+                num_prefill_tokens: 3
+            }
+        );
+    }
+
+    fn err(d: BatchDescription) -> String {
+        match CommonAttentionMetadata::new(&Device::cpu(), d) {
+            Err(Error::Metadata(m)) => m,
+            other => panic!("expected a metadata error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_invariant_has_its_error() {
+        let mut d = desc();
+        d.block_table[1] = 4;
+        assert!(err(d).contains("block_table[0][1] = 4 is out of range 0..4"));
+        let mut d = desc();
+        d.slot_mapping[0] = 16;
+        assert!(err(d).contains("slot_mapping[0] = 16 is out of range"));
+        let mut d = desc();
+        d.seq_lens[1] = 2;
+        assert!(err(d).contains("query length 3 exceeds its sequence length 2"));
+        let mut d = desc();
+        d.query_start_loc = vec![0, 3, 1];
+        d.slot_mapping.truncate(1);
+        assert!(err(d).contains("monotonic"));
+        let mut d = desc();
+        d.seq_lens[0] = 9;
+        assert!(err(d).contains("needs 3 blocks"));
+        let mut d = desc();
+        d.slot_mapping.pop();
+        assert!(err(d).contains("slot_mapping has 3 entries for 4 tokens"));
+        let mut d = desc();
+        d.query_start_loc[0] = 1;
+        assert!(err(d).contains("must start at 0"));
+    }
+}

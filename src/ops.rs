@@ -1,0 +1,84 @@
+//! Standalone attention operations, dispatched on the device their tensors live on:
+//! [`merge_attn_states`] (vLLM's LSE merge of two partial results).
+
+use crate::backends::cpu::kernels::merge_states;
+use crate::device::{CpuStorage, Storage, Tensor};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Merges two partial attention results over disjoint key sets (vLLM's `merge_attn_states`).
+///
+/// `output`, `prefix_output`, `suffix_output`: `[T, H, D]` of one activation dtype;
+/// `prefix_lse`, `suffix_lse`, `output_lse`: `[H, T]` f32, natural log. An LSE of `+inf`
+/// counts as an empty side. Tokens at or after `prefill_tokens_with_context` copy the suffix.
+/// The merge is computed in f32.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_attn_states(
+    output: &mut Tensor,
+    prefix_output: &Tensor,
+    prefix_lse: &Tensor,
+    suffix_output: &Tensor,
+    suffix_lse: &Tensor,
+    output_lse: Option<&mut Tensor>,
+    prefill_tokens_with_context: Option<usize>,
+) -> Result<()> {
+    let s = prefix_output.shape().to_vec();
+    if s.len() != 3 {
+        return Err(Error::shape(
+            "prefix_output",
+            &s,
+            "[num_tokens, num_heads, head_size]",
+        ));
+    }
+    let (t, h, d) = (s[0], s[1], s[2]);
+    let dtype = prefix_output.dtype();
+    if !dtype.is_activation() {
+        return Err(Error::DType {
+            what: "prefix_output",
+            got: dtype.to_string(),
+            expected: "f32, f16 or bf16".into(),
+        });
+    }
+    suffix_output.expect_shape("suffix_output", &s)?;
+    suffix_output.expect_dtype("suffix_output", dtype)?;
+    output.expect_shape("output", &s)?;
+    output.expect_dtype("output", dtype)?;
+    for (what, l) in [("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)] {
+        l.expect_shape(what, &[h, t])?;
+        l.expect_dtype(what, DType::F32)?;
+    }
+    if let Some(l) = output_lse.as_deref() {
+        l.expect_shape("output_lse", &[h, t])?;
+        l.expect_dtype("output_lse", DType::F32)?;
+    }
+    match output.storage() {
+        Storage::Cpu(_) => {
+            let o_p = prefix_output.to_f32_vec()?;
+            let o_s = suffix_output.to_f32_vec()?;
+            let l_p = prefix_lse.to_f32_vec()?;
+            let l_s = suffix_lse.to_f32_vec()?;
+            let mut out = vec![0.0f32; t * h * d];
+            let mut lse = vec![0.0f32; h * t];
+            merge_states::merge_states(
+                &mut out,
+                Some(&mut lse),
+                &o_p,
+                &l_p,
+                &o_s,
+                &l_s,
+                t,
+                h,
+                d,
+                prefill_tokens_with_context,
+            );
+            let storage = output.as_cpu_mut().expect("cpu output");
+            crate::backends::cpu::kernels::convert::store(storage, dtype, 0, &out, 1.0);
+            if let Some(l) = output_lse {
+                if let Some(CpuStorage::F32(v)) = l.as_cpu_mut() {
+                    v.copy_from_slice(&lse);
+                }
+            }
+            Ok(())
+        }
+    }
+}
