@@ -37,6 +37,7 @@ pub mod metadata;
 pub mod ops;
 pub mod registry;
 pub mod selector;
+pub mod testing;
 
 pub use attention::{Attention, AttentionImpl, AttentionLayer, AttentionParams, MlaAttentionImpl};
 pub use backend::{
