@@ -1,1 +1,39 @@
-fn main() {}
+//! `polyattn`: what runs here (`info`), is it right (`check`), how fast (`bench`).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+/// polyattn: one attention layer, native kernels on every GPU API and the CPU.
+#[derive(Parser, Debug)]
+#[command(name = "polyattn", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Every backend: available or why not; which one a configuration selects and why.
+    Info(cli::info::InfoArgs),
+    /// One random batch on every available backend, checked against the f64 reference.
+    Check(cli::check::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Info(a) => cli::info::run(a),
+        Command::Check(a) => cli::check::run(a),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! `polyattn info`: every backend, available or why not, and the selection for a
+//! configuration with the reasons of every backend that was passed over.
+
+use clap::Args;
+use polyattn::registry;
+use polyattn::selector::{self, BACKEND_ENV};
+use polyattn::{Availability, Result};
+
+use super::config::ConfigArgs;
+
+/// Arguments of `polyattn info`.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+/// Device families the selector ranks but this build has no backend for yet.
+const NOT_YET_BUILT: [(&str, u32); 4] =
+    [("CUDA", 100), ("HIP", 200), ("VULKAN", 300), ("WGPU", 400)];
+
+/// Prints the report; returns false when no backend can be selected.
+pub fn run(args: &InfoArgs) -> Result<bool> {
+    let reg = registry::global();
+    let config = args.config.selector_config();
+    println!("polyattn {}", env!("CARGO_PKG_VERSION"));
+    println!();
+    println!("Backends (ranked; lower runs first):");
+    for c in reg.explain(&config) {
+        let status = match &c.availability {
+            Availability::Available(dev) => format!("available  {dev}"),
+            Availability::Unavailable(why) => format!("unavailable: {why}"),
+        };
+        println!("  {:>5}  {:<8} {status}", c.priority, c.name);
+    }
+    let built: Vec<String> = reg.names();
+    let missing: Vec<String> = NOT_YET_BUILT
+        .iter()
+        .filter(|(n, _)| !built.iter().any(|b| b.eq_ignore_ascii_case(n)))
+        .map(|(n, p)| format!("{n} ({p})"))
+        .collect();
+    if !missing.is_empty() {
+        println!("  not in this build yet: {}", missing.join(", "));
+    }
+    println!();
+    println!("Configuration: {config}");
+    for c in reg.explain(&config) {
+        if c.is_usable() {
+            println!("  {:<8} valid", c.name);
+        } else {
+            let mut why: Vec<String> = c.reasons.iter().map(|r| r.to_string()).collect();
+            if let Availability::Unavailable(u) = &c.availability {
+                why.insert(0, format!("unavailable: {u}"));
+            }
+            println!("  {:<8} rejected: {}", c.name, why.join("; "));
+        }
+    }
+    println!();
+    let forced = selector::forced_backend_from_env();
+    match selector::get_attn_backend(&config) {
+        Ok(b) => {
+            let why = match &forced {
+                Some(f) => format!("forced by {BACKEND_ENV}={f}"),
+                None => "the best-ranked backend that is available and valid".to_string(),
+            };
+            println!("Selected: {} ({why})", b.name());
+            Ok(true)
+        }
+        Err(e) => {
+            println!("Selected: none");
+            eprintln!("error: {e}");
+            Ok(false)
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The subcommands of the `polyattn` binary.
+
+pub mod check;
+pub mod config;
+pub mod info;
