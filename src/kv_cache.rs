@@ -106,6 +106,16 @@ impl KvCache {
         }
     }
 
+    /// A copy of this cache on `device` (same layout and contents).
+    pub fn to_device(&self, device: &Device) -> Result<KvCache> {
+        Ok(KvCache {
+            spec: self.spec,
+            num_blocks: self.num_blocks,
+            layout: self.layout,
+            data: self.data.to_device(device)?,
+        })
+    }
+
     /// The spec.
     pub fn spec(&self) -> &KvCacheSpec {
         &self.spec

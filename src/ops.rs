@@ -80,5 +80,15 @@ pub fn merge_attn_states(
             }
             Ok(())
         }
+        other => Err(Error::Device {
+            backend: output.device().kind().as_str().into(),
+            message: format!(
+                "merge_attn_states has no kernel for {} tensors yet",
+                match other {
+                    Storage::Cuda(_) => "CUDA",
+                    _ => "wgpu",
+                }
+            ),
+        }),
     }
 }

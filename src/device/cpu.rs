@@ -54,6 +54,48 @@ pub enum CpuStorage {
 }
 
 impl CpuStorage {
+    /// `n` zeros of `dtype`.
+    pub fn zeros(n: usize, dtype: crate::DType) -> Self {
+        use crate::DType;
+        match dtype {
+            DType::F32 => CpuStorage::F32(vec![0.0; n]),
+            DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
+            DType::Bf16 => CpuStorage::Bf16(vec![bf16::ZERO; n]),
+            DType::Fp8E4m3 | DType::Fp8E5m2 => CpuStorage::U8(vec![0; n]),
+            DType::I32 => CpuStorage::I32(vec![0; n]),
+            DType::I64 => CpuStorage::I64(vec![0; n]),
+        }
+    }
+
+    /// The raw bytes (little-endian element order), for uploads.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            CpuStorage::F32(v) => bytemuck::cast_slice(v),
+            CpuStorage::F16(v) => bytemuck::cast_slice(v),
+            CpuStorage::Bf16(v) => bytemuck::cast_slice(v),
+            CpuStorage::U8(v) => v,
+            CpuStorage::I32(v) => bytemuck::cast_slice(v),
+            CpuStorage::I64(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// Host storage of `dtype` from raw bytes (for downloads); `bytes.len()` must be a
+    /// multiple of the element size.
+    pub fn from_bytes(bytes: &[u8], dtype: crate::DType) -> Self {
+        use crate::DType;
+        fn cast<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
+            bytemuck::pod_collect_to_vec(b)
+        }
+        match dtype {
+            DType::F32 => CpuStorage::F32(cast(bytes)),
+            DType::F16 => CpuStorage::F16(cast(bytes)),
+            DType::Bf16 => CpuStorage::Bf16(cast(bytes)),
+            DType::Fp8E4m3 | DType::Fp8E5m2 => CpuStorage::U8(bytes.to_vec()),
+            DType::I32 => CpuStorage::I32(cast(bytes)),
+            DType::I64 => CpuStorage::I64(cast(bytes)),
+        }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         match self {

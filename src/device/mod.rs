@@ -7,18 +7,29 @@
 //! their own storage through [`Tensor::storage`] / [`Tensor::storage_mut`].
 
 mod cpu;
+mod cuda;
 mod tensor;
+mod wgpu;
 
 pub use cpu::{CpuDevice, CpuStorage};
+pub use cuda::{CudaDevice, CudaStorage};
 pub use tensor::{Storage, Tensor};
+pub use wgpu::{WgpuDevice, WgpuStorage};
 
 use crate::error::Result;
 
 /// A compute device that holds tensors and runs kernels.
+///
+/// Every variant offers the same five operations to [`Tensor`]: `zeros`, `upload`,
+/// `download`, `synchronize` and `description`; a new device family adds a variant and those.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Device {
     /// The host CPU (multithreaded with rayon).
     Cpu(CpuDevice),
+    /// An NVIDIA GPU through the CUDA driver API (cudarc).
+    Cuda(CudaDevice),
+    /// A GPU (or lavapipe) through wgpu.
+    Wgpu(WgpuDevice),
 }
 
 /// The device family, without a handle: what the selector ranks and reports.
@@ -62,6 +73,8 @@ impl Device {
     pub fn kind(&self) -> DeviceKind {
         match self {
             Device::Cpu(_) => DeviceKind::Cpu,
+            Device::Cuda(_) => DeviceKind::Cuda,
+            Device::Wgpu(_) => DeviceKind::Wgpu,
         }
     }
 
@@ -69,6 +82,8 @@ impl Device {
     pub fn description(&self) -> String {
         match self {
             Device::Cpu(c) => c.description(),
+            Device::Cuda(d) => d.description(),
+            Device::Wgpu(d) => d.description(),
         }
     }
 
@@ -77,6 +92,8 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         match self {
             Device::Cpu(_) => Ok(()),
+            Device::Cuda(d) => d.synchronize(),
+            Device::Wgpu(d) => d.synchronize(),
         }
     }
 }

@@ -2,24 +2,33 @@
 
 use half::{bf16, f16};
 
-use super::{CpuStorage, Device};
+use super::{CpuStorage, CudaStorage, Device, WgpuStorage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::fp8;
 
 /// Where a tensor's elements live. One variant per device family, like [`Device`].
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Cloning GPU storage copies the buffer on its device (as cloning a `Vec` copies it), so a
+/// cloned tensor never aliases the original.
+#[derive(Clone, Debug)]
 pub enum Storage {
     /// Host memory.
     Cpu(CpuStorage),
+    /// CUDA device memory.
+    Cuda(CudaStorage),
+    /// A wgpu storage buffer.
+    Wgpu(WgpuStorage),
 }
 
 /// A dense, row-major buffer with a shape and a dtype, on one device.
 ///
+/// `Clone` copies the elements (on the device for GPU tensors).
+///
 /// Tensors are plain buffers: polyattn does no autograd and no lazy ops. Kernels read and
 /// write them through their backend's storage; model code creates them with
 /// [`Tensor::from_f32`] / [`Tensor::zeros`] and reads results with [`Tensor::to_f32_vec`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Tensor {
     storage: Storage,
     shape: Vec<usize>,
@@ -36,14 +45,9 @@ impl Tensor {
     pub fn zeros(device: &Device, shape: &[usize], dtype: DType) -> Result<Self> {
         let n = numel(shape);
         let storage = match device {
-            Device::Cpu(_) => Storage::Cpu(match dtype {
-                DType::F32 => CpuStorage::F32(vec![0.0; n]),
-                DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
-                DType::Bf16 => CpuStorage::Bf16(vec![bf16::ZERO; n]),
-                DType::Fp8E4m3 | DType::Fp8E5m2 => CpuStorage::U8(vec![0; n]),
-                DType::I32 => CpuStorage::I32(vec![0; n]),
-                DType::I64 => CpuStorage::I64(vec![0; n]),
-            }),
+            Device::Cpu(_) => Storage::Cpu(CpuStorage::zeros(n, dtype)),
+            Device::Cuda(d) => Storage::Cuda(d.zeros(n, dtype)?),
+            Device::Wgpu(d) => Storage::Wgpu(d.zeros(n, dtype)?),
         };
         Ok(Tensor {
             storage,
@@ -77,7 +81,7 @@ impl Tensor {
                 })
             }
         };
-        Ok(Self::from_cpu_storage(device, cpu, shape, dtype))
+        Self::from_cpu_storage(device, cpu, shape, dtype)
     }
 
     /// Uploads i32 data.
@@ -89,12 +93,7 @@ impl Tensor {
                 format!("{shape:?}"),
             ));
         }
-        Ok(Self::from_cpu_storage(
-            device,
-            CpuStorage::I32(data.to_vec()),
-            shape,
-            DType::I32,
-        ))
+        Self::from_cpu_storage(device, CpuStorage::I32(data.to_vec()), shape, DType::I32)
     }
 
     /// Uploads i64 data.
@@ -106,48 +105,73 @@ impl Tensor {
                 format!("{shape:?}"),
             ));
         }
-        Ok(Self::from_cpu_storage(
-            device,
-            CpuStorage::I64(data.to_vec()),
-            shape,
-            DType::I64,
-        ))
+        Self::from_cpu_storage(device, CpuStorage::I64(data.to_vec()), shape, DType::I64)
     }
 
-    fn from_cpu_storage(device: &Device, cpu: CpuStorage, shape: &[usize], dtype: DType) -> Self {
-        // Every device family uploads from host storage; today only the CPU exists.
+    /// Wraps host storage as a tensor on `device`, uploading it to GPU devices.
+    pub fn from_cpu_storage(
+        device: &Device,
+        cpu: CpuStorage,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Self> {
+        if cpu.len() != numel(shape) {
+            return Err(Error::shape(
+                "host storage",
+                &[cpu.len()],
+                format!("{shape:?}"),
+            ));
+        }
         let storage = match device {
             Device::Cpu(_) => Storage::Cpu(cpu),
+            Device::Cuda(d) => Storage::Cuda(d.upload(&cpu, dtype)?),
+            Device::Wgpu(d) => Storage::Wgpu(d.upload(&cpu, dtype)?),
         };
-        Tensor {
+        Ok(Tensor {
             storage,
             shape: shape.to_vec(),
             dtype,
             device: device.clone(),
-        }
+        })
     }
 
-    /// Downloads the elements converted to f32 (fp8 bytes decoded with scale 1).
-    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
-        match &self.storage {
-            Storage::Cpu(c) => Ok(match c {
-                CpuStorage::F32(v) => v.clone(),
-                CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                CpuStorage::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                CpuStorage::U8(v) => {
-                    let t = fp8::table(self.dtype).expect("u8 storage holds fp8");
-                    v.iter().map(|&b| t[b as usize]).collect()
-                }
-                CpuStorage::I32(v) => v.iter().map(|&x| x as f32).collect(),
-                CpuStorage::I64(v) => v.iter().map(|&x| x as f32).collect(),
+    /// The elements in host memory (a download for GPU tensors; waits for pending work).
+    pub fn to_host(&self) -> Result<CpuStorage> {
+        match (&self.storage, &self.device) {
+            (Storage::Cpu(c), _) => Ok(c.clone()),
+            (Storage::Cuda(s), Device::Cuda(d)) => d.download(s, self.dtype),
+            (Storage::Wgpu(s), Device::Wgpu(d)) => d.download(s, self.dtype),
+            _ => Err(Error::Device {
+                backend: self.device.kind().as_str().into(),
+                message: "tensor storage does not belong to its device".into(),
             }),
         }
     }
 
+    /// A copy of this tensor on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        Self::from_cpu_storage(device, self.to_host()?, &self.shape, self.dtype)
+    }
+
+    /// Downloads the elements converted to f32 (fp8 bytes decoded with scale 1).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        Ok(match self.to_host()? {
+            CpuStorage::F32(v) => v,
+            CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            CpuStorage::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            CpuStorage::U8(v) => {
+                let t = fp8::table(self.dtype).expect("u8 storage holds fp8");
+                v.iter().map(|&b| t[b as usize]).collect()
+            }
+            CpuStorage::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            CpuStorage::I64(v) => v.iter().map(|&x| x as f32).collect(),
+        })
+    }
+
     /// Downloads the raw fp8 bytes of an fp8 tensor.
     pub fn to_u8_vec(&self) -> Result<Vec<u8>> {
-        match &self.storage {
-            Storage::Cpu(CpuStorage::U8(v)) => Ok(v.clone()),
+        match self.to_host()? {
+            CpuStorage::U8(v) => Ok(v),
             _ => Err(Error::DType {
                 what: "to_u8_vec",
                 got: self.dtype.to_string(),
@@ -158,8 +182,8 @@ impl Tensor {
 
     /// Downloads an i32 tensor.
     pub fn to_i32_vec(&self) -> Result<Vec<i32>> {
-        match &self.storage {
-            Storage::Cpu(CpuStorage::I32(v)) => Ok(v.clone()),
+        match self.to_host()? {
+            CpuStorage::I32(v) => Ok(v),
             _ => Err(Error::DType {
                 what: "to_i32_vec",
                 got: self.dtype.to_string(),
@@ -207,6 +231,7 @@ impl Tensor {
     pub fn as_cpu(&self) -> Option<&CpuStorage> {
         match &self.storage {
             Storage::Cpu(c) => Some(c),
+            _ => None,
         }
     }
 
@@ -214,6 +239,7 @@ impl Tensor {
     pub fn as_cpu_mut(&mut self) -> Option<&mut CpuStorage> {
         match &mut self.storage {
             Storage::Cpu(c) => Some(c),
+            _ => None,
         }
     }
 

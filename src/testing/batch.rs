@@ -178,7 +178,10 @@ impl RandomBatch {
             dtype: case.dtype,
             cache_dtype,
         };
-        let mut kv_cache = KvCache::new(backend, kv_spec, num_blocks)?;
+        // Built in host memory with the backend's layout, moved to its device at the end.
+        backend.kv_cache_shape(num_blocks, bs, hkv, d, cache_dtype)?;
+        let layout = backend.capabilities().kv_layout;
+        let mut kv_cache = KvCache::with_layout(&Device::cpu(), kv_spec, num_blocks, layout)?;
         let storage_dtype = kv_spec.storage_dtype();
 
         // Keys and values of every position; the shared prefix is identical across requests.
@@ -232,10 +235,7 @@ impl RandomBatch {
                             kv_cache.offset(block, 0, pos % bs, head),
                             kv_cache.offset(block, 1, pos % bs, head),
                         );
-                        let st = kv_cache.data_mut().as_cpu_mut().ok_or_else(|| Error::Device {
-                            backend: backend.name().into(),
-                            message: "random batches are built in host memory; this backend's cache is not".into(),
-                        })?;
+                        let st = kv_cache.data_mut().as_cpu_mut().expect("host cache");
                         store(st, storage_dtype, ko, &k_raw[src.clone()], k_scale);
                         store(st, storage_dtype, vo, &v_raw[src], v_scale);
                     }
@@ -279,6 +279,7 @@ impl RandomBatch {
             num_blocks,
             is_prefilling: None,
         };
+        let kv_cache = kv_cache.to_device(&device)?;
         Ok(RandomBatch {
             case: case.clone(),
             spec: spec.clone(),
