@@ -35,9 +35,15 @@ pub mod fp8;
 pub mod kv_cache;
 pub mod metadata;
 pub mod ops;
+pub mod reference;
 pub mod registry;
 pub mod selector;
 pub mod testing;
+
+/// The README's code blocks, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 pub use attention::{Attention, AttentionImpl, AttentionLayer, AttentionParams, MlaAttentionImpl};
 pub use backend::{
