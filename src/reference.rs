@@ -518,16 +518,7 @@ mod tests {
         assert_all_close(&r.out, &[1.0, 2.0, 3.0, 4.0]);
         assert_all_close(&r.lse, &[1.0, 2.0]);
         // Symmetric when not causal: still only itself with W = 1 ...
-        let r = attend(
-            &RefParams {
-                causal: false,
-                ..p
-            },
-            &Q,
-            &K,
-            &V,
-        )
-        .unwrap();
+        let r = attend(&RefParams { causal: false, ..p }, &Q, &K, &V).unwrap();
         assert_all_close(&r.lse, &[1.0, 2.0]);
         // ... and both neighbours with W = 2.
         let p = RefParams {
