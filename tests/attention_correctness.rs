@@ -30,6 +30,8 @@ enum Kind {
     Prefill,
     Chunked,
     Mixed,
+    /// Requests with no new tokens between the others (a padded batch).
+    Empty,
 }
 
 const KINDS: [Kind; 4] = [Kind::Decode, Kind::Prefill, Kind::Chunked, Kind::Mixed];
@@ -41,6 +43,7 @@ impl Kind {
             Kind::Prefill => vec![(1, 1), (7, 7), (bs + 5, bs + 5)],
             Kind::Chunked => vec![(9, 2 * bs + 9), (bs / 2 + 3, bs + bs / 2 + 3)],
             Kind::Mixed => vec![(1, 2 * bs + 1), (5, 5), (1, 1), (11, bs + 11)],
+            Kind::Empty => vec![(0, 0), (1, bs + 2), (0, bs + 5), (4, 4), (0, 0)],
         })
     }
 
@@ -50,6 +53,7 @@ impl Kind {
             Kind::Prefill => "prefill",
             Kind::Chunked => "chunked",
             Kind::Mixed => "mixed",
+            Kind::Empty => "with empty requests",
         }
     }
 }
@@ -535,8 +539,8 @@ fn non_causal_decoder() {
 #[test]
 fn encoder_attention() {
     // Encoder-only (and encoder) layers: bidirectional, K/V straight from the inputs, every
-    // request's query_len == seq_len.
-    let spec = BatchSpec::new(&[(1, 1), (13, 13), (21, 21)]);
+    // request's query_len == seq_len; one sequence longer than the CPU kernel's 64-row chunk.
+    let spec = BatchSpec::new(&[(1, 1), (13, 13), (70, 70)]);
     let mut cases = Vec::new();
     for (i, (dt, ty, window, cache)) in [
         (
@@ -666,6 +670,7 @@ fn padded_tensors_and_skipped_slots() {
             4,
             vec![1, 3, 7],
         ),
+        (DType::F32, CacheDType::Auto, Kind::Empty, 2, vec![2]),
     ]
     .into_iter()
     .enumerate()
