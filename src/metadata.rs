@@ -266,7 +266,13 @@ fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
     if d.block_size == 0 {
         return Err(Error::metadata("block_size is 0"));
     }
-    if d.block_table.len() != num_reqs * d.max_blocks_per_req {
+    let table_len = num_reqs.checked_mul(d.max_blocks_per_req).ok_or_else(|| {
+        Error::metadata(format!(
+            "num_reqs {num_reqs} × max_blocks_per_req {} overflows",
+            d.max_blocks_per_req
+        ))
+    })?;
+    if d.block_table.len() != table_len {
         return Err(Error::metadata(format!(
             "block_table has {} entries; expected num_reqs × max_blocks_per_req = {num_reqs} × {}",
             d.block_table.len(),
@@ -330,7 +336,16 @@ fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
             d.slot_mapping.len()
         )));
     }
-    let num_slots = (d.num_blocks * d.block_size) as i64;
+    let num_slots = d
+        .num_blocks
+        .checked_mul(d.block_size)
+        .and_then(|n| i64::try_from(n).ok())
+        .ok_or_else(|| {
+            Error::metadata(format!(
+                "num_blocks {} × block_size {} overflows the slot range",
+                d.num_blocks, d.block_size
+            ))
+        })?;
     if let Some((t, &s)) = d
         .slot_mapping
         .iter()

@@ -298,9 +298,16 @@ impl AttentionImpl for CpuAttentionImpl {
             alibi: p.alibi_slopes.as_deref(),
             sinks: p.sinks.as_deref(),
         };
-        // Absolute position of each query token: its context length plus its index.
+        // Absolute position of each query token: its context length plus its index. Encoder
+        // self-attention has no context: its keys are the request's own query rows, so its
+        // positions start at 0 whatever seq_lens says (vLLM's FA encoder path likewise uses
+        // cu_seqlens_q for queries and keys and ignores seq_lens).
         let positions_of = |t: &Tile| -> Vec<usize> {
-            let ctx = seq_lens[t.req] as usize - (qsl[t.req + 1] - qsl[t.req]) as usize;
+            let ctx = if encoder {
+                0
+            } else {
+                seq_lens[t.req] as usize - (qsl[t.req + 1] - qsl[t.req]) as usize
+            };
             (t.q_start..t.q_end)
                 .map(|i| ctx + (i - qsl[t.req] as usize))
                 .collect()
