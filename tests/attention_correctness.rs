@@ -72,6 +72,9 @@ struct Case {
     /// Tokens whose slot is set to −1 after their K/V were written by an earlier update;
     /// their key / value rows are then corrupted, so a write would show in the output.
     pad_slots: Vec<usize>,
+    /// Added to every request's seq_len in the metadata (encoder layers must ignore
+    /// seq_lens: their keys are the request's own query rows, as in vLLM's FA encoder path).
+    extra_seq_len: usize,
     /// A variant of the layer whose reference must differ from this one's by at least
     /// `min_effect` (max abs over the outputs): proof that the feature under test bites.
     contrast: Option<(AttentionParams, bool)>,
@@ -87,6 +90,7 @@ impl Case {
             lse: false,
             pad_rows: 0,
             pad_slots: Vec::new(),
+            extra_seq_len: 0,
             contrast: None,
         }
     }
@@ -174,6 +178,9 @@ fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
         })?;
     }
 
+    for s in &mut batch.desc.seq_lens {
+        *s += c.extra_seq_len as i32;
+    }
     let p = &c.case.params;
     let dtype = c.case.dtype;
     let (h, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_size);
@@ -540,28 +547,30 @@ fn non_causal_decoder() {
 fn encoder_attention() {
     // Encoder-only (and encoder) layers: bidirectional, K/V straight from the inputs, every
     // request's query_len == seq_len; one sequence longer than the CPU kernel's 64-row chunk.
+    // With `extra` > 0 the metadata's seq_lens exceed the query lengths: encoder attention
+    // must ignore them (vLLM's FA encoder path uses cu_seqlens_q for queries and keys alike).
     let spec = BatchSpec::new(&[(1, 1), (13, 13), (70, 70)]);
     let mut cases = Vec::new();
-    for (i, (dt, ty, window, cache)) in [
+    let enc_only = AttentionType::EncoderOnly;
+    for (i, (dt, ty, window, cache, extra)) in [
+        (DType::F32, enc_only, None, CacheDType::Auto, 0),
+        (DType::Bf16, enc_only, Some(4), CacheDType::Auto, 0),
         (
-            DType::F32,
-            AttentionType::EncoderOnly,
+            DType::F16,
+            AttentionType::Encoder,
             None,
             CacheDType::Auto,
+            0,
         ),
-        (
-            DType::Bf16,
-            AttentionType::EncoderOnly,
-            Some(4),
-            CacheDType::Auto,
-        ),
-        (DType::F16, AttentionType::Encoder, None, CacheDType::Auto),
         // The cache dtype must not matter: encoder K/V never go through the cache.
+        (DType::F32, enc_only, None, CacheDType::Fp8E4m3, 0),
+        (DType::F32, enc_only, Some(4), CacheDType::Auto, 5),
         (
             DType::F32,
-            AttentionType::EncoderOnly,
-            None,
-            CacheDType::Fp8E4m3,
+            AttentionType::Encoder,
+            Some(9),
+            CacheDType::Auto,
+            11,
         ),
     ]
     .into_iter()
@@ -577,16 +586,16 @@ fn encoder_attention() {
             sliding_window: window,
             ..params(6, 1, 32, CacheDType::Auto)
         };
-        cases.push(
-            Case::new(
-                format!("{dt}/{cache} {ty} window {window:?}"),
-                CaseConfig::new(p, dt, 16),
-                spec.clone(),
-                8000 + i as u64,
-            )
-            .with_lse()
-            .contrast(causal, true),
-        );
+        let mut c = Case::new(
+            format!("{dt}/{cache} {ty} window {window:?} seq_lens +{extra}"),
+            CaseConfig::new(p, dt, 16),
+            spec.clone(),
+            8000 + i as u64,
+        )
+        .with_lse()
+        .contrast(causal, true);
+        c.extra_seq_len = extra;
+        cases.push(c);
     }
     run("encoder", &cases);
 }

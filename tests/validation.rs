@@ -140,6 +140,21 @@ fn metadata_errors_are_typed() {
                 "seq_lens[0] = -1 is negative",
             ),
             (
+                "num_blocks × block_size overflows",
+                Box::new(|d| d.num_blocks = usize::MAX / 2),
+                "overflow",
+            ),
+            (
+                "num_blocks × block_size beyond i64",
+                Box::new(|d| d.num_blocks = (i64::MAX / 4) as usize + 1),
+                "overflow",
+            ),
+            (
+                "num_reqs × max_blocks_per_req overflows",
+                Box::new(|d| d.max_blocks_per_req = usize::MAX / 2 + 1),
+                "overflow",
+            ),
+            (
                 "is_prefilling length",
                 Box::new(|d| d.is_prefilling = Some(vec![true])),
                 "is_prefilling has 1 entries for 2 requests",
