@@ -243,6 +243,34 @@ impl CommonAttentionMetadata {
     }
 }
 
+/// The order vLLM's `reorder_batch_to_split_decodes_and_prefills` puts requests in: four
+/// stable regions — decodes (context > 0, query ≤ threshold, done prefilling), short extends
+/// (context > 0, query ≤ threshold, still prefilling), long extends (context > 0, query >
+/// threshold), prefills (no context). Returns the request indices in their new order; the
+/// runner permutes its batch with it before building [`CommonAttentionMetadata`].
+pub fn decode_first_order(
+    query_lens: &[usize],
+    num_computed_tokens: &[usize],
+    is_prefilling: Option<&[bool]>,
+    decode_threshold: usize,
+) -> Vec<usize> {
+    let region = |i: usize| {
+        let prefilling = is_prefilling.is_some_and(|p| p[i]);
+        match (
+            num_computed_tokens[i] > 0,
+            query_lens[i] <= decode_threshold,
+        ) {
+            (false, _) => 3,
+            (true, false) => 2,
+            (true, true) if prefilling => 1,
+            (true, true) => 0,
+        }
+    };
+    let mut order: Vec<usize> = (0..query_lens.len()).collect();
+    order.sort_by_key(|&i| region(i)); // stable
+    order
+}
+
 fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
     if d.query_start_loc.is_empty() {
         return Err(Error::metadata(
@@ -437,6 +465,21 @@ mod tests {
                 num_decode_tokens: 1,
                 num_prefill_tokens: 3
             }
+        );
+    }
+
+    #[test]
+    fn decode_first_order_is_stable_by_region() {
+        // prefill, decode, long extend, decode, short extend
+        let q = [5, 1, 9, 1, 1];
+        let c = [0, 10, 4, 3, 2];
+        let p = [true, false, true, false, true];
+        assert_eq!(decode_first_order(&q, &c, Some(&p), 1), vec![1, 3, 4, 2, 0]);
+        assert_eq!(decode_first_order(&q, &c, None, 1), vec![1, 3, 4, 2, 0]);
+        assert_eq!(decode_first_order(&q, &c, None, 10), vec![1, 2, 3, 4, 0]);
+        assert_eq!(
+            decode_first_order(&q, &c, Some(&p), 10),
+            vec![1, 3, 2, 4, 0]
         );
     }
 
