@@ -602,8 +602,9 @@ fn encoder_attention() {
 
 #[test]
 fn lse_across_the_grid() {
-    // The LSE next to the output, on a sample of the grid (decode batches included: a backend
-    // must say so through can_return_lse_for_decode, or this fails).
+    // The LSE next to the output, on a sample of the grid, decode batches included. A backend
+    // whose impl cannot return the LSE for decodes (can_return_lse_for_decode() == false)
+    // needs a FailureCase entry for this body.
     let cases: Vec<Case> = grid_cases()
         .into_iter()
         .step_by(3)
