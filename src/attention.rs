@@ -25,7 +25,9 @@ pub struct AttentionParams {
     pub scale: f32,
     /// KV heads; `num_heads` must be a multiple (GQA; MQA when 1).
     pub num_kv_heads: usize,
-    /// ALiBi slope per query head: bias `slope · (j − q_pos)` on the scaled logits.
+    /// ALiBi slope per query head: bias `−slope · |q_pos − j|` on the scaled logits (equal to
+    /// `slope · (j − q_pos)` for the keys a causal query sees; symmetric when non-causal, as
+    /// in FlashAttention).
     pub alibi_slopes: Option<Vec<f32>>,
     /// Sliding window W: a query sees the W most recent keys, itself included.
     pub sliding_window: Option<usize>,

@@ -6,7 +6,8 @@
 //!
 //! 1. `s_j = (q · k_j) · scale` for every key `j` of the sequence, in f64;
 //! 2. the soft cap, if set: `s_j ← c · tanh(s_j / c)`;
-//! 3. the ALiBi bias, if set: `s_j ← s_j + slope_h · (j − p)`;
+//! 3. the ALiBi bias, if set: `s_j ← s_j − slope_h · |p − j|` (FlashAttention's form;
+//!    `slope_h · (j − p)` for visible causal keys);
 //! 4. the mask: key `j` is visible iff (`j ≤ p` or the attention is not causal) and
 //!    (`|p − j| < W` or there is no window). For causal attention this is vLLM's decoder
 //!    window `p − j < W`; for encoder and non-causal attention its symmetric window;
@@ -166,7 +167,7 @@ pub fn attend(
                     sc = c * (sc / c).tanh();
                 }
                 if let Some(slopes) = params.alibi_slopes {
-                    sc += slopes[head] as f64 * (j as f64 - p as f64);
+                    sc -= slopes[head] as f64 * (p as f64 - j as f64).abs();
                 }
                 visible.push((j, sc));
             }

@@ -10,22 +10,26 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::backend::{BackendRef, SelectorConfig};
 use crate::backends::cpu::CpuBackend;
+use crate::backends::wgpu::WgpuBackend;
 
 /// The backends shipped with polyattn. GPU backends join this enum as they land.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BuiltinBackend {
     /// Multithreaded CPU kernels in Rust ([`crate::backends::cpu`]).
     Cpu,
+    /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
+    Wgpu,
 }
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 1] = [BuiltinBackend::Cpu];
+    pub const ALL: [BuiltinBackend; 2] = [BuiltinBackend::Cpu, BuiltinBackend::Wgpu];
 
     /// Its registered name.
     pub const fn name(self) -> &'static str {
         match self {
             BuiltinBackend::Cpu => "CPU",
+            BuiltinBackend::Wgpu => "WGPU",
         }
     }
 
@@ -33,6 +37,7 @@ impl BuiltinBackend {
     pub fn create(self) -> BackendRef {
         match self {
             BuiltinBackend::Cpu => Arc::new(CpuBackend::new()),
+            BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
         }
     }
 }

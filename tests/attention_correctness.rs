@@ -434,9 +434,27 @@ fn alibi() {
                 4000 + i as u64,
             )
             .with_lse()
-            .contrast(base, true),
+            .contrast(base.clone(), true),
         );
     }
+    // Non-causal: the bias is symmetric, −slope·|p − j| (FlashAttention's form).
+    let base = params(8, 2, 64, CacheDType::Auto);
+    let p = AttentionParams {
+        alibi_slopes: Some(alibi_slopes(8)),
+        ..base.clone()
+    };
+    let mut cc = CaseConfig::new(p, DType::F32, 16);
+    cc.causal = false;
+    cases.push(
+        Case::new(
+            "f32 chunked (8,2) alibi non-causal",
+            cc,
+            Kind::Chunked.spec(16),
+            4100,
+        )
+        .with_lse()
+        .contrast(base, true),
+    );
     run("alibi", &cases);
 }
 

@@ -9,3 +9,4 @@
 //!   (GPU backends: `kernels-cuda/`, `kernels-hip/`, `shaders/`).
 
 pub mod cpu;
+pub mod wgpu;

@@ -5,7 +5,8 @@
 //! block, or up to [`DENSE_CHUNK`] rows of a dense K/V tensor), dequantised once into f32
 //! scratch, and reused by every row of the tile. For each row and chunk:
 //! `s_j = (q·scale)·k_j`, then the soft cap `c·tanh(s/c)`, then the ALiBi bias
-//! `slope·(j − q_pos)`, then the mask; the running max `m`, denominator `l` and accumulator
+//! `−slope·|q_pos − j|` (FlashAttention's form, `slope·(j − q_pos)` under a causal mask),
+//! then the mask; the running max `m`, denominator `l` and accumulator
 //! `acc` are rescaled by `exp(m_old − m_new)`. A sink starts the row at `m = sink, l = 1`, so it
 //! joins the denominator and adds no value. At the end `out = acc / l` and
 //! `lse = m + ln l` (natural log; `−inf` for a row that saw no key and no sink, whose output
@@ -218,7 +219,7 @@ pub fn attend_tile<S: KeySource>(
                         s = c * (s / c).tanh();
                     }
                     if let Some(al) = mask.alibi {
-                        s += al[head0 + h] * (j as f32 - p as f32);
+                        s -= al[head0 + h] * (p as f32 - j as f32).abs();
                     }
                     scores[j - a] = s;
                     mx = mx.max(s);
