@@ -80,6 +80,15 @@ pub fn merge_attn_states(
             }
             Ok(())
         }
+        Storage::Cuda(_) => crate::backends::cuda::merge_attn_states(
+            output,
+            prefix_output,
+            prefix_lse,
+            suffix_output,
+            suffix_lse,
+            output_lse,
+            prefill_tokens_with_context,
+        ),
         other => Err(Error::Device {
             backend: output.device().kind().as_str().into(),
             message: format!(

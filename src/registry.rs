@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::backend::{BackendRef, SelectorConfig};
 use crate::backends::cpu::CpuBackend;
+use crate::backends::cuda::CudaBackend;
 use crate::backends::wgpu::WgpuBackend;
 
 /// The backends shipped with polyattn. GPU backends join this enum as they land.
@@ -17,18 +18,25 @@ use crate::backends::wgpu::WgpuBackend;
 pub enum BuiltinBackend {
     /// Multithreaded CPU kernels in Rust ([`crate::backends::cpu`]).
     Cpu,
+    /// NVIDIA GPUs through CUDA and NVRTC ([`crate::backends::cuda`]).
+    Cuda,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
     Wgpu,
 }
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 2] = [BuiltinBackend::Cpu, BuiltinBackend::Wgpu];
+    pub const ALL: [BuiltinBackend; 3] = [
+        BuiltinBackend::Cpu,
+        BuiltinBackend::Cuda,
+        BuiltinBackend::Wgpu,
+    ];
 
     /// Its registered name.
     pub const fn name(self) -> &'static str {
         match self {
             BuiltinBackend::Cpu => "CPU",
+            BuiltinBackend::Cuda => "CUDA",
             BuiltinBackend::Wgpu => "WGPU",
         }
     }
@@ -37,6 +45,7 @@ impl BuiltinBackend {
     pub fn create(self) -> BackendRef {
         match self {
             BuiltinBackend::Cpu => Arc::new(CpuBackend::new()),
+            BuiltinBackend::Cuda => Arc::new(CudaBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
         }
     }

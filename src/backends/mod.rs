@@ -9,4 +9,5 @@
 //!   (GPU backends: `kernels-cuda/`, `kernels-hip/`, `shaders/`).
 
 pub mod cpu;
+pub mod cuda;
 pub mod wgpu;

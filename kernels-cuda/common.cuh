@@ -1,0 +1,174 @@
+// polyattn CUDA kernels: shared definitions.
+//
+// Compiled by NVRTC at run time (src/backends/cuda/kernels.rs), which pastes this header in
+// place of `#include "common.cuh"`. It includes NO system or CUDA header: NVRTC 13 ships no
+// cuda_fp16.h / cuda_bf16.h, so the f16 / bf16 / fp8 conversions below are written with
+// inline PTX `cvt` and bit arithmetic, and no include path is needed at run time.
+//
+// Element types are passed to kernels as run-time codes (PA_F32 ... PA_E5M2, the same numbers
+// as `DtypeCode` in kernels.rs). Conversions happen only where data enters or leaves shared
+// memory or registers, never in an inner loop, so the switch costs nothing measurable and
+// one compiled kernel serves every dtype combination.
+//
+// fp8 encoding is vLLM's `saturating_cast_fp8(x / scale)` and matches src/fp8.rs bit for bit:
+// |x| is clamped to the largest finite value first (infinities included), then rounded to
+// nearest, ties to even; NaN encodes as 0x7F; the sign bit is kept for values that round to 0.
+
+#ifndef POLYATTN_COMMON_CUH
+#define POLYATTN_COMMON_CUH
+
+typedef unsigned char pa_u8;
+typedef unsigned short pa_u16;
+typedef unsigned int pa_u32;
+typedef long long pa_i64;
+typedef unsigned long long pa_u64;
+
+// Element type codes (kernels.rs `DtypeCode`).
+#define PA_F32 0
+#define PA_F16 1
+#define PA_BF16 2
+#define PA_E4M3 3
+#define PA_E5M2 4
+
+#define PA_INF (__int_as_float(0x7f800000))
+#define PA_FULL_MASK 0xffffffffu
+
+// ---------------------------------------------------------------- f16 / bf16 <-> f32
+
+__device__ __forceinline__ float pa_f16_to_f32(pa_u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ pa_u16 pa_f32_to_f16(float f) {
+    pa_u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float pa_bf16_to_f32(pa_u16 b) {
+    return __uint_as_float(((pa_u32)b) << 16);
+}
+
+// Round to nearest even; NaN keeps its sign and becomes quiet (as the `half` crate does).
+__device__ __forceinline__ pa_u16 pa_f32_to_bf16(float f) {
+    pa_u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (pa_u16)((u >> 16) | 0x40u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (pa_u16)(u >> 16);
+}
+
+// ---------------------------------------------------------------- fp8 (OCP E4M3fn, E5M2)
+
+__device__ __forceinline__ float pa_e4m3_to_f32(pa_u8 b) {
+    const pa_u32 sign = ((pa_u32)(b & 0x80u)) << 24;
+    const pa_u32 exp = (b >> 3) & 0xfu;
+    const pa_u32 mant = b & 0x7u;
+    if (exp == 0xfu && mant == 0x7u) {
+        return __uint_as_float(0x7fc00000u | sign);
+    }
+    if (exp == 0) {
+        // Subnormal: mant * 2^-9.
+        return __uint_as_float(sign | __float_as_uint((float)mant * 0.001953125f));
+    }
+    return __uint_as_float(sign | ((exp + 120u) << 23) | (mant << 20));
+}
+
+__device__ __forceinline__ float pa_e5m2_to_f32(pa_u8 b) {
+    const pa_u32 sign = ((pa_u32)(b & 0x80u)) << 24;
+    const pa_u32 exp = (b >> 2) & 0x1fu;
+    const pa_u32 mant = b & 0x3u;
+    if (exp == 0x1fu) {
+        return __uint_as_float(sign | (mant == 0 ? 0x7f800000u : 0x7fc00000u));
+    }
+    if (exp == 0) {
+        // Subnormal: mant * 2^-16.
+        return __uint_as_float(sign | __float_as_uint((float)mant * 1.52587890625e-05f));
+    }
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 21));
+}
+
+// Saturating round-to-nearest-even encode. MANT: mantissa bits, BIAS: exponent bias,
+// MAXV: largest finite value. Every step is exact in f32 (scaling by powers of two; rintf
+// rounds half to even), which is what makes it agree with src/fp8.rs's f64 arithmetic.
+__device__ __forceinline__ pa_u8 pa_f32_to_fp8(float x, int mant_bits, int bias, float maxv) {
+    const pa_u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return 0x7fu;  // NaN
+    }
+    const pa_u8 sign = (pa_u8)((u >> 24) & 0x80u);
+    const float a = fminf(__uint_as_float(u & 0x7fffffffu), maxv);
+    const int e = (int)((__float_as_uint(a) >> 23) & 0xffu) - 127;  // floor(log2 a) for normals
+    const int min_normal = 1 - bias;
+    pa_u32 code;
+    if (e < min_normal) {
+        // Quantum 2^(min_normal - mant_bits); a rounded count of 2^mant_bits means the smallest
+        // normal, whose code is exactly that count.
+        code = (pa_u32)rintf(ldexpf(a, mant_bits - min_normal));
+    } else {
+        // steps in [2^m, 2^(m+1)]; a carry to 2^(m+1) rolls into the exponent field.
+        const pa_u32 steps = (pa_u32)rintf(ldexpf(a, mant_bits - e));
+        code = ((pa_u32)(e + bias) << mant_bits) + (steps - (1u << mant_bits));
+    }
+    return (pa_u8)(sign | code);
+}
+
+__device__ __forceinline__ pa_u8 pa_f32_to_e4m3(float x) { return pa_f32_to_fp8(x, 3, 7, 448.0f); }
+__device__ __forceinline__ pa_u8 pa_f32_to_e5m2(float x) { return pa_f32_to_fp8(x, 2, 15, 57344.0f); }
+
+// ---------------------------------------------------------------- typed loads and stores
+
+// Element `i` of a buffer of type `dt`, as f32 (fp8 not yet multiplied by its scale).
+__device__ __forceinline__ float pa_load(const void* p, pa_i64 i, int dt) {
+    switch (dt) {
+        case PA_F16: return pa_f16_to_f32(((const pa_u16*)p)[i]);
+        case PA_BF16: return pa_bf16_to_f32(((const pa_u16*)p)[i]);
+        case PA_E4M3: return pa_e4m3_to_f32(((const pa_u8*)p)[i]);
+        case PA_E5M2: return pa_e5m2_to_f32(((const pa_u8*)p)[i]);
+        default: return ((const float*)p)[i];
+    }
+}
+
+// Stores `v` as element `i` of a buffer of type `dt` (fp8: `v` already divided by its scale).
+__device__ __forceinline__ void pa_store(void* p, pa_i64 i, int dt, float v) {
+    switch (dt) {
+        case PA_F16: ((pa_u16*)p)[i] = pa_f32_to_f16(v); break;
+        case PA_BF16: ((pa_u16*)p)[i] = pa_f32_to_bf16(v); break;
+        case PA_E4M3: ((pa_u8*)p)[i] = pa_f32_to_e4m3(v); break;
+        case PA_E5M2: ((pa_u8*)p)[i] = pa_f32_to_e5m2(v); break;
+        default: ((float*)p)[i] = v; break;
+    }
+}
+
+// ---------------------------------------------------------------- paged KV cache addressing
+
+// Element offset of (block, kv, token-in-block, head, 0) in a cache of logical shape
+// (num_blocks, 2, block_size, num_kv_heads, head_size) stored NHD ([blocks][2][bs][H][D]) or
+// HND ([blocks][2][H][bs][D]); a head's `head_size` elements follow contiguously. 64-bit:
+// large caches exceed 2^31 elements.
+__device__ __forceinline__ pa_i64 pa_cache_offset(pa_i64 block, int kv, int tok, int head,
+                                                  int block_size, int num_kv_heads,
+                                                  int head_size, int hnd) {
+    const pa_i64 base = (block * 2 + kv) * (pa_i64)block_size * num_kv_heads * head_size;
+    return hnd ? base + ((pa_i64)head * block_size + tok) * head_size
+               : base + ((pa_i64)tok * num_kv_heads + head) * head_size;
+}
+
+// ---------------------------------------------------------------- warp reductions
+
+__device__ __forceinline__ float pa_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(PA_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float pa_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(PA_FULL_MASK, v, o));
+    return v;
+}
+
+#endif  // POLYATTN_COMMON_CUH

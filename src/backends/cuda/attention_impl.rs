@@ -1,0 +1,558 @@
+//! The CUDA impl: checks the arguments once on the host (shapes, dtypes, devices, cache spec),
+//! then queues the kernels on the device's stream: `reshape_and_cache`, the paged-attention
+//! kernel over the step's work list, `combine_splits` for split decode tokens, and for cascade
+//! a prefix pass, a suffix pass and `merge_attn_states`. Nothing waits for the GPU; the
+//! caller synchronises (a download does).
+
+use cudarc::driver::LaunchConfig;
+
+use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use crate::backend::{AttentionType, KvLayout};
+use crate::device::{CudaDevice, CudaStorage, Device, Storage, Tensor};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::metadata::AttentionMetadata;
+
+use super::kernels::{
+    self, attention_function_name, attention_smem_bytes, code, AttnParams, MergeParams,
+    ReshapeParams, ATTN_THREADS, MERGE_STATES, PAGED_ATTENTION, RESHAPE_AND_CACHE,
+};
+use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
+
+/// The CUDA attention impl of one layer.
+#[derive(Debug)]
+pub struct CudaAttentionImpl {
+    params: AttentionParams,
+    device: CudaDevice,
+    alibi: Option<CudaStorage>,
+    sinks: Option<CudaStorage>,
+}
+
+fn not_here(what: &str) -> Error {
+    Error::Device {
+        backend: "CUDA".into(),
+        message: format!(
+            "{what} is not on this backend's CUDA device; create it on the backend's device \
+             (backend.device()) or move it with to_device"
+        ),
+    }
+}
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i32 range")))
+}
+
+/// The raw device address of `t`, which must live on `device`.
+pub(crate) fn tensor_ptr(device: &CudaDevice, t: &Tensor, what: &str) -> Result<u64> {
+    match (t.device(), t.storage()) {
+        (Device::Cuda(d), Storage::Cuda(s)) if d == device => Ok(s.device_ptr()),
+        _ => Err(not_here(what)),
+    }
+}
+
+impl CudaAttentionImpl {
+    /// Builds the impl on `device` (parameters already validated by the descriptor); uploads
+    /// the ALiBi slopes and sinks once.
+    pub fn new(params: AttentionParams, device: CudaDevice) -> Result<Self> {
+        if attention_function_name(params.head_size).is_none() {
+            return Err(Error::config(format!(
+                "the CUDA kernels support head sizes up to 256, got {}",
+                params.head_size
+            )));
+        }
+        let alibi = match &params.alibi_slopes {
+            Some(a) => Some(device.upload_pod(a)?),
+            None => None,
+        };
+        let sinks = match &params.sinks {
+            Some(s) => Some(device.upload_pod(s)?),
+            None => None,
+        };
+        Ok(CudaAttentionImpl {
+            params,
+            device,
+            alibi,
+            sinks,
+        })
+    }
+
+    fn metadata<'m>(
+        &self,
+        metadata: &'m dyn AttentionMetadata,
+    ) -> Result<&'m CudaAttentionMetadata> {
+        let md = metadata
+            .as_any()
+            .downcast_ref::<CudaAttentionMetadata>()
+            .ok_or_else(|| Error::MetadataMismatch {
+                impl_name: "CudaAttentionImpl".into(),
+                got: format!("{metadata:?}").chars().take(60).collect(),
+            })?;
+        if md.device != self.device {
+            return Err(not_here("the metadata"));
+        }
+        Ok(md)
+    }
+
+    fn check_kv_input(
+        &self,
+        what: &'static str,
+        t: &Tensor,
+        rows: usize,
+        dtype: DType,
+    ) -> Result<u64> {
+        let p = &self.params;
+        let s = t.shape();
+        if s.len() != 3 || s[0] < rows || s[1] != p.num_kv_heads || s[2] != p.head_size {
+            return Err(Error::shape(
+                what,
+                s,
+                format!("[≥{rows}, {}, {}]", p.num_kv_heads, p.head_size),
+            ));
+        }
+        t.expect_dtype(what, dtype)?;
+        tensor_ptr(&self.device, t, what)
+    }
+
+    fn check_cache(
+        &self,
+        cache: &KvCache,
+        dtype: DType,
+        md: &CudaAttentionMetadata,
+    ) -> Result<u64> {
+        let p = &self.params;
+        let spec = cache.spec();
+        if spec.num_kv_heads != p.num_kv_heads || spec.head_size != p.head_size {
+            return Err(Error::config(format!(
+                "KV cache holds {} heads of size {}, the layer needs {} of size {}",
+                spec.num_kv_heads, spec.head_size, p.num_kv_heads, p.head_size
+            )));
+        }
+        let want = p.kv_cache_dtype.storage_dtype(dtype);
+        if spec.storage_dtype() != want {
+            return Err(Error::DType {
+                what: "kv_cache",
+                got: spec.storage_dtype().to_string(),
+                expected: format!(
+                    "{want} (kv_cache_dtype {} with {dtype} activations)",
+                    p.kv_cache_dtype
+                ),
+            });
+        }
+        if cache.block_size() != md.common.block_size()
+            || cache.num_blocks() < md.common.num_blocks()
+        {
+            return Err(Error::config(format!(
+                "KV cache has {} blocks of {} tokens; the batch was validated for {} blocks of {}",
+                cache.num_blocks(),
+                cache.block_size(),
+                md.common.num_blocks(),
+                md.common.block_size()
+            )));
+        }
+        if cache.block_size() % kernels::KEYS_PER_CHUNK != 0 {
+            return Err(Error::config(format!(
+                "the CUDA kernels need a block size that is a multiple of {}, got {}",
+                kernels::KEYS_PER_CHUNK,
+                cache.block_size()
+            )));
+        }
+        tensor_ptr(&self.device, cache.data(), "the KV cache")
+    }
+
+    fn scales(&self, layer: &AttentionLayer) -> (f32, f32) {
+        if self.params.kv_cache_dtype.is_fp8() {
+            (layer.k_scale, layer.v_scale)
+        } else {
+            (1.0, 1.0)
+        }
+    }
+
+    /// Queues the attention kernel over `plan` (and the split combine, when the plan splits).
+    fn launch_attention(&self, plan: &WorkPlan, base: &AttnParams) -> Result<()> {
+        let items = match &plan.items_dev {
+            Some(i) if !plan.items.is_empty() => i,
+            _ => return Ok(()),
+        };
+        let p = &self.params;
+        let (h, d) = (p.num_heads, p.head_size);
+        let mut params = *base;
+        params.items = items.device_ptr();
+        // Split partials live only for this launch pair; frees are stream-ordered.
+        let mut scratch: Vec<CudaStorage> = Vec::new();
+        let n_split = plan.split_tokens.len();
+        if n_split > 0 {
+            let planes = plan.max_splits * n_split * h;
+            let part_out = self.device.zeros_bytes(planes * d * 4)?;
+            let part_lse = self.device.zeros_bytes(planes * 4)?;
+            params.part_out = part_out.device_ptr();
+            params.part_lse = part_lse.device_ptr();
+            params.n_part_tokens = i32_of("split tokens", n_split)?;
+            scratch.push(part_out);
+            scratch.push(part_lse);
+        }
+        let name = attention_function_name(d)
+            .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
+        let f = kernels::function(&self.device, &PAGED_ATTENTION, name)?;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.items.len() as u32, 1, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: attention_smem_bytes(d),
+        };
+        kernels::launch(&self.device, &f, cfg, &params, None)?;
+        if let Some(list) = &plan.split_dev {
+            let f = kernels::function(&self.device, &PAGED_ATTENTION, "combine_splits")?;
+            let cfg = LaunchConfig {
+                grid_dim: (n_split as u32, h as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            kernels::launch(&self.device, &f, cfg, &params, Some(list.device_ptr()))?;
+        }
+        drop(scratch);
+        Ok(())
+    }
+}
+
+/// Queues `merge_attn_states` on `device` over raw buffers whose shapes the caller checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_merge(
+    device: &CudaDevice,
+    o_p: u64,
+    lse_p: u64,
+    o_s: u64,
+    lse_s: u64,
+    out: u64,
+    out_lse: u64,
+    in_dtype: DType,
+    out_dtype: DType,
+    (t, h, d): (usize, usize, usize),
+    prefill_tokens: usize,
+) -> Result<()> {
+    if t == 0 || h == 0 {
+        return Ok(());
+    }
+    let params = MergeParams {
+        o_p,
+        o_s,
+        lse_p,
+        lse_s,
+        out,
+        out_lse,
+        in_dtype: code(in_dtype)?,
+        out_dtype: code(out_dtype)?,
+        num_tokens: i32_of("num_tokens", t)?,
+        num_heads: i32_of("num_heads", h)?,
+        head_size: i32_of("head_size", d)?,
+        prefill_tokens: i32_of("prefill_tokens_with_context", prefill_tokens.min(t))?,
+    };
+    let f = kernels::function(device, &MERGE_STATES, "merge_attn_states")?;
+    let threads = (d.div_ceil(32) * 32).clamp(32, 128) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (t as u32, h as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    kernels::launch(device, &f, cfg, &params, None)
+}
+
+/// `merge_attn_states` on CUDA tensors (the CUDA arm of [`crate::ops::merge_attn_states`],
+/// which has checked shapes and dtypes): every tensor must live on the output's GPU.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_attn_states(
+    output: &mut Tensor,
+    prefix_output: &Tensor,
+    prefix_lse: &Tensor,
+    suffix_output: &Tensor,
+    suffix_lse: &Tensor,
+    output_lse: Option<&mut Tensor>,
+    prefill_tokens_with_context: Option<usize>,
+) -> Result<()> {
+    let device = match output.device() {
+        Device::Cuda(d) => d.clone(),
+        _ => return Err(not_here("output")),
+    };
+    let s = prefix_output.shape().to_vec();
+    if s.len() != 3 {
+        return Err(Error::shape(
+            "prefix_output",
+            &s,
+            "[num_tokens, num_heads, head_size]",
+        ));
+    }
+    let (t, h, d) = (s[0], s[1], s[2]);
+    let o_p = tensor_ptr(&device, prefix_output, "prefix_output")?;
+    let o_s = tensor_ptr(&device, suffix_output, "suffix_output")?;
+    let l_p = tensor_ptr(&device, prefix_lse, "prefix_lse")?;
+    let l_s = tensor_ptr(&device, suffix_lse, "suffix_lse")?;
+    let out = tensor_ptr(&device, output, "output")?;
+    let out_lse = match output_lse {
+        Some(l) => tensor_ptr(&device, l, "output_lse")?,
+        None => 0,
+    };
+    let dtype = prefix_output.dtype();
+    launch_merge(
+        &device,
+        o_p,
+        l_p,
+        o_s,
+        l_s,
+        out,
+        out_lse,
+        dtype,
+        output.dtype(),
+        (t, h, d),
+        prefill_tokens_with_context.unwrap_or(t),
+    )
+}
+
+impl AttentionImpl for CudaAttentionImpl {
+    fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn can_return_lse_for_decode(&self) -> bool {
+        true
+    }
+
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        let md = self.metadata(metadata)?;
+        let p = &self.params;
+        let dtype = key.dtype();
+        if !dtype.is_activation() {
+            return Err(Error::DType {
+                what: "key",
+                got: dtype.to_string(),
+                expected: "f32, f16 or bf16".into(),
+            });
+        }
+        let n = md.common.slot_mapping_cpu().len();
+        let k = self.check_kv_input("key", key, n, dtype)?;
+        let v = self.check_kv_input("value", value, n, dtype)?;
+        let cache = self.check_cache(kv_cache, dtype, md)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let slots = tensor_ptr(&self.device, &md.arrays().slot_mapping, "slot_mapping")?;
+        let (k_scale, v_scale) = self.scales(layer);
+        let params = ReshapeParams {
+            key: k,
+            value: v,
+            cache,
+            slot_mapping: slots,
+            in_dtype: code(dtype)?,
+            cache_dtype: code(kv_cache.spec().storage_dtype())?,
+            layout_hnd: i32::from(kv_cache.layout() == KvLayout::Hnd),
+            num_tokens: i32_of("num_tokens", n)?,
+            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
+            head_size: i32_of("head_size", p.head_size)?,
+            block_size: i32_of("block_size", kv_cache.block_size())?,
+            k_scale,
+            v_scale,
+            pad_: 0,
+        };
+        let f = kernels::function(&self.device, &RESHAPE_AND_CACHE, "reshape_and_cache")?;
+        let threads = ((p.num_kv_heads * p.head_size).div_ceil(32) * 32).clamp(32, 512) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(65_535 * 32) as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        kernels::launch(&self.device, &f, cfg, &params, None)
+    }
+
+    fn forward_with_lse(
+        &self,
+        layer: &AttentionLayer,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        output_lse: Option<&mut Tensor>,
+    ) -> Result<()> {
+        let p = &self.params;
+        let md = self.metadata(metadata)?;
+        let common = &md.common;
+        let n = common.num_actual_tokens();
+        let dtype = query.dtype();
+        if !dtype.is_activation() {
+            return Err(Error::DType {
+                what: "query",
+                got: dtype.to_string(),
+                expected: "f32, f16 or bf16".into(),
+            });
+        }
+        let qs = query.shape();
+        if qs.len() != 3 || qs[0] < n || qs[1] != p.num_heads || qs[2] != p.head_size {
+            return Err(Error::shape(
+                "query",
+                qs,
+                format!("[≥{n} tokens, {} heads, {}]", p.num_heads, p.head_size),
+            ));
+        }
+        output.expect_shape("output", qs)?;
+        output.expect_dtype("output", dtype)?;
+        let lse_ptr = match output_lse {
+            Some(t) => {
+                t.expect_shape("output_lse", &[p.num_heads, n])?;
+                t.expect_dtype("output_lse", DType::F32)?;
+                tensor_ptr(&self.device, t, "output_lse")?
+            }
+            None => 0,
+        };
+        let encoder = p.attn_type.is_encoder();
+        if p.attn_type == AttentionType::EncoderDecoder {
+            return Err(Error::config(
+                "the CUDA backend does not implement encoder_decoder attention",
+            ));
+        }
+        if md.cascade.is_some()
+            && (p.alibi_slopes.is_some() || p.sliding_window.is_some() || encoder)
+        {
+            return Err(Error::config(
+                "cascade attention (common_prefix_len > 0) cannot be combined with ALiBi, a sliding \
+                 window or encoder attention; build the metadata with common_prefix_len = 0",
+            ));
+        }
+        let q_ptr = tensor_ptr(&self.device, query, "query")?;
+        let out_ptr = tensor_ptr(&self.device, output, "output")?;
+        let arrays = md.arrays();
+        let window = match p.sliding_window {
+            Some(w) => i32_of("sliding_window", w)?,
+            None => 0,
+        };
+        let causal = common.causal() && !encoder;
+        let mut base = AttnParams {
+            q: q_ptr,
+            block_table: tensor_ptr(&self.device, &arrays.block_table, "block_table")?,
+            seq_lens: tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?,
+            query_start_loc: tensor_ptr(&self.device, &arrays.query_start_loc, "query_start_loc")?,
+            alibi: self.alibi.as_ref().map_or(0, |a| a.device_ptr()),
+            sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
+            out: out_ptr,
+            lse: lse_ptr,
+            q_dtype: code(dtype)?,
+            out_dtype: code(dtype)?,
+            num_heads: i32_of("num_heads", p.num_heads)?,
+            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
+            head_size: i32_of("head_size", p.head_size)?,
+            group: i32_of("group", p.num_queries_per_kv())?,
+            block_size: i32_of("block_size", common.block_size())?,
+            bt_stride: i32_of("max_blocks_per_req", common.max_blocks_per_req())?,
+            num_tokens: i32_of("num_tokens", n)?,
+            causal: i32::from(causal),
+            window,
+            use_sinks: i32::from(self.sinks.is_some()),
+            scale: p.scale,
+            soft_cap: p.soft_cap().unwrap_or(0.0),
+            k_scale: 1.0,
+            v_scale: 1.0,
+            ..Default::default()
+        };
+        let key_for = |pass: Pass, causal: bool, dense: bool, allow_split: bool| PlanKey {
+            group: p.num_queries_per_kv(),
+            num_kv_heads: p.num_kv_heads,
+            causal,
+            window: p.sliding_window,
+            pass,
+            dense,
+            allow_split,
+        };
+
+        if encoder {
+            // Encoder self-attention reads K/V straight from the inputs, never the cache.
+            let (k, v) = match (key, value) {
+                (Some(k), Some(v)) => (k, v),
+                _ => {
+                    return Err(Error::config(
+                        "encoder attention needs key and value tensors",
+                    ))
+                }
+            };
+            base.k_dense = self.check_kv_input("key", k, n, dtype)?;
+            base.v_dense = self.check_kv_input("value", v, n, dtype)?;
+            base.dense = 1;
+            base.cache_dtype = base.q_dtype;
+            let plan = md.plan(&key_for(Pass::Full, false, true, false))?;
+            return self.launch_attention(&plan, &base);
+        }
+
+        if let (Some(k), Some(v)) = (key, value) {
+            self.do_kv_cache_update(layer, k, v, kv_cache, metadata)?;
+        } else if key.is_some() != value.is_some() {
+            return Err(Error::config("key and value must be given together"));
+        }
+        base.cache = self.check_cache(kv_cache, dtype, md)?;
+        base.cache_dtype = code(kv_cache.spec().storage_dtype())?;
+        base.layout_hnd = i32::from(kv_cache.layout() == KvLayout::Hnd);
+        let (k_scale, v_scale) = self.scales(layer);
+        base.k_scale = k_scale;
+        base.v_scale = v_scale;
+        if n == 0 {
+            return Ok(());
+        }
+
+        match &md.cascade {
+            None => {
+                let plan = md.plan(&key_for(Pass::Full, causal, false, true))?;
+                self.launch_attention(&plan, &base)
+            }
+            Some(cascade) => {
+                let (h, d) = (p.num_heads, p.head_size);
+                let o_p = self.device.zeros_bytes(n * h * d * 4)?;
+                let o_s = self.device.zeros_bytes(n * h * d * 4)?;
+                let l_p = self.device.zeros_bytes(n * h * 4)?;
+                let l_s = self.device.zeros_bytes(n * h * 4)?;
+                // Prefix: every token against the shared blocks, no mask, with sinks.
+                let mut prefix = base;
+                prefix.out = o_p.device_ptr();
+                prefix.lse = l_p.device_ptr();
+                prefix.out_dtype = code(DType::F32)?;
+                prefix.causal = 0;
+                let plan = md.plan(&key_for(
+                    Pass::Prefix(cascade.prefix_len),
+                    false,
+                    false,
+                    false,
+                ))?;
+                self.launch_attention(&plan, &prefix)?;
+                // Suffix: each request's own keys after the prefix, causal, no sinks.
+                let mut suffix = base;
+                suffix.out = o_s.device_ptr();
+                suffix.lse = l_s.device_ptr();
+                suffix.out_dtype = code(DType::F32)?;
+                suffix.use_sinks = 0;
+                let plan = md.plan(&key_for(
+                    Pass::Suffix(cascade.prefix_len),
+                    causal,
+                    false,
+                    false,
+                ))?;
+                self.launch_attention(&plan, &suffix)?;
+                launch_merge(
+                    &self.device,
+                    o_p.device_ptr(),
+                    l_p.device_ptr(),
+                    o_s.device_ptr(),
+                    l_s.device_ptr(),
+                    out_ptr,
+                    lse_ptr,
+                    DType::F32,
+                    dtype,
+                    (n, h, d),
+                    n,
+                )
+            }
+        }
+    }
+}

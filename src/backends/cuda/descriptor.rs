@@ -1,0 +1,179 @@
+//! The CUDA backend's descriptor.
+
+use std::sync::OnceLock;
+
+use crate::attention::{AttentionImpl, AttentionParams};
+use crate::backend::{
+    AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
+    DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout, SelectorConfig,
+};
+use crate::device::{CudaDevice, Device, DeviceKind};
+use crate::dtype::{CacheDType, DType};
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::AttentionMetadataBuilder;
+
+use super::kernels;
+use super::{CudaAttentionImpl, CudaMetadataBuilder};
+
+/// The environment variable that picks the GPU ordinal (default 0).
+pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
+
+/// The CUDA backend descriptor (name `CUDA`, ranked first).
+///
+/// Available when the driver library loads, GPU `POLYATTN_CUDA_DEVICE` (default 0) opens and
+/// NVRTC loads; the probe runs once per descriptor and never panics.
+#[derive(Debug)]
+pub struct CudaBackend {
+    caps: BackendCapabilities,
+    ordinal: usize,
+    device: OnceLock<std::result::Result<CudaDevice, String>>,
+}
+
+impl CudaBackend {
+    /// The descriptor for the GPU named by `POLYATTN_CUDA_DEVICE` (default 0). Touches no
+    /// driver until asked.
+    pub fn new() -> Self {
+        let ordinal = std::env::var(CUDA_DEVICE_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        Self::with_ordinal(ordinal)
+    }
+
+    /// The descriptor for GPU `ordinal`.
+    pub fn with_ordinal(ordinal: usize) -> Self {
+        CudaBackend {
+            caps: BackendCapabilities {
+                // Any multiple of 8 up to 256: the kernel buckets the head size by
+                // ceil(D / 32) at compile time and masks the tail lanes.
+                head_sizes: HeadSizes::Range {
+                    min: 8,
+                    max: 256,
+                    multiple: 8,
+                },
+                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
+                kv_cache_dtypes: CacheDType::ALL.to_vec(),
+                // Key chunks of 16 positions never cross a block (vLLM's FlashAttention rule).
+                block_sizes: vec![BlockSize::MultipleOf(16)],
+                // Cross-attention needs encoder sequence lengths the metadata does not carry.
+                attn_types: vec![
+                    AttentionType::Decoder,
+                    AttentionType::Encoder,
+                    AttentionType::EncoderOnly,
+                ],
+                supports_sink: true,
+                supports_non_causal: true,
+                supports_alibi: true,
+                supports_sliding_window: true,
+                supports_soft_cap: true,
+                supports_cascade: true,
+                is_mla: false,
+                // bf16 `cvt` and the planned cp.async / mma.sync paths need Ampere.
+                min_capability: Some(DeviceCapability { major: 8, minor: 0 }),
+                // No CUDA-graph capture is implemented or tested yet.
+                graph_capture: GraphCaptureSupport::Never,
+                // A head's tokens adjacent: a 16-key chunk of one head is one contiguous read.
+                kv_layout: KvLayout::Hnd,
+            },
+            ordinal,
+            device: OnceLock::new(),
+        }
+    }
+
+    fn probe(&self) -> std::result::Result<CudaDevice, String> {
+        self.device
+            .get_or_init(|| {
+                CudaDevice::driver_status()?;
+                let dev = CudaDevice::new(self.ordinal).map_err(|e| e.to_string())?;
+                kernels::nvrtc_status()?;
+                Ok(dev)
+            })
+            .clone()
+    }
+
+    /// The opened device, or why it is not available.
+    pub fn cuda_device(&self) -> Result<CudaDevice> {
+        self.probe().map_err(|message| Error::Device {
+            backend: "CUDA".into(),
+            message,
+        })
+    }
+}
+
+impl Default for CudaBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AttentionBackend for CudaBackend {
+    fn name(&self) -> &str {
+        "CUDA"
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn priority(&self) -> u32 {
+        100
+    }
+
+    fn availability(&self) -> Availability {
+        match self.probe() {
+            Ok(d) => {
+                let nvrtc = kernels::nvrtc_status()
+                    .map(|(a, b)| format!(", NVRTC {a}.{b}"))
+                    .unwrap_or_default();
+                Availability::Available(format!("{}{nvrtc}", d.description()))
+            }
+            Err(why) => Availability::Unavailable(why),
+        }
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    fn device(&self) -> Result<Device> {
+        Ok(Device::Cuda(self.cuda_device()?))
+    }
+
+    fn device_capability(&self) -> Option<DeviceCapability> {
+        self.probe().ok().map(|d| {
+            let (major, minor) = d.compute_capability();
+            DeviceCapability { major, minor }
+        })
+    }
+
+    fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
+        params.validate()?;
+        let config = SelectorConfig::for_layer(&params, DType::F32, None);
+        let reasons = self.validate_configuration(&config);
+        if !reasons.is_empty() {
+            return Err(Error::Unsupported {
+                backend: self.name().into(),
+                reasons,
+            });
+        }
+        Ok(Box::new(CudaAttentionImpl::new(
+            params,
+            self.cuda_device()?,
+        )?))
+    }
+
+    fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        self.kv_cache_shape(
+            1,
+            spec.block_size,
+            spec.num_kv_heads,
+            spec.head_size,
+            spec.cache_dtype,
+        )?;
+        Ok(Box::new(CudaMetadataBuilder::new(
+            *spec,
+            self.cuda_device()?,
+        )))
+    }
+}

@@ -1,0 +1,507 @@
+//! The CUDA backend's metadata builder and the work lists its kernels consume.
+//!
+//! `build` runs once per step: it validates a cascade request, makes sure the metadata arrays
+//! (query_start_loc, seq_lens, block_table, slot_mapping) are on this GPU, and keeps the host
+//! copies for planning. The attention work list depends on the layer's shape (GQA group,
+//! window, mask), which a builder does not know; it is planned on the host the first time a
+//! layer of a given shape runs in this step, uploaded once, and reused by every later layer of
+//! that shape ([`CudaAttentionMetadata::plan`]).
+//!
+//! Planning ([`plan_work`]): each request's query tokens are cut into tiles of
+//! `ROWS_PER_ITEM / heads` tokens, for every KV head and chunk of its query heads, so that a
+//! CTA holds at most 16 (token, head) rows. Single-token (decode) requests are split along
+//! the keys (flash-decoding) when the batch has too few CTAs to fill the GPU: each split
+//! writes an f32 partial and its LSE, and `combine_splits` merges them.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::GraphCaptureSupport;
+use crate::device::{CudaDevice, CudaStorage, Device, Storage};
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::{
+    AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
+    DeviceMetadata,
+};
+
+use super::kernels::{WorkItem, KEYS_PER_CHUNK, ROWS_PER_ITEM};
+
+/// Most key splits of one decode token.
+pub const MAX_SPLITS: usize = 32;
+/// Fewest keys worth a split of their own.
+pub const MIN_KEYS_PER_SPLIT: usize = 256;
+
+/// Shared-prefix (cascade) attention plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CascadePlan {
+    /// Tokens of the shared prefix (a multiple of the block size, already cached for every
+    /// request).
+    pub prefix_len: usize,
+}
+
+/// Which keys a pass attends to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pass {
+    /// All of a request's keys `[0, seq_len)` (dense encoder K/V: `[0, query_len)`).
+    Full,
+    /// Cascade prefix: keys `[0, prefix_len)`.
+    Prefix(usize),
+    /// Cascade suffix: keys `[prefix_len, seq_len)`.
+    Suffix(usize),
+}
+
+/// What a work list depends on besides the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    /// Query heads per KV head.
+    pub group: usize,
+    /// KV heads.
+    pub num_kv_heads: usize,
+    /// Causal mask.
+    pub causal: bool,
+    /// Sliding window.
+    pub window: Option<usize>,
+    /// Key range.
+    pub pass: Pass,
+    /// Keys from dense K/V (encoder) rather than the cache.
+    pub dense: bool,
+    /// Decode tokens may be split along the keys.
+    pub allow_split: bool,
+}
+
+/// A planned work list, on the host and uploaded.
+#[derive(Debug)]
+pub struct WorkPlan {
+    /// One entry per CTA.
+    pub items: Vec<WorkItem>,
+    /// `(token, part_tok, num_splits, 0)` per split decode token.
+    pub split_tokens: Vec<[i32; 4]>,
+    /// Most splits of any token (0 when nothing is split).
+    pub max_splits: usize,
+    /// `items` on the device.
+    pub(crate) items_dev: Option<CudaStorage>,
+    /// `split_tokens` on the device.
+    pub(crate) split_dev: Option<CudaStorage>,
+}
+
+/// The batch-level inputs of [`plan_work`], as host slices.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanInputs<'a> {
+    /// `[num_reqs + 1]`.
+    pub query_start_loc: &'a [i32],
+    /// `[num_reqs]`.
+    pub seq_lens: &'a [i32],
+    /// Streaming multiprocessors of the GPU (split heuristic).
+    pub sm_count: usize,
+}
+
+/// Plans the CTAs of one attention pass (see the module docs). Pure host code.
+pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
+    let g = key.group.max(1);
+    let hc = g.min(ROWS_PER_ITEM);
+    let tq = (ROWS_PER_ITEM / hc).max(1);
+    let head_chunks: Vec<(usize, usize)> = (0..g).step_by(hc).map(|s| (s, hc.min(g - s))).collect();
+    let ctas_per_tile = key.num_kv_heads * head_chunks.len();
+    let num_reqs = inp.seq_lens.len();
+
+    // Key range and visible range of a single decode token, per request.
+    let range = |r: usize| -> (usize, usize) {
+        let seq = inp.seq_lens[r] as usize;
+        let ql = (inp.query_start_loc[r + 1] - inp.query_start_loc[r]) as usize;
+        match key.pass {
+            Pass::Full if key.dense => (0, ql),
+            Pass::Full => (0, seq),
+            Pass::Prefix(p) => (0, p.min(seq)),
+            Pass::Suffix(p) => (p.min(seq), seq),
+        }
+    };
+    let decode_visible = |r: usize| -> (usize, usize) {
+        let (lo, hi) = range(r);
+        let pos = inp.seq_lens[r] as usize - 1;
+        let hi = if key.causal { hi.min(pos + 1) } else { hi };
+        let lo = match key.window {
+            Some(w) => lo.max((pos + 1).saturating_sub(w)),
+            None => lo,
+        };
+        (lo, hi.max(lo))
+    };
+    let splittable = |r: usize| {
+        key.allow_split
+            && !key.dense
+            && key.pass == Pass::Full
+            && inp.query_start_loc[r + 1] - inp.query_start_loc[r] == 1
+    };
+
+    // CTAs without splitting decide how much splitting is worth it.
+    let base_ctas: usize = (0..num_reqs)
+        .map(|r| {
+            let ql = (inp.query_start_loc[r + 1] - inp.query_start_loc[r]) as usize;
+            ql.div_ceil(tq) * ctas_per_tile
+        })
+        .sum();
+    let target = 2 * inp.sm_count.max(1);
+    let want = if base_ctas == 0 {
+        1
+    } else {
+        target.div_ceil(base_ctas)
+    };
+
+    let mut items = Vec::new();
+    let mut split_tokens = Vec::new();
+    let mut max_splits = 0usize;
+    for r in 0..num_reqs {
+        let qs = inp.query_start_loc[r] as usize;
+        let ql = (inp.query_start_loc[r + 1] as usize).saturating_sub(qs);
+        if ql == 0 {
+            continue;
+        }
+        let (lo, hi) = range(r);
+        let mut pushed = false;
+        if splittable(r) && want > 1 {
+            let (vlo, vhi) = decode_visible(r);
+            let len = vhi - vlo;
+            let s = want.min(MAX_SPLITS).min(len / MIN_KEYS_PER_SPLIT);
+            if s > 1 {
+                let chunk = len.div_ceil(s).div_ceil(KEYS_PER_CHUNK) * KEYS_PER_CHUNK;
+                let s = len.div_ceil(chunk);
+                let part_tok = split_tokens.len() as i32;
+                split_tokens.push([qs as i32, part_tok, s as i32, 0]);
+                max_splits = max_splits.max(s);
+                for kv_head in 0..key.num_kv_heads {
+                    for &(h0, hn) in &head_chunks {
+                        for i in 0..s {
+                            let a = vlo + i * chunk;
+                            items.push(WorkItem {
+                                req: r as i32,
+                                q_start: qs as i32,
+                                q_len: 1,
+                                kv_head: kv_head as i32,
+                                head_start: h0 as i32,
+                                head_count: hn as i32,
+                                kv_lo: a as i32,
+                                kv_hi: (a + chunk).min(vhi) as i32,
+                                split: i as i32,
+                                num_splits: s as i32,
+                                part_tok,
+                                pad_: 0,
+                            });
+                        }
+                    }
+                }
+                pushed = true;
+            }
+        }
+        if pushed {
+            continue;
+        }
+        let mut t = qs;
+        while t < qs + ql {
+            let n = tq.min(qs + ql - t);
+            for kv_head in 0..key.num_kv_heads {
+                for &(h0, hn) in &head_chunks {
+                    items.push(WorkItem {
+                        req: r as i32,
+                        q_start: t as i32,
+                        q_len: n as i32,
+                        kv_head: kv_head as i32,
+                        head_start: h0 as i32,
+                        head_count: hn as i32,
+                        kv_lo: lo as i32,
+                        kv_hi: hi as i32,
+                        split: 0,
+                        num_splits: 1,
+                        part_tok: 0,
+                        pad_: 0,
+                    });
+                }
+            }
+            t += n;
+        }
+    }
+    WorkPlan {
+        items,
+        split_tokens,
+        max_splits,
+        items_dev: None,
+        split_dev: None,
+    }
+}
+
+/// What the CUDA kernels consume for one batch.
+#[derive(Debug)]
+pub struct CudaAttentionMetadata {
+    /// The validated common metadata.
+    pub common: CommonAttentionMetadata,
+    /// The decode / prefill split (informational: one kernel handles both).
+    pub split: DecodePrefillSplit,
+    /// Cascade plan when `common_prefix_len > 0`.
+    pub cascade: Option<CascadePlan>,
+    /// Copies of the metadata arrays on this GPU, when `common` holds them elsewhere (built
+    /// for another device); `None` when `common`'s own device copies are on this GPU.
+    uploaded: Option<DeviceMetadata>,
+    pub(crate) device: CudaDevice,
+    plans: Mutex<HashMap<PlanKey, Arc<WorkPlan>>>,
+}
+
+impl AttentionMetadata for CudaAttentionMetadata {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CudaAttentionMetadata {
+    /// The metadata arrays (query_start_loc, seq_lens, block_table, slot_mapping) on this GPU.
+    pub fn arrays(&self) -> &DeviceMetadata {
+        self.uploaded
+            .as_ref()
+            .unwrap_or_else(|| self.common.device())
+    }
+
+    /// The work list for `key`, planned and uploaded on first use in this step.
+    pub fn plan(&self, key: &PlanKey) -> Result<Arc<WorkPlan>> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = plans.get(key) {
+            return Ok(p.clone());
+        }
+        let mut plan = plan_work(
+            PlanInputs {
+                query_start_loc: self.common.query_start_loc_cpu(),
+                seq_lens: self.common.seq_lens_cpu(),
+                sm_count: self.device.sm_count() as usize,
+            },
+            key,
+        );
+        if !plan.items.is_empty() {
+            plan.items_dev = Some(self.device.upload_pod(&plan.items)?);
+        }
+        if !plan.split_tokens.is_empty() {
+            plan.split_dev = Some(self.device.upload_pod(&plan.split_tokens)?);
+        }
+        let plan = Arc::new(plan);
+        plans.insert(*key, plan.clone());
+        Ok(plan)
+    }
+}
+
+/// Builds [`CudaAttentionMetadata`].
+#[derive(Clone, Debug)]
+pub struct CudaMetadataBuilder {
+    spec: KvCacheSpec,
+    device: CudaDevice,
+}
+
+impl CudaMetadataBuilder {
+    /// A builder for one KV-cache group on `device`.
+    pub fn new(spec: KvCacheSpec, device: CudaDevice) -> Self {
+        CudaMetadataBuilder { spec, device }
+    }
+
+    fn cascade_plan(
+        &self,
+        common_prefix_len: usize,
+        common: &CommonAttentionMetadata,
+    ) -> Result<Option<CascadePlan>> {
+        if common_prefix_len == 0 {
+            return Ok(None);
+        }
+        let bs = common.block_size();
+        if common_prefix_len % bs != 0 {
+            return Err(Error::metadata(format!(
+                "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
+            )));
+        }
+        let min_computed = common.num_computed_tokens().into_iter().min().unwrap_or(0);
+        if common_prefix_len > min_computed {
+            return Err(Error::metadata(format!(
+                "common_prefix_len {common_prefix_len} exceeds the smallest cached context \
+                 ({min_computed} tokens): the prefix must already be in the cache for every request"
+            )));
+        }
+        let n = common_prefix_len / bs;
+        let first = &common.block_table_row(0)[..n];
+        for r in 1..common.num_reqs() {
+            if &common.block_table_row(r)[..n] != first {
+                return Err(Error::metadata(format!(
+                    "common_prefix_len {common_prefix_len}: request {r} does not share the \
+                     first {n} blocks of request 0"
+                )));
+            }
+        }
+        Ok(Some(CascadePlan {
+            prefix_len: common_prefix_len,
+        }))
+    }
+
+    /// `None` when `common`'s device copies are on this GPU, else copies uploaded here.
+    fn uploaded(&self, common: &CommonAttentionMetadata) -> Result<Option<DeviceMetadata>> {
+        let d = common.device();
+        let on_this_gpu = [&d.query_start_loc, &d.seq_lens, &d.block_table, &d.slot_mapping]
+            .iter()
+            .all(|t| {
+                matches!((t.device(), t.storage()), (Device::Cuda(g), Storage::Cuda(_)) if *g == self.device)
+            });
+        if on_this_gpu {
+            return Ok(None);
+        }
+        let here = Device::Cuda(self.device.clone());
+        Ok(Some(DeviceMetadata {
+            query_start_loc: d.query_start_loc.to_device(&here)?,
+            seq_lens: d.seq_lens.to_device(&here)?,
+            block_table: d.block_table.to_device(&here)?,
+            slot_mapping: d.slot_mapping.to_device(&here)?,
+        }))
+    }
+}
+
+impl AttentionMetadataBuilder for CudaMetadataBuilder {
+    fn graph_capture_support(&self) -> GraphCaptureSupport {
+        GraphCaptureSupport::Never
+    }
+
+    fn build(
+        &self,
+        common_prefix_len: usize,
+        common: &CommonAttentionMetadata,
+        _fast_build: bool,
+    ) -> Result<Box<dyn AttentionMetadata>> {
+        if common.block_size() != self.spec.block_size {
+            return Err(Error::metadata(format!(
+                "batch block size {} differs from the KV-cache group's {}",
+                common.block_size(),
+                self.spec.block_size
+            )));
+        }
+        let cascade = self.cascade_plan(common_prefix_len, common)?;
+        let uploaded = self.uploaded(common)?;
+        Ok(Box::new(CudaAttentionMetadata {
+            split: common.split_decodes_and_prefills(1, false, true),
+            common: common.clone(),
+            cascade,
+            uploaded,
+            device: self.device.clone(),
+            plans: Mutex::new(HashMap::new()),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(group: usize, kv: usize) -> PlanKey {
+        PlanKey {
+            group,
+            num_kv_heads: kv,
+            causal: true,
+            window: None,
+            pass: Pass::Full,
+            dense: false,
+            allow_split: true,
+        }
+    }
+
+    /// Every (token, query head) is covered exactly once, by unsplit items or by all splits.
+    fn coverage(plan: &WorkPlan, qsl: &[i32], heads: usize, group: usize) -> Vec<usize> {
+        let t = *qsl.last().unwrap() as usize;
+        let mut seen = vec![0usize; t * heads];
+        for it in &plan.items {
+            if it.split != 0 {
+                continue;
+            }
+            for tok in it.q_start..it.q_start + it.q_len {
+                for h in it.head_start..it.head_start + it.head_count {
+                    let head = it.kv_head as usize * group + h as usize;
+                    seen[tok as usize * heads + head] += 1;
+                }
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn tiles_cover_every_row_once() {
+        let qsl = [0, 1, 40, 41, 300];
+        let seq = [100, 39, 5000, 700];
+        for (group, kv) in [(1, 4), (4, 2), (8, 1), (32, 1), (6, 3)] {
+            let plan = plan_work(
+                PlanInputs {
+                    query_start_loc: &qsl,
+                    seq_lens: &seq,
+                    sm_count: 132,
+                },
+                &key(group, kv),
+            );
+            assert!(coverage(&plan, &qsl, group * kv, group)
+                .iter()
+                .all(|&c| c == 1));
+            for it in &plan.items {
+                assert!((it.q_len * it.head_count) as usize <= ROWS_PER_ITEM);
+                assert!(it.kv_hi as usize <= seq[it.req as usize] as usize);
+                assert!(it.head_start + it.head_count <= group as i32);
+            }
+        }
+    }
+
+    #[test]
+    fn long_decodes_split_into_aligned_contiguous_ranges() {
+        let qsl = [0, 1];
+        let seq = [10_000];
+        let plan = plan_work(
+            PlanInputs {
+                query_start_loc: &qsl,
+                seq_lens: &seq,
+                sm_count: 132,
+            },
+            &key(4, 8),
+        );
+        assert_eq!(plan.split_tokens.len(), 1);
+        let s = plan.split_tokens[0][2] as usize;
+        assert!(s > 1 && s <= MAX_SPLITS);
+        let mut ranges: Vec<(i32, i32)> = plan
+            .items
+            .iter()
+            .filter(|i| i.kv_head == 0)
+            .map(|i| (i.kv_lo, i.kv_hi))
+            .collect();
+        ranges.sort();
+        assert_eq!(ranges.first().unwrap().0, 0);
+        assert_eq!(ranges.last().unwrap().1, 10_000);
+        for w in ranges.windows(2) {
+            assert_eq!(w[0].1, w[1].0);
+            assert_eq!(w[0].1 % KEYS_PER_CHUNK as i32, 0);
+        }
+        // A big batch is not split.
+        let qsl: Vec<i32> = (0..=512).collect();
+        let seq = vec![10_000; 512];
+        let plan = plan_work(
+            PlanInputs {
+                query_start_loc: &qsl,
+                seq_lens: &seq,
+                sm_count: 132,
+            },
+            &key(4, 8),
+        );
+        assert!(plan.split_tokens.is_empty());
+    }
+
+    #[test]
+    fn windows_limit_the_split_range() {
+        let qsl = [0, 1];
+        let seq = [10_000];
+        let mut k = key(4, 1);
+        k.window = Some(1000);
+        let plan = plan_work(
+            PlanInputs {
+                query_start_loc: &qsl,
+                seq_lens: &seq,
+                sm_count: 132,
+            },
+            &k,
+        );
+        let lo = plan.items.iter().map(|i| i.kv_lo).min().unwrap();
+        let hi = plan.items.iter().map(|i| i.kv_hi).max().unwrap();
+        assert_eq!((lo, hi), (9_000, 10_000));
+    }
+}

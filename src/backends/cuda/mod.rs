@@ -1,0 +1,27 @@
+//! The CUDA backend: CUDA C++ kernels from `kernels-cuda/`, compiled at run time by NVRTC for
+//! the GPU's own architecture and launched through the CUDA driver API (cudarc, loaded
+//! dynamically: building needs no CUDA, and a machine without a driver or NVRTC reports the
+//! backend unavailable with the reason instead of failing).
+//!
+//! Same shape as the CPU backend: [`CudaBackend`] (descriptor), [`CudaMetadataBuilder`]
+//! (metadata and work lists), [`CudaAttentionImpl`] (checks, then launches) and [`kernels`]
+//! (embedded sources, NVRTC, parameter blocks, launches).
+//!
+//! What runs: `reshape_and_cache` (every cache dtype, fp8 bit-identical to [`crate::fp8`]);
+//! one paged-attention kernel for mixed decode / prefill / chunked-prefill batches on CUDA
+//! cores with online softmax (causal and bidirectional, GQA, sliding window, ALiBi, soft cap,
+//! sinks, LSE, fp8 KV, head sizes that are multiples of 8 up to 256); split-KV decode with a
+//! combine kernel; `merge_attn_states`; cascade as prefix pass + suffix pass + merge.
+//! Not yet: a tensor-core (mma.sync) prefill path and CUDA-graph capture.
+
+mod attention_impl;
+mod descriptor;
+pub mod kernels;
+mod metadata_builder;
+
+pub use attention_impl::{merge_attn_states, CudaAttentionImpl};
+pub use descriptor::{CudaBackend, CUDA_DEVICE_ENV};
+pub use metadata_builder::{
+    plan_work, CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, Pass, PlanInputs, PlanKey,
+    WorkPlan, MAX_SPLITS, MIN_KEYS_PER_SPLIT,
+};

@@ -1,0 +1,69 @@
+//! CI check for the CUDA kernels without a GPU: every `kernels-cuda/` source is compiled with
+//! NVRTC for sm_80 and sm_90 with `--ptxas-options=-v`; the test fails on a compile error or on
+//! any function that spills registers to local memory, and prints each function's registers,
+//! stack and spills.
+//!
+//! NVRTC is loaded at run time. When it is absent the test prints that it skipped and why, and
+//! passes. To run it here: `python3 -m pip install --no-deps --target /opt/cu13
+//! nvidia-cuda-nvrtc==13.0.88` and `LD_LIBRARY_PATH=/opt/cu13/nvidia/cu13/lib cargo test
+//! --test cuda_compile -- --nocapture` (the variable must be set before the process starts).
+
+use polyattn::backends::cuda::kernels::{self, PtxasReport};
+
+const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+#[test]
+fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
+    let version = match kernels::nvrtc_status() {
+        Ok(v) => v,
+        Err(why) => {
+            println!("SKIP cuda_compile: NVRTC is not available: {why}");
+            return;
+        }
+    };
+    println!("NVRTC {}.{}", version.0, version.1);
+    let mut failures = Vec::new();
+    for arch in ARCHS {
+        for k in kernels::ALL_SOURCES {
+            let out = match kernels::compile(&k, arch, &["--ptxas-options=-v"]) {
+                Ok(o) => o,
+                Err(e) => {
+                    failures.push(format!("{} {arch}: compile error: {e}", k.name));
+                    continue;
+                }
+            };
+            let reports = kernels::parse_ptxas_report(&out.log);
+            for f in k.functions {
+                if !reports.iter().any(|r| &r.function == f) {
+                    failures.push(format!("{} {arch}: no ptxas report for {f}", k.name));
+                }
+            }
+            for PtxasReport {
+                function,
+                registers,
+                stack_bytes,
+                spill_stores,
+                spill_loads,
+            } in &reports
+            {
+                println!(
+                    "{arch} {:<20} {function:<24} {registers:>3} registers, {stack_bytes:>4} B stack, \
+                     {spill_stores} B spill stores, {spill_loads} B spill loads",
+                    k.name
+                );
+                if *spill_stores > 0 || *spill_loads > 0 {
+                    failures.push(format!(
+                        "{} {arch}: {function} spills ({spill_stores} B stores, {spill_loads} B loads)",
+                        k.name
+                    ));
+                }
+            }
+            assert!(!out.image.is_empty(), "{} {arch}: empty cubin", k.name);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "CUDA kernel checks failed:\n{}",
+        failures.join("\n")
+    );
+}
