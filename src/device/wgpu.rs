@@ -1,47 +1,594 @@
-//! The wgpu device. SKELETON: the wgpu backend work fills this file in.
+//! The wgpu device: one adapter, device and queue per process, storage buffers, and the
+//! per-device caches the wgpu backend's kernels use (compiled pipelines, a dummy binding).
+//!
+//! **Opening.** [`WgpuDevice::open`] enumerates the adapters of the backends that
+//! `WGPU_BACKEND` allows (wgpu's own variable: `vulkan`, `metal`, `dx12`, `gl`; all by
+//! default), ranks them (discrete, integrated, virtual, CPU; native APIs before GL) and takes
+//! the first, unless `POLYATTN_DEVICE` (an index into that ranking, or a case-insensitive
+//! substring of the adapter name) or `WGPU_ADAPTER_NAME` (a substring, as in wgpu's own
+//! helpers) picks another. A name that matches nothing is an error, never a panic. The result,
+//! success or failure, is cached for the life of the process.
+//!
+//! **Device features and limits.** It requests the adapter's own limits (wgpu's defaults cap
+//! workgroup storage at 16 KiB; lavapipe offers 32 KiB, the H200 48 KiB) and, when offered,
+//! `SHADER_F16`, `SUBGROUP` and `TIMESTAMP_QUERY`; experimental features are never requested.
+//!
+//! **GL fallback.** Without a Vulkan driver wgpu finds Mesa's OpenGL `llvmpipe` instead: it
+//! works but has neither f16 nor subgroups. [`WgpuDevice::is_gl_fallback`] says so, and the
+//! backend reports it; CI sets `WGPU_BACKEND=vulkan` so a broken install fails loudly.
+//!
+//! **Errors.** wgpu reports most errors asynchronously through an "uncaptured error" handler
+//! whose default panics. polyattn installs its own, which records the message; the next
+//! [`WgpuDevice::synchronize`] or download returns it as [`Error::Device`]. Buffer creation
+//! is additionally checked up front against the adapter's limits and wrapped in an error
+//! scope, so an oversized or failed allocation is an error where it happens.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::CpuStorage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// A wgpu device handle.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WgpuDevice {
-    _private: (),
-}
+/// Environment variable choosing the adapter: an index into the ranked adapter list, or a
+/// case-insensitive substring of the adapter name.
+pub const DEVICE_ENV: &str = "POLYATTN_DEVICE";
 
-/// A buffer on a WgpuDevice.
-#[derive(Clone, Debug)]
-pub struct WgpuStorage {
-    _private: (),
-}
+/// wgpu's variable naming an adapter by substring (honoured when `POLYATTN_DEVICE` is unset).
+pub const ADAPTER_NAME_ENV: &str = "WGPU_ADAPTER_NAME";
 
-fn not_built() -> Error {
+/// Distinct placeholder buffers per device.
+const DUMMY_BUFFERS: usize = 4;
+
+/// Smallest buffer polyattn creates: a zero-sized binding is invalid in WebGPU.
+const MIN_BUFFER_BYTES: u64 = 16;
+
+fn device_error(message: impl Into<String>) -> Error {
     Error::Device {
         backend: "wgpu".into(),
-        message: "the wgpu device layer is not built yet".into(),
+        message: message.into(),
     }
+}
+
+/// The opened adapter and everything cached on it.
+struct Inner {
+    _instance: wgpu::Instance,
+    adapter: wgpu::Adapter,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    features: wgpu::Features,
+    limits: wgpu::Limits,
+    /// Messages of errors wgpu raised outside any error scope, oldest first.
+    errors: Arc<Mutex<Vec<String>>>,
+    /// Compiled compute pipelines by specialisation key.
+    pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
+    /// Small storage buffers bound where a shader's optional inputs or outputs are unused
+    /// (distinct ones, since one buffer may not be bound writable and read-only at once).
+    dummies: Vec<wgpu::Buffer>,
+}
+
+/// A wgpu adapter, device and queue (one per process, shared by every clone).
+///
+/// Equality is adapter identity: two handles are equal when they share the opened device.
+#[derive(Clone)]
+pub struct WgpuDevice {
+    inner: Arc<Inner>,
+}
+
+impl PartialEq for WgpuDevice {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for WgpuDevice {}
+
+impl fmt::Debug for WgpuDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuDevice")
+            .field("adapter", &self.inner.info.name)
+            .field("backend", &self.inner.info.backend)
+            .finish()
+    }
+}
+
+/// Rank of an adapter in automatic choice: lower is better.
+fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let ty = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    };
+    let api = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        wgpu::Backend::Gl => 1,
+        _ => 2,
+    };
+    (ty, api)
+}
+
+fn describe_adapters(adapters: &[wgpu::Adapter]) -> String {
+    adapters
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let info = a.get_info();
+            format!("{i}: {} ({:?})", info.name, info.backend)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Picks an adapter from the ranked list according to the environment.
+fn choose_adapter(mut adapters: Vec<wgpu::Adapter>) -> Result<wgpu::Adapter> {
+    if adapters.is_empty() {
+        return Err(device_error(
+            "no wgpu adapter found (install mesa-vulkan-drivers for lavapipe, or a GPU driver)",
+        ));
+    }
+    adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
+    let by_name = |wanted: &str, var: &str, adapters: &[wgpu::Adapter]| -> Result<usize> {
+        let w = wanted.to_ascii_lowercase();
+        adapters
+            .iter()
+            .position(|a| a.get_info().name.to_ascii_lowercase().contains(&w))
+            .ok_or_else(|| {
+                device_error(format!(
+                    "{var}={wanted} matches no adapter; adapters: {}",
+                    describe_adapters(adapters)
+                ))
+            })
+    };
+    let index = match std::env::var(DEVICE_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
+        Some(v) => {
+            let v = v.trim();
+            match v.parse::<usize>() {
+                Ok(i) if i < adapters.len() => i,
+                Ok(i) => {
+                    return Err(device_error(format!(
+                        "{DEVICE_ENV}={i} is out of range; adapters: {}",
+                        describe_adapters(&adapters)
+                    )))
+                }
+                Err(_) => by_name(v, DEVICE_ENV, &adapters)?,
+            }
+        }
+        None => match std::env::var(ADAPTER_NAME_ENV)
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            Some(v) => by_name(v.trim(), ADAPTER_NAME_ENV, &adapters)?,
+            None => 0,
+        },
+    };
+    Ok(adapters.swap_remove(index))
+}
+
+/// Features polyattn uses when the adapter offers them.
+fn wanted_features() -> wgpu::Features {
+    wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY
+}
+
+fn open_uncached() -> Result<WgpuDevice> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let backends = wgpu::Backends::all().with_env();
+    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    let adapter = choose_adapter(adapters)?;
+    let info = adapter.get_info();
+    let features =
+        adapter.features() & wanted_features() & !wgpu::Features::all_experimental_mask();
+    let limits = adapter.limits();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("polyattn"),
+        required_features: features,
+        required_limits: limits.clone(),
+        ..Default::default()
+    }))
+    .map_err(|e| {
+        device_error(format!(
+            "cannot open {} ({:?}): {e}",
+            info.name, info.backend
+        ))
+    })?;
+    let errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let sink = errors.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        tracing::error!("wgpu: {e}");
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.to_string());
+    }));
+    let dummies = (0..DUMMY_BUFFERS)
+        .map(|_| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("polyattn unused binding"),
+                size: 256,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
+                mapped_at_creation: false,
+            })
+        })
+        .collect();
+    Ok(WgpuDevice {
+        inner: Arc::new(Inner {
+            _instance: instance,
+            adapter,
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            errors,
+            pipelines: Mutex::new(HashMap::new()),
+            dummies,
+        }),
+    })
 }
 
 impl WgpuDevice {
-    /// One-line description.
+    /// The process's wgpu device, opened on first use (see the module docs for how the
+    /// adapter is chosen). A failure is cached too: every later call returns the same error.
+    pub fn open() -> Result<WgpuDevice> {
+        static DEVICE: OnceLock<std::result::Result<WgpuDevice, String>> = OnceLock::new();
+        DEVICE
+            .get_or_init(|| {
+                // wgpu may panic inside a broken driver; report that as "unavailable".
+                match std::panic::catch_unwind(open_uncached) {
+                    Ok(Ok(d)) => Ok(d),
+                    Ok(Err(e)) => Err(match e {
+                        Error::Device { message, .. } => message,
+                        other => other.to_string(),
+                    }),
+                    Err(_) => Err("wgpu panicked while opening an adapter".to_string()),
+                }
+            })
+            .clone()
+            .map_err(device_error)
+    }
+
+    /// The adapter's description (name, backend, device type, driver).
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.inner.info
+    }
+
+    /// The wgpu adapter.
+    pub fn adapter(&self) -> &wgpu::Adapter {
+        &self.inner.adapter
+    }
+
+    /// The wgpu device.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The queue every polyattn submission goes to.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    /// The features the device was opened with.
+    pub fn features(&self) -> wgpu::Features {
+        self.inner.features
+    }
+
+    /// The limits the device was opened with (the adapter's own).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.inner.limits
+    }
+
+    /// True when the device has `SHADER_F16`.
+    pub fn has_f16(&self) -> bool {
+        self.inner.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// True when the device has subgroup operations.
+    pub fn has_subgroups(&self) -> bool {
+        self.inner.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// True when wgpu fell back to an OpenGL adapter (no f16, no subgroups, slow).
+    pub fn is_gl_fallback(&self) -> bool {
+        self.inner.info.backend == wgpu::Backend::Gl
+    }
+
+    /// Largest buffer that can be bound to one storage binding, in bytes.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.inner
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.inner.limits.max_buffer_size)
+    }
+
+    /// One-line description: adapter, backend, device type, features.
     pub fn description(&self) -> String {
-        "wgpu (not built)".into()
+        let i = &self.inner.info;
+        let mut extras = Vec::new();
+        if self.has_f16() {
+            extras.push("f16".to_string());
+        }
+        if self.has_subgroups() {
+            extras.push(format!(
+                "subgroups {}..{}",
+                i.subgroup_min_size, i.subgroup_max_size
+            ));
+        }
+        extras.push(format!(
+            "{} KiB shared, {} MiB per binding",
+            self.inner.limits.max_compute_workgroup_storage_size / 1024,
+            self.max_binding_bytes() >> 20
+        ));
+        let mut s = format!(
+            "wgpu: {} ({:?}, {:?}; {})",
+            i.name,
+            i.backend,
+            i.device_type,
+            extras.join(", ")
+        );
+        if self.is_gl_fallback() {
+            s.push_str(
+                " [OpenGL fallback: no Vulkan driver found; install mesa-vulkan-drivers for \
+                 lavapipe or set WGPU_BACKEND=vulkan]",
+            );
+        }
+        s
     }
-    /// Waits for queued work.
+
+    /// Returns (and clears) the errors wgpu raised outside any error scope.
+    fn take_errors(&self) -> Result<()> {
+        let mut errs = self.inner.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let msg = errs.join("; ");
+        errs.clear();
+        Err(device_error(msg))
+    }
+
+    /// Waits until all work submitted to the queue has finished; reports any error wgpu
+    /// raised asynchronously since the last check.
     pub fn synchronize(&self) -> Result<()> {
-        Err(not_built())
+        self.inner
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| device_error(format!("waiting for the queue failed: {e}")))?;
+        self.take_errors()
     }
-    /// `len` zeros of `dtype`.
-    pub fn zeros(&self, _len: usize, _dtype: DType) -> Result<WgpuStorage> {
-        Err(not_built())
+
+    /// Creates a storage buffer of `bytes` (rounded up to a multiple of 4, at least 16),
+    /// checked against the adapter's limits and inside an error scope.
+    pub fn create_storage_buffer(
+        &self,
+        label: &str,
+        bytes: u64,
+        extra_usage: wgpu::BufferUsages,
+        mapped_at_creation: bool,
+    ) -> Result<wgpu::Buffer> {
+        let size = bytes.div_ceil(4).saturating_mul(4).max(MIN_BUFFER_BYTES);
+        let max = self.inner.limits.max_buffer_size;
+        if size > max {
+            return Err(device_error(format!(
+                "{label}: a buffer of {bytes} bytes exceeds this adapter's largest buffer \
+                 ({max} bytes on {})",
+                self.inner.info.name
+            )));
+        }
+        let scope = self
+            .inner
+            .device
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST
+                | extra_usage,
+            mapped_at_creation,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(device_error(format!(
+                "{label}: allocating {size} bytes failed: {e}"
+            )));
+        }
+        Ok(buffer)
     }
-    /// Uploads host storage.
-    pub fn upload(&self, _host: &CpuStorage, _dtype: DType) -> Result<WgpuStorage> {
-        Err(not_built())
+
+    /// `len` zeros of `dtype` (wgpu zero-fills new buffers).
+    pub fn zeros(&self, len: usize, dtype: DType) -> Result<WgpuStorage> {
+        let bytes = (len as u64).saturating_mul(dtype.size_in_bytes() as u64);
+        let buffer = self.create_storage_buffer(
+            "polyattn tensor",
+            bytes,
+            wgpu::BufferUsages::empty(),
+            false,
+        )?;
+        Ok(WgpuStorage {
+            buffer,
+            bytes,
+            device: self.clone(),
+        })
     }
-    /// Downloads to host storage.
-    pub fn download(&self, _s: &WgpuStorage, _dtype: DType) -> Result<CpuStorage> {
-        Err(not_built())
+
+    /// Uploads host storage (the elements of `dtype`, little-endian).
+    pub fn upload(&self, host: &CpuStorage, dtype: DType) -> Result<WgpuStorage> {
+        let data = host.as_bytes();
+        let expected = host.len() * dtype.size_in_bytes();
+        if data.len() != expected {
+            return Err(Error::DType {
+                what: "wgpu upload",
+                got: format!("{} bytes of host storage", data.len()),
+                expected: format!("{} elements of {dtype}", host.len()),
+            });
+        }
+        let bytes = data.len() as u64;
+        let buffer = self.create_storage_buffer(
+            "polyattn tensor",
+            bytes,
+            wgpu::BufferUsages::empty(),
+            true,
+        )?;
+        {
+            let mut view = buffer.get_mapped_range_mut(..).map_err(|e| {
+                device_error(format!("mapping a new buffer for upload failed: {e}"))
+            })?;
+            view.slice(..data.len()).copy_from_slice(data);
+        }
+        buffer.unmap();
+        Ok(WgpuStorage {
+            buffer,
+            bytes,
+            device: self.clone(),
+        })
+    }
+
+    /// Downloads to host storage, waiting for the work queued before.
+    pub fn download(&self, s: &WgpuStorage, dtype: DType) -> Result<CpuStorage> {
+        let bytes = self.read_bytes(&s.buffer, 0, s.bytes)?;
+        Ok(CpuStorage::from_bytes(&bytes, dtype))
+    }
+
+    /// Copies `bytes` bytes from `buffer` at `offset` into host memory (waits for the queue).
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let padded = bytes.div_ceil(4) * 4;
+        if offset % 4 != 0 || offset + padded > buffer.size() {
+            return Err(device_error(format!(
+                "read of {bytes} bytes at {offset} is outside a buffer of {} bytes",
+                buffer.size()
+            )));
+        }
+        let d = &self.inner.device;
+        let staging = d.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("polyattn download"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("polyattn download"),
+        });
+        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, Some(padded));
+        self.inner.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.synchronize()?;
+        rx.recv()
+            .map_err(|_| device_error("the download's map callback never ran"))?
+            .map_err(|e| device_error(format!("mapping the download buffer failed: {e}")))?;
+        let out = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| device_error(format!("reading the download buffer failed: {e}")))?;
+            view[..bytes as usize].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// The compiled pipeline cached under `key`, or the one `make` builds (then cached).
+    /// `make` runs outside the cache lock, so threads compiling different pipelines do not
+    /// wait on each other.
+    pub fn cached_pipeline(
+        &self,
+        key: &str,
+        make: impl FnOnce(&wgpu::Device) -> Result<wgpu::ComputePipeline>,
+    ) -> Result<wgpu::ComputePipeline> {
+        let lock = || {
+            self.inner
+                .pipelines
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        };
+        if let Some(p) = lock().get(key) {
+            return Ok(p.clone());
+        }
+        let p = make(&self.inner.device)?;
+        Ok(lock().entry(key.to_string()).or_insert(p).clone())
+    }
+
+    /// Number of pipelines compiled so far (for tests and reports).
+    pub fn pipeline_count(&self) -> usize {
+        self.inner
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// One of four distinct 256-byte buffers (`slot % 4`) to bind where a shader's optional
+    /// input or output is unused; use a different slot for each binding of one dispatch.
+    pub fn dummy_buffer(&self, slot: usize) -> &wgpu::Buffer {
+        &self.inner.dummies[slot % DUMMY_BUFFERS]
+    }
+}
+
+/// A tensor's elements in a wgpu storage buffer.
+///
+/// The buffer is at least 16 bytes and a multiple of 4 (WebGPU binding rules); `len_bytes`
+/// is the logical size. `Clone` copies the buffer on the device.
+pub struct WgpuStorage {
+    buffer: wgpu::Buffer,
+    bytes: u64,
+    device: WgpuDevice,
+}
+
+impl WgpuStorage {
+    /// The storage buffer.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// Logical size in bytes (the buffer may be padded).
+    pub fn len_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The device the buffer lives on.
+    pub fn device(&self) -> &WgpuDevice {
+        &self.device
+    }
+}
+
+impl fmt::Debug for WgpuStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuStorage")
+            .field("bytes", &self.bytes)
+            .field("adapter", &self.device.inner.info.name)
+            .finish()
+    }
+}
+
+impl Clone for WgpuStorage {
+    /// A device-side copy. An allocation failure here cannot be returned (`Clone` is
+    /// infallible): it is recorded and reported by the next synchronize or download.
+    fn clone(&self) -> Self {
+        let d = &self.device.inner.device;
+        let buffer = d.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("polyattn tensor (clone)"),
+            size: self.buffer.size(),
+            usage: self.buffer.usage(),
+            mapped_at_creation: false,
+        });
+        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("polyattn clone"),
+        });
+        enc.copy_buffer_to_buffer(&self.buffer, 0, &buffer, 0, Some(self.buffer.size()));
+        self.device.inner.queue.submit([enc.finish()]);
+        WgpuStorage {
+            buffer,
+            bytes: self.bytes,
+            device: self.device.clone(),
+        }
     }
 }

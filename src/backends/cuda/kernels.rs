@@ -310,7 +310,8 @@ fn compile_cached(k: &KernelSource, arch: &str) -> Result<Vec<u8>> {
     let path = cache_dir().map(|d| d.join(format!("{}-{arch}-{hash:016x}.cubin", k.name)));
     if let Some(p) = &path {
         if let Ok(bytes) = std::fs::read(p) {
-            if !bytes.is_empty() {
+            // A cubin is an ELF file; anything else (a truncated write) is recompiled.
+            if bytes.len() > 64 && bytes.starts_with(b"\x7fELF") {
                 return Ok(bytes);
             }
         }
@@ -594,6 +595,98 @@ pub fn attention_function_name(head_size: usize) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The device's fp8 encoder (`pa_f32_to_fp8` in common.cuh), step for step in f32, must
+    /// agree with src/fp8.rs; this checks the algorithm (the H200 run checks the CUDA code).
+    fn device_fp8(x: f32, mant: i32, bias: i32, maxv: f32) -> u8 {
+        let u = x.to_bits();
+        if (u & 0x7fff_ffff) > 0x7f80_0000 {
+            return 0x7f;
+        }
+        let sign = ((u >> 24) & 0x80) as u8;
+        let a = f32::from_bits(u & 0x7fff_ffff).min(maxv);
+        let e = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
+        let min_normal = 1 - bias;
+        let code = if e < min_normal {
+            (a * 2f32.powi(mant - min_normal)).round_ties_even() as u32
+        } else {
+            let steps = (a * 2f32.powi(mant - e)).round_ties_even() as u32;
+            (((e + bias) as u32) << mant) + steps - (1u32 << mant)
+        };
+        sign | code as u8
+    }
+
+    #[test]
+    fn device_fp8_encoder_matches_the_host_one() {
+        use crate::fp8::{encode_e4m3, encode_e5m2, E4M3_TABLE, E5M2_TABLE};
+        let mut xs: Vec<f32> = (0..1u32 << 20)
+            .map(|i| f32::from_bits(i << 12 | 0x5a5))
+            .collect();
+        // Exact midpoints between neighbouring codes and their f32 neighbours (the ties).
+        for t in [&E4M3_TABLE, &E5M2_TABLE] {
+            for w in t.windows(2) {
+                if w[0].is_finite() && w[1].is_finite() {
+                    let m = (w[0] + w[1]) / 2.0;
+                    xs.extend([
+                        m,
+                        f32::from_bits(m.to_bits() + 1),
+                        f32::from_bits(m.to_bits().wrapping_sub(1)),
+                    ]);
+                    xs.extend([w[0], w[1], -m]);
+                }
+            }
+        }
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            448.0,
+            464.0,
+            480.0,
+            57344.0,
+            61440.0,
+            1e-45,
+        ]);
+        for x in xs {
+            assert_eq!(
+                device_fp8(x, 3, 7, 448.0),
+                encode_e4m3(x),
+                "e4m3 {x:e} ({:#x})",
+                x.to_bits()
+            );
+            assert_eq!(
+                device_fp8(x, 2, 15, 57344.0),
+                encode_e5m2(x),
+                "e5m2 {x:e} ({:#x})",
+                x.to_bits()
+            );
+        }
+    }
+
+    /// `pa_f32_to_bf16` in common.cuh against the `half` crate the host uses.
+    #[test]
+    fn device_bf16_rounding_matches_half() {
+        let dev = |f: f32| -> u16 {
+            let u = f.to_bits();
+            if (u & 0x7fff_ffff) > 0x7f80_0000 {
+                return ((u >> 16) | 0x40) as u16;
+            }
+            (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+        };
+        for i in 0..1u32 << 20 {
+            for low in [0u32, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_8000] {
+                let f = f32::from_bits((i << 12) ^ low);
+                assert_eq!(
+                    dev(f),
+                    half::bf16::from_f32(f).to_bits(),
+                    "{:#x}",
+                    f.to_bits()
+                );
+            }
+        }
+    }
 
     #[test]
     fn ptxas_report_parses() {

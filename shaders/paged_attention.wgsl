@@ -1,0 +1,308 @@
+// paged_attention.wgsl — attention of one tile of query rows against one KV head, with
+// online softmax (FlashAttention's algorithm), for mixed prefill / decode batches.
+//
+// Specialisation (a generated header, see src/backends/wgpu/shader_gen.rs): head size D
+// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, the dtypes of
+// queries / outputs and of keys / values, and the key source: the paged KV cache
+// (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
+// The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4` and `key_base`;
+// `softmax_rows` and the `Inputs` struct come from softmax_serial.wgsl or
+// softmax_subgroup.wgsl.
+//
+// Work: workgroup (x + z·65535, y) runs work item x+z·65535 for KV head y. An item is 8 u32
+// (built on the host from validated metadata): first batch token of its request, first row
+// and number of rows of the tile (row R of a request is token R / g, query head
+// kv_head·g + R % g: the g query heads of a KV head share every key the tile loads), the
+// request's context length (token i sits at absolute position ctx + i), the key range
+// [kv_lo, kv_hi), the block-table row offset (paged) or first K/V row (dense), and the
+// partial slot (0x7fffffff: write the output directly; otherwise a split-KV partial) with
+// bit 31 set when this item adds the sink logit (once per row).
+//
+// Per chunk of BN keys: key addresses -> K into shared memory -> S = (q·scale)·K^T (phase A)
+// -> per row: soft cap c·tanh(s/c), ALiBi slope·(j − pos), causal / sliding-window mask,
+// running max m, denominator l and rescale factor α (phase B, `softmax_rows`), while V is
+// loaded -> acc = acc·α + P·V (phase C). A sink starts a row at m = sink, l = 1. At the end
+// out = acc / l and LSE = m + ln l (natural log; −inf and a zero output for a row that saw
+// no key and no sink); a split item writes acc, m and l to `scratch` instead, for
+// combine_splits.wgsl. Keys visible to a query at position p: causal j ≤ p; window W
+// p − j < W (and j − p < W when not causal).
+//
+// Layout: q / out [tokens, H, D]; lse [H, num_tokens] (f32 bits); paged KV cache
+// [blocks, 2, ...] with the element strides in Params (NHD and HND alike); block table
+// [reqs, width] i32; layer = [alibi slopes H][sinks H] f32; scratch = partial rows
+// ((slot·Hkv + kv_head)·BM + r)·D4 vec4, then (m, l) vec4s from ml_offset.
+//
+// Bounds relied on: every item comes from metadata validated on the host — tokens < the
+// query's rows, keys < seq_len ≤ width·block_size, block ids < the cache's blocks, slots
+// < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored.
+
+struct Params {
+    num_tokens: u32,
+    num_heads: u32,
+    num_kv_heads: u32,
+    group: u32,
+    block_size: u32,
+    block_stride: u32,
+    kv_stride: u32,
+    tok_stride: u32,
+    head_stride: u32,
+    num_items: u32,
+    flags: u32,
+    window: u32,
+    scale: f32,
+    soft_cap: f32,
+    k_scale: f32,
+    v_scale: f32,
+    ml_offset: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+const CAUSAL: u32 = 1u;
+const WINDOW: u32 = 2u;
+const SOFT_CAP: u32 = 4u;
+const ALIBI: u32 = 8u;
+const SINKS: u32 = 16u;
+const WRITE_LSE: u32 = 32u;
+const DIRECT: u32 = 0x7fffffffu;
+const NO_ROW: u32 = 0xffffffffu;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> items: array<u32>;
+@group(0) @binding(5) var<storage, read> layer: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<u32>;
+@group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;
+
+var<workgroup> q_s: array<vec4<f32>, BM * D4>;
+var<workgroup> kv_s: array<vec4<f32>, BN * KV_ROW>;
+var<workgroup> s_s: array<f32, BM * S_ROW>;
+var<workgroup> m_s: array<f32, BM>;
+var<workgroup> l_s: array<f32, BM>;
+var<workgroup> a_s: array<f32, BM>;
+var<workgroup> pos_s: array<u32, BM>;
+var<workgroup> head_s: array<u32, BM>;
+var<workgroup> kbase_s: array<u32, BN>;
+
+// Is key position `kp` visible to a query at position `p`? (The tile's key range is
+// already clipped to [kv_lo, kv_hi).)
+fn visible(p: u32, kp: u32) -> bool {
+    var ok = true;
+    if (params.flags & CAUSAL) != 0u {
+        ok = kp <= p;
+    }
+    if (params.flags & WINDOW) != 0u {
+        ok = ok && kp + params.window > p;
+        if (params.flags & CAUSAL) == 0u {
+            ok = ok && p + params.window > kp;
+        }
+    }
+    return ok;
+}
+
+// Soft cap then ALiBi, on a scaled logit.
+fn modify(s_in: f32, head: u32, p: u32, kp: u32) -> f32 {
+    var s = s_in;
+    if (params.flags & SOFT_CAP) != 0u {
+        let c = params.soft_cap;
+        s = c * tanh(clamp(s / c, -15.0, 15.0));
+    }
+    if (params.flags & ALIBI) != 0u {
+        s = s + layer[head] * (f32(kp) - f32(p));
+    }
+    return s;
+}
+
+@compute @workgroup_size(WG)
+fn main(inp: Inputs) {
+    let t = inp.t;
+    let item = flat_group(inp.wid, inp.nwg);
+    if item >= params.num_items {
+        return;
+    }
+    let kv_head = inp.wid.y;
+    let g = params.group;
+    let H = params.num_heads;
+    let w = item * 8u;
+    let tok_start = items[w];
+    let row_start = items[w + 1u];
+    let n_rows = items[w + 2u];
+    let ctx = items[w + 3u];
+    let kv_lo = items[w + 4u];
+    let kv_hi = items[w + 5u];
+    let kv_row = items[w + 6u];
+    let slot_word = items[w + 7u];
+    let slot = slot_word & 0x7fffffffu;
+    let add_sink = (slot_word >> 31u) == 1u && (params.flags & SINKS) != 0u;
+
+    // Rows: position, query head, running statistics.
+    for (var r = t; r < BM; r = r + WG) {
+        var m0 = NO_MAX;
+        var l0 = 0.0;
+        if r < n_rows {
+            let rr = row_start + r;
+            let head = kv_head * g + rr % g;
+            pos_s[r] = ctx + rr / g;
+            head_s[r] = head;
+            if add_sink {
+                m0 = layer[H + head];
+                l0 = 1.0;
+            }
+        } else {
+            pos_s[r] = 0u;
+            head_s[r] = NO_ROW;
+        }
+        m_s[r] = m0;
+        l_s[r] = l0;
+        a_s[r] = 1.0;
+    }
+    // Queries, scaled.
+    for (var u = t; u < BM * D4; u = u + WG) {
+        let r = u / D4;
+        let c = u % D4;
+        var v = vec4<f32>(0.0);
+        if r < n_rows {
+            let rr = row_start + r;
+            let tok = tok_start + rr / g;
+            let head = kv_head * g + rr % g;
+            v = q_load4((tok * H + head) * D + c * 4u) * params.scale;
+        }
+        q_s[u] = v;
+    }
+
+    // Keys any row of the tile can see.
+    let p_min = ctx + row_start / g;
+    let p_max = ctx + (row_start + n_rows - 1u) / g;
+    var lo = kv_lo;
+    var hi = kv_hi;
+    if (params.flags & CAUSAL) != 0u {
+        hi = min(hi, p_max + 1u);
+    }
+    if (params.flags & WINDOW) != 0u {
+        if p_min + 1u > params.window {
+            lo = max(lo, p_min + 1u - params.window);
+        }
+        if (params.flags & CAUSAL) == 0u {
+            hi = min(hi, p_max + params.window);
+        }
+    }
+
+    // Phase A mapping: key a_j, rows a_rg + k·RGA. Phase C: column c_col, rows c_rg + k·RGC.
+    let a_j = t % BN;
+    let a_rg = t / BN;
+    let c_col = t % D4;
+    let c_rg = t / D4;
+    var acc: array<vec4<f32>, RPT_C>;
+    for (var k = 0u; k < RPT_C; k = k + 1u) {
+        acc[k] = vec4<f32>(0.0);
+    }
+    workgroupBarrier();
+
+    for (var c0 = lo; c0 < hi; c0 = c0 + BN) {
+        let cn = min(BN, hi - c0);
+        for (var j = t; j < cn; j = j + WG) {
+            kbase_s[j] = key_base(c0 + j, kv_head, kv_row);
+        }
+        workgroupBarrier();
+        for (var u = t; u < BN * D4; u = u + WG) {
+            let j = u / D4;
+            let c = u % D4;
+            var v = vec4<f32>(0.0);
+            if j < cn {
+                v = k_load4(kbase_s[j] + c * 4u) * params.k_scale;
+            }
+            kv_s[j * KV_ROW + c] = v;
+        }
+        workgroupBarrier();
+
+        // Phase A: S = Q·K^T.
+        if a_rg < RGA {
+            var s: array<f32, RPT_A>;
+            for (var k = 0u; k < RPT_A; k = k + 1u) {
+                s[k] = 0.0;
+            }
+            for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
+                let kk = kv_s[a_j * KV_ROW + d4];
+                for (var k = 0u; k < RPT_A; k = k + 1u) {
+                    let r = a_rg + k * RGA;
+                    if r < n_rows {
+                        s[k] = s[k] + dot(q_s[r * D4 + d4], kk);
+                    }
+                }
+            }
+            for (var k = 0u; k < RPT_A; k = k + 1u) {
+                let r = a_rg + k * RGA;
+                if r < BM {
+                    s_s[r * S_ROW + a_j] = s[k];
+                }
+            }
+        }
+        workgroupBarrier();
+
+        // Phase B (rows) while V is loaded over K.
+        softmax_rows(inp, c0, cn);
+        for (var u = t; u < BN * D4; u = u + WG) {
+            let j = u / D4;
+            let c = u % D4;
+            var v = vec4<f32>(0.0);
+            if j < cn {
+                v = v_load4(kbase_s[j] + c * 4u) * params.v_scale;
+            }
+            kv_s[j * KV_ROW + c] = v;
+        }
+        workgroupBarrier();
+
+        // Phase C: acc = acc·α + P·V.
+        if c_rg < RGC {
+            for (var k = 0u; k < RPT_C; k = k + 1u) {
+                let r = c_rg + k * RGC;
+                if r < n_rows {
+                    acc[k] = acc[k] * a_s[r];
+                }
+            }
+            for (var j = 0u; j < cn; j = j + 1u) {
+                let vv = kv_s[j * KV_ROW + c_col];
+                for (var k = 0u; k < RPT_C; k = k + 1u) {
+                    let r = c_rg + k * RGC;
+                    if r < n_rows {
+                        acc[k] = acc[k] + s_s[r * S_ROW + j] * vv;
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // Epilogue.
+    if c_rg < RGC {
+        for (var k = 0u; k < RPT_C; k = k + 1u) {
+            let r = c_rg + k * RGC;
+            if r < n_rows {
+                let l = l_s[r];
+                let m = m_s[r];
+                let head = head_s[r];
+                let tok = tok_start + (row_start + r) / g;
+                if slot == DIRECT {
+                    var o = vec4<f32>(0.0);
+                    if l > 0.0 {
+                        o = acc[k] / l;
+                    }
+                    out_store4((tok * H + head) * D + c_col * 4u, o);
+                    if c_col == 0u && (params.flags & WRITE_LSE) != 0u {
+                        var bits = NEG_INF_BITS;
+                        if l > 0.0 {
+                            bits = bitcast<u32>(m + log(l));
+                        }
+                        lse[head * params.num_tokens + tok] = bits;
+                    }
+                } else {
+                    let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
+                    scratch[prow * D4 + c_col] = acc[k];
+                    if c_col == 0u {
+                        scratch[params.ml_offset + prow] = vec4<f32>(m, l, 0.0, 0.0);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! The wgpu impl: checks the arguments once, then records one command buffer per call —
+//! the cache write (reshape_and_cache), the decode-tile and prefill-tile attention
+//! dispatches, and the split-KV combine — and submits it without waiting.
+//!
+//! Per layer it owns a uniform block of parameter slots, the layer constants (ALiBi slopes
+//! and sinks) and a scratch buffer for split-KV partials that grows to the largest batch
+//! seen; per step the work items come from the metadata's plan (built by the first layer).
+//! So a steady-state call allocates no device memory: it writes 1 KiB of parameters, creates
+//! a few bind groups and submits.
+
+use std::sync::Mutex;
+
+use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use crate::backend::AttentionType;
+use crate::device::{Tensor, WgpuDevice};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::metadata::AttentionMetadata;
+
+use super::kernels::{
+    bind_group, check_binding, dispatch, grid, pipeline, storage, upload_words, whole, Bindings,
+    ParamBlock, Words, PARAM_WORDS,
+};
+use super::metadata_builder::{PlanKey, WgpuAttentionMetadata, WgpuTuning};
+use super::shaders::{
+    choose_tile, AttentionShader, CombineShader, ReshapeShader, TileKind, ELEMENTWISE_WORKGROUP,
+};
+
+/// Attention flags (see `shaders/paged_attention.wgsl`).
+const CAUSAL: u32 = 1;
+const WINDOW: u32 = 2;
+const SOFT_CAP: u32 = 4;
+const ALIBI: u32 = 8;
+const SINKS: u32 = 16;
+const WRITE_LSE: u32 = 32;
+
+/// Parameter slots: reshape, decode attention, prefill attention, combine.
+const SLOT_RESHAPE: usize = 0;
+const SLOT_DECODE: usize = 1;
+const SLOT_PREFILL: usize = 2;
+const SLOT_COMBINE: usize = 3;
+
+/// Largest head size the kernels take (one vec4 column per thread of a 128-thread group).
+pub const MAX_HEAD_SIZE: usize = 512;
+
+/// Buffers reused across calls.
+#[derive(Debug)]
+struct State {
+    params: ParamBlock,
+    scratch: Option<wgpu::Buffer>,
+}
+
+/// The wgpu attention impl of one layer.
+#[derive(Debug)]
+pub struct WgpuAttentionImpl {
+    params: AttentionParams,
+    dev: WgpuDevice,
+    decode_tile: (u32, u32),
+    prefill_tile: (u32, u32),
+    tuning: WgpuTuning,
+    /// `[alibi slopes H][sinks H]` f32.
+    layer_consts: wgpu::Buffer,
+    state: Mutex<State>,
+}
+
+/// The tile shapes for `head_size` on `dev`, or why there are none.
+pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32, u32))> {
+    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE {
+        return Err(Error::config(format!(
+            "wgpu: head size {head_size} must be a positive multiple of 4 up to {MAX_HEAD_SIZE}"
+        )));
+    }
+    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let d = head_size as u32;
+    match (
+        choose_tile(d, limit, TileKind::Decode),
+        choose_tile(d, limit, TileKind::Prefill),
+    ) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(Error::config(format!(
+            "wgpu: head size {head_size} needs more workgroup memory than this adapter's {limit} \
+             bytes"
+        ))),
+    }
+}
+
+impl WgpuAttentionImpl {
+    /// Builds the impl on `dev` (parameters already validated by the descriptor).
+    pub fn new(dev: WgpuDevice, params: AttentionParams) -> Result<Self> {
+        let tuning = WgpuTuning::for_device(&dev);
+        Self::with_tuning(dev, params, tuning)
+    }
+
+    /// Builds the impl with an explicit split policy (tests and benchmarks).
+    pub fn with_tuning(
+        dev: WgpuDevice,
+        params: AttentionParams,
+        tuning: WgpuTuning,
+    ) -> Result<Self> {
+        let (decode_tile, prefill_tile) = tiles_for(&dev, params.head_size)?;
+        let h = params.num_heads;
+        let mut consts = vec![0u32; 2 * h];
+        if let Some(a) = &params.alibi_slopes {
+            for (d, s) in consts[..h].iter_mut().zip(a) {
+                *d = s.to_bits();
+            }
+        }
+        if let Some(s) = &params.sinks {
+            for (d, v) in consts[h..].iter_mut().zip(s) {
+                *d = v.to_bits();
+            }
+        }
+        let layer_consts = upload_words(&dev, "polyattn layer constants", &consts)?;
+        let tuning = WgpuTuning {
+            subgroups: tuning.subgroups && dev.has_subgroups(),
+            ..tuning
+        };
+        Ok(WgpuAttentionImpl {
+            state: Mutex::new(State {
+                params: ParamBlock::new(&dev, 4),
+                scratch: None,
+            }),
+            params,
+            dev,
+            decode_tile,
+            prefill_tile,
+            tuning,
+            layer_consts,
+        })
+    }
+
+    /// The split policy in use.
+    pub fn tuning(&self) -> WgpuTuning {
+        self.tuning
+    }
+
+    fn metadata<'m>(
+        &self,
+        metadata: &'m dyn AttentionMetadata,
+    ) -> Result<&'m WgpuAttentionMetadata> {
+        metadata
+            .as_any()
+            .downcast_ref::<WgpuAttentionMetadata>()
+            .ok_or_else(|| Error::MetadataMismatch {
+                impl_name: "WgpuAttentionImpl".into(),
+                got: format!("{metadata:?}").chars().take(60).collect(),
+            })
+    }
+
+    fn check_kv_input(
+        &self,
+        what: &'static str,
+        t: &Tensor,
+        rows: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let p = &self.params;
+        let s = t.shape();
+        if s.len() != 3 || s[0] < rows || s[1] != p.num_kv_heads || s[2] != p.head_size {
+            return Err(Error::shape(
+                what,
+                s,
+                format!("[≥{rows}, {}, {}]", p.num_kv_heads, p.head_size),
+            ));
+        }
+        t.expect_dtype(what, dtype)
+    }
+
+    fn check_cache(&self, cache: &KvCache, dtype: DType, md: &WgpuAttentionMetadata) -> Result<()> {
+        let p = &self.params;
+        let spec = cache.spec();
+        if spec.num_kv_heads != p.num_kv_heads || spec.head_size != p.head_size {
+            return Err(Error::config(format!(
+                "KV cache holds {} heads of size {}, the layer needs {} of size {}",
+                spec.num_kv_heads, spec.head_size, p.num_kv_heads, p.head_size
+            )));
+        }
+        let want = p.kv_cache_dtype.storage_dtype(dtype);
+        if spec.storage_dtype() != want {
+            return Err(Error::DType {
+                what: "kv_cache",
+                got: spec.storage_dtype().to_string(),
+                expected: format!(
+                    "{want} (kv_cache_dtype {} with {dtype} activations)",
+                    p.kv_cache_dtype
+                ),
+            });
+        }
+        if cache.block_size() != md.common.block_size()
+            || cache.num_blocks() < md.common.num_blocks()
+        {
+            return Err(Error::config(format!(
+                "KV cache has {} blocks of {} tokens; the batch was validated for {} blocks of {}",
+                cache.num_blocks(),
+                cache.block_size(),
+                md.common.block_size(),
+                md.common.num_blocks()
+            )));
+        }
+        storage(&self.dev, cache.data(), "kv_cache")?;
+        Ok(())
+    }
+
+    /// Element strides of the cache: block, K→V, token, head.
+    fn cache_strides(cache: &KvCache) -> [u32; 4] {
+        let o0 = cache.offset(0, 0, 0, 0);
+        [
+            (cache.offset(1, 0, 0, 0) - o0) as u32,
+            (cache.offset(0, 1, 0, 0) - o0) as u32,
+            cache.token_stride() as u32,
+            (cache.offset(0, 0, 0, 1) - o0) as u32,
+        ]
+    }
+
+    /// The (k, v) scales the kernels apply: the layer's for fp8 caches, 1 otherwise.
+    fn kv_scales(&self, layer: &AttentionLayer) -> (f32, f32) {
+        if self.params.kv_cache_dtype.is_fp8() {
+            (layer.k_scale, layer.v_scale)
+        } else {
+            (1.0, 1.0)
+        }
+    }
+
+    /// Records the cache write (parameters into `slots[SLOT_RESHAPE]`).
+    #[allow(clippy::too_many_arguments)]
+    fn record_reshape(
+        &self,
+        slots: &mut [[u32; PARAM_WORDS]; 4],
+        params: &ParamBlock,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        cache: &KvCache,
+        md: &WgpuAttentionMetadata,
+    ) -> Result<Option<(wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32))>> {
+        let p = &self.params;
+        let n = md.common.slot_mapping_cpu().len();
+        let units = (n * p.num_kv_heads * p.head_size / 4) as u64;
+        if units == 0 {
+            return Ok(None);
+        }
+        let shader = ReshapeShader {
+            head_size: p.head_size as u32,
+            act_dtype: key.dtype(),
+            cache_dtype: cache.spec().storage_dtype(),
+        };
+        let pipe = pipeline(
+            &self.dev,
+            &shader.key(),
+            || shader.source(),
+            Bindings::Reshape,
+            false,
+        )?;
+        let [bstride, kvstride, tstride, hstride] = Self::cache_strides(cache);
+        let (ks, vs) = self.kv_scales(layer);
+        slots[SLOT_RESHAPE] = Words::new()
+            .u(n as u32)
+            .u(p.num_kv_heads as u32)
+            .u(cache.block_size() as u32)
+            .u(bstride)
+            .u(kvstride)
+            .u(tstride)
+            .u(hstride)
+            .u(0)
+            .f(ks)
+            .f(vs)
+            .w;
+        let group = bind_group(
+            &self.dev,
+            &pipe,
+            vec![
+                (0, params.binding(SLOT_RESHAPE)),
+                (1, whole(storage(&self.dev, key, "key")?.buffer())),
+                (2, whole(storage(&self.dev, value, "value")?.buffer())),
+                (3, whole(&md.slots)),
+                (
+                    4,
+                    whole(storage(&self.dev, cache.data(), "kv_cache")?.buffer()),
+                ),
+            ],
+        );
+        let (x, z) = grid(&self.dev, units.div_ceil(ELEMENTWISE_WORKGROUP as u64))?;
+        Ok(Some((pipe, group, (x, 1, z))))
+    }
+
+    fn check_update_args(
+        &self,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &KvCache,
+        md: &WgpuAttentionMetadata,
+    ) -> Result<()> {
+        let dtype = key.dtype();
+        if !dtype.is_activation() {
+            return Err(Error::DType {
+                what: "key",
+                got: dtype.to_string(),
+                expected: "f32, f16 or bf16".into(),
+            });
+        }
+        let rows = md.common.slot_mapping_cpu().len();
+        self.check_kv_input("key", key, rows, dtype)?;
+        self.check_kv_input("value", value, rows, dtype)?;
+        self.check_cache(kv_cache, dtype, md)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl AttentionImpl for WgpuAttentionImpl {
+    fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn can_return_lse_for_decode(&self) -> bool {
+        true
+    }
+
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        let md = self.metadata(metadata)?;
+        self.check_update_args(key, value, kv_cache, md)?;
+        let state = self.lock();
+        let mut slots = [[0u32; PARAM_WORDS]; 4];
+        let mut enc = self
+            .dev
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("polyattn reshape_and_cache"),
+            });
+        let rec =
+            self.record_reshape(&mut slots, &state.params, layer, key, value, kv_cache, md)?;
+        if let Some((pipe, group, dims)) = rec {
+            state.params.write(&self.dev, &slots[..1]);
+            dispatch(&mut enc, &pipe, &group, dims);
+            self.dev.queue().submit([enc.finish()]);
+        }
+        Ok(())
+    }
+
+    fn forward_with_lse(
+        &self,
+        layer: &AttentionLayer,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        output_lse: Option<&mut Tensor>,
+    ) -> Result<()> {
+        let p = &self.params;
+        let md = self.metadata(metadata)?;
+        let common = &md.common;
+        let n = common.num_actual_tokens();
+        let dtype = query.dtype();
+        if !dtype.is_activation() {
+            return Err(Error::DType {
+                what: "query",
+                got: dtype.to_string(),
+                expected: "f32, f16 or bf16".into(),
+            });
+        }
+        let qs = query.shape();
+        if qs.len() != 3 || qs[0] < n || qs[1] != p.num_heads || qs[2] != p.head_size {
+            return Err(Error::shape(
+                "query",
+                qs,
+                format!("[≥{n} tokens, {} heads, {}]", p.num_heads, p.head_size),
+            ));
+        }
+        output.expect_shape("output", qs)?;
+        output.expect_dtype("output", dtype)?;
+        if let Some(t) = output_lse.as_deref() {
+            t.expect_shape("output_lse", &[p.num_heads, n])?;
+            t.expect_dtype("output_lse", DType::F32)?;
+        }
+        let encoder_attn = p.attn_type.is_encoder();
+        if p.attn_type == AttentionType::EncoderDecoder {
+            return Err(Error::config(
+                "the wgpu backend does not implement encoder_decoder attention",
+            ));
+        }
+        if md.cascade.is_some()
+            && (p.alibi_slopes.is_some() || p.sliding_window.is_some() || encoder_attn)
+        {
+            return Err(Error::config(
+                "cascade attention (common_prefix_len > 0) cannot be combined with ALiBi, a sliding \
+                 window or encoder attention; build the metadata with common_prefix_len = 0",
+            ));
+        }
+        let dev = &self.dev;
+        let q_buf = storage(dev, query, "query")?.buffer().clone();
+        let out_buf = storage(dev, output, "output")?.buffer().clone();
+        let lse_buf = match output_lse {
+            Some(t) => Some(storage(dev, t, "output_lse")?.buffer().clone()),
+            None => None,
+        };
+
+        // Key source: dense inputs for encoder attention, else the cache (written first).
+        let (k_buf, v_buf, kv_dtype) = if encoder_attn {
+            let (k, v) = match (key, value) {
+                (Some(k), Some(v)) => (k, v),
+                _ => {
+                    return Err(Error::config(
+                        "encoder attention needs key and value tensors",
+                    ))
+                }
+            };
+            self.check_kv_input("key", k, n, dtype)?;
+            self.check_kv_input("value", v, n, dtype)?;
+            (
+                storage(dev, k, "key")?.buffer().clone(),
+                storage(dev, v, "value")?.buffer().clone(),
+                dtype,
+            )
+        } else {
+            if key.is_some() != value.is_some() {
+                return Err(Error::config("key and value must be given together"));
+            }
+            if let (Some(k), Some(v)) = (key, value) {
+                self.check_update_args(k, v, kv_cache, md)?;
+            }
+            self.check_cache(kv_cache, dtype, md)?;
+            (
+                storage(dev, kv_cache.data(), "kv_cache")?.buffer().clone(),
+                md.block_table.clone(),
+                kv_cache.spec().storage_dtype(),
+            )
+        };
+        if n == 0 {
+            return Ok(());
+        }
+
+        let g = p.num_queries_per_kv() as u32;
+        let window = p.sliding_window.map(|w| w.min(1 << 30) as u32);
+        let plan = md.plan(PlanKey {
+            group: g,
+            num_kv_heads: p.num_kv_heads as u32,
+            decode_rows: self.decode_tile.0,
+            prefill_rows: self.prefill_tile.0,
+            dense: encoder_attn,
+            window,
+            tuning: self.tuning,
+        })?;
+
+        let mut state = self.lock();
+        let mut slots = [[0u32; PARAM_WORDS]; 4];
+        let mut enc = dev
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("polyattn attention"),
+            });
+        let mut passes: Vec<(wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32))> = Vec::new();
+        if !encoder_attn {
+            if let (Some(k), Some(v)) = (key, value) {
+                passes.extend(self.record_reshape(
+                    &mut slots,
+                    &state.params,
+                    layer,
+                    k,
+                    v,
+                    kv_cache,
+                    md,
+                )?);
+            }
+        }
+
+        // Split-KV scratch: partial rows of D4 vec4, then one (m, l) vec4 per row.
+        let d4 = (p.head_size / 4) as u64;
+        let partial_rows =
+            plan.partial_slots as u64 * p.num_kv_heads as u64 * self.decode_tile.0 as u64;
+        let scratch_bytes = partial_rows * (d4 + 1) * 16;
+        if scratch_bytes > 0 {
+            check_binding(dev, scratch_bytes, "split-KV scratch")?;
+            if state
+                .scratch
+                .as_ref()
+                .is_none_or(|b| b.size() < scratch_bytes)
+            {
+                state.scratch = Some(dev.create_storage_buffer(
+                    "polyattn split-KV scratch",
+                    scratch_bytes,
+                    wgpu::BufferUsages::empty(),
+                    false,
+                )?);
+            }
+        }
+        let scratch = match (&state.scratch, scratch_bytes > 0) {
+            (Some(b), true) => b.clone(),
+            _ => dev.dummy_buffer(1).clone(),
+        };
+        let ml_offset = (partial_rows * d4) as u32;
+
+        let mut flags = 0;
+        if common.causal() && !encoder_attn {
+            flags |= CAUSAL;
+        }
+        if window.is_some() {
+            flags |= WINDOW;
+        }
+        if p.soft_cap().is_some() {
+            flags |= SOFT_CAP;
+        }
+        if p.alibi_slopes.is_some() {
+            flags |= ALIBI;
+        }
+        if p.sinks.is_some() {
+            flags |= SINKS;
+        }
+        if lse_buf.is_some() {
+            flags |= WRITE_LSE;
+        }
+        let [bstride, kvstride, tstride, hstride] = Self::cache_strides(kv_cache);
+        let (ks, vs) = if encoder_attn {
+            (1.0, 1.0)
+        } else {
+            self.kv_scales(layer)
+        };
+        let attn_words = |num_items: u32| {
+            Words::new()
+                .u(n as u32)
+                .u(p.num_heads as u32)
+                .u(p.num_kv_heads as u32)
+                .u(g)
+                .u(kv_cache.block_size() as u32)
+                .u(bstride)
+                .u(kvstride)
+                .u(tstride)
+                .u(hstride)
+                .u(num_items)
+                .u(flags)
+                .u(window.unwrap_or(0))
+                .f(p.scale)
+                .f(p.soft_cap().unwrap_or(1.0))
+                .f(ks)
+                .f(vs)
+                .u(ml_offset)
+                .w
+        };
+        let lse_binding = lse_buf
+            .clone()
+            .unwrap_or_else(|| dev.dummy_buffer(0).clone());
+        for (list, tile, slot) in [
+            (&plan.decode, self.decode_tile, SLOT_DECODE),
+            (&plan.prefill, self.prefill_tile, SLOT_PREFILL),
+        ] {
+            let Some(list) = list else { continue };
+            let shader = AttentionShader {
+                head_size: p.head_size as u32,
+                block_m: tile.0,
+                block_n: tile.1,
+                q_dtype: dtype,
+                kv_dtype,
+                paged: !encoder_attn,
+                subgroups: self.tuning.subgroups,
+            };
+            let pipe = pipeline(
+                dev,
+                &shader.key(),
+                || shader.source(),
+                Bindings::Attention,
+                shader.subgroups,
+            )?;
+            slots[slot] = attn_words(list.count);
+            let group = bind_group(
+                dev,
+                &pipe,
+                vec![
+                    (0, state.params.binding(slot)),
+                    (1, whole(&q_buf)),
+                    (2, whole(&k_buf)),
+                    (3, whole(&v_buf)),
+                    (4, whole(&list.buffer)),
+                    (5, whole(&self.layer_consts)),
+                    (6, whole(&lse_binding)),
+                    (7, whole(&scratch)),
+                    (8, whole(&out_buf)),
+                ],
+            );
+            let (x, z) = grid(dev, list.count as u64)?;
+            passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
+        }
+        if let Some(list) = &plan.combine {
+            let shader = CombineShader {
+                head_size: p.head_size as u32,
+                block_m: self.decode_tile.0,
+                out_dtype: dtype,
+            };
+            let pipe = pipeline(
+                dev,
+                &shader.key(),
+                || shader.source(),
+                Bindings::Combine,
+                false,
+            )?;
+            slots[SLOT_COMBINE] = Words::new()
+                .u(n as u32)
+                .u(p.num_heads as u32)
+                .u(p.num_kv_heads as u32)
+                .u(g)
+                .u(list.count)
+                .u(ml_offset)
+                .u(lse_buf.is_some() as u32)
+                .w;
+            let group = bind_group(
+                dev,
+                &pipe,
+                vec![
+                    (0, state.params.binding(SLOT_COMBINE)),
+                    (1, whole(&scratch)),
+                    (2, whole(&list.buffer)),
+                    (3, whole(&out_buf)),
+                    (4, whole(&lse_binding)),
+                ],
+            );
+            let (x, z) = grid(dev, list.count as u64)?;
+            passes.push((pipe, group, (x, p.num_heads as u32, z)));
+        }
+        state.params.write(dev, &slots);
+        for (pipe, group, dims) in &passes {
+            dispatch(&mut enc, pipe, group, *dims);
+        }
+        dev.queue().submit([enc.finish()]);
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! The wgpu backend's descriptor.
+
+use crate::attention::{AttentionImpl, AttentionParams};
+use crate::backend::{
+    AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
+    GraphCaptureSupport, HeadSizes, KvLayout, Reason, SelectorConfig,
+};
+use crate::device::{Device, DeviceKind, WgpuDevice};
+use crate::dtype::{CacheDType, DType};
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::AttentionMetadataBuilder;
+
+use super::attention_impl::{tiles_for, MAX_HEAD_SIZE};
+use super::kernels::check_binding;
+use super::{WgpuAttentionImpl, WgpuMetadataBuilder};
+
+/// The wgpu backend descriptor (name `WGPU`, priority 400: after CUDA, HIP and Vulkan, before
+/// the CPU).
+///
+/// What it declares holds on every adapter: 16-bit and fp8 elements are packed into u32
+/// words and converted with integer arithmetic, so f16 and bf16 need no adapter feature.
+/// What depends on the adapter is checked once it is open: the head size must leave a tile
+/// that fits the adapter's workgroup memory, and a KV cache must fit one storage binding
+/// (lavapipe 128 MiB, the H200 2 GiB; larger caches are an error, not split).
+#[derive(Debug)]
+pub struct WgpuBackend {
+    caps: BackendCapabilities,
+}
+
+impl WgpuBackend {
+    /// The descriptor (touches no device).
+    pub fn new() -> Self {
+        WgpuBackend {
+            caps: BackendCapabilities {
+                // The kernels load 4 elements at a time; tiles hold D/4 columns.
+                head_sizes: HeadSizes::Range {
+                    min: 4,
+                    max: MAX_HEAD_SIZE,
+                    multiple: 4,
+                },
+                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
+                kv_cache_dtypes: CacheDType::ALL.to_vec(),
+                // The kernels walk keys one by one through the block table: any block size.
+                block_sizes: vec![BlockSize::MultipleOf(1)],
+                attn_types: vec![
+                    AttentionType::Decoder,
+                    AttentionType::Encoder,
+                    AttentionType::EncoderOnly,
+                ],
+                supports_sink: true,
+                supports_non_causal: true,
+                supports_alibi: true,
+                supports_sliding_window: true,
+                supports_soft_cap: true,
+                supports_cascade: true,
+                is_mla: false,
+                min_capability: None,
+                // wgpu has no re-submittable command buffers.
+                graph_capture: GraphCaptureSupport::Never,
+                // A head's tokens adjacent: a tile's keys are contiguous per block.
+                kv_layout: KvLayout::Hnd,
+            },
+        }
+    }
+}
+
+impl Default for WgpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AttentionBackend for WgpuBackend {
+    fn name(&self) -> &str {
+        "WGPU"
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        DeviceKind::Wgpu
+    }
+
+    fn priority(&self) -> u32 {
+        400
+    }
+
+    fn availability(&self) -> Availability {
+        match WgpuDevice::open() {
+            Ok(d) => Availability::Available(d.description()),
+            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
+            Err(e) => Availability::Unavailable(e.to_string()),
+        }
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    fn device(&self) -> Result<Device> {
+        Ok(Device::Wgpu(WgpuDevice::open()?))
+    }
+
+    /// Adapter-dependent check: a tile of this head size must fit the workgroup memory.
+    fn supports_combination(&self, config: &SelectorConfig) -> Option<Reason> {
+        let dev = WgpuDevice::open().ok()?;
+        if !self.caps.head_sizes.contains(config.head_size) {
+            return None; // already reported by the capability check
+        }
+        tiles_for(&dev, config.head_size)
+            .err()
+            .map(|e| Reason::new("head_size not supported", e.to_string()))
+    }
+
+    fn kv_cache_shape(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_size: usize,
+        cache_dtype: CacheDType,
+    ) -> Result<[usize; 5]> {
+        if block_size == 0 || !self.caps.head_sizes.contains(head_size) {
+            return Err(Error::config(format!(
+                "WGPU: block size {block_size} / head size {head_size} not supported \
+                 (head sizes: {})",
+                self.caps.head_sizes
+            )));
+        }
+        // Known element size: the cache must fit one storage binding.
+        let elem = match cache_dtype {
+            CacheDType::Auto => None,
+            CacheDType::F16 | CacheDType::Bf16 => Some(2),
+            CacheDType::Fp8E4m3 | CacheDType::Fp8E5m2 => Some(1),
+        };
+        if let (Some(elem), Ok(dev)) = (elem, WgpuDevice::open()) {
+            let bytes = (num_blocks * 2 * block_size * num_kv_heads * head_size * elem) as u64;
+            check_binding(&dev, bytes, "the KV cache")?;
+        }
+        Ok([num_blocks, 2, block_size, num_kv_heads, head_size])
+    }
+
+    fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
+        params.validate()?;
+        let config = SelectorConfig::for_layer(&params, DType::F32, None);
+        let reasons = self.validate_configuration(&config);
+        if !reasons.is_empty() {
+            return Err(Error::Unsupported {
+                backend: self.name().into(),
+                reasons,
+            });
+        }
+        Ok(Box::new(WgpuAttentionImpl::new(
+            WgpuDevice::open()?,
+            params,
+        )?))
+    }
+
+    fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        self.kv_cache_shape(
+            1,
+            spec.block_size,
+            spec.num_kv_heads,
+            spec.head_size,
+            spec.cache_dtype,
+        )?;
+        Ok(Box::new(WgpuMetadataBuilder::new(
+            WgpuDevice::open()?,
+            *spec,
+        )))
+    }
+}

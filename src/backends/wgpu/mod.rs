@@ -1,0 +1,26 @@
+//! The wgpu backend: paged attention in WGSL (`shaders/`), run through wgpu on Vulkan,
+//! Metal, DX12 or GL — Mesa's lavapipe in CI, the NVIDIA Vulkan driver on the H200.
+//!
+//! Same shape as the CPU backend: [`WgpuBackend`] (descriptor), [`WgpuMetadataBuilder`]
+//! (per-step metadata and the work plan), [`WgpuAttentionImpl`] (argument checks, then one
+//! command buffer per call), `kernels` (pipeline cache, bind groups, dispatch) and
+//! [`shaders`] (WGSL specialisation).
+//!
+//! Kernels: `reshape_and_cache` (−1 slots skipped, fp8 packed four per word and bit-exact
+//! with `src/fp8.rs`), one paged-attention kernel with online softmax for every batch shape
+//! (decode tiles with split-KV partials merged by `combine_splits`, prefill tiles without),
+//! and `merge_attn_states` for [`crate::ops::merge_attn_states`]. Everything computes in f32;
+//! f16, bf16 and fp8 are unpacked from u32 words, so no adapter feature is required. The
+//! subgroup softmax is used when the adapter has `SUBGROUP`.
+
+mod attention_impl;
+mod descriptor;
+pub mod kernels;
+mod metadata_builder;
+pub mod shaders;
+
+pub use attention_impl::{WgpuAttentionImpl, MAX_HEAD_SIZE};
+pub use descriptor::WgpuBackend;
+pub use metadata_builder::{
+    CascadePlan, Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WgpuTuning, WorkList,
+};

@@ -1,0 +1,530 @@
+//! WGSL generation: every pipeline the wgpu backend runs is one of the shaders in
+//! `shaders/*.wgsl`, specialised by a generated header.
+//!
+//! The header holds the compile-time constants (head size, tile shape, workgroup size) and
+//! the typed accessors of every buffer whose element type varies: `<name>_load4(e)` returns
+//! the four elements starting at element `e` (a multiple of 4) as `vec4<f32>`, and
+//! `<name>_store4(e, v)` (or `(e, v, scale)` for a cache) writes four. f32 buffers are
+//! `array<vec4<f32>>`; f16 and bf16 buffers are `array<vec2<u32>>` (two elements per u32,
+//! unpacked with integer arithmetic, so no adapter feature is needed); fp8 buffers are
+//! `array<u32>` (four elements per u32). Every access therefore touches whole 32-bit words
+//! owned by one thread: no two threads ever write halves of the same word.
+//!
+//! A specialisation is a plain value ([`AttentionShader`], [`CombineShader`],
+//! [`ReshapeShader`], [`MergeShader`]); its [`key`](AttentionShader::key) names the compiled
+//! pipeline in the device's cache and its `source()` is the complete WGSL module.
+//! [`catalog`] lists a representative set of every kind for the naga translation test.
+
+use crate::dtype::DType;
+
+const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const PAGED_ATTENTION: &str = include_str!("../../../shaders/paged_attention.wgsl");
+const SOFTMAX_SERIAL: &str = include_str!("../../../shaders/softmax_serial.wgsl");
+const SOFTMAX_SUBGROUP: &str = include_str!("../../../shaders/softmax_subgroup.wgsl");
+const COMBINE_SPLITS: &str = include_str!("../../../shaders/combine_splits.wgsl");
+const RESHAPE_AND_CACHE: &str = include_str!("../../../shaders/reshape_and_cache.wgsl");
+const MERGE_ATTN_STATES: &str = include_str!("../../../shaders/merge_attn_states.wgsl");
+
+/// Threads per workgroup of the attention kernel.
+pub const ATTENTION_WORKGROUP: u32 = 128;
+/// Threads per workgroup of the element-wise kernels (reshape, merge, combine).
+pub const ELEMENTWISE_WORKGROUP: u32 = 64;
+
+/// WGSL storage type, element count per array entry.
+fn storage_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "vec4<f32>",
+        DType::F16 | DType::Bf16 => "vec2<u32>",
+        DType::Fp8E4m3 | DType::Fp8E5m2 => "u32",
+        DType::I32 | DType::I64 => "u32",
+    }
+}
+
+fn load_body(name: &str, dtype: DType) -> String {
+    let buf = format!("{name}_buf[e >> 2u]");
+    match dtype {
+        DType::F32 => format!("    return {buf};\n"),
+        DType::F16 => format!(
+            "    let w = {buf};\n    return vec4<f32>(f16_bits_to_f32(w.x), f16_bits_to_f32(w.x >> 16u), \
+             f16_bits_to_f32(w.y), f16_bits_to_f32(w.y >> 16u));\n"
+        ),
+        DType::Bf16 => format!(
+            "    let w = {buf};\n    return vec4<f32>(bitcast<f32>(w.x << 16u), \
+             bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), \
+             bitcast<f32>(w.y & 0xffff0000u));\n"
+        ),
+        DType::Fp8E4m3 | DType::Fp8E5m2 => {
+            let f = if dtype == DType::Fp8E4m3 {
+                "e4m3_to_f32"
+            } else {
+                "e5m2_to_f32"
+            };
+            format!(
+                "    let w = {buf};\n    return vec4<f32>({f}(w & 0xffu), {f}((w >> 8u) & 0xffu), \
+                 {f}((w >> 16u) & 0xffu), {f}(w >> 24u));\n"
+            )
+        }
+        DType::I32 | DType::I64 => "    return vec4<f32>(0.0);\n".into(),
+    }
+}
+
+fn store_body(name: &str, dtype: DType) -> String {
+    let buf = format!("{name}_buf[e >> 2u]");
+    match dtype {
+        DType::F32 => format!("    {buf} = v;\n"),
+        DType::F16 => format!(
+            "    {buf} = vec2<u32>(f32_to_f16_bits(v.x) | (f32_to_f16_bits(v.y) << 16u), \
+             f32_to_f16_bits(v.z) | (f32_to_f16_bits(v.w) << 16u));\n"
+        ),
+        DType::Bf16 => format!(
+            "    {buf} = vec2<u32>(f32_to_bf16_bits(v.x) | (f32_to_bf16_bits(v.y) << 16u), \
+             f32_to_bf16_bits(v.z) | (f32_to_bf16_bits(v.w) << 16u));\n"
+        ),
+        DType::Fp8E4m3 | DType::Fp8E5m2 => {
+            let f = if dtype == DType::Fp8E4m3 {
+                "f32_to_e4m3"
+            } else {
+                "f32_to_e5m2"
+            };
+            format!(
+                "    {buf} = {f}(v.x, scale) | ({f}(v.y, scale) << 8u) | ({f}(v.z, scale) << 16u) \
+                 | ({f}(v.w, scale) << 24u);\n"
+            )
+        }
+        DType::I32 | DType::I64 => String::new(),
+    }
+}
+
+/// How a generated buffer accessor is used.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// `<name>_load4(e)`.
+    Read,
+    /// `<name>_store4(e, v)`.
+    Write,
+    /// `<name>_store4(e, v, scale)`: the fp8 quantisation scale (ignored by other dtypes).
+    WriteScaled,
+}
+
+/// Declaration and accessor of one typed buffer.
+fn buffer(name: &str, binding: u32, dtype: DType, access: Access) -> String {
+    let mode = if access == Access::Read {
+        "read"
+    } else {
+        "read_write"
+    };
+    let mut s = format!(
+        "@group(0) @binding({binding}) var<storage, {mode}> {name}_buf: array<{}>;\n",
+        storage_type(dtype)
+    );
+    match access {
+        Access::Read => {
+            s += &format!("fn {name}_load4(e: u32) -> vec4<f32> {{\n");
+            s += &load_body(name, dtype);
+        }
+        Access::Write => {
+            s += &format!("fn {name}_store4(e: u32, v: vec4<f32>) {{\n");
+            s += "    let scale = 1.0;\n";
+            s += &store_body(name, dtype);
+        }
+        Access::WriteScaled => {
+            s += &format!("fn {name}_store4(e: u32, v: vec4<f32>, scale: f32) {{\n");
+            s += &store_body(name, dtype);
+        }
+    }
+    s += "}\n";
+    s
+}
+
+fn consts(pairs: &[(&str, u32)]) -> String {
+    pairs
+        .iter()
+        .map(|(n, v)| format!("const {n}: u32 = {v}u;\n"))
+        .collect()
+}
+
+fn short(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        DType::Fp8E4m3 => "e4m3",
+        DType::Fp8E5m2 => "e5m2",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    }
+}
+
+/// Which of the two work-item kinds a tile shape serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileKind {
+    /// Short queries (decode, speculative decode): few rows, split-KV.
+    Decode,
+    /// Long queries: many rows per tile, no split.
+    Prefill,
+}
+
+/// Tile shapes tried in order (rows BM, keys BN); the first that fits the adapter's
+/// workgroup memory is used.
+fn tile_candidates(kind: TileKind) -> &'static [(u32, u32)] {
+    match kind {
+        TileKind::Prefill => &[(64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8)],
+        TileKind::Decode => &[(16, 32), (16, 16), (8, 16), (8, 8), (4, 8)],
+    }
+}
+
+/// Bytes of workgroup memory the attention kernel needs for a tile shape.
+pub fn attention_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
+    let d4 = head_size / 4;
+    block_m * d4 * 16 // queries
+        + block_n * (d4 + 1) * 16 // keys, then values (rows padded by one vec4)
+        + block_m * (block_n + 1) * 4 // scores / probabilities
+        + block_m * 5 * 4 // m, l, alpha, position, head
+        + block_n * 4 // key addresses
+}
+
+/// The first tile shape of `kind` whose workgroup memory fits `max_shared_bytes`.
+pub fn choose_tile(head_size: u32, max_shared_bytes: u32, kind: TileKind) -> Option<(u32, u32)> {
+    tile_candidates(kind)
+        .iter()
+        .copied()
+        .find(|&(m, n)| attention_shared_bytes(head_size, m, n) <= max_shared_bytes)
+}
+
+/// One specialisation of `paged_attention.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionShader {
+    /// Head size (a multiple of 4, at most 512).
+    pub head_size: u32,
+    /// Query rows per tile.
+    pub block_m: u32,
+    /// Keys per chunk.
+    pub block_n: u32,
+    /// dtype of queries and outputs.
+    pub q_dtype: DType,
+    /// dtype of keys and values as stored (the cache dtype, or the activation dtype for
+    /// dense encoder inputs).
+    pub kv_dtype: DType,
+    /// Keys from the paged cache (`true`) or dense K/V tensors (`false`).
+    pub paged: bool,
+    /// Phase B with subgroup reductions.
+    pub subgroups: bool,
+}
+
+impl AttentionShader {
+    /// The pipeline-cache key.
+    pub fn key(&self) -> String {
+        format!(
+            "attention d{} m{} n{} q{} kv{} {} {}",
+            self.head_size,
+            self.block_m,
+            self.block_n,
+            short(self.q_dtype),
+            short(self.kv_dtype),
+            if self.paged { "paged" } else { "dense" },
+            if self.subgroups {
+                "subgroups"
+            } else {
+                "serial"
+            }
+        )
+    }
+
+    /// Workgroup memory it uses, in bytes.
+    pub fn shared_bytes(&self) -> u32 {
+        attention_shared_bytes(self.head_size, self.block_m, self.block_n)
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let wg = ATTENTION_WORKGROUP;
+        let d4 = self.head_size / 4;
+        let rga = (wg / self.block_n).max(1);
+        let rgc = (wg / d4).max(1);
+        let mut s = format!("// generated: {}\n", self.key());
+        s += &consts(&[
+            ("D", self.head_size),
+            ("D4", d4),
+            ("BM", self.block_m),
+            ("BN", self.block_n),
+            ("WG", wg),
+            ("KV_ROW", d4 + 1),
+            ("S_ROW", self.block_n + 1),
+            ("RGA", rga),
+            ("RPT_A", self.block_m.div_ceil(rga)),
+            ("RGC", rgc),
+            ("RPT_C", self.block_m.div_ceil(rgc)),
+        ]);
+        s += &buffer("q", 1, self.q_dtype, Access::Read);
+        s += &buffer("out", 8, self.q_dtype, Access::Write);
+        if self.paged {
+            s += &buffer("kv", 2, self.kv_dtype, Access::Read);
+            s += "@group(0) @binding(3) var<storage, read> block_table: array<i32>;\n";
+            s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
+                  \x20   let blk = u32(block_table[kv_row + pos / params.block_size]);\n\
+                  \x20   return blk * params.block_stride + (pos % params.block_size) * params.tok_stride\n\
+                  \x20       + kv_head * params.head_stride;\n}\n\
+                  fn k_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e);\n}\n\
+                  fn v_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e + params.kv_stride);\n}\n";
+        } else {
+            s += &buffer("k", 2, self.kv_dtype, Access::Read);
+            s += &buffer("v", 3, self.kv_dtype, Access::Read);
+            s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
+                  \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n";
+        }
+        s += COMMON;
+        s += if self.subgroups {
+            SOFTMAX_SUBGROUP
+        } else {
+            SOFTMAX_SERIAL
+        };
+        s += PAGED_ATTENTION;
+        s
+    }
+}
+
+/// One specialisation of `combine_splits.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CombineShader {
+    /// Head size.
+    pub head_size: u32,
+    /// Rows of the decode tile that wrote the partials.
+    pub block_m: u32,
+    /// Output dtype.
+    pub out_dtype: DType,
+}
+
+impl CombineShader {
+    /// The pipeline-cache key.
+    pub fn key(&self) -> String {
+        format!(
+            "combine d{} m{} {}",
+            self.head_size,
+            self.block_m,
+            short(self.out_dtype)
+        )
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let mut s = format!("// generated: {}\n", self.key());
+        s += &consts(&[
+            ("D", self.head_size),
+            ("D4", self.head_size / 4),
+            ("BMD", self.block_m),
+            ("WG", ELEMENTWISE_WORKGROUP),
+        ]);
+        s += &buffer("out", 3, self.out_dtype, Access::Write);
+        s += COMMON;
+        s += COMBINE_SPLITS;
+        s
+    }
+}
+
+/// One specialisation of `reshape_and_cache.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReshapeShader {
+    /// Head size.
+    pub head_size: u32,
+    /// dtype of the new keys and values.
+    pub act_dtype: DType,
+    /// dtype the cache stores.
+    pub cache_dtype: DType,
+}
+
+impl ReshapeShader {
+    /// The pipeline-cache key.
+    pub fn key(&self) -> String {
+        format!(
+            "reshape d{} {} -> {}",
+            self.head_size,
+            short(self.act_dtype),
+            short(self.cache_dtype)
+        )
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let mut s = format!("// generated: {}\n", self.key());
+        s += &consts(&[
+            ("D", self.head_size),
+            ("D4", self.head_size / 4),
+            ("WG", ELEMENTWISE_WORKGROUP),
+        ]);
+        s += &buffer("key", 1, self.act_dtype, Access::Read);
+        s += &buffer("value", 2, self.act_dtype, Access::Read);
+        s += &buffer("cache", 4, self.cache_dtype, Access::WriteScaled);
+        s += COMMON;
+        s += RESHAPE_AND_CACHE;
+        s
+    }
+}
+
+/// One specialisation of `merge_attn_states.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MergeShader {
+    /// dtype of the partial and merged outputs.
+    pub dtype: DType,
+}
+
+impl MergeShader {
+    /// The pipeline-cache key.
+    pub fn key(&self) -> String {
+        format!("merge {}", short(self.dtype))
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let mut s = format!("// generated: {}\n", self.key());
+        s += &consts(&[("WG", ELEMENTWISE_WORKGROUP)]);
+        s += &buffer("po", 1, self.dtype, Access::Read);
+        s += &buffer("so", 3, self.dtype, Access::Read);
+        s += &buffer("out", 5, self.dtype, Access::Write);
+        s += COMMON;
+        s += MERGE_ATTN_STATES;
+        s
+    }
+}
+
+/// Activation dtypes.
+pub const ACTIVATION_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
+/// Storage dtypes of a KV cache.
+pub const CACHE_DTYPES: [DType; 5] = [
+    DType::F32,
+    DType::F16,
+    DType::Bf16,
+    DType::Fp8E4m3,
+    DType::Fp8E5m2,
+];
+
+/// A representative set of the specialisations the backend generates, as
+/// `(key, source, needs_subgroups)`. The dtype accessors do not depend on the tile shape and
+/// the tile constants do not depend on the dtypes, so the set crosses them separately:
+/// every dtype pairing of every kernel at head size 128 (both tile kinds, with and without
+/// subgroups), and every tile shape chosen for 16, 32 and 48 KiB of workgroup memory at head
+/// sizes 4, 36, 64, 80, 128 and 256 (f32, paged and dense, with and without subgroups).
+pub fn catalog() -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut push = |key: String, source: String, sg: bool| {
+        if seen.insert(key.clone()) {
+            out.push((key, source, sg));
+        }
+    };
+    let attn =
+        |d: u32, (m, n): (u32, u32), q: DType, kv: DType, paged: bool, sg: bool| AttentionShader {
+            head_size: d,
+            block_m: m,
+            block_n: n,
+            q_dtype: q,
+            kv_dtype: kv,
+            paged,
+            subgroups: sg,
+        };
+    for kind in [TileKind::Decode, TileKind::Prefill] {
+        let tile = choose_tile(128, 32 * 1024, kind).expect("d128 fits 32 KiB");
+        for sg in [false, true] {
+            for q in ACTIVATION_DTYPES {
+                for kv in CACHE_DTYPES {
+                    let s = attn(128, tile, q, kv, true, sg);
+                    push(s.key(), s.source(), sg);
+                }
+                let s = attn(128, tile, q, q, false, sg);
+                push(s.key(), s.source(), sg);
+            }
+        }
+    }
+    for d in [4u32, 36, 64, 80, 128, 256] {
+        for limit in [16 * 1024u32, 32 * 1024, 48 * 1024] {
+            for kind in [TileKind::Decode, TileKind::Prefill] {
+                let Some(tile) = choose_tile(d, limit, kind) else {
+                    continue;
+                };
+                for sg in [false, true] {
+                    for paged in [true, false] {
+                        let s = attn(d, tile, DType::F32, DType::F32, paged, sg);
+                        push(s.key(), s.source(), sg);
+                    }
+                }
+                if kind == TileKind::Decode {
+                    let c = CombineShader {
+                        head_size: d,
+                        block_m: tile.0,
+                        out_dtype: DType::F32,
+                    };
+                    push(c.key(), c.source(), false);
+                }
+            }
+        }
+        let r = ReshapeShader {
+            head_size: d,
+            act_dtype: DType::F32,
+            cache_dtype: DType::F32,
+        };
+        push(r.key(), r.source(), false);
+    }
+    for q in ACTIVATION_DTYPES {
+        let c = CombineShader {
+            head_size: 128,
+            block_m: 16,
+            out_dtype: q,
+        };
+        push(c.key(), c.source(), false);
+        for cache in CACHE_DTYPES {
+            let r = ReshapeShader {
+                head_size: 128,
+                act_dtype: q,
+                cache_dtype: cache,
+            };
+            push(r.key(), r.source(), false);
+        }
+        let m = MergeShader { dtype: q };
+        push(m.key(), m.source(), false);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_the_limits() {
+        assert_eq!(
+            choose_tile(128, 32 * 1024, TileKind::Prefill),
+            Some((32, 16))
+        );
+        assert_eq!(
+            choose_tile(128, 48 * 1024, TileKind::Prefill),
+            Some((32, 32))
+        );
+        assert_eq!(
+            choose_tile(128, 32 * 1024, TileKind::Decode),
+            Some((16, 32))
+        );
+        for d in (4..=256).step_by(4) {
+            for kind in [TileKind::Decode, TileKind::Prefill] {
+                let (m, n) = choose_tile(d, 32 * 1024, kind).expect("fits lavapipe");
+                assert!(attention_shared_bytes(d, m, n) <= 32 * 1024);
+            }
+        }
+    }
+
+    #[test]
+    fn keys_name_every_field() {
+        let a = AttentionShader {
+            head_size: 64,
+            block_m: 16,
+            block_n: 32,
+            q_dtype: DType::Bf16,
+            kv_dtype: DType::Fp8E5m2,
+            paged: true,
+            subgroups: true,
+        };
+        assert_eq!(
+            a.key(),
+            "attention d64 m16 n32 qbf16 kve5m2 paged subgroups"
+        );
+        assert!(a.source().contains("const D4: u32 = 16u;"));
+    }
+}
