@@ -19,7 +19,8 @@
 // bit 31 set when this item adds the sink logit (once per row).
 //
 // Per chunk of BN keys: key addresses -> K into shared memory -> S = (q·scale)·K^T (phase A)
-// -> per row: soft cap c·tanh(s/c), ALiBi slope·(j − pos), causal / sliding-window mask,
+// -> per row: soft cap c·tanh(s/c), ALiBi −slope·|pos − j| (FlashAttention's form: slope·(j − pos)
+// under a causal mask, symmetric otherwise), causal / sliding-window mask,
 // running max m, denominator l and rescale factor α (phase B, `softmax_rows`), while V is
 // loaded -> acc = acc·α + P·V (phase C). A sink starts a row at m = sink, l = 1. At the end
 // out = acc / l and LSE = m + ln l (natural log; −inf and a zero output for a row that saw
@@ -108,7 +109,7 @@ fn modify(s_in: f32, head: u32, p: u32, kp: u32) -> f32 {
         s = c * tanh(clamp(s / c, -15.0, 15.0));
     }
     if (params.flags & ALIBI) != 0u {
-        s = s + layer[head] * (f32(kp) - f32(p));
+        s = s - layer[head] * abs(f32(p) - f32(kp));
     }
     return s;
 }

@@ -89,15 +89,14 @@ pub fn merge_attn_states(
             output_lse,
             prefill_tokens_with_context,
         ),
-        other => Err(Error::Device {
-            backend: output.device().kind().as_str().into(),
-            message: format!(
-                "merge_attn_states has no kernel for {} tensors yet",
-                match other {
-                    Storage::Cuda(_) => "CUDA",
-                    _ => "wgpu",
-                }
-            ),
-        }),
+        Storage::Wgpu(_) => crate::backends::wgpu::kernels::merge_attn_states(
+            output,
+            prefix_output,
+            prefix_lse,
+            suffix_output,
+            suffix_lse,
+            output_lse,
+            prefill_tokens_with_context,
+        ),
     }
 }
