@@ -44,6 +44,9 @@ const SLOT_COMBINE: usize = 3;
 /// Largest head size the kernels take (one vec4 column per thread of a 128-thread group).
 pub const MAX_HEAD_SIZE: usize = 512;
 
+/// One recorded dispatch: pipeline, bind group, workgroups.
+type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
+
 /// Buffers reused across calls.
 #[derive(Debug)]
 struct State {
@@ -233,7 +236,7 @@ impl WgpuAttentionImpl {
         value: &Tensor,
         cache: &KvCache,
         md: &WgpuAttentionMetadata,
-    ) -> Result<Option<(wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32))>> {
+    ) -> Result<Option<Pass>> {
         let p = &self.params;
         let n = md.common.slot_mapping_cpu().len();
         let units = (n * p.num_kv_heads * p.head_size / 4) as u64;
