@@ -1,0 +1,528 @@
+//! wgpu-specific checks the shared bodies do not make: the device opens on the adapter CI
+//! asks for, the cache write is bit-exact with `src/fp8.rs` and `half` on awkward values,
+//! every code path of the attention kernel (split-KV partials and combine, one pass, subgroup
+//! and serial softmax, subgroup widths 4 / 8 / 16 on lavapipe, unusual head sizes) matches
+//! the f64 reference, pipelines are compiled once, and a cache larger than one storage
+//! binding is a typed error.
+//!
+//! Every test skips (saying why) when no wgpu adapter opens, except
+//! `vulkan_adapter_when_asked`, which fails when `WGPU_BACKEND=vulkan` (as in CI) yet no
+//! Vulkan adapter opens: a broken lavapipe install must not pass as a GL fallback.
+
+use half::{bf16, f16};
+use polyattn::backends::wgpu::shaders::AttentionShader;
+use polyattn::backends::wgpu::{
+    kernels, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder, WgpuTuning,
+};
+use polyattn::device::WgpuDevice;
+use polyattn::reference;
+use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
+use polyattn::{
+    fp8, AttentionBackend, AttentionImpl, AttentionLayer, AttentionMetadataBuilder,
+    AttentionParams, BatchDescription, CacheDType, CommonAttentionMetadata, DType, Device, KvCache,
+    KvCacheSpec, KvLayout, Tensor,
+};
+
+/// The device, or `None` (after saying why) when no adapter opens here.
+fn device(test: &str) -> Option<WgpuDevice> {
+    match WgpuDevice::open() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("[{test}] skipped: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn vulkan_adapter_when_asked() {
+    let wants_vulkan = std::env::var("WGPU_BACKEND")
+        .map(|v| v.eq_ignore_ascii_case("vulkan") || v.eq_ignore_ascii_case("vk"))
+        .unwrap_or(false);
+    match WgpuDevice::open() {
+        Ok(d) => {
+            println!("[wgpu device] {}", d.description());
+            if wants_vulkan {
+                assert_eq!(d.adapter_info().backend, wgpu::Backend::Vulkan);
+            }
+            let avail = WgpuBackend::new().availability();
+            assert!(avail.is_available(), "{avail:?}");
+        }
+        Err(e) => {
+            assert!(
+                !wants_vulkan,
+                "WGPU_BACKEND=vulkan but no Vulkan adapter opened: {e} \
+                 (install mesa-vulkan-drivers for lavapipe)"
+            );
+            println!("[wgpu device] none: {e}");
+        }
+    }
+}
+
+/// f32 activations whose cache conversions are easy to get wrong: ties (for fp8 with a
+/// power-of-two scale, for f16 and bf16), values around the subnormal and saturation
+/// boundaries, ±0, ±inf, NaN, and random bit patterns.
+fn awkward_values(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut v = Vec::new();
+    for t in [&fp8::E4M3_TABLE, &fp8::E5M2_TABLE] {
+        for i in 0..255usize {
+            let (a, b) = (t[i], t[i + 1]);
+            if a.is_finite() && b.is_finite() && a < b {
+                let mid = (a + b) / 2.0;
+                // Scale 0.5 below: stored x / 0.5 = mid exactly, a tie in fp8.
+                v.extend([mid * 0.5, -mid * 0.5, a * 0.5, b * 0.5]);
+            }
+        }
+    }
+    // f16 and bf16 ties and neighbours.
+    for bits in [0x3c00u16, 0x0001, 0x03ff, 0x7bff, 0x0400, 0x3555] {
+        let a = f16::from_bits(bits).to_f32();
+        let b = f16::from_bits(bits + 1).to_f32();
+        v.extend([(a + b) / 2.0, -(a + b) / 2.0]);
+    }
+    for bits in [0x3f80u16, 0x0001, 0x7f7f, 0x3eaa] {
+        let a = bf16::from_bits(bits).to_f32();
+        let b = bf16::from_bits(bits + 1).to_f32();
+        v.extend([(a + b) / 2.0, -(a + b) / 2.0]);
+    }
+    v.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e30,
+        -1e30,
+        448.0 * 0.5,
+        464.0 * 0.5,
+        480.0 * 0.5,
+        57344.0 * 0.5,
+        61440.0 * 0.5,
+        f32::MIN_POSITIVE,
+        1e-40,
+        65520.0,
+        65519.0,
+    ]);
+    while v.len() < n {
+        let x = f32::from_bits(rng.next_u64() as u32);
+        v.push(if x.is_finite() { x % 1e6 } else { x });
+    }
+    v
+}
+
+/// What the CPU writes for one element.
+fn expected_bits(cache: CacheDType, x: f32, scale: f32) -> u32 {
+    match cache {
+        CacheDType::Fp8E4m3 => fp8::encode_e4m3(x / scale) as u32,
+        CacheDType::Fp8E5m2 => fp8::encode_e5m2(x / scale) as u32,
+        CacheDType::F16 => f16::from_f32(x).to_bits() as u32,
+        CacheDType::Bf16 => bf16::from_f32(x).to_bits() as u32,
+        CacheDType::Auto => x.to_bits(),
+    }
+}
+
+fn cache_bits(cache: &KvCache) -> polyattn::Result<Vec<u32>> {
+    let host = cache.data().to_host()?;
+    Ok(match host {
+        polyattn::device::CpuStorage::U8(v) => v.iter().map(|&b| b as u32).collect(),
+        polyattn::device::CpuStorage::F16(v) => v.iter().map(|b| b.to_bits() as u32).collect(),
+        polyattn::device::CpuStorage::Bf16(v) => v.iter().map(|b| b.to_bits() as u32).collect(),
+        polyattn::device::CpuStorage::F32(v) => v.iter().map(|b| b.to_bits()).collect(),
+        _ => Vec::new(),
+    })
+}
+
+#[test]
+fn cache_writes_are_bit_exact() {
+    let Some(dev) = device("cache_writes_are_bit_exact") else {
+        return;
+    };
+    let device = Device::Wgpu(dev.clone());
+    let (hkv, d, bs) = (2usize, 32usize, 16usize);
+    let mut rng = Rng::new(7);
+    let values = awkward_values(&mut rng, 4096);
+    let tokens = values.len().div_ceil(2 * hkv * d);
+    let mut k = values.clone();
+    k.resize(tokens * hkv * d, 1.0);
+    let mut v: Vec<f32> = k.iter().rev().copied().collect();
+    v.rotate_left(5);
+    let num_blocks = tokens.div_ceil(bs) + 2;
+    // Slots in reverse order, one padded (−1) and one written twice (the last write wins).
+    let mut slots: Vec<i64> = (0..tokens as i64).rev().map(|t| t + bs as i64).collect();
+    slots[3] = -1;
+    slots[10] = slots[4];
+    let width = num_blocks;
+    let desc = BatchDescription {
+        query_start_loc: vec![0, tokens as i32],
+        seq_lens: vec![tokens as i32 + bs as i32],
+        block_table: (0..width as i32).collect(),
+        max_blocks_per_req: width,
+        slot_mapping: slots.clone(),
+        causal: true,
+        block_size: bs,
+        num_blocks,
+        is_prefilling: None,
+    };
+    for cache_dtype in [
+        CacheDType::Fp8E4m3,
+        CacheDType::Fp8E5m2,
+        CacheDType::F16,
+        CacheDType::Bf16,
+        CacheDType::Auto,
+    ] {
+        for (scale, layout) in [(0.5f32, KvLayout::Hnd), (0.05, KvLayout::Nhd)] {
+            let spec = KvCacheSpec {
+                block_size: bs,
+                num_kv_heads: hkv,
+                head_size: d,
+                dtype: DType::F32,
+                cache_dtype,
+            };
+            let mut params = AttentionParams::new(hkv, d, hkv);
+            params.kv_cache_dtype = cache_dtype;
+            let imp = WgpuAttentionImpl::new(dev.clone(), params).unwrap();
+            let builder = WgpuMetadataBuilder::new(dev.clone(), spec);
+            let mut cache = KvCache::with_layout(&device, spec, num_blocks, layout).unwrap();
+            let key = Tensor::from_f32(&device, &k, &[tokens, hkv, d], DType::F32).unwrap();
+            let value = Tensor::from_f32(&device, &v, &[tokens, hkv, d], DType::F32).unwrap();
+            let common = CommonAttentionMetadata::new(&device, desc.clone()).unwrap();
+            let md = builder.build(0, &common, false).unwrap();
+            let layer = AttentionLayer::new("l").with_scales(scale, scale).unwrap();
+            imp.do_kv_cache_update(&layer, &key, &value, &mut cache, md.as_ref())
+                .unwrap();
+            let got = cache_bits(&cache).unwrap();
+            let mut mismatches = Vec::new();
+            for (t, &slot) in slots.iter().enumerate() {
+                if slot < 0 || slots[t + 1..].contains(&slot) {
+                    continue;
+                }
+                let (b, o) = (slot as usize / bs, slot as usize % bs);
+                for h in 0..hkv {
+                    for (kv, src) in [(0, &k), (1, &v)] {
+                        let base = cache.offset(b, kv, o, h);
+                        for i in 0..d {
+                            let x = src[(t * hkv + h) * d + i];
+                            let want = expected_bits(cache_dtype, x, scale);
+                            if got[base + i] != want && !(x.is_nan() && got[base + i] == want) {
+                                mismatches.push(format!(
+                                    "x = {x:e} ({:#010x}): got {:#x}, want {want:#x}",
+                                    x.to_bits(),
+                                    got[base + i]
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(
+                mismatches.is_empty(),
+                "{cache_dtype} scale {scale} {layout:?}: {} mismatches, first: {:?}",
+                mismatches.len(),
+                &mismatches[..mismatches.len().min(8)]
+            );
+        }
+    }
+}
+
+/// Runs one batch through the impl built with `tuning` and compares with the reference.
+fn check_batch(
+    dev: &WgpuDevice,
+    case: &CaseConfig,
+    spec: &BatchSpec,
+    tuning: WgpuTuning,
+    seed: u64,
+) -> Result<(), String> {
+    let backend = WgpuBackend::new();
+    let mut batch = RandomBatch::generate(&backend, case, spec, seed).map_err(|e| e.to_string())?;
+    let want = reference::attention(&batch).map_err(|e| e.to_string())?;
+    let p = &case.params;
+    let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p.clone(), tuning)
+        .map_err(|e| e.to_string())?;
+    let kv_spec = KvCacheSpec {
+        block_size: case.block_size,
+        num_kv_heads: p.num_kv_heads,
+        head_size: p.head_size,
+        dtype: case.dtype,
+        cache_dtype: p.kv_cache_dtype,
+    };
+    let builder = WgpuMetadataBuilder::new(dev.clone(), kv_spec);
+    let device = Device::Wgpu(dev.clone());
+    let common =
+        CommonAttentionMetadata::new(&device, batch.desc.clone()).map_err(|e| e.to_string())?;
+    let md = builder
+        .build(case.common_prefix_len, &common, false)
+        .map_err(|e| e.to_string())?;
+    let n = spec.num_tokens();
+    let mut out = batch.empty_output().map_err(|e| e.to_string())?;
+    let mut lse =
+        Tensor::zeros(&device, &[p.num_heads, n], DType::F32).map_err(|e| e.to_string())?;
+    let (key, value) = (batch.key.clone(), batch.value.clone());
+    imp.forward_with_lse(
+        &batch.layer,
+        &batch.query,
+        Some(&key),
+        Some(&value),
+        &mut batch.kv_cache,
+        md.as_ref(),
+        &mut out,
+        Some(&mut lse),
+    )
+    .map_err(|e| e.to_string())?;
+    let got = out.to_f32_vec().map_err(|e| e.to_string())?;
+    let tol = Tolerance::for_dtype(case.dtype);
+    let cmp = reference::compare(&got, &want.out, tol);
+    if !cmp.pass {
+        return Err(format!("output {cmp}"));
+    }
+    let got = lse.to_f32_vec().map_err(|e| e.to_string())?;
+    let cmp = reference::compare(&got, &want.lse, tol);
+    if !cmp.pass {
+        return Err(format!("lse {cmp}"));
+    }
+    Ok(())
+}
+
+fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
+    let base = WgpuTuning::for_device(dev);
+    let mut v = vec![
+        (
+            "one pass",
+            WgpuTuning {
+                max_splits: 1,
+                subgroups: false,
+                ..base
+            },
+        ),
+        (
+            "split-KV (serial softmax)",
+            WgpuTuning {
+                split_min_keys: 8,
+                target_workgroups: 4096,
+                max_splits: 64,
+                subgroups: false,
+            },
+        ),
+    ];
+    if dev.has_subgroups() {
+        v.push((
+            "split-KV (subgroup softmax)",
+            WgpuTuning {
+                split_min_keys: 8,
+                target_workgroups: 4096,
+                max_splits: 64,
+                subgroups: true,
+            },
+        ));
+        v.push((
+            "one pass (subgroup softmax)",
+            WgpuTuning {
+                max_splits: 1,
+                subgroups: true,
+                ..base
+            },
+        ));
+    }
+    v
+}
+
+/// Layers and batches that reach every path: decodes that split, GQA groups that do not
+/// fit a decode tile (MQA 16:1), sinks (counted once across splits), windows that start a
+/// split mid-sequence, soft cap and ALiBi, cascade, fp8 caches.
+fn path_cases() -> Vec<(String, CaseConfig, BatchSpec)> {
+    let mut out = Vec::new();
+    let mixed = BatchSpec::new(&[(1, 75), (3, 40), (1, 1), (20, 53), (2, 2)]);
+    let mut p = AttentionParams::new(8, 64, 2);
+    p.sinks = Some((0..8).map(|i| i as f32 * 0.3 - 1.0).collect());
+    out.push((
+        "gqa 4:1, sinks, f32".into(),
+        CaseConfig::new(p.clone(), DType::F32, 16),
+        mixed.clone(),
+    ));
+    let mut w = AttentionParams::new(8, 64, 2);
+    w.sliding_window = Some(21);
+    w.logits_soft_cap = Some(5.0);
+    out.push((
+        "window 21, soft cap, bf16".into(),
+        CaseConfig::new(w, DType::Bf16, 16),
+        mixed.clone(),
+    ));
+    let mut a = AttentionParams::new(16, 32, 1);
+    a.alibi_slopes = Some((0..16).map(|i| 0.5f32.powi(i / 2 + 1)).collect());
+    a.kv_cache_dtype = CacheDType::Fp8E4m3;
+    out.push((
+        "mqa 16:1 (no decode tile), alibi, fp8 e4m3, f16".into(),
+        CaseConfig::new(a, DType::F16, 8),
+        mixed,
+    ));
+    let mut c = CaseConfig::new(AttentionParams::new(4, 32, 4), DType::F32, 16);
+    c.common_prefix_len = 32;
+    let mut cs = c.params.clone();
+    cs.sinks = Some(vec![0.5, -0.5, 1.0, 0.0]);
+    c.params = cs;
+    out.push((
+        "cascade 32, sinks, mha".into(),
+        c,
+        BatchSpec::new(&[(1, 70), (5, 45), (1, 33)]),
+    ));
+    out
+}
+
+#[test]
+fn every_kernel_path_matches_the_reference() {
+    let Some(dev) = device("every_kernel_path_matches_the_reference") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for (label, case, spec) in path_cases() {
+        for (path, tuning) in tunings(&dev) {
+            runs += 1;
+            if let Err(e) = check_batch(&dev, &case, &spec, tuning, 11) {
+                failures.push(format!("{label} / {path}: {e}"));
+            }
+        }
+    }
+    println!("[wgpu paths] {runs} runs on {}", dev.description());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn unusual_head_sizes() {
+    let Some(dev) = device("unusual_head_sizes") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for (d, dtype) in [
+        (4, DType::F32),
+        (12, DType::F16),
+        (36, DType::Bf16),
+        (100, DType::F32),
+    ] {
+        let case = CaseConfig::new(AttentionParams::new(6, d, 2), dtype, 4);
+        let spec = BatchSpec::new(&[(1, 13), (6, 9), (2, 2)]);
+        for (path, tuning) in tunings(&dev) {
+            if let Err(e) = check_batch(&dev, &case, &spec, tuning, d as u64) {
+                failures.push(format!("head size {d} {dtype} / {path}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Re-runs the subgroup paths in child processes with lavapipe's SIMD width forced to 4 and
+/// 16 lanes (`LP_NATIVE_VECTOR_WIDTH` = 128 / 512; the default is 8): kernels must not
+/// assume a subgroup size. Only on lavapipe; 16 lanes needs AVX-512 and is skipped without.
+#[test]
+fn subgroup_widths_on_lavapipe() {
+    if std::env::var_os("POLYATTN_WGPU_CHILD").is_some() {
+        return;
+    }
+    let Some(dev) = device("subgroup_widths_on_lavapipe") else {
+        return;
+    };
+    if !dev.adapter_info().name.contains("llvmpipe") || !dev.has_subgroups() {
+        println!("[subgroup widths] skipped: not lavapipe with subgroups");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let avx512 = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.contains("avx512f"))
+        .unwrap_or(false);
+    for (width, lanes) in [("128", 4u32), ("512", 16)] {
+        if lanes == 16 && !avx512 {
+            println!("[subgroup widths] 16 lanes skipped: no AVX-512 on this host");
+            continue;
+        }
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "subgroup_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("POLYATTN_WGPU_CHILD", lanes.to_string())
+            .env("LP_NATIVE_VECTOR_WIDTH", width)
+            .output()
+            .expect("run the test binary");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{lanes} lanes:\n{text}");
+        assert!(
+            text.contains(&format!("subgroup size {lanes}")),
+            "child did not run at {lanes} lanes:\n{text}"
+        );
+    }
+}
+
+/// The child of `subgroup_widths_on_lavapipe` (does nothing in a normal run).
+#[test]
+fn subgroup_child() {
+    let Some(lanes) = std::env::var("POLYATTN_WGPU_CHILD").ok() else {
+        return;
+    };
+    let dev = WgpuDevice::open().expect("device in child");
+    let size = dev.adapter_info().subgroup_min_size;
+    println!("subgroup size {size} (asked for {lanes})");
+    let mut failures = Vec::new();
+    for (label, case, spec) in path_cases().into_iter().take(2) {
+        for (path, tuning) in tunings(&dev).into_iter().filter(|(_, t)| t.subgroups) {
+            if let Err(e) = check_batch(&dev, &case, &spec, tuning, 5) {
+                failures.push(format!("{label} / {path}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn pipelines_are_compiled_once() {
+    let Some(dev) = device("pipelines_are_compiled_once") else {
+        return;
+    };
+    let shader = AttentionShader {
+        head_size: 20,
+        block_m: 8,
+        block_n: 8,
+        q_dtype: DType::Bf16,
+        kv_dtype: DType::Fp8E5m2,
+        paged: true,
+        subgroups: false,
+    };
+    let compiles = std::sync::atomic::AtomicUsize::new(0);
+    let get = || {
+        kernels::pipeline(
+            &dev,
+            &shader.key(),
+            || {
+                compiles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                shader.source()
+            },
+            kernels::Bindings::Attention,
+            false,
+        )
+        .unwrap()
+    };
+    let (a, b) = (get(), get());
+    assert_eq!(a, b, "the second request must return the cached pipeline");
+    assert_eq!(compiles.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_cache_larger_than_one_binding_is_a_typed_error() {
+    let Some(dev) = device("a_cache_larger_than_one_binding_is_a_typed_error") else {
+        return;
+    };
+    let backend = WgpuBackend::new();
+    let per_block = 2 * 16 * 8 * 128; // bytes of an fp8 block
+    let blocks = (dev.max_binding_bytes() / per_block as u64 + 1) as usize;
+    let err = backend
+        .kv_cache_shape(blocks, 16, 8, 128, CacheDType::Fp8E4m3)
+        .unwrap_err();
+    assert!(
+        matches!(err, polyattn::Error::Config(_)) && err.to_string().contains("storage binding"),
+        "{err}"
+    );
+    assert!(backend
+        .kv_cache_shape(blocks - 1, 16, 8, 128, CacheDType::Fp8E4m3)
+        .is_ok());
+}
