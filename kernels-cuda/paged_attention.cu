@@ -60,73 +60,7 @@
 #define PA_ROWS (PA_WARPS * PA_RPW)    // rows per CTA
 #define PA_KC 16                       // keys per chunk
 
-struct WorkItem {
-    int req;
-    int q_start;
-    int q_len;
-    int kv_head;
-    int head_start;
-    int head_count;
-    int kv_lo;
-    int kv_hi;
-    int split;
-    int num_splits;
-    int part_tok;  // partial-buffer token index of q_start (num_splits > 1)
-    int pad_;
-};
-static_assert(sizeof(WorkItem) == 48, "WorkItem must match kernels.rs");
-
-struct AttnParams {
-    const void* q;
-    const void* cache;
-    const void* k_dense;
-    const void* v_dense;
-    const int* block_table;
-    const int* seq_lens;
-    const int* query_start_loc;
-    const WorkItem* items;
-    const float* alibi;   // [num_heads] or null
-    const float* sinks;   // [num_heads] or null
-    void* out;
-    float* lse;           // [num_heads][num_tokens] or null
-    float* part_out;
-    float* part_lse;
-    int q_dtype;
-    int cache_dtype;
-    int out_dtype;
-    int dense;            // 1: keys/values from k_dense/v_dense (encoder), 0: paged cache
-    int layout_hnd;
-    int num_heads;
-    int num_kv_heads;
-    int head_size;
-    int group;
-    int block_size;
-    int bt_stride;
-    int num_tokens;
-    int n_part_tokens;
-    int causal;
-    int window;           // 0: none
-    int use_sinks;
-    float scale;
-    float soft_cap;       // 0: off
-    float k_scale;        // dequantisation scales (1.0 unless fp8)
-    float v_scale;
-};
-static_assert(sizeof(AttnParams) == 192, "AttnParams must match kernels.rs");
-
-// Visible key range [lo, hi) of a query at `pos` within [kv_lo, kv_hi).
-__device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_lo, int kv_hi,
-                                           int* lo, int* hi) {
-    int a = kv_lo;
-    int b = kv_hi;
-    if (p.causal) b = min(b, pos + 1);
-    if (p.window > 0) {
-        a = max(a, pos + 1 - p.window);
-        if (!p.causal) b = min(b, pos + p.window);
-    }
-    *lo = a;
-    *hi = max(a, b);
-}
+// WorkItem, AttnParams and pa_visible live in common.cuh (shared with paged_attention_mma.cu).
 
 template <int DPL>
 __device__ __forceinline__ void pa_attend(const AttnParams& p) {

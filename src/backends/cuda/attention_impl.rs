@@ -15,10 +15,30 @@ use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
-    self, attention_function_name, attention_smem_bytes, code, AttnParams, MergeParams,
-    ReshapeParams, ATTN_THREADS, MERGE_STATES, PAGED_ATTENTION, RESHAPE_AND_CACHE,
+    self, attention_function_name, attention_smem_bytes, code, mma_function_name, mma_smem_bytes,
+    AttnParams, MergeParams, ReshapeParams, ATTN_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM,
+    PAGED_ATTENTION, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
+
+/// The environment variable that enables the tensor-core prefill kernel (`1`, `true`, `on`).
+/// Off by default until it has been validated on hardware.
+pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";
+
+/// Requests with at least this many query tokens go to the tensor-core kernel when it is on.
+pub const MMA_MIN_QUERY_LEN: usize = 16;
+
+fn mma_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var(MMA_ENV).is_ok_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "on" | "yes"
+            )
+        })
+    })
+}
 
 /// The CUDA attention impl of one layer.
 #[derive(Debug)]
@@ -167,6 +187,32 @@ impl CudaAttentionImpl {
         } else {
             (1.0, 1.0)
         }
+    }
+
+    /// The tensor-core kernel for this layer and batch, when enabled and applicable: f16 /
+    /// bf16 activations with a cache of the same dtype, a supported head size, sm_80+.
+    fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<&'static str> {
+        if !mma_enabled() || dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
+            return None;
+        }
+        mma_function_name(dtype, self.params.head_size)
+    }
+
+    /// Queues the tensor-core kernel over `plan` (items of up to 64 rows, never split).
+    fn launch_mma(&self, plan: &WorkPlan, base: &AttnParams, name: &str) -> Result<()> {
+        let items = match &plan.items_dev {
+            Some(i) if !plan.items.is_empty() => i,
+            _ => return Ok(()),
+        };
+        let mut params = *base;
+        params.items = items.device_ptr();
+        let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, name)?;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.items.len() as u32, 1, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: mma_smem_bytes(self.params.head_size),
+        };
+        kernels::launch(&self.device, &f, cfg, &params, None)
     }
 
     /// Queues the attention kernel over `plan` (and the split combine, when the plan splits).
@@ -460,13 +506,15 @@ impl AttentionImpl for CudaAttentionImpl {
             ..Default::default()
         };
         let key_for = |pass: Pass, causal: bool, dense: bool, allow_split: bool| PlanKey {
-            group: p.num_queries_per_kv(),
-            num_kv_heads: p.num_kv_heads,
-            causal,
-            window: p.sliding_window,
             pass,
             dense,
             allow_split,
+            ..PlanKey::new(
+                p.num_queries_per_kv(),
+                p.num_kv_heads,
+                causal,
+                p.sliding_window,
+            )
         };
 
         if encoder {
@@ -503,10 +551,28 @@ impl AttentionImpl for CudaAttentionImpl {
         }
 
         match &md.cascade {
-            None => {
-                let plan = md.plan(&key_for(Pass::Full, causal, false, true))?;
-                self.launch_attention(&plan, &base)
-            }
+            None => match self.mma_kernel(dtype, kv_cache.spec().storage_dtype()) {
+                None => {
+                    let plan = md.plan(&key_for(Pass::Full, causal, false, true))?;
+                    self.launch_attention(&plan, &base)
+                }
+                Some(name) => {
+                    // Short queries (decodes) on CUDA cores with split-KV, the rest on tensor
+                    // cores; the two plans partition the batch's requests.
+                    let short = PlanKey {
+                        max_q: MMA_MIN_QUERY_LEN,
+                        ..key_for(Pass::Full, causal, false, true)
+                    };
+                    let long = PlanKey {
+                        min_q: MMA_MIN_QUERY_LEN,
+                        rows: MMA_ROWS_PER_ITEM,
+                        ..key_for(Pass::Full, causal, false, false)
+                    };
+                    let (short, long) = (md.plan(&short)?, md.plan(&long)?);
+                    self.launch_attention(&short, &base)?;
+                    self.launch_mma(&long, &base, name)
+                }
+            },
             Some(cascade) => {
                 let (h, d) = (p.num_heads, p.head_size);
                 let o_p = self.device.zeros_bytes(n * h * d * 4)?;

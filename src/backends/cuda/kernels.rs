@@ -63,6 +63,20 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
     ],
 };
 
+/// `paged_attention_mma.cu` (tensor cores; f16 / bf16, head sizes 64, 96, 128).
+pub const PAGED_ATTENTION_MMA: KernelSource = KernelSource {
+    name: "paged_attention_mma",
+    source: include_str!("../../../kernels-cuda/paged_attention_mma.cu"),
+    functions: &[
+        "paged_attention_mma_f16_d64",
+        "paged_attention_mma_f16_d96",
+        "paged_attention_mma_f16_d128",
+        "paged_attention_mma_bf16_d64",
+        "paged_attention_mma_bf16_d96",
+        "paged_attention_mma_bf16_d128",
+    ],
+};
+
 /// `merge_states.cu`.
 pub const MERGE_STATES: KernelSource = KernelSource {
     name: "merge_states",
@@ -71,7 +85,12 @@ pub const MERGE_STATES: KernelSource = KernelSource {
 };
 
 /// Every kernel source, for compile checks.
-pub const ALL_SOURCES: [KernelSource; 3] = [RESHAPE_AND_CACHE, PAGED_ATTENTION, MERGE_STATES];
+pub const ALL_SOURCES: [KernelSource; 4] = [
+    RESHAPE_AND_CACHE,
+    PAGED_ATTENTION,
+    PAGED_ATTENTION_MMA,
+    MERGE_STATES,
+];
 
 /// The source as NVRTC compiles it: `common.cuh` pasted in place of its include line.
 pub fn full_source(k: &KernelSource) -> String {
@@ -580,6 +599,30 @@ pub const ATTN_THREADS: u32 = 128;
 pub fn attention_smem_bytes(head_size: usize) -> u32 {
     let d = head_size;
     ((ROWS_PER_ITEM * d + KEYS_PER_CHUNK * (d + 2) + KEYS_PER_CHUNK * d) * 4) as u32
+}
+
+/// Rows per work item of the tensor-core kernel (`MMA_ROWS`).
+pub const MMA_ROWS_PER_ITEM: usize = 64;
+
+/// Dynamic shared memory of the tensor-core kernel: Q, K, V tiles of 64 rows of
+/// `head_size + 8` 16-bit elements.
+pub fn mma_smem_bytes(head_size: usize) -> u32 {
+    (3 * 64 * (head_size + 8) * 2) as u32
+}
+
+/// The tensor-core entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
+pub fn mma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+    let t = match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        _ => return None,
+    };
+    let want = format!("paged_attention_mma_{t}_d{head_size}");
+    PAGED_ATTENTION_MMA
+        .functions
+        .iter()
+        .find(|f| **f == want)
+        .copied()
 }
 
 /// The attention entry point for `head_size` (`paged_attention_dpl{ceil(D/32)}`).

@@ -8,8 +8,10 @@
 //! that shape ([`CudaAttentionMetadata::plan`]).
 //!
 //! Planning ([`plan_work`]): each request's query tokens are cut into tiles of
-//! `ROWS_PER_ITEM / heads` tokens, for every KV head and chunk of its query heads, so that a
-//! CTA holds at most 16 (token, head) rows. Single-token (decode) requests are split along
+//! `rows / heads` tokens, for every KV head and chunk of its query heads, so that a CTA holds
+//! at most `rows` (token, head) rows (16 for the CUDA-core kernel, 64 for the tensor-core
+//! one); a key can restrict the plan to requests in a range of query lengths, so that the two
+//! kernels split one batch. Single-token (decode) requests are split along
 //! the keys (flash-decoding) when the batch has too few CTAs to fill the GPU: each split
 //! writes an f32 partial and its LSE, and `combine_splits` merges them.
 
@@ -69,6 +71,31 @@ pub struct PlanKey {
     pub dense: bool,
     /// Decode tokens may be split along the keys.
     pub allow_split: bool,
+    /// Most (token, head) rows per work item: 16 for the CUDA-core kernel, 64 for the
+    /// tensor-core one.
+    pub rows: usize,
+    /// Only requests whose query length is in `min_q..max_q` get work items.
+    pub min_q: usize,
+    /// See `min_q`.
+    pub max_q: usize,
+}
+
+impl PlanKey {
+    /// A key for the CUDA-core kernel over every request.
+    pub fn new(group: usize, num_kv_heads: usize, causal: bool, window: Option<usize>) -> Self {
+        PlanKey {
+            group,
+            num_kv_heads,
+            causal,
+            window,
+            pass: Pass::Full,
+            dense: false,
+            allow_split: false,
+            rows: ROWS_PER_ITEM,
+            min_q: 0,
+            max_q: usize::MAX,
+        }
+    }
 }
 
 /// A planned work list, on the host and uploaded.
@@ -100,11 +127,14 @@ pub struct PlanInputs<'a> {
 /// Plans the CTAs of one attention pass (see the module docs). Pure host code.
 pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     let g = key.group.max(1);
-    let hc = g.min(ROWS_PER_ITEM);
-    let tq = (ROWS_PER_ITEM / hc).max(1);
+    let rows = key.rows.max(1);
+    let hc = g.min(rows);
+    let tq = (rows / hc).max(1);
     let head_chunks: Vec<(usize, usize)> = (0..g).step_by(hc).map(|s| (s, hc.min(g - s))).collect();
     let ctas_per_tile = key.num_kv_heads * head_chunks.len();
     let num_reqs = inp.seq_lens.len();
+    let q_len = |r: usize| (inp.query_start_loc[r + 1] - inp.query_start_loc[r]) as usize;
+    let included = |r: usize| (key.min_q..key.max_q).contains(&q_len(r));
 
     // Key range and visible range of a single decode token, per request.
     let range = |r: usize| -> (usize, usize) {
@@ -136,6 +166,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
 
     // CTAs without splitting decide how much splitting is worth it.
     let base_ctas: usize = (0..num_reqs)
+        .filter(|&r| included(r))
         .map(|r| {
             let ql = (inp.query_start_loc[r + 1] - inp.query_start_loc[r]) as usize;
             ql.div_ceil(tq) * ctas_per_tile
@@ -154,7 +185,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     for r in 0..num_reqs {
         let qs = inp.query_start_loc[r] as usize;
         let ql = (inp.query_start_loc[r + 1] as usize).saturating_sub(qs);
-        if ql == 0 {
+        if ql == 0 || !included(r) {
             continue;
         }
         let (lo, hi) = range(r);
@@ -392,13 +423,8 @@ mod tests {
 
     fn key(group: usize, kv: usize) -> PlanKey {
         PlanKey {
-            group,
-            num_kv_heads: kv,
-            causal: true,
-            window: None,
-            pass: Pass::Full,
-            dense: false,
             allow_split: true,
+            ..PlanKey::new(group, kv, true, None)
         }
     }
 
@@ -438,10 +464,48 @@ mod tests {
                 .all(|&c| c == 1));
             for it in &plan.items {
                 assert!((it.q_len * it.head_count) as usize <= ROWS_PER_ITEM);
+                assert!(it.head_count as usize <= group.min(ROWS_PER_ITEM));
                 assert!(it.kv_hi as usize <= seq[it.req as usize] as usize);
                 assert!(it.head_start + it.head_count <= group as i32);
             }
         }
+    }
+
+    #[test]
+    fn query_length_ranges_partition_the_batch() {
+        let qsl = [0, 1, 40, 41, 300];
+        let seq = [100, 39, 5000, 700];
+        let inp = PlanInputs {
+            query_start_loc: &qsl,
+            seq_lens: &seq,
+            sm_count: 132,
+        };
+        let short = plan_work(
+            inp,
+            &PlanKey {
+                max_q: 16,
+                ..key(4, 2)
+            },
+        );
+        let long = plan_work(
+            inp,
+            &PlanKey {
+                min_q: 16,
+                rows: 64,
+                allow_split: false,
+                ..key(4, 2)
+            },
+        );
+        let mut seen = coverage(&short, &qsl, 8, 4);
+        for (a, b) in seen.iter_mut().zip(coverage(&long, &qsl, 8, 4)) {
+            *a += b;
+        }
+        assert!(seen.iter().all(|&c| c == 1));
+        assert!(long
+            .items
+            .iter()
+            .all(|i| i.q_len * i.head_count <= 64 && i.q_len > 1));
+        assert!(short.items.iter().all(|i| i.q_len == 1));
     }
 
     #[test]

@@ -12,14 +12,17 @@
 //! cores with online softmax (causal and bidirectional, GQA, sliding window, ALiBi, soft cap,
 //! sinks, LSE, fp8 KV, head sizes that are multiples of 8 up to 256); split-KV decode with a
 //! combine kernel; `merge_attn_states`; cascade as prefix pass + suffix pass + merge.
-//! Not yet: a tensor-core (mma.sync) prefill path and CUDA-graph capture.
+//! A tensor-core kernel (mma.sync m16n8k16 through inline PTX, ldmatrix, cp.async; f16 / bf16
+//! with a same-dtype cache, head sizes 64 / 96 / 128) takes the requests with at least
+//! [`MMA_MIN_QUERY_LEN`] query tokens when `POLYATTN_CUDA_MMA=1`; it is off by default until
+//! it has passed the shared suite on hardware. Not yet: CUDA-graph capture.
 
 mod attention_impl;
 mod descriptor;
 pub mod kernels;
 mod metadata_builder;
 
-pub use attention_impl::{merge_attn_states, CudaAttentionImpl};
+pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_ENV, MMA_MIN_QUERY_LEN};
 pub use descriptor::{CudaBackend, CUDA_DEVICE_ENV};
 pub use metadata_builder::{
     plan_work, CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, Pass, PlanInputs, PlanKey,
