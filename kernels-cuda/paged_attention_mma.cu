@@ -342,9 +342,31 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         pa_mma_attend<BF16, D>(p);                                                    \
     }
 
+// The host compiles only the variant it needs (-DPA_MMA_D=128 -DPA_MMA_BF16=1); without the
+// defines every variant is built (the CI compile check).
+#ifdef PA_MMA_D
+#define PA_MMA_ALL 0
+#else
+#define PA_MMA_ALL 1
+#define PA_MMA_D 0
+#define PA_MMA_BF16 0
+#endif
+#define PA_MMA_WANT(BF, D) (PA_MMA_ALL || (PA_MMA_D == (D) && PA_MMA_BF16 == (BF)))
+#if PA_MMA_WANT(0, 64)
 PA_MMA_DEFINE(paged_attention_mma_f16_d64, false, 64)
+#endif
+#if PA_MMA_WANT(0, 96)
 PA_MMA_DEFINE(paged_attention_mma_f16_d96, false, 96)
+#endif
+#if PA_MMA_WANT(0, 128)
 PA_MMA_DEFINE(paged_attention_mma_f16_d128, false, 128)
+#endif
+#if PA_MMA_WANT(1, 64)
 PA_MMA_DEFINE(paged_attention_mma_bf16_d64, true, 64)
+#endif
+#if PA_MMA_WANT(1, 96)
 PA_MMA_DEFINE(paged_attention_mma_bf16_d96, true, 96)
+#endif
+#if PA_MMA_WANT(1, 128)
 PA_MMA_DEFINE(paged_attention_mma_bf16_d128, true, 128)
+#endif

@@ -67,3 +67,56 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
         failures.join("\n")
     );
 }
+
+/// The variants the backend compiles at run time (one head-size bucket or one tensor-core
+/// variant per module) select exactly the entry points they are loaded for.
+#[test]
+fn run_time_variants_select_their_entry_points() {
+    if let Err(why) = kernels::nvrtc_status() {
+        println!("SKIP cuda_compile variants: NVRTC is not available: {why}");
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut check =
+        |k: &kernels::KernelSource, defines: &[&str], want: &[&str]| match kernels::compile(
+            k,
+            "sm_90",
+            &[&["--ptxas-options=-v"], defines].concat(),
+        ) {
+            Ok(out) => {
+                let mut got: Vec<String> = kernels::parse_ptxas_report(&out.log)
+                    .into_iter()
+                    .map(|r| r.function)
+                    .collect();
+                got.sort();
+                let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+                want.sort();
+                if got != want {
+                    failures.push(format!(
+                        "{} {defines:?}: got {got:?}, want {want:?}",
+                        k.name
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("{} {defines:?}: {e}", k.name)),
+        };
+    for head_size in [8, 64, 128, 256] {
+        let variant = kernels::attention_variant(head_size);
+        let name = kernels::attention_function_name(head_size).expect("bucket");
+        check(
+            &kernels::PAGED_ATTENTION,
+            &[variant.as_str()],
+            &[name, "combine_splits"],
+        );
+    }
+    for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
+        let [a, b] = kernels::mma_variant(dtype, head_size);
+        let name = kernels::mma_function_name(dtype, head_size).expect("variant");
+        check(
+            &kernels::PAGED_ATTENTION_MMA,
+            &[a.as_str(), b.as_str()],
+            &[name],
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -15,9 +15,10 @@ use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
-    self, attention_function_name, attention_smem_bytes, code, mma_function_name, mma_smem_bytes,
-    AttnParams, MergeParams, ReshapeParams, ATTN_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM,
-    PAGED_ATTENTION, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
+    self, attention_function_name, attention_smem_bytes, attention_variant, code,
+    mma_function_name, mma_smem_bytes, mma_variant, AttnParams, MergeParams, ReshapeParams,
+    ATTN_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
+    RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
 
@@ -199,14 +200,21 @@ impl CudaAttentionImpl {
     }
 
     /// Queues the tensor-core kernel over `plan` (items of up to 64 rows, never split).
-    fn launch_mma(&self, plan: &WorkPlan, base: &AttnParams, name: &str) -> Result<()> {
+    fn launch_mma(
+        &self,
+        plan: &WorkPlan,
+        base: &AttnParams,
+        name: &str,
+        dtype: DType,
+    ) -> Result<()> {
         let items = match &plan.items_dev {
             Some(i) if !plan.items.is_empty() => i,
             _ => return Ok(()),
         };
         let mut params = *base;
         params.items = items.device_ptr();
-        let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, name)?;
+        let [d_opt, t_opt] = mma_variant(dtype, self.params.head_size);
+        let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &[&d_opt, &t_opt], name)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
             block_dim: (ATTN_THREADS, 1, 1),
@@ -240,7 +248,8 @@ impl CudaAttentionImpl {
         }
         let name = attention_function_name(d)
             .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
-        let f = kernels::function(&self.device, &PAGED_ATTENTION, name)?;
+        let variant = attention_variant(d);
+        let f = kernels::function(&self.device, &PAGED_ATTENTION, &[&variant], name)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
             block_dim: (ATTN_THREADS, 1, 1),
@@ -248,7 +257,12 @@ impl CudaAttentionImpl {
         };
         kernels::launch(&self.device, &f, cfg, &params, None)?;
         if let Some(list) = &plan.split_dev {
-            let f = kernels::function(&self.device, &PAGED_ATTENTION, "combine_splits")?;
+            let f = kernels::function(
+                &self.device,
+                &PAGED_ATTENTION,
+                &[&variant],
+                "combine_splits",
+            )?;
             let cfg = LaunchConfig {
                 grid_dim: (n_split as u32, h as u32, 1),
                 block_dim: (128, 1, 1),
@@ -293,7 +307,7 @@ pub(crate) fn launch_merge(
         head_size: i32_of("head_size", d)?,
         prefill_tokens: i32_of("prefill_tokens_with_context", prefill_tokens.min(t))?,
     };
-    let f = kernels::function(device, &MERGE_STATES, "merge_attn_states")?;
+    let f = kernels::function(device, &MERGE_STATES, &[], "merge_attn_states")?;
     let threads = (d.div_ceil(32) * 32).clamp(32, 128) as u32;
     let cfg = LaunchConfig {
         grid_dim: (t as u32, h as u32, 1),
@@ -405,7 +419,7 @@ impl AttentionImpl for CudaAttentionImpl {
             v_scale,
             pad_: 0,
         };
-        let f = kernels::function(&self.device, &RESHAPE_AND_CACHE, "reshape_and_cache")?;
+        let f = kernels::function(&self.device, &RESHAPE_AND_CACHE, &[], "reshape_and_cache")?;
         let threads = ((p.num_kv_heads * p.head_size).div_ceil(32) * 32).clamp(32, 512) as u32;
         let cfg = LaunchConfig {
             grid_dim: (n.min(65_535 * 32) as u32, 1, 1),
@@ -570,7 +584,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     };
                     let (short, long) = (md.plan(&short)?, md.plan(&long)?);
                     self.launch_attention(&short, &base)?;
-                    self.launch_mma(&long, &base, name)
+                    self.launch_mma(&long, &base, name, dtype)
                 }
             },
             Some(cascade) => {

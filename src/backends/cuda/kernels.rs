@@ -314,11 +314,14 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("polyattn"))
 }
 
-/// Compiles `k` for `arch`, through the on-disk cache.
-fn compile_cached(k: &KernelSource, arch: &str) -> Result<Vec<u8>> {
+/// Compiles `k` for `arch` with `defines` (`-DNAME=VALUE` options selecting a variant),
+/// through the on-disk cache.
+fn compile_cached(k: &KernelSource, arch: &str, defines: &[&str]) -> Result<Vec<u8>> {
     let (major, minor) = nvrtc_status().map_err(nvrtc_error)?;
     let src = full_source(k);
-    let options = base_options(arch).join(" ");
+    let mut options = base_options(arch);
+    options.extend(defines.iter().map(|d| d.to_string()));
+    let options = options.join(" ");
     let version = format!("nvrtc {major}.{minor}");
     let hash = fnv1a(&[
         src.as_bytes(),
@@ -335,7 +338,7 @@ fn compile_cached(k: &KernelSource, arch: &str) -> Result<Vec<u8>> {
             }
         }
     }
-    let out = compile(k, arch, &[])?;
+    let out = compile(k, arch, defines)?;
     if let Some(p) = &path {
         if let Some(dir) = p.parent() {
             if std::fs::create_dir_all(dir).is_ok() {
@@ -349,17 +352,43 @@ fn compile_cached(k: &KernelSource, arch: &str) -> Result<Vec<u8>> {
     Ok(out.image)
 }
 
-/// The module of `k` on `device`, compiled for the device's architecture on first use.
-pub(crate) fn module(device: &CudaDevice, k: &KernelSource) -> Result<Arc<CudaModule>> {
+/// The module of `k` (the variant selected by `defines`) on `device`, compiled for the
+/// device's architecture on first use.
+pub(crate) fn module(
+    device: &CudaDevice,
+    k: &KernelSource,
+    defines: &[&str],
+) -> Result<Arc<CudaModule>> {
     let arch = arch_for(device.compute_capability());
-    device.module(&format!("{}:{arch}", k.name), || compile_cached(k, &arch))
+    let key = format!("{}:{arch}:{}", k.name, defines.join(" "));
+    device.module(&key, || compile_cached(k, &arch, defines))
 }
 
-/// Entry point `name` of `k` on `device`.
-pub(crate) fn function(device: &CudaDevice, k: &KernelSource, name: &str) -> Result<CudaFunction> {
-    module(device, k)?
+/// Entry point `name` of `k`'s variant `defines` on `device`.
+pub(crate) fn function(
+    device: &CudaDevice,
+    k: &KernelSource,
+    defines: &[&str],
+    name: &str,
+) -> Result<CudaFunction> {
+    module(device, k, defines)?
         .load_function(name)
         .map_err(|e| nvrtc_error(format!("{}: no function {name}: {e}", k.name)))
+}
+
+/// The `-D` option that builds only the attention bucket of `head_size`
+/// (`PA_ONLY_DPL`, see paged_attention.cu).
+pub fn attention_variant(head_size: usize) -> String {
+    format!("-DPA_ONLY_DPL={}", head_size.div_ceil(32))
+}
+
+/// The `-D` options that build only the tensor-core variant for `dtype` and `head_size`
+/// (see paged_attention_mma.cu).
+pub fn mma_variant(dtype: DType, head_size: usize) -> [String; 2] {
+    [
+        format!("-DPA_MMA_D={head_size}"),
+        format!("-DPA_MMA_BF16={}", i32::from(dtype == DType::Bf16)),
+    ]
 }
 
 /// Launches `f` on the device's stream with one by-value parameter block (and optionally a
