@@ -5,8 +5,8 @@
 //   LSE = M + ln L   (natural log; out = 0 and LSE = −inf when L = 0: no key, no sink).
 // The sink logit was added by exactly one partial (split 0), so it counts once.
 //
-// Specialisation (generated header): D, D4, BMD (rows of a decode tile), WG, and
-// `out_store4` for the output dtype.
+// Specialisation (generated header): WG and `out_store4` for the output dtype. The head
+// size D and the rows of a decode tile (BMD) are run-time parameters.
 //
 // Work: workgroup (x + z·65535, y) merges group x+z·65535 for query head y; a group is 4 u32:
 // first batch token, number of tokens, first partial slot, number of splits. Threads stride
@@ -25,7 +25,11 @@ struct Params {
     num_groups: u32,
     ml_offset: u32,
     write_lse: u32,
+    head_size: u32,
+    decode_rows: u32,
     pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -50,6 +54,9 @@ fn main(
     let n_tok = groups[gi * 4u + 1u];
     let split_base = groups[gi * 4u + 2u];
     let n_splits = groups[gi * 4u + 3u];
+    let D = params.head_size;
+    let D4 = D / 4u;
+    let BMD = params.decode_rows;
     for (var u = t; u < n_tok * D4; u = u + WG) {
         let i = u / D4;
         let c = u % D4;

@@ -7,8 +7,9 @@
 // rounded, then round-to-nearest-even and saturated — bit for bit src/fp8.rs; 16-bit
 // formats: RNE; the same dtype: an exact copy).
 //
-// Specialisation (generated header): D, D4, WG, `key_load4` / `value_load4` for the
-// activation dtype, `cache_store4` for the cache dtype.
+// Specialisation (generated header): WG, `key_load4` / `value_load4` for the activation
+// dtype, `cache_store4` for the cache dtype. The head size is a run-time parameter (a
+// multiple of 4), so one pipeline serves every layer shape.
 //
 // Work: one thread per (token, KV head, vec4 column), WG per workgroup, workgroups spread
 // over x (≤ 65535) and z.
@@ -27,7 +28,7 @@ struct Params {
     kv_stride: u32,
     tok_stride: u32,
     head_stride: u32,
-    pad0: u32,
+    head_size: u32,
     k_scale: f32,
     v_scale: f32,
     pad1: u32,
@@ -44,14 +45,15 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let u = flat_group(wid, nwg) * WG + t;
-    let per_token = params.num_kv_heads * D4;
+    let d4 = params.head_size / 4u;
+    let per_token = params.num_kv_heads * d4;
     if u >= params.num_tokens * per_token {
         return;
     }
     let tok = u / per_token;
     let rem = u % per_token;
-    let h = rem / D4;
-    let c = rem % D4;
+    let h = rem / d4;
+    let c = rem % d4;
     let s = slots[tok];
     if s.y != 0 || s.x < 0 {
         return;
@@ -59,7 +61,7 @@ fn main(
     let slot = u32(s.x);
     let blk = slot / params.block_size;
     let off = slot % params.block_size;
-    let src = (tok * params.num_kv_heads + h) * D + c * 4u;
+    let src = (tok * params.num_kv_heads + h) * params.head_size + c * 4u;
     let dst = blk * params.block_stride + off * params.tok_stride + h * params.head_stride
         + c * 4u;
     cache_store4(dst, key_load4(src), params.k_scale);

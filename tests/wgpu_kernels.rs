@@ -286,20 +286,22 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
     let base = WgpuTuning::for_device(dev);
     let mut v = vec![
         (
-            "one pass",
+            "one pass, one tile shape",
             WgpuTuning {
                 max_splits: 1,
                 subgroups: false,
+                prefill_tiles: false,
                 ..base
             },
         ),
         (
-            "split-KV (serial softmax)",
+            "split-KV (serial softmax), GPU tiles",
             WgpuTuning {
                 split_min_keys: 8,
                 target_workgroups: 4096,
                 max_splits: 64,
                 subgroups: false,
+                prefill_tiles: true,
             },
         ),
     ];
@@ -311,13 +313,15 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 target_workgroups: 4096,
                 max_splits: 64,
                 subgroups: true,
+                prefill_tiles: false,
             },
         ));
         v.push((
-            "one pass (subgroup softmax)",
+            "one pass (subgroup softmax), GPU tiles",
             WgpuTuning {
                 max_splits: 1,
                 subgroups: true,
+                prefill_tiles: true,
                 ..base
             },
         ));

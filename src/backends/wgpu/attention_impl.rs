@@ -101,7 +101,10 @@ impl WgpuAttentionImpl {
         params: AttentionParams,
         tuning: WgpuTuning,
     ) -> Result<Self> {
-        let (decode_tile, prefill_tile) = tiles_for(&dev, params.head_size)?;
+        let (decode_tile, mut prefill_tile) = tiles_for(&dev, params.head_size)?;
+        if !tuning.prefill_tiles {
+            prefill_tile = decode_tile;
+        }
         let h = params.num_heads;
         let mut consts = vec![0u32; 2 * h];
         if let Some(a) = &params.alibi_slopes {
@@ -244,7 +247,6 @@ impl WgpuAttentionImpl {
             return Ok(None);
         }
         let shader = ReshapeShader {
-            head_size: p.head_size as u32,
             act_dtype: key.dtype(),
             cache_dtype: cache.spec().storage_dtype(),
         };
@@ -265,7 +267,7 @@ impl WgpuAttentionImpl {
             .u(kvstride)
             .u(tstride)
             .u(hstride)
-            .u(0)
+            .u(p.head_size as u32)
             .f(ks)
             .f(vs)
             .w;
@@ -594,11 +596,7 @@ impl AttentionImpl for WgpuAttentionImpl {
             passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
         }
         if let Some(list) = &plan.combine {
-            let shader = CombineShader {
-                head_size: p.head_size as u32,
-                block_m: self.decode_tile.0,
-                out_dtype: dtype,
-            };
+            let shader = CombineShader { out_dtype: dtype };
             let pipe = pipeline(
                 dev,
                 &shader.key(),
@@ -614,6 +612,8 @@ impl AttentionImpl for WgpuAttentionImpl {
                 .u(list.count)
                 .u(ml_offset)
                 .u(lse_buf.is_some() as u32)
+                .u(p.head_size as u32)
+                .u(self.decode_tile.0)
                 .w;
             let group = bind_group(
                 dev,

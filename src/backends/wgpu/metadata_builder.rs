@@ -50,12 +50,17 @@ pub struct WgpuTuning {
     pub max_splits: u32,
     /// Use the subgroup softmax (only when the adapter has subgroups).
     pub subgroups: bool,
+    /// Run long queries with the larger prefill tile (GPUs). When false, every item uses the
+    /// decode tile: one pipeline per dtype pairing instead of two, which is what CPU adapters
+    /// want (lavapipe spends 0.2–0.5 s compiling each pipeline and gains nothing from wider
+    /// tiles).
+    pub prefill_tiles: bool,
 }
 
 impl WgpuTuning {
     /// Defaults for the device: GPUs aim for ~1k decode workgroups with partials of ≥ 256
-    /// keys; CPU adapters (lavapipe) split little, but still exercise the split path on
-    /// sequences longer than 32 keys.
+    /// keys and use both tile shapes; CPU adapters (lavapipe) split little, but still
+    /// exercise the split path on sequences longer than 32 keys, and use one tile shape.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
         WgpuTuning {
@@ -63,6 +68,7 @@ impl WgpuTuning {
             target_workgroups: if cpu { 16 } else { 1024 },
             max_splits: if cpu { 8 } else { 64 },
             subgroups: dev.has_subgroups(),
+            prefill_tiles: !cpu,
         }
     }
 
@@ -378,6 +384,7 @@ mod tests {
             target_workgroups: 16,
             max_splits: 8,
             subgroups: false,
+            prefill_tiles: true,
         }
     }
 

@@ -283,13 +283,10 @@ impl AttentionShader {
     }
 }
 
-/// One specialisation of `combine_splits.wgsl`.
+/// One specialisation of `combine_splits.wgsl` (head size and decode rows are run-time
+/// parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CombineShader {
-    /// Head size.
-    pub head_size: u32,
-    /// Rows of the decode tile that wrote the partials.
-    pub block_m: u32,
     /// Output dtype.
     pub out_dtype: DType,
 }
@@ -297,23 +294,13 @@ pub struct CombineShader {
 impl CombineShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
-        format!(
-            "combine d{} m{} {}",
-            self.head_size,
-            self.block_m,
-            short(self.out_dtype)
-        )
+        format!("combine {}", short(self.out_dtype))
     }
 
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[
-            ("D", self.head_size),
-            ("D4", self.head_size / 4),
-            ("BMD", self.block_m),
-            ("WG", ELEMENTWISE_WORKGROUP),
-        ]);
+        s += &consts(&[("WG", ELEMENTWISE_WORKGROUP)]);
         s += &buffer("out", 3, self.out_dtype, Access::Write);
         s += COMMON;
         s += COMBINE_SPLITS;
@@ -321,11 +308,9 @@ impl CombineShader {
     }
 }
 
-/// One specialisation of `reshape_and_cache.wgsl`.
+/// One specialisation of `reshape_and_cache.wgsl` (the head size is a run-time parameter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ReshapeShader {
-    /// Head size.
-    pub head_size: u32,
     /// dtype of the new keys and values.
     pub act_dtype: DType,
     /// dtype the cache stores.
@@ -336,8 +321,7 @@ impl ReshapeShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "reshape d{} {} -> {}",
-            self.head_size,
+            "reshape {} -> {}",
             short(self.act_dtype),
             short(self.cache_dtype)
         )
@@ -346,11 +330,7 @@ impl ReshapeShader {
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[
-            ("D", self.head_size),
-            ("D4", self.head_size / 4),
-            ("WG", ELEMENTWISE_WORKGROUP),
-        ]);
+        s += &consts(&[("WG", ELEMENTWISE_WORKGROUP)]);
         s += &buffer("key", 1, self.act_dtype, Access::Read);
         s += &buffer("value", 2, self.act_dtype, Access::Read);
         s += &buffer("cache", 4, self.cache_dtype, Access::WriteScaled);
@@ -400,9 +380,11 @@ pub const CACHE_DTYPES: [DType; 5] = [
 /// A representative set of the specialisations the backend generates, as
 /// `(key, source, needs_subgroups)`. The dtype accessors do not depend on the tile shape and
 /// the tile constants do not depend on the dtypes, so the set crosses them separately:
-/// every dtype pairing of every kernel at head size 128 (both tile kinds, with and without
-/// subgroups), and every tile shape chosen for 16, 32 and 48 KiB of workgroup memory at head
-/// sizes 4, 36, 64, 80, 128 and 256 (f32, paged and dense, with and without subgroups).
+/// every dtype pairing of the attention kernel at head size 128 (both tile kinds, with and
+/// without subgroups), every tile shape chosen for 16, 32 and 48 KiB of workgroup memory at
+/// head sizes 4, 36, 64, 80, 128 and 256 (f32, paged and dense, with and without
+/// subgroups), and every variant of the element-wise kernels (they take the head size at
+/// run time).
 pub fn catalog() -> Vec<(String, String, bool)> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -446,33 +428,14 @@ pub fn catalog() -> Vec<(String, String, bool)> {
                         push(s.key(), s.source(), sg);
                     }
                 }
-                if kind == TileKind::Decode {
-                    let c = CombineShader {
-                        head_size: d,
-                        block_m: tile.0,
-                        out_dtype: DType::F32,
-                    };
-                    push(c.key(), c.source(), false);
-                }
             }
         }
-        let r = ReshapeShader {
-            head_size: d,
-            act_dtype: DType::F32,
-            cache_dtype: DType::F32,
-        };
-        push(r.key(), r.source(), false);
     }
     for q in ACTIVATION_DTYPES {
-        let c = CombineShader {
-            head_size: 128,
-            block_m: 16,
-            out_dtype: q,
-        };
+        let c = CombineShader { out_dtype: q };
         push(c.key(), c.source(), false);
         for cache in CACHE_DTYPES {
             let r = ReshapeShader {
-                head_size: 128,
                 act_dtype: q,
                 cache_dtype: cache,
             };
