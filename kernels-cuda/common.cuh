@@ -132,6 +132,37 @@ __device__ __forceinline__ float pa_load(const void* p, pa_i64 i, int dt) {
     }
 }
 
+// Elements i..i+8 of a buffer of type `dt` as f32, with one vector load (16 bytes for
+// f16 / bf16, 8 for fp8, two of 16 for f32). `i` must be a multiple of 8 and the buffer
+// 32-byte aligned (device allocations are 256-byte aligned; every row of D elements starts at
+// a multiple of D, a multiple of 8).
+__device__ __forceinline__ void pa_load8(const void* p, pa_i64 i, int dt, float* out) {
+    if (dt == PA_F32) {
+        const float4 a = ((const float4*)p)[i / 4];
+        const float4 b = ((const float4*)p)[i / 4 + 1];
+        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+        out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    } else if (dt == PA_F16 || dt == PA_BF16) {
+        const uint4 v = ((const uint4*)p)[i / 8];
+        const pa_u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const pa_u16 lo = (pa_u16)(w[k] & 0xffffu);
+            const pa_u16 hi = (pa_u16)(w[k] >> 16);
+            out[2 * k] = dt == PA_F16 ? pa_f16_to_f32(lo) : pa_bf16_to_f32(lo);
+            out[2 * k + 1] = dt == PA_F16 ? pa_f16_to_f32(hi) : pa_bf16_to_f32(hi);
+        }
+    } else {
+        const uint2 v = ((const uint2*)p)[i / 8];
+        const pa_u32 w[2] = {v.x, v.y};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const pa_u8 b = (pa_u8)((w[k / 4] >> (8 * (k % 4))) & 0xffu);
+            out[k] = dt == PA_E4M3 ? pa_e4m3_to_f32(b) : pa_e5m2_to_f32(b);
+        }
+    }
+}
+
 // Stores `v` as element `i` of a buffer of type `dt` (fp8: `v` already divided by its scale).
 __device__ __forceinline__ void pa_store(void* p, pa_i64 i, int dt, float v) {
     switch (dt) {

@@ -45,6 +45,8 @@
 // part_out [num_splits][n_part_tokens][num_heads][head_size] f32, part_lse
 // [num_splits][n_part_tokens][num_heads] f32; block_table [num_reqs][bt_stride] i32.
 //
+// Loads are 8 elements wide (pa_load8: head_size is a multiple of 8, buffers 32-byte aligned).
+//
 // Bounds relied on (host side): metadata validated (query_start_loc monotonic, query_len <=
 // seq_len, block ids of every position < seq_len in range); every item has
 // q_start..q_start+q_len inside its request, kv_hi <= seq_len (dense: <= the request's query
@@ -85,13 +87,17 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
     const int pos0 = ctx + (it.q_start - qsl0);
     const int head0 = it.kv_head * p.group + it.head_start;
 
-    // 1. Scaled query rows.
-    for (int i = tid; i < rows * D; i += blockDim.x) {
-        const int r = i / D;
-        const int d = i - r * D;
+    // 1. Scaled query rows, 8 elements (one vector load) per thread and step.
+    const int D8 = D / 8;
+    for (int i = tid; i < rows * D8; i += blockDim.x) {
+        const int r = i / D8;
+        const int d = (i - r * D8) * 8;
         const int t = it.q_start + r / hc;
         const int h = head0 + r % hc;
-        q_s[i] = pa_load(p.q, ((pa_i64)t * p.num_heads + h) * D + d, p.q_dtype) * p.scale;
+        float v[8];
+        pa_load8(p.q, ((pa_i64)t * p.num_heads + h) * D + d, p.q_dtype, v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) q_s[r * D + d + e] = v[e] * p.scale;
     }
 
     float m[PA_RPW], l[PA_RPW], acc[PA_RPW][DPL];
@@ -121,17 +127,18 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
 
     for (int c0 = span_lo - span_lo % PA_KC; c0 < span_hi; c0 += PA_KC) {
         __syncthreads();  // previous chunk consumed (and, first time, q_s written)
-        for (int i = tid; i < PA_KC * D; i += blockDim.x) {
-            const int j = i / D;
-            const int d = i - j * D;
+        for (int i = tid; i < PA_KC * D8; i += blockDim.x) {
+            const int j = i / D8;
+            const int d = (i - j * D8) * 8;
             const int kp = c0 + j;
-            float kv = 0.0f;
-            float vv = 0.0f;
+            float kv[8], vv[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) kv[e] = vv[e] = 0.0f;
             if (kp >= span_lo && kp < span_hi) {
                 if (p.dense) {
                     const pa_i64 o = ((pa_i64)(qsl0 + kp) * p.num_kv_heads + it.kv_head) * D + d;
-                    kv = pa_load(p.k_dense, o, p.q_dtype);
-                    vv = pa_load(p.v_dense, o, p.q_dtype);
+                    pa_load8(p.k_dense, o, p.q_dtype, kv);
+                    pa_load8(p.v_dense, o, p.q_dtype, vv);
                 } else {
                     const pa_i64 block = bt[kp / p.block_size];
                     const int off = kp % p.block_size;
@@ -139,12 +146,20 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
                                                       p.num_kv_heads, D, p.layout_hnd);
                     const pa_i64 vo = pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
                                                       p.num_kv_heads, D, p.layout_hnd);
-                    kv = pa_load(p.cache, ko + d, p.cache_dtype) * p.k_scale;
-                    vv = pa_load(p.cache, vo + d, p.cache_dtype) * p.v_scale;
+                    pa_load8(p.cache, ko + d, p.cache_dtype, kv);
+                    pa_load8(p.cache, vo + d, p.cache_dtype, vv);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        kv[e] *= p.k_scale;
+                        vv[e] *= p.v_scale;
+                    }
                 }
             }
-            k_s[j * SK + d] = kv;
-            v_s[j * D + d] = vv;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                k_s[j * SK + d + e] = kv[e];
+                v_s[j * D + d + e] = vv[e];
+            }
         }
         __syncthreads();
 
