@@ -530,3 +530,57 @@ fn a_cache_larger_than_one_binding_is_a_typed_error() {
         .kv_cache_shape(blocks - 1, 16, 8, 128, CacheDType::Fp8E4m3)
         .is_ok());
 }
+
+/// Production-sized batches on a real GPU (skipped on CPU adapters, where they would take
+/// minutes): the default tuning splits long decodes (≥ 256 keys per partial), the prefill
+/// tile differs from the decode tile, and the subgroup size is the GPU's own.
+#[test]
+fn gpu_scale_batches() {
+    let Some(dev) = device("gpu_scale_batches") else {
+        return;
+    };
+    if dev.adapter_info().device_type == wgpu::DeviceType::Cpu {
+        println!(
+            "[gpu scale] skipped: {} is a CPU adapter",
+            dev.adapter_info().name
+        );
+        return;
+    }
+    let tuning = WgpuTuning::for_device(&dev);
+    let mut failures = Vec::new();
+    let llama = |dtype, cache| {
+        let mut p = AttentionParams::new(32, 128, 8);
+        p.kv_cache_dtype = cache;
+        CaseConfig::new(p, dtype, 16)
+    };
+    let cases = [
+        (
+            "decode 4 x 8k, bf16",
+            llama(DType::Bf16, CacheDType::Auto),
+            BatchSpec::new(&[(1, 8192), (1, 8000), (1, 3000), (1, 257)]),
+        ),
+        (
+            "decode 2 x 16k, fp8 e4m3 cache",
+            llama(DType::Bf16, CacheDType::Fp8E4m3),
+            BatchSpec::new(&[(1, 16384), (1, 9001)]),
+        ),
+        (
+            "chunked prefill 512 after 2k, f16",
+            llama(DType::F16, CacheDType::Auto),
+            BatchSpec::new(&[(512, 2560), (1, 4000), (77, 77)]),
+        ),
+        (
+            "prefill 1k, f32, head 64",
+            CaseConfig::new(AttentionParams::new(16, 64, 4), DType::F32, 32),
+            BatchSpec::new(&[(1024, 1024)]),
+        ),
+    ];
+    for (label, case, spec) in cases {
+        let t = std::time::Instant::now();
+        if let Err(e) = check_batch(&dev, &case, &spec, tuning, 99) {
+            failures.push(format!("{label}: {e}"));
+        }
+        println!("[gpu scale] {label}: {:.1} s", t.elapsed().as_secs_f64());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
