@@ -1,0 +1,237 @@
+//! Timing: a region timer per device kind, warm-up, repetitions until a time budget, and the
+//! statistics every row reports (median and spread).
+//!
+//! Method (`perf-anchors.md` §9): warm up, then time many repetitions one by one and report
+//! the median with p10–p90 and min–max; the caller rotates among several input sets (the
+//! closure gets the repetition index) so that caches do not flatter the result.
+//!
+//! The timer is per device kind: the CPU uses the monotonic wall clock around a call that
+//! returns when its work is done. GPU backends add their device timer in [`timer_for`] —
+//! CUDA events recorded on the stream around the region, Vulkan / wgpu timestamp queries —
+//! until then a GPU device is timed by the wall clock between two synchronisations, which
+//! includes launch and synchronisation latency.
+
+use std::time::{Duration, Instant};
+
+use crate::device::Device;
+use crate::error::Result;
+
+/// Times one region of work on a device.
+pub trait RegionTimer {
+    /// What the timer measures with (recorded in every row).
+    fn method(&self) -> &str;
+    /// Marks the start of the region.
+    fn start(&mut self) -> Result<()>;
+    /// Marks the end of the region; returns its duration in seconds.
+    fn stop(&mut self) -> Result<f64>;
+}
+
+/// The host's monotonic clock, synchronising the device at both ends.
+pub struct WallTimer {
+    device: Device,
+    t0: Option<Instant>,
+    method: String,
+}
+
+impl WallTimer {
+    /// A wall-clock timer for `device`.
+    pub fn new(device: &Device) -> Self {
+        let method = match device {
+            Device::Cpu(_) => "wall clock (std::time::Instant)".to_string(),
+            _ => "wall clock between device synchronisations (no device timer yet)".to_string(),
+        };
+        WallTimer {
+            device: device.clone(),
+            t0: None,
+            method,
+        }
+    }
+}
+
+impl RegionTimer for WallTimer {
+    fn method(&self) -> &str {
+        &self.method
+    }
+
+    fn start(&mut self) -> Result<()> {
+        self.device.synchronize()?;
+        self.t0 = Some(Instant::now());
+        Ok(())
+    }
+
+    fn stop(&mut self) -> Result<f64> {
+        self.device.synchronize()?;
+        Ok(self.t0.take().map_or(0.0, |t| t.elapsed().as_secs_f64()))
+    }
+}
+
+/// The best timer `device` has.
+///
+/// Hook for GPU backends: return an event timer here (`Device::Cuda(d) =>` CUDA events on the
+/// stream the kernels run on; `Device::Wgpu(d) =>` timestamp queries when the adapter has
+/// `TIMESTAMP_QUERY`), keeping the wall clock as the fallback.
+pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
+    match device {
+        Device::Cpu(_) => Box::new(WallTimer::new(device)),
+        Device::Cuda(_) | Device::Wgpu(_) => Box::new(WallTimer::new(device)),
+    }
+}
+
+/// How long and how often to run one row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TimingConfig {
+    /// Warm-up calls before timing (at least one; a single call longer than the budget ends
+    /// the warm-up early).
+    pub warmup: usize,
+    /// Timed repetitions at least.
+    pub min_reps: usize,
+    /// Timed repetitions at most.
+    pub max_reps: usize,
+    /// Keep repeating (past `min_reps`) until this much time was spent timing.
+    pub budget: Duration,
+    /// Slow rows: past [`MIN_REPS_FLOOR`] repetitions, stop once this much time was spent
+    /// timing, even below `min_reps`.
+    pub cap: Duration,
+}
+
+/// Timed repetitions no row goes below.
+pub const MIN_REPS_FLOOR: usize = 3;
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig {
+            warmup: 3,
+            min_reps: 5,
+            max_reps: 1000,
+            budget: Duration::from_secs(1),
+            cap: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Runs `f` (given the repetition index, for input rotation) under `cfg` and returns the
+/// timed samples in seconds: at least one warm-up call, then repetitions until `min_reps` and
+/// the `budget` are both reached (or `max_reps`), cut short by the `cap` for slow rows.
+pub fn measure<F>(timer: &mut dyn RegionTimer, cfg: &TimingConfig, mut f: F) -> Result<Samples>
+where
+    F: FnMut(usize) -> Result<()>,
+{
+    let t0 = Instant::now();
+    let mut i = 0;
+    for _ in 0..cfg.warmup.max(1) {
+        f(i)?;
+        i += 1;
+        if t0.elapsed() > cfg.budget {
+            break;
+        }
+    }
+    let mut secs = Vec::new();
+    let start = Instant::now();
+    let min_reps = cfg.min_reps.max(1);
+    let floor = min_reps.min(MIN_REPS_FLOOR);
+    while secs.len() < cfg.max_reps.max(min_reps)
+        && (secs.len() < min_reps || start.elapsed() < cfg.budget)
+        && (secs.len() < floor || start.elapsed() < cfg.cap)
+    {
+        timer.start()?;
+        f(i)?;
+        secs.push(timer.stop()?);
+        i += 1;
+    }
+    Ok(Samples::new(secs))
+}
+
+/// Timed samples, in seconds, sorted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Samples {
+    sorted: Vec<f64>,
+}
+
+impl Samples {
+    /// From unsorted samples.
+    pub fn new(mut secs: Vec<f64>) -> Self {
+        secs.sort_by(f64::total_cmp);
+        Samples { sorted: secs }
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    /// True when there is no sample.
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
+    /// The `q`-quantile (0..=1), linear between order statistics; 0 when empty.
+    pub fn quantile(&self, q: f64) -> f64 {
+        let n = self.sorted.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let x = q.clamp(0.0, 1.0) * (n - 1) as f64;
+        let (lo, hi) = (x.floor() as usize, x.ceil() as usize);
+        let w = x - lo as f64;
+        self.sorted[lo] * (1.0 - w) + self.sorted[hi] * w
+    }
+
+    /// The median.
+    pub fn median(&self) -> f64 {
+        self.quantile(0.5)
+    }
+
+    /// The smallest sample.
+    pub fn min(&self) -> f64 {
+        self.sorted.first().copied().unwrap_or(0.0)
+    }
+
+    /// The largest sample.
+    pub fn max(&self) -> f64 {
+        self.sorted.last().copied().unwrap_or(0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate() {
+        let s = Samples::new(vec![4.0, 1.0, 3.0, 2.0, 5.0]);
+        assert_eq!(s.median(), 3.0);
+        assert_eq!(s.min(), 1.0);
+        assert_eq!(s.max(), 5.0);
+        assert!((s.quantile(0.1) - 1.4).abs() < 1e-12);
+        assert_eq!(Samples::new(vec![1.0, 2.0]).median(), 1.5);
+        assert_eq!(Samples::new(vec![]).median(), 0.0);
+    }
+
+    #[test]
+    fn measure_warms_up_rotates_and_stops() {
+        let cfg = TimingConfig {
+            warmup: 2,
+            min_reps: 4,
+            max_reps: 6,
+            budget: Duration::from_secs(10),
+            cap: Duration::from_secs(10),
+        };
+        let mut seen = Vec::new();
+        let mut timer = WallTimer::new(&Device::cpu());
+        let s = measure(&mut timer, &cfg, |i| {
+            seen.push(i);
+            Ok(())
+        })
+        .unwrap();
+        // Fast calls: the budget is not reached, so max_reps bounds the timed loop.
+        assert_eq!(s.len(), 6);
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+        // A zero cap: slow rows stop at the floor of three repetitions.
+        let cfg = TimingConfig {
+            cap: Duration::ZERO,
+            ..cfg
+        };
+        let s = measure(&mut timer, &cfg, |_| Ok(())).unwrap();
+        assert_eq!(s.len(), MIN_REPS_FLOOR);
+    }
+}
