@@ -28,6 +28,7 @@
 pub mod attention;
 pub mod backend;
 pub mod backends;
+pub mod bench;
 pub mod device;
 pub mod dtype;
 pub mod error;
