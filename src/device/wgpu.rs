@@ -1,5 +1,6 @@
 //! The wgpu device: one adapter, device and queue per process, storage buffers, and the
-//! per-device caches the wgpu backend's kernels use (compiled pipelines, a dummy binding).
+//! per-device caches the wgpu backend's kernels use (compiled pipelines, placeholder
+//! bindings).
 //!
 //! **Opening.** [`WgpuDevice::open`] enumerates the adapters of the backends that
 //! `WGPU_BACKEND` allows (wgpu's own variable: `vulkan`, `metal`, `dx12`, `gl`; all by
@@ -333,8 +334,8 @@ impl WgpuDevice {
         );
         if self.is_gl_fallback() {
             s.push_str(
-                " [OpenGL fallback: no Vulkan driver found; install mesa-vulkan-drivers for \
-                 lavapipe or set WGPU_BACKEND=vulkan]",
+                " [OpenGL adapter: no f16 feature, no subgroups, slow; for Vulkan install \
+                 mesa-vulkan-drivers (lavapipe) or a GPU driver and set WGPU_BACKEND=vulkan]",
             );
         }
         s
