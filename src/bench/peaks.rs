@@ -81,7 +81,8 @@ pub fn measure(device: &Device, dtype: DType, cfg: &ProbeConfig) -> Result<Peaks
         // Hook: the CUDA backend measures a device copy (events, ≥ 4 GiB) and a cuBLAS-free
         // bf16/f16 matmul or its own GEMM kernel here; the wgpu backend a buffer copy and a
         // shader FMA loop / cooperative-matrix GEMM.
-        Device::Cuda(_) | Device::Wgpu(_) => Err(Error::Device {
+        Device::Wgpu(d) => crate::backends::wgpu::probes::peaks(d, dtype, cfg),
+        Device::Cuda(_) => Err(Error::Device {
             backend: device.kind().as_str().into(),
             message: format!(
                 "no ceiling probes for {} yet (add them in bench::peaks::measure)",

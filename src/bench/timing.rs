@@ -73,7 +73,8 @@ impl RegionTimer for WallTimer {
 pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
     match device {
         Device::Cpu(_) => Box::new(WallTimer::new(device)),
-        Device::Cuda(_) | Device::Wgpu(_) => Box::new(WallTimer::new(device)),
+        Device::Wgpu(d) => crate::backends::wgpu::probes::timer(d),
+        Device::Cuda(_) => Box::new(WallTimer::new(device)),
     }
 }
 

@@ -32,6 +32,8 @@ pub enum Bindings {
     /// merge_attn_states.wgsl: uniform 0; read 1..=4 (o_p, lse_p, o_s, lse_s);
     /// read-write 5 (out), 6 (out_lse).
     Merge,
+    /// probe_copy.wgsl / probe_fma.wgsl: uniform 0; read 1 (src); read-write 2 (dst).
+    Probe,
 }
 
 impl Bindings {
@@ -58,6 +60,7 @@ impl Bindings {
                 (5, false),
                 (6, false),
             ],
+            Bindings::Probe => &[(1, true), (2, false)],
         }
     }
 

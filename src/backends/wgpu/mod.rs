@@ -3,8 +3,9 @@
 //!
 //! Same shape as the CPU backend: [`WgpuBackend`] (descriptor), [`WgpuMetadataBuilder`]
 //! (per-step metadata and the work plan), [`WgpuAttentionImpl`] (argument checks, then one
-//! command buffer per call), `kernels` (pipeline cache, bind groups, dispatch) and
-//! [`shaders`] (WGSL specialisation).
+//! command buffer per call), `kernels` (pipeline cache, bind groups, dispatch),
+//! [`shaders`] (WGSL specialisation) and [`probes`] (roofline ceilings and a timestamp
+//! timer for `polyattn bench`).
 //!
 //! Kernels: `reshape_and_cache` (−1 slots skipped, fp8 packed four per word and bit-exact
 //! with `src/fp8.rs`), one paged-attention kernel with online softmax for every batch shape
@@ -17,6 +18,7 @@ mod attention_impl;
 mod descriptor;
 pub mod kernels;
 mod metadata_builder;
+pub mod probes;
 pub mod shaders;
 
 pub use attention_impl::{WgpuAttentionImpl, MAX_HEAD_SIZE};

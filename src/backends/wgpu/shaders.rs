@@ -24,6 +24,8 @@ const SOFTMAX_SUBGROUP: &str = include_str!("../../../shaders/softmax_subgroup.w
 const COMBINE_SPLITS: &str = include_str!("../../../shaders/combine_splits.wgsl");
 const RESHAPE_AND_CACHE: &str = include_str!("../../../shaders/reshape_and_cache.wgsl");
 const MERGE_ATTN_STATES: &str = include_str!("../../../shaders/merge_attn_states.wgsl");
+const PROBE_COPY: &str = include_str!("../../../shaders/probe_copy.wgsl");
+const PROBE_FMA: &str = include_str!("../../../shaders/probe_fma.wgsl");
 
 /// Threads per workgroup of the attention kernel.
 pub const ATTENTION_WORKGROUP: u32 = 128;
@@ -366,6 +368,34 @@ impl MergeShader {
     }
 }
 
+/// The ceiling probes of `polyattn bench` (`probe_copy.wgsl`, `probe_fma.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeShader {
+    /// A vec4 buffer copy (bandwidth).
+    Copy,
+    /// An f32 FMA loop (compute).
+    Fma,
+}
+
+impl ProbeShader {
+    /// The pipeline-cache key.
+    pub fn key(&self) -> String {
+        match self {
+            ProbeShader::Copy => "probe copy".into(),
+            ProbeShader::Fma => "probe fma".into(),
+        }
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let body = match self {
+            ProbeShader::Copy => PROBE_COPY,
+            ProbeShader::Fma => PROBE_FMA,
+        };
+        format!("// generated: {}\n{COMMON}{body}", self.key())
+    }
+}
+
 /// Activation dtypes.
 pub const ACTIVATION_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
 /// Storage dtypes of a KV cache.
@@ -383,8 +413,8 @@ pub const CACHE_DTYPES: [DType; 5] = [
 /// every dtype pairing of the attention kernel at head size 128 (both tile kinds, with and
 /// without subgroups), every tile shape chosen for 16, 32 and 48 KiB of workgroup memory at
 /// head sizes 4, 36, 64, 80, 128 and 256 (f32, paged and dense, with and without
-/// subgroups), and every variant of the element-wise kernels (they take the head size at
-/// run time).
+/// subgroups), every variant of the element-wise kernels (they take the head size at run
+/// time) and the two bench probes.
 pub fn catalog() -> Vec<(String, String, bool)> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -443,6 +473,9 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         }
         let m = MergeShader { dtype: q };
         push(m.key(), m.source(), false);
+    }
+    for p in [ProbeShader::Copy, ProbeShader::Fma] {
+        push(p.key(), p.source(), false);
     }
     out
 }
