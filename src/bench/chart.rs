@@ -204,10 +204,27 @@ pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> String {
         );
     }
 
-    // Points; labels moved down past the ones already placed so that they stay readable.
+    // Points (circle: prefill, square: decode, triangle: MLA); labels when there are few
+    // enough to read, moved down past the ones already placed. Every point has a tooltip.
+    let label = flop_rows.len() <= MAX_LABELS;
     let mut placed: Vec<(f64, f64, f64)> = Vec::new();
     for r in &flop_rows {
         let (x, y) = (ax.px(r.intensity()), ay.px(r.tflops.unwrap_or(0.0)));
+        let c = colour_of(&backends, &r.backend);
+        let title = format!(
+            "<title>{} {} {}/{}: {} µs, {} TFLOP/s, {} GB/s</title>",
+            esc(&r.backend),
+            esc(&r.id),
+            esc(&r.dtype),
+            esc(&r.kv_dtype),
+            sig(r.us_median.unwrap_or(0.0)),
+            sig(r.tflops.unwrap_or(0.0)),
+            sig(r.gbps.unwrap_or(0.0))
+        );
+        let _ = writeln!(s, "{}", marker(&r.family, x, y, c, &title));
+        if !label {
+            continue;
+        }
         let text = format!("{} {}", r.id, r.kv_dtype);
         let w = 4.6 * text.chars().count() as f64;
         let mut ly = y + 3.0;
@@ -221,18 +238,6 @@ pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> String {
             ly += 9.0;
         }
         placed.push((x + 6.0, ly, w));
-        let c = colour_of(&backends, &r.backend);
-        let _ = writeln!(
-            s,
-            r#"<circle class="pt" cx="{x:.1}" cy="{y:.1}" r="4" fill="{c}" fill-opacity="0.8"><title>{} {} {}/{}: {} µs, {} TFLOP/s, {} GB/s</title></circle>"#,
-            esc(&r.backend),
-            esc(&r.id),
-            esc(&r.dtype),
-            esc(&r.kv_dtype),
-            sig(r.us_median.unwrap_or(0.0)),
-            sig(r.tflops.unwrap_or(0.0)),
-            sig(r.gbps.unwrap_or(0.0))
-        );
         let _ = writeln!(
             s,
             r#"<text x="{:.1}" y="{ly:.1}" font-size="8" fill="{c}">{}</text>"#,
@@ -240,6 +245,21 @@ pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> String {
             esc(&text)
         );
     }
+    if !label {
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" fill="#555">{} points: hover for case ids (labels only up to {MAX_LABELS})</text>"##,
+            left + 6.0,
+            top + 14.0,
+            flop_rows.len()
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.1}" y="{:.1}" fill="#555" text-anchor="end">○ prefill  □ decode  △ MLA</text>"##,
+        right,
+        h - 60.0
+    );
 
     // Legend.
     for (name, i) in &backends {
@@ -266,6 +286,32 @@ pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// Points drawn with a text label at most; above, the ids are in the tooltips only.
+const MAX_LABELS: usize = 40;
+
+/// One point: a circle (prefill and anything else), a square (decode) or a triangle (MLA).
+fn marker(family: &str, x: f64, y: f64, c: &str, title: &str) -> String {
+    match family {
+        "decode" => format!(
+            r#"<rect class="pt" x="{:.1}" y="{:.1}" width="7" height="7" fill="{c}" fill-opacity="0.8">{title}</rect>"#,
+            x - 3.5,
+            y - 3.5
+        ),
+        "mla" => format!(
+            r#"<polygon class="pt" points="{:.1},{:.1} {:.1},{:.1} {:.1},{:.1}" fill="{c}" fill-opacity="0.8">{title}</polygon>"#,
+            x,
+            y - 4.5,
+            x - 4.5,
+            y + 3.5,
+            x + 4.5,
+            y + 3.5
+        ),
+        _ => format!(
+            r#"<circle class="pt" cx="{x:.1}" cy="{y:.1}" r="4" fill="{c}" fill-opacity="0.8">{title}</circle>"#
+        ),
+    }
 }
 
 fn min_max(v: &[f64]) -> (f64, f64) {

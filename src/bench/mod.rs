@@ -254,11 +254,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         refs.push(BenchFile::load(p)?);
         sources.push(p.display().to_string());
     }
-    if !refs.is_empty() {
+    let ratios = (!refs.is_empty()).then(|| {
         let ours: Vec<Row> = files.iter().flat_map(|f| f.rows.iter().cloned()).collect();
         let theirs: Vec<Row> = refs.iter().flat_map(|f| f.rows.iter().cloned()).collect();
+        report::compare(&ours, &theirs)
+    });
+    if let Some(r) = &ratios {
         println!();
-        print!("{}", report::compare(&ours, &theirs));
+        print!("{r}");
     }
 
     let all: Vec<&BenchFile> = files.iter().chain(refs.iter()).collect();
@@ -298,7 +301,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let owned: Vec<BenchFile> = all.iter().map(|f| (*f).clone()).collect();
         let chart_rel = (!args.no_svg).then(|| relative_to(&args.svg, md_path));
         let cmd = command_line();
-        let md = report::results_md(&owned, &sources, &cmd, chart_rel.as_deref());
+        let md = report::results_md(
+            &owned,
+            &sources,
+            &cmd,
+            chart_rel.as_deref(),
+            ratios.as_deref(),
+        );
         report::write_file(md_path, &md)?;
         eprintln!("wrote {}", md_path.display());
     }
