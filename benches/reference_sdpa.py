@@ -6,7 +6,8 @@ polyattn shape table (perf-anchors.md section 10, read from benches/shapes.json,
 `polyattn bench --shapes all,C --dump-shapes benches/shapes.json` writes), contiguous
 (B, H, S, D) tensors, GQA through `enable_gqa` (repeat_interleave where a backend refuses it),
 timed with CUDA events: warm-up, many repetitions, median and spread, random inputs rotated
-through several sets so that L2 does not flatter the result. In the same run it measures the
+through several sets and a 256 MB L2 flush before every repetition (which also keeps the GPU
+busy while the host enqueues the call, so small kernels are not timed as launch latency). In the same run it measures the
 card's two ceilings (a 4 GiB device copy and an 8192^3 matmul in the benchmark dtype) and
 records the card, driver and clocks (nvidia-smi) before and after.
 
@@ -140,8 +141,21 @@ def roofline(flops, nbytes, secs, pt, pb):
     }
 
 
+_FLUSH = []
+
+
+def flush_buffer(torch):
+    """256 MB zeroed before every timed repetition, as triton's do_bench does: it evicts L2,
+    and it keeps the GPU busy while the host enqueues the next call, so the events around the
+    call time the GPU's work, not the host's launch latency."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+    return _FLUSH[0]
+
+
 def time_events(torch, fn, warmup, min_reps, max_reps, budget):
     """Per-repetition CUDA-event times in seconds; fn(i) gets the repetition index."""
+    flush = flush_buffer(torch)
     i = 0
     t0 = time.perf_counter()
     for _ in range(max(warmup, 1)):
@@ -157,6 +171,7 @@ def time_events(torch, fn, warmup, min_reps, max_reps, budget):
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(n)]
         for s, e in ev:
+            flush.zero_()
             s.record()
             fn(i)
             e.record()
@@ -339,7 +354,7 @@ def run_case(torch, F, case, dtype, backends, peaks, args, device_name):
             continue
         med = quantile(secs, 0.5)
         row.update({
-            "status": "ok", "reps": len(secs), "sets": sets, "timer": "CUDA events",
+            "status": "ok", "reps": len(secs), "sets": sets, "timer": "CUDA events, 256 MB L2 flush before each rep",
             "us_median": med * 1e6, "us_p10": quantile(secs, 0.1) * 1e6,
             "us_p90": quantile(secs, 0.9) * 1e6, "us_min": secs[0] * 1e6, "us_max": secs[-1] * 1e6,
             "note": "; ".join(note) or None,
@@ -407,6 +422,7 @@ def main():
     t0 = time.time()
     for i, case in enumerate(cases):
         kvs = sorted({kv for _, kv in case["dtypes"]}) or ["auto"]
+        first = len(rows)
         for kv in kvs:
             reason = why_not(case, kv)
             if reason:
@@ -416,9 +432,10 @@ def main():
                     rows.append(r)
                 continue
             rows += run_case(torch, F, case, args.dtype, backends, peaks, args, device_name)
-        done = rows[-len(backends):] if rows else []
+        done = rows[first:]
         summary = ", ".join(
-            f"{r['backend']} {r['us_median']:.1f} us" if r["us_median"] else f"{r['backend']} {r['status']}"
+            f"{r['backend']}/{r['kv_dtype']} {r['us_median']:.1f} us" if r["us_median"]
+            else f"{r['backend']}/{r['kv_dtype']} {r['status']}"
             for r in done)
         print(f"[{i + 1}/{total} {time.time() - t0:5.0f}s] {case['id']}: {summary}",
               file=sys.stderr, flush=True)
