@@ -7,6 +7,8 @@
 //! [`Error::Device`] naming the specialisation, not a panic. Bind-group layouts are explicit
 //! (not derived from the shader), so every variant of a kernel has the same bindings.
 
+use std::sync::{Mutex, OnceLock};
+
 use crate::device::{Storage, Tensor, WgpuDevice, WgpuStorage};
 use crate::error::{Error, Result};
 
@@ -388,7 +390,17 @@ pub fn merge_attn_states(
         Bindings::Merge,
         false,
     )?;
-    let params = ParamBlock::new(&dev, 1);
+    // One parameter block per process (there is one wgpu device), reused by every call; the
+    // lock spans write and submit so concurrent calls cannot see each other's parameters.
+    static PARAMS: OnceLock<Mutex<(WgpuDevice, ParamBlock)>> = OnceLock::new();
+    let mut guard = PARAMS
+        .get_or_init(|| Mutex::new((dev.clone(), ParamBlock::new(&dev, 1))))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if guard.0 != dev {
+        *guard = (dev.clone(), ParamBlock::new(&dev, 1));
+    }
+    let params = &guard.1;
     let words = Words::new()
         .u(t as u32)
         .u(h as u32)
