@@ -61,14 +61,41 @@ impl WgpuTuning {
     /// Defaults for the device: GPUs aim for ~1k decode workgroups with partials of ≥ 256
     /// keys and use both tile shapes; CPU adapters (lavapipe) split little, but still
     /// exercise the split path on sequences longer than 32 keys, and use one tile shape.
+    ///
+    /// For tuning runs each field can be overridden from the environment:
+    /// `POLYATTN_WGPU_SPLIT_MIN_KEYS`, `POLYATTN_WGPU_TARGET_WORKGROUPS`,
+    /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS` and
+    /// `POLYATTN_WGPU_PREFILL_TILES` (`0` / `1`). A value that does not parse is ignored with
+    /// a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
-        WgpuTuning {
+        let defaults = WgpuTuning {
             split_min_keys: if cpu { 32 } else { 256 },
             target_workgroups: if cpu { 16 } else { 1024 },
             max_splits: if cpu { 8 } else { 64 },
             subgroups: dev.has_subgroups(),
             prefill_tiles: !cpu,
+        };
+        defaults.with_env()
+    }
+
+    fn with_env(self) -> Self {
+        fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
+            match std::env::var(name) {
+                Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+                    tracing::warn!("{name}={v} does not parse; using the default");
+                    default
+                }),
+                Err(_) => default,
+            }
+        }
+        let flag = |name: &str, default: bool| var::<u8>(name, default as u8) != 0;
+        WgpuTuning {
+            split_min_keys: var("POLYATTN_WGPU_SPLIT_MIN_KEYS", self.split_min_keys).max(1),
+            target_workgroups: var("POLYATTN_WGPU_TARGET_WORKGROUPS", self.target_workgroups),
+            max_splits: var("POLYATTN_WGPU_MAX_SPLITS", self.max_splits).max(1),
+            subgroups: flag("POLYATTN_WGPU_SUBGROUPS", self.subgroups),
+            prefill_tiles: flag("POLYATTN_WGPU_PREFILL_TILES", self.prefill_tiles),
         }
     }
 
