@@ -401,6 +401,7 @@ fn unusual_head_sizes() {
         (12, DType::F16),
         (36, DType::Bf16),
         (100, DType::F32),
+        (512, DType::Bf16),
     ] {
         let case = CaseConfig::new(AttentionParams::new(6, d, 2), dtype, 4);
         let spec = BatchSpec::new(&[(1, 13), (6, 9), (2, 2)]);

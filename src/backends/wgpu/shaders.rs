@@ -170,7 +170,15 @@ pub enum TileKind {
 /// workgroup memory is used.
 fn tile_candidates(kind: TileKind) -> &'static [(u32, u32)] {
     match kind {
-        TileKind::Prefill => &[(64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8)],
+        TileKind::Prefill => &[
+            (64, 32),
+            (32, 32),
+            (32, 16),
+            (16, 16),
+            (16, 8),
+            (8, 8),
+            (4, 8),
+        ],
         TileKind::Decode => &[(16, 32), (16, 16), (8, 16), (8, 8), (4, 8)],
     }
 }
@@ -412,7 +420,7 @@ pub const CACHE_DTYPES: [DType; 5] = [
 /// the tile constants do not depend on the dtypes, so the set crosses them separately:
 /// every dtype pairing of the attention kernel at head size 128 (both tile kinds, with and
 /// without subgroups), every tile shape chosen for 16, 32 and 48 KiB of workgroup memory at
-/// head sizes 4, 36, 64, 80, 128 and 256 (f32, paged and dense, with and without
+/// head sizes 4, 36, 64, 80, 128, 256 and 512 (f32, paged and dense, with and without
 /// subgroups), every variant of the element-wise kernels (they take the head size at run
 /// time) and the two bench probes.
 pub fn catalog() -> Vec<(String, String, bool)> {
@@ -446,7 +454,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             }
         }
     }
-    for d in [4u32, 36, 64, 80, 128, 256] {
+    for d in [4u32, 36, 64, 80, 128, 256, 512] {
         for limit in [16 * 1024u32, 32 * 1024, 48 * 1024] {
             for kind in [TileKind::Decode, TileKind::Prefill] {
                 let Some(tile) = choose_tile(d, limit, kind) else {
@@ -498,7 +506,7 @@ mod tests {
             choose_tile(128, 32 * 1024, TileKind::Decode),
             Some((16, 32))
         );
-        for d in (4..=256).step_by(4) {
+        for d in (4..=512).step_by(4) {
             for kind in [TileKind::Decode, TileKind::Prefill] {
                 let (m, n) = choose_tile(d, 32 * 1024, kind).expect("fits lavapipe");
                 assert!(attention_shared_bytes(d, m, n) <= 32 * 1024);
