@@ -492,11 +492,24 @@ pub fn results_md(
         let _ = writeln!(out);
         let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
         let _ = writeln!(out, "|{}", "---|".repeat(HEADERS.len()));
+        let mut not_run: BTreeMap<String, usize> = BTreeMap::new();
         for r in f.rows.iter().filter(|r| r.backend == backend) {
-            let c = cells(r).map(|x| md_escape(&x));
-            let _ = writeln!(out, "| {} |", c.join(" | "));
+            if r.is_ok() {
+                let c = cells(r).map(|x| md_escape(&x));
+                let _ = writeln!(out, "| {} |", c.join(" | "));
+            } else {
+                *not_run
+                    .entry(r.note.clone().unwrap_or_default())
+                    .or_default() += 1;
+            }
         }
         let _ = writeln!(out);
+        for (why, n) in &not_run {
+            let _ = writeln!(out, "- not run ({n} rows): {}", md_escape(why));
+        }
+        if !not_run.is_empty() {
+            let _ = writeln!(out);
+        }
     }
     if let Some(r) = ratios {
         let _ = writeln!(out, "## Ratios to the reference (`--compare`)\n");
