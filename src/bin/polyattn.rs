@@ -20,6 +20,9 @@ enum Command {
     Info(cli::info::InfoArgs),
     /// One random batch on every available backend, checked against the f64 reference.
     Check(cli::check::CheckArgs),
+    /// Benchmarks on the perf-anchor shapes, with fractions of the ceilings measured in the
+    /// same run (`--json`, an SVG roofline, `--compare` with the PyTorch reference).
+    Bench(polyattn::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +30,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Info(a) => cli::info::run(a),
         Command::Check(a) => cli::check::run(a),
+        Command::Bench(a) => polyattn::bench::run(a).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
