@@ -2,10 +2,12 @@
 //! same run (a buffer copy and an f32 FMA loop, `shaders/probe_*.wgsl`) and a region timer
 //! on the device's own clock (timestamp queries, when the adapter has `TIMESTAMP_QUERY`).
 //!
-//! Timestamps are written by empty compute passes submitted before and after the region, so
-//! the region itself is recorded as usual. Vulkan latches a pass-end timestamp only once
-//! every earlier command of the queue has finished, so the difference covers the region's
-//! GPU work without the host's submit and poll latency.
+//! Timestamps are written at the end of empty compute passes submitted before and after the
+//! region, so the region itself is recorded as usual; Vulkan latches an end-of-pass timestamp
+//! only once every earlier command of the queue has finished. Before the start mark the
+//! timer clears a 256 MB buffer (as triton's `do_bench` and `benches/reference_sdpa.py` do):
+//! it evicts L2, and it keeps the device busy while the host records and submits the timed
+//! call, so that host launch latency does not count as kernel time.
 
 use std::time::Instant;
 
@@ -57,21 +59,25 @@ impl Stamps {
         })
     }
 
-    /// Submits an empty pass writing timestamp `index` (0 at its beginning, 1 at its end).
-    fn write(&self, index: u32) {
+    /// Submits an empty pass writing timestamp `index` at its end, after clearing `flush`
+    /// when given.
+    fn write(&self, index: u32, flush: Option<&wgpu::Buffer>) {
         let mut enc = self
             .dev
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("polyattn timestamp"),
             });
+        if let Some(b) = flush {
+            enc.clear_buffer(b, 0, None);
+        }
         {
             let _pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
                     query_set: &self.set,
-                    beginning_of_pass_write_index: (index == 0).then_some(0),
-                    end_of_pass_write_index: (index == 1).then_some(1),
+                    beginning_of_pass_write_index: None,
+                    end_of_pass_write_index: Some(index),
                 }),
             });
         }
@@ -98,7 +104,28 @@ impl Stamps {
 /// A region timer on the device's timestamp clock.
 pub struct WgpuTimer {
     stamps: Stamps,
+    flush: Option<wgpu::Buffer>,
     method: String,
+}
+
+/// Bytes cleared before each timed region.
+const FLUSH_BYTES: u64 = 256 << 20;
+
+/// The process's L2-flush buffer (allocated once; `None` if it cannot be).
+fn flush_buffer(dev: &WgpuDevice) -> Option<wgpu::Buffer> {
+    static FLUSH: std::sync::OnceLock<Option<wgpu::Buffer>> = std::sync::OnceLock::new();
+    FLUSH
+        .get_or_init(|| {
+            let bytes = FLUSH_BYTES.min(dev.limits().max_buffer_size) / 4 * 4;
+            dev.create_storage_buffer(
+                "polyattn L2 flush",
+                bytes,
+                wgpu::BufferUsages::empty(),
+                false,
+            )
+            .ok()
+        })
+        .clone()
 }
 
 impl RegionTimer for WgpuTimer {
@@ -108,12 +135,12 @@ impl RegionTimer for WgpuTimer {
 
     fn start(&mut self) -> Result<()> {
         self.stamps.dev.synchronize()?;
-        self.stamps.write(0);
+        self.stamps.write(0, self.flush.as_ref());
         Ok(())
     }
 
     fn stop(&mut self) -> Result<f64> {
-        self.stamps.write(1);
+        self.stamps.write(1, None);
         self.stamps.read()
     }
 }
@@ -122,13 +149,19 @@ impl RegionTimer for WgpuTimer {
 /// between synchronisations.
 pub fn timer(dev: &WgpuDevice) -> Box<dyn RegionTimer> {
     match Stamps::new(dev) {
-        Some(stamps) => Box::new(WgpuTimer {
-            method: format!(
-                "wgpu timestamp queries ({:.3} ns/tick), empty passes around the region",
-                stamps.ns_per_tick
-            ),
-            stamps,
-        }),
+        Some(stamps) => {
+            let flush = flush_buffer(dev);
+            Box::new(WgpuTimer {
+                method: format!(
+                    "wgpu timestamp queries ({:.3} ns/tick) at the end of empty passes around \
+                     the region, after a {} MiB clear",
+                    stamps.ns_per_tick,
+                    flush.as_ref().map_or(0, |b| b.size() >> 20)
+                ),
+                stamps,
+                flush,
+            })
+        }
         None => Box::new(WallTimer::new(&Device::Wgpu(dev.clone()))),
     }
 }
