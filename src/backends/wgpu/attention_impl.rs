@@ -465,7 +465,7 @@ impl AttentionImpl for WgpuAttentionImpl {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("polyattn attention"),
             });
-        let mut passes: Vec<(wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32))> = Vec::new();
+        let mut passes: Vec<Pass> = Vec::new();
         if !encoder_attn {
             if let (Some(k), Some(v)) = (key, value) {
                 passes.extend(self.record_reshape(
