@@ -15,7 +15,9 @@
 //! `do_kv_cache_update`; G rows `ops::merge_attn_states`. Metadata is built once per input set,
 //! outside the timed region, and the repetitions rotate through several input sets (at least
 //! two, more until they span 256 MB) so that caches do not flatter the result. On the CPU the C
-//! set also runs the naive GEMM-softmax reference (`cpu-naive`), the floor to beat (§7).
+//! set also runs the naive GEMM-softmax reference (`cpu-naive`, f32 rows up to
+//! `--naive-max-gflop`), the floor to beat (§7). Slow rows stop after three repetitions once
+//! `--cap` seconds were spent timing them, so the C set takes a few minutes on 2 cores.
 //!
 //! Modules: [`shapes`] (the table), [`formulas`] (§8), [`timing`], [`peaks`], [`inputs`],
 //! [`naive`], [`report`], [`chart`], [`machine`].

@@ -69,7 +69,11 @@ impl RegionTimer for WallTimer {
 ///
 /// Hook for GPU backends: return an event timer here (`Device::Cuda(d) =>` CUDA events on the
 /// stream the kernels run on; `Device::Wgpu(d) =>` timestamp queries when the adapter has
-/// `TIMESTAMP_QUERY`), keeping the wall clock as the fallback.
+/// `TIMESTAMP_QUERY`), keeping the wall clock as the fallback. A device timer should enqueue
+/// some device work before its start mark in [`RegionTimer::start`] (triton's `do_bench` and
+/// `benches/reference_sdpa.py` zero 256 MB): it evicts L2, and it keeps the device busy while
+/// the host enqueues the timed call, so that a small kernel is not timed as host launch
+/// latency (that inflated 16 µs H200 decodes to 50 µs before the reference script did it).
 pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
     match device {
         Device::Cpu(_) => Box::new(WallTimer::new(device)),
