@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The measured ceilings of one device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -82,13 +82,7 @@ pub fn measure(device: &Device, dtype: DType, cfg: &ProbeConfig) -> Result<Peaks
         // bf16/f16 matmul or its own GEMM kernel here; the wgpu backend a buffer copy and a
         // shader FMA loop / cooperative-matrix GEMM.
         Device::Wgpu(d) => crate::backends::wgpu::probes::peaks(d, dtype, cfg),
-        Device::Cuda(_) => Err(Error::Device {
-            backend: device.kind().as_str().into(),
-            message: format!(
-                "no ceiling probes for {} yet (add them in bench::peaks::measure)",
-                device.description()
-            ),
-        }),
+        Device::Cuda(d) => crate::backends::cuda::probes::peaks(d, dtype, cfg),
     }
 }
 

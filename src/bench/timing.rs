@@ -78,7 +78,7 @@ pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
     match device {
         Device::Cpu(_) => Box::new(WallTimer::new(device)),
         Device::Wgpu(d) => crate::backends::wgpu::probes::timer(d),
-        Device::Cuda(_) => Box::new(WallTimer::new(device)),
+        Device::Cuda(d) => crate::backends::cuda::probes::timer(d),
     }
 }
 

@@ -22,7 +22,7 @@ enum Command {
     Check(cli::check::CheckArgs),
     /// Benchmarks on the perf-anchor shapes, with fractions of the ceilings measured in the
     /// same run (`--json`, an SVG roofline, `--compare` with the PyTorch reference).
-    Bench(polyattn::bench::BenchArgs),
+    Bench(Box<polyattn::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {

@@ -267,6 +267,28 @@ impl CudaDevice {
         Ok(CpuStorage::from_bytes(&host, dtype))
     }
 
+    /// Queues a zero fill of `s` on the device's stream.
+    pub fn fill_zeros(&self, s: &mut CudaStorage) -> Result<()> {
+        self.inner
+            .stream
+            .memset_zeros(&mut s.buf)
+            .map_err(|e| driver_error("memset", e))
+    }
+
+    /// Queues a device-to-device copy of `src` into `dst` (`dst` at least as large).
+    pub fn copy(&self, src: &CudaStorage, dst: &mut CudaStorage) -> Result<()> {
+        if dst.bytes < src.bytes {
+            return Err(device_error(format!(
+                "copy of {} bytes into a buffer of {}",
+                src.bytes, dst.bytes
+            )));
+        }
+        self.inner
+            .stream
+            .memcpy_dtod(&src.buf, &mut dst.buf)
+            .map_err(|e| driver_error("device-to-device copy", e))
+    }
+
     /// An uninitialised-looking (zeroed) buffer of `bytes` bytes.
     pub(crate) fn zeros_bytes(&self, bytes: usize) -> Result<CudaStorage> {
         self.zeros(bytes, DType::Fp8E4m3)

@@ -84,12 +84,20 @@ pub const MERGE_STATES: KernelSource = KernelSource {
     functions: &["merge_attn_states"],
 };
 
+/// `probes.cu` (the benchmark's f32 FMA ceiling).
+pub const PROBES: KernelSource = KernelSource {
+    name: "probes",
+    source: include_str!("../../../kernels-cuda/probes.cu"),
+    functions: &["fma_probe"],
+};
+
 /// Every kernel source, for compile checks.
-pub const ALL_SOURCES: [KernelSource; 4] = [
+pub const ALL_SOURCES: [KernelSource; 5] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
     MERGE_STATES,
+    PROBES,
 ];
 
 /// The source as NVRTC compiles it: `common.cuh` pasted in place of its include line.

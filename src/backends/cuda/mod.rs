@@ -21,6 +21,7 @@ mod attention_impl;
 mod descriptor;
 pub mod kernels;
 mod metadata_builder;
+pub mod probes;
 
 pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_ENV, MMA_MIN_QUERY_LEN};
 pub use descriptor::{CudaBackend, CUDA_DEVICE_ENV};
