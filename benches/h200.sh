@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One GPU session on the project's H200: correctness of every backend, the benchmarks with the
+# same-run PyTorch reference, and compute-sanitizer. Binaries come from
+#   ../shared/gpu/pack.sh --test attention_correctness --test kv_cache --test merge_states \
+#       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
+# and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
+# Phases: check, tests, wgpu, bench, torch, mma, sanitize (default: check tests bench). Logs go to $OUT.
+set -u
+OUT=${OUT:-/tmp/h200}
+mkdir -p "$OUT"
+export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
+B=.devbin
+SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b8s4k.p16
+SHAPES_D=D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
+SHAPES_KG=K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
+say() { echo "== $* ($(date +%T))"; }
+run() { # run NAME SECONDS CMD...: logs to $OUT/NAME.log, prints its summary lines
+  local name=$1 secs=$2; shift 2
+  say "$name"
+  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E '^\[|test result|panicked|FAIL|ERROR|error|Selected|within tolerance|^(CPU|CUDA|WGPU) ' "$OUT/$name.log" | head -60
+  echo "-- $name rc=$rc"
+}
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(check tests bench)
+# compute-sanitizer first, while no Vulkan loader is installed (keeps wgpu out of it).
+for p in "${phases[@]}"; do
+  [ "$p" = sanitize ] || continue
+  for t in kv_cache merge_states cuda_gpu; do
+    run "memcheck-$t" 150 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-$t --test-threads=1
+  done
+  run racecheck-split 90 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu split_kv --test-threads=1
+  run racecheck-attn 120 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-attention_correctness grid --test-threads=1
+done
+. $B/on-device.sh
+export WGPU_BACKEND=vulkan
+for p in "${phases[@]}"; do
+  case $p in
+    check)
+      run info 60 $B/bin-polyattn info
+      run check 120 $B/bin-polyattn check ;;
+    tests)
+      run cuda_gpu 150 $B/test-cuda_gpu --test-threads=1 --nocapture
+      for t in attention_correctness kv_cache merge_states validation; do run "$t" 150 $B/test-$t --nocapture; done ;;
+    wgpu)
+      run wgpu_kernels 150 $B/test-wgpu_kernels --test-threads=1 --nocapture ;;
+    mma)
+      run mma-cuda_gpu 150 env POLYATTN_CUDA_MMA=1 $B/test-cuda_gpu --test-threads=1 --nocapture
+      run mma-attention 150 env POLYATTN_CUDA_MMA=1 $B/test-attention_correctness --nocapture
+      run mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P \
+        --budget 0.3 --json "$OUT/cuda-mma.json" --no-svg ;;
+    bench)
+      run bench 240 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_D,$SHAPES_KG \
+        --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
+    torch)
+      run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
+        --shapes "$SHAPES_P,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;
+  esac
+done
+say done
