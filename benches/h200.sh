@@ -4,7 +4,7 @@
 #   ../shared/gpu/pack.sh --test attention_correctness --test kv_cache --test merge_states \
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
-# Phases: check, tests, wgpu, bench, torch, mma, sanitize (default: check tests bench). Logs go to $OUT.
+# Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests bench). Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -27,11 +27,16 @@ phases=("$@")
 # compute-sanitizer first, while no Vulkan loader is installed (keeps wgpu out of it).
 for p in "${phases[@]}"; do
   [ "$p" = sanitize ] || continue
-  for t in kv_cache merge_states cuda_gpu; do
-    run "memcheck-$t" 150 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-$t --test-threads=1
-  done
+  run memcheck-kv_cache 90 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-kv_cache --test-threads=1
+  run memcheck-merge_states 60 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-merge_states --test-threads=1
+  run memcheck-cuda_gpu 150 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-cuda_gpu --test-threads=1
   run racecheck-split 90 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu split_kv --test-threads=1
-  run racecheck-attn 120 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-attention_correctness grid --test-threads=1
+done
+for p in "${phases[@]}"; do
+  [ "$p" = sanitize-mma ] || continue
+  run memcheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-cuda_gpu --test-threads=1
+  run racecheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
+  run synccheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool synccheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
 done
 . $B/on-device.sh
 export WGPU_BACKEND=vulkan
@@ -46,9 +51,9 @@ for p in "${phases[@]}"; do
     wgpu)
       run wgpu_kernels 150 $B/test-wgpu_kernels --test-threads=1 --nocapture ;;
     mma)
-      run mma-cuda_gpu 150 env POLYATTN_CUDA_MMA=1 $B/test-cuda_gpu --test-threads=1 --nocapture
-      run mma-attention 150 env POLYATTN_CUDA_MMA=1 $B/test-attention_correctness --nocapture
-      run mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P \
+      run mma-cuda_gpu 100 env POLYATTN_CUDA_MMA=1 $B/test-cuda_gpu --test-threads=1 --nocapture
+      run mma-attention 60 env POLYATTN_CUDA_MMA=1 $B/test-attention_correctness --nocapture
+      run mma-bench 90 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16,P2.b8s4k.p16 \
         --budget 0.3 --json "$OUT/cuda-mma.json" --no-svg ;;
     bench)
       run bench 240 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_D,$SHAPES_KG \

@@ -448,7 +448,11 @@ pub fn results_md(
          against the compute peak P and copy bandwidth BW measured in the same run on the same \
          device; *bound* names the larger floor. A read-dominated kernel can pass 100%: the \
          copy probe counts read + write, and reads alone stream a few percent faster \
-         (perf-anchors §1: H200 copy 4.3 TB/s, best decode 4.5 TB/s).\n"
+         (perf-anchors §1: H200 copy 4.3 TB/s, best decode 4.5 TB/s). On CUDA the compute \
+         peak P is the CUDA-core f32 FMA loop (polyattn has no GEMM to probe tensor cores \
+         with), so tensor-core prefill rows pass 100%; the tensor-core ceiling is the bf16 \
+         matmul that `benches/reference_sdpa.py` measures in the same session (torch sections \
+         below).\n"
     );
     if let Some(c) = chart {
         let _ = writeln!(out, "![roofline]({c})\n");

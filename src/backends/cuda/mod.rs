@@ -14,7 +14,7 @@
 //! combine kernel; `merge_attn_states`; cascade as prefix pass + suffix pass + merge.
 //! A tensor-core kernel (mma.sync m16n8k16 through inline PTX, ldmatrix, cp.async; f16 / bf16
 //! with a same-dtype cache, head sizes 64 / 96 / 128) takes the requests with at least
-//! [`MMA_MIN_QUERY_LEN`] query tokens when `POLYATTN_CUDA_MMA=1`; it is off by default until
+//! [`MMA_MIN_QUERY_LEN`] query tokens unless `POLYATTN_CUDA_MMA=0`; it is on by default since
 //! it has passed the shared suite on hardware. Not yet: CUDA-graph capture.
 
 mod attention_impl;
