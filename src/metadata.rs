@@ -191,6 +191,40 @@ impl CommonAttentionMetadata {
             .collect()
     }
 
+    /// Checks a cascade request (vLLM's rules, §2.3 / §6.4) and returns the shared prefix's
+    /// blocks, or `None` for `common_prefix_len == 0`: the prefix must be a whole number of
+    /// blocks, already cached for every request (≤ the smallest context, so the prefix pass
+    /// needs no mask), and every request's block table must start with the same blocks.
+    pub fn cascade_prefix_blocks(&self, common_prefix_len: usize) -> Result<Option<&[i32]>> {
+        if common_prefix_len == 0 {
+            return Ok(None);
+        }
+        let bs = self.block_size();
+        if common_prefix_len % bs != 0 {
+            return Err(Error::metadata(format!(
+                "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
+            )));
+        }
+        let min_computed = self.num_computed_tokens().into_iter().min().unwrap_or(0);
+        if common_prefix_len > min_computed {
+            return Err(Error::metadata(format!(
+                "common_prefix_len {common_prefix_len} exceeds the smallest cached context \
+                 ({min_computed} tokens): the prefix must already be in the cache for every request"
+            )));
+        }
+        let n = common_prefix_len / bs;
+        let first = &self.block_table_row(0)[..n];
+        for r in 1..self.num_reqs() {
+            if &self.block_table_row(r)[..n] != first {
+                return Err(Error::metadata(format!(
+                    "common_prefix_len {common_prefix_len}: request {r} does not share the \
+                     first {n} blocks of request 0"
+                )));
+            }
+        }
+        Ok(Some(first))
+    }
+
     /// vLLM's `split_decodes_and_prefills` for a batch already ordered decodes-first:
     /// requests whose query length is ≤ `decode_threshold` (and that are not still
     /// prefilling, when `is_prefilling` is known and `treat_short_extends_as_decodes` is

@@ -63,43 +63,6 @@ impl CpuMetadataBuilder {
     pub fn new(spec: KvCacheSpec) -> Self {
         CpuMetadataBuilder { spec }
     }
-
-    fn cascade_plan(
-        &self,
-        common_prefix_len: usize,
-        common: &CommonAttentionMetadata,
-    ) -> Result<Option<CascadePlan>> {
-        if common_prefix_len == 0 {
-            return Ok(None);
-        }
-        let bs = common.block_size();
-        if common_prefix_len % bs != 0 {
-            return Err(Error::metadata(format!(
-                "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
-            )));
-        }
-        let min_computed = common.num_computed_tokens().into_iter().min().unwrap_or(0);
-        if common_prefix_len > min_computed {
-            return Err(Error::metadata(format!(
-                "common_prefix_len {common_prefix_len} exceeds the smallest cached context \
-                 ({min_computed} tokens): the prefix must already be in the cache for every request"
-            )));
-        }
-        let n = common_prefix_len / bs;
-        let first = &common.block_table_row(0)[..n];
-        for r in 1..common.num_reqs() {
-            if &common.block_table_row(r)[..n] != first {
-                return Err(Error::metadata(format!(
-                    "common_prefix_len {common_prefix_len}: request {r} does not share the \
-                     first {n} blocks of request 0"
-                )));
-            }
-        }
-        Ok(Some(CascadePlan {
-            prefix_len: common_prefix_len,
-            prefix_blocks: first.to_vec(),
-        }))
-    }
 }
 
 impl AttentionMetadataBuilder for CpuMetadataBuilder {
@@ -120,7 +83,12 @@ impl AttentionMetadataBuilder for CpuMetadataBuilder {
                 self.spec.block_size
             )));
         }
-        let cascade = self.cascade_plan(common_prefix_len, common)?;
+        let cascade = common
+            .cascade_prefix_blocks(common_prefix_len)?
+            .map(|blocks| CascadePlan {
+                prefix_len: common_prefix_len,
+                prefix_blocks: blocks.to_vec(),
+            });
         let qsl = common.query_start_loc_cpu();
         let mut tiles = Vec::new();
         for req in 0..common.num_reqs() {

@@ -329,42 +329,6 @@ impl CudaMetadataBuilder {
         CudaMetadataBuilder { spec, device }
     }
 
-    fn cascade_plan(
-        &self,
-        common_prefix_len: usize,
-        common: &CommonAttentionMetadata,
-    ) -> Result<Option<CascadePlan>> {
-        if common_prefix_len == 0 {
-            return Ok(None);
-        }
-        let bs = common.block_size();
-        if common_prefix_len % bs != 0 {
-            return Err(Error::metadata(format!(
-                "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
-            )));
-        }
-        let min_computed = common.num_computed_tokens().into_iter().min().unwrap_or(0);
-        if common_prefix_len > min_computed {
-            return Err(Error::metadata(format!(
-                "common_prefix_len {common_prefix_len} exceeds the smallest cached context \
-                 ({min_computed} tokens): the prefix must already be in the cache for every request"
-            )));
-        }
-        let n = common_prefix_len / bs;
-        let first = &common.block_table_row(0)[..n];
-        for r in 1..common.num_reqs() {
-            if &common.block_table_row(r)[..n] != first {
-                return Err(Error::metadata(format!(
-                    "common_prefix_len {common_prefix_len}: request {r} does not share the \
-                     first {n} blocks of request 0"
-                )));
-            }
-        }
-        Ok(Some(CascadePlan {
-            prefix_len: common_prefix_len,
-        }))
-    }
-
     /// `None` when `common`'s device copies are on this GPU, else copies uploaded here.
     fn uploaded(&self, common: &CommonAttentionMetadata) -> Result<Option<DeviceMetadata>> {
         let d = common.device();
@@ -404,7 +368,11 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
                 self.spec.block_size
             )));
         }
-        let cascade = self.cascade_plan(common_prefix_len, common)?;
+        let cascade = common
+            .cascade_prefix_blocks(common_prefix_len)?
+            .map(|_| CascadePlan {
+                prefix_len: common_prefix_len,
+            });
         let uploaded = self.uploaded(common)?;
         Ok(Box::new(CudaAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),

@@ -301,42 +301,6 @@ impl WgpuMetadataBuilder {
         WgpuMetadataBuilder { spec, device }
     }
 
-    fn cascade_plan(
-        &self,
-        common_prefix_len: usize,
-        common: &CommonAttentionMetadata,
-    ) -> Result<Option<CascadePlan>> {
-        if common_prefix_len == 0 {
-            return Ok(None);
-        }
-        let bs = common.block_size();
-        if common_prefix_len % bs != 0 {
-            return Err(Error::metadata(format!(
-                "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
-            )));
-        }
-        let min_computed = common.num_computed_tokens().into_iter().min().unwrap_or(0);
-        if common_prefix_len > min_computed {
-            return Err(Error::metadata(format!(
-                "common_prefix_len {common_prefix_len} exceeds the smallest cached context \
-                 ({min_computed} tokens): the prefix must already be in the cache for every request"
-            )));
-        }
-        let n = common_prefix_len / bs;
-        let first = &common.block_table_row(0)[..n];
-        for r in 1..common.num_reqs() {
-            if &common.block_table_row(r)[..n] != first {
-                return Err(Error::metadata(format!(
-                    "common_prefix_len {common_prefix_len}: request {r} does not share the \
-                     first {n} blocks of request 0"
-                )));
-            }
-        }
-        Ok(Some(CascadePlan {
-            prefix_len: common_prefix_len,
-        }))
-    }
-
     /// The device buffer of a metadata tensor, or a fresh upload of its host copy when the
     /// metadata was built on another device.
     fn resolve(&self, t: &Tensor, host: &[u32], label: &str) -> Result<wgpu::Buffer> {
@@ -365,7 +329,11 @@ impl AttentionMetadataBuilder for WgpuMetadataBuilder {
                 self.spec.block_size
             )));
         }
-        let cascade = self.cascade_plan(common_prefix_len, common)?;
+        let cascade = common
+            .cascade_prefix_blocks(common_prefix_len)?
+            .map(|_| CascadePlan {
+                prefix_len: common_prefix_len,
+            });
         let dm = common.device();
         let bt_host: Vec<u32> = common.block_table_cpu().iter().map(|&b| b as u32).collect();
         let block_table = self.resolve(&dm.block_table, &bt_host, "polyattn block table")?;
