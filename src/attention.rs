@@ -122,6 +122,67 @@ impl AttentionParams {
     }
 }
 
+impl AttentionParams {
+    /// The argument checks every impl's `forward` makes first, in one place: `query` is
+    /// `[≥num_tokens, num_heads, head_size]` of an activation dtype, `output` has the query's
+    /// shape and dtype, `output_lse` (if any) is `[num_heads, num_tokens]` f32. Returns the
+    /// activation dtype.
+    pub fn check_query_output(
+        &self,
+        query: &Tensor,
+        output: &Tensor,
+        output_lse: Option<&Tensor>,
+        num_tokens: usize,
+    ) -> Result<crate::DType> {
+        let dtype = query.dtype();
+        if !dtype.is_activation() {
+            return Err(Error::DType {
+                what: "query",
+                got: dtype.to_string(),
+                expected: "f32, f16 or bf16".into(),
+            });
+        }
+        let qs = query.shape();
+        if qs.len() != 3 || qs[0] < num_tokens || qs[1] != self.num_heads || qs[2] != self.head_size
+        {
+            return Err(Error::shape(
+                "query",
+                qs,
+                format!(
+                    "[≥{num_tokens} tokens, {} heads, {}]",
+                    self.num_heads, self.head_size
+                ),
+            ));
+        }
+        output.expect_shape("output", qs)?;
+        output.expect_dtype("output", dtype)?;
+        if let Some(t) = output_lse {
+            t.expect_shape("output_lse", &[self.num_heads, num_tokens])?;
+            t.expect_dtype("output_lse", crate::DType::F32)?;
+        }
+        Ok(dtype)
+    }
+
+    /// Checks a key or value input: `[≥rows, num_kv_heads, head_size]` of `dtype`.
+    pub fn check_kv_input(
+        &self,
+        what: &'static str,
+        t: &Tensor,
+        rows: usize,
+        dtype: crate::DType,
+    ) -> Result<()> {
+        let s = t.shape();
+        if s.len() != 3 || s[0] < rows || s[1] != self.num_kv_heads || s[2] != self.head_size {
+            return Err(Error::shape(
+                what,
+                s,
+                format!("[≥{rows}, {}, {}]", self.num_kv_heads, self.head_size),
+            ));
+        }
+        t.expect_dtype(what, dtype)
+    }
+}
+
 /// The per-layer state vLLM passes as `layer`: its name and the fp8 KV scales.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionLayer {

@@ -124,16 +124,7 @@ impl CudaAttentionImpl {
         rows: usize,
         dtype: DType,
     ) -> Result<u64> {
-        let p = &self.params;
-        let s = t.shape();
-        if s.len() != 3 || s[0] < rows || s[1] != p.num_kv_heads || s[2] != p.head_size {
-            return Err(Error::shape(
-                what,
-                s,
-                format!("[≥{rows}, {}, {}]", p.num_kv_heads, p.head_size),
-            ));
-        }
-        t.expect_dtype(what, dtype)?;
+        self.params.check_kv_input(what, t, rows, dtype)?;
         tensor_ptr(&self.device, t, what)
     }
 
@@ -445,30 +436,9 @@ impl AttentionImpl for CudaAttentionImpl {
         let md = self.metadata(metadata)?;
         let common = &md.common;
         let n = common.num_actual_tokens();
-        let dtype = query.dtype();
-        if !dtype.is_activation() {
-            return Err(Error::DType {
-                what: "query",
-                got: dtype.to_string(),
-                expected: "f32, f16 or bf16".into(),
-            });
-        }
-        let qs = query.shape();
-        if qs.len() != 3 || qs[0] < n || qs[1] != p.num_heads || qs[2] != p.head_size {
-            return Err(Error::shape(
-                "query",
-                qs,
-                format!("[≥{n} tokens, {} heads, {}]", p.num_heads, p.head_size),
-            ));
-        }
-        output.expect_shape("output", qs)?;
-        output.expect_dtype("output", dtype)?;
+        let dtype = p.check_query_output(query, output, output_lse.as_deref(), n)?;
         let lse_ptr = match output_lse {
-            Some(t) => {
-                t.expect_shape("output_lse", &[p.num_heads, n])?;
-                t.expect_dtype("output_lse", DType::F32)?;
-                tensor_ptr(&self.device, t, "output_lse")?
-            }
+            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
             None => 0,
         };
         let encoder = p.attn_type.is_encoder();
