@@ -244,7 +244,12 @@ impl Coverage {
     /// Prints the summary; panics if anything failed or nothing ran.
     pub fn finish(self) {
         let summary = self.summary();
-        println!("{summary}");
+        // Straight to the stderr handle, not `println!`: libtest captures the print macros of
+        // passing tests, and the coverage line must show in a plain `cargo test` run.
+        {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{summary}");
+        }
         if !self.failures.is_empty() {
             panic!(
                 "{summary}\n{} failure{}:\n{}",
