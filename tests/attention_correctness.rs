@@ -7,6 +7,7 @@
 //! soft cap, sinks, non-causal, encoder, LSE, cascade, padding, skipped slots) each check that
 //! the feature changes the reference by a clear margin, so they cannot pass by ignoring it.
 
+#[macro_use]
 mod common;
 
 use common::{ensure, fail, for_each_case, CaseInfo, FailureCase, Outcome};

@@ -8,6 +8,9 @@
 //! nvidia-cuda-nvrtc==13.0.88` and `LD_LIBRARY_PATH=/opt/cu13/nvidia/cu13/lib cargo test
 //! --test cuda_compile -- --nocapture` (the variable must be set before the process starts).
 
+#[macro_use]
+mod common;
+
 use polyattn::backends::cuda::kernels::{self, PtxasReport};
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
@@ -17,11 +20,11 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
     let version = match kernels::nvrtc_status() {
         Ok(v) => v,
         Err(why) => {
-            println!("SKIP cuda_compile: NVRTC is not available: {why}");
+            report!("SKIP cuda_compile: NVRTC is not available: {why}");
             return;
         }
     };
-    println!("NVRTC {}.{}", version.0, version.1);
+    report!("NVRTC {}.{}", version.0, version.1);
     let mut failures = Vec::new();
     for arch in ARCHS {
         for k in kernels::ALL_SOURCES {
@@ -46,7 +49,7 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
                 spill_loads,
             } in &reports
             {
-                println!(
+                report!(
                     "{arch} {:<20} {function:<24} {registers:>3} registers, {stack_bytes:>4} B stack, \
                      {spill_stores} B spill stores, {spill_loads} B spill loads",
                     k.name
@@ -73,7 +76,7 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
 #[test]
 fn run_time_variants_select_their_entry_points() {
     if let Err(why) = kernels::nvrtc_status() {
-        println!("SKIP cuda_compile variants: NVRTC is not available: {why}");
+        report!("SKIP cuda_compile variants: NVRTC is not available: {why}");
         return;
     }
     let mut failures = Vec::new();

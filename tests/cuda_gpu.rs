@@ -8,6 +8,9 @@
 //! Without a usable CUDA device (no driver, no GPU, no NVRTC) every test prints SKIP with the
 //! reason and passes; on the H200 they run (see the CUDA backend's test plan).
 
+#[macro_use]
+mod common;
+
 use polyattn::reference;
 use polyattn::registry;
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Tolerance};
@@ -20,11 +23,11 @@ fn cuda(test: &str) -> Option<BackendRef> {
     let b = registry::global().get("CUDA")?;
     match b.availability() {
         polyattn::Availability::Available(d) => {
-            println!("[{test}] running on {d}");
+            report!("[{test}] running on {d}");
             Some(b)
         }
         polyattn::Availability::Unavailable(why) => {
-            println!("SKIP [{test}]: CUDA backend unavailable: {why}");
+            report!("SKIP [{test}]: CUDA backend unavailable: {why}");
             None
         }
     }
@@ -75,7 +78,7 @@ fn check(b: &BackendRef, label: &str, case: &CaseConfig, spec: &BatchSpec, seed:
         Ok(Ok(()))
     })();
     match result {
-        Ok(Ok(())) => println!("  ok   {label}"),
+        Ok(Ok(())) => report!("  ok   {label}"),
         Ok(Err(e)) => panic!("{label}: {e}"),
         Err(e) => panic!("{label}: error {e}"),
     }

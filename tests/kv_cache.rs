@@ -7,6 +7,7 @@
 //! codes from its bit fields, pick the nearest finite one, ties to the even code), not with the
 //! crate's encoder, so the test checks the crate's fp8 rounding too.
 
+#[macro_use]
 mod common;
 
 use common::{ensure, fail, for_each_case, CaseInfo, Outcome};

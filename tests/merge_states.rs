@@ -3,6 +3,7 @@
 //! (an empty side), never at the same position in both, with and without
 //! `prefill_tokens_with_context`, per-dtype tolerances.
 
+#[macro_use]
 mod common;
 
 use common::{ensure, for_each_case, CaseInfo, Outcome};

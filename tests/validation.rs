@@ -4,6 +4,7 @@
 //! configurations with vLLM's reason strings. (A panic inside a body is caught by the harness
 //! and reported as a failure.)
 
+#[macro_use]
 mod common;
 
 use std::any::Any;

@@ -9,6 +9,9 @@
 //! `vulkan_adapter_when_asked`, which fails when `WGPU_BACKEND=vulkan` (as in CI) yet no
 //! Vulkan adapter opens: a broken lavapipe install must not pass as a GL fallback.
 
+#[macro_use]
+mod common;
+
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::AttentionShader;
 use polyattn::backends::wgpu::{
@@ -28,7 +31,7 @@ fn device(test: &str) -> Option<WgpuDevice> {
     match WgpuDevice::open() {
         Ok(d) => Some(d),
         Err(e) => {
-            println!("[{test}] skipped: {e}");
+            report!("[{test}] skipped: {e}");
             None
         }
     }
@@ -41,7 +44,7 @@ fn vulkan_adapter_when_asked() {
         .unwrap_or(false);
     match WgpuDevice::open() {
         Ok(d) => {
-            println!("[wgpu device] {}", d.description());
+            report!("[wgpu device] {}", d.description());
             if wants_vulkan {
                 assert_eq!(d.adapter_info().backend, wgpu::Backend::Vulkan);
             }
@@ -54,7 +57,7 @@ fn vulkan_adapter_when_asked() {
                 "WGPU_BACKEND=vulkan but no Vulkan adapter opened: {e} \
                  (install mesa-vulkan-drivers for lavapipe)"
             );
-            println!("[wgpu device] none: {e}");
+            report!("[wgpu device] none: {e}");
         }
     }
 }
@@ -386,7 +389,7 @@ fn every_kernel_path_matches_the_reference() {
             }
         }
     }
-    println!("[wgpu paths] {runs} runs on {}", dev.description());
+    report!("[wgpu paths] {runs} runs on {}", dev.description());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -426,7 +429,7 @@ fn subgroup_widths_on_lavapipe() {
         return;
     };
     if !dev.adapter_info().name.contains("llvmpipe") || !dev.has_subgroups() {
-        println!("[subgroup widths] skipped: not lavapipe with subgroups");
+        report!("[subgroup widths] skipped: not lavapipe with subgroups");
         return;
     }
     let exe = std::env::current_exe().expect("test binary");
@@ -435,7 +438,7 @@ fn subgroup_widths_on_lavapipe() {
         .unwrap_or(false);
     for (width, lanes) in [("128", 4u32), ("512", 16)] {
         if lanes == 16 && !avx512 {
-            println!("[subgroup widths] 16 lanes skipped: no AVX-512 on this host");
+            report!("[subgroup widths] 16 lanes skipped: no AVX-512 on this host");
             continue;
         }
         let out = std::process::Command::new(&exe)
@@ -467,7 +470,7 @@ fn subgroup_child() {
     };
     let dev = WgpuDevice::open().expect("device in child");
     let size = dev.adapter_info().subgroup_min_size;
-    println!("subgroup size {size} (asked for {lanes})");
+    report!("subgroup size {size} (asked for {lanes})");
     let mut failures = Vec::new();
     for (label, case, spec) in path_cases().into_iter().take(2) {
         for (path, tuning) in tunings(&dev).into_iter().filter(|(_, t)| t.subgroups) {
@@ -541,7 +544,7 @@ fn gpu_scale_batches() {
         return;
     };
     if dev.adapter_info().device_type == wgpu::DeviceType::Cpu {
-        println!(
+        report!(
             "[gpu scale] skipped: {} is a CPU adapter",
             dev.adapter_info().name
         );
@@ -581,7 +584,7 @@ fn gpu_scale_batches() {
         if let Err(e) = check_batch(&dev, &case, &spec, tuning, 99) {
             failures.push(format!("{label}: {e}"));
         }
-        println!("[gpu scale] {label}: {:.1} s", t.elapsed().as_secs_f64());
+        report!("[gpu scale] {label}: {:.1} s", t.elapsed().as_secs_f64());
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -18,6 +18,16 @@
 
 #![allow(dead_code)]
 
+/// `println!` that a passing test cannot swallow: it writes to the stderr handle, which
+/// libtest does not capture, so skips and coverage lines show in a plain `cargo test`.
+#[macro_export]
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -246,10 +256,7 @@ impl Coverage {
         let summary = self.summary();
         // Straight to the stderr handle, not `println!`: libtest captures the print macros of
         // passing tests, and the coverage line must show in a plain `cargo test` run.
-        {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{summary}");
-        }
+        report!("{summary}");
         if !self.failures.is_empty() {
             panic!(
                 "{summary}\n{} failure{}:\n{}",
