@@ -163,6 +163,45 @@ impl AttentionParams {
         Ok(dtype)
     }
 
+    /// Checks that `cache` fits this layer and the batch: same KV heads and head size, the
+    /// storage dtype `kv_cache_dtype` gives for `dtype` activations, the batch's block size,
+    /// and at least the `num_blocks` the batch's block ids were validated against.
+    pub fn check_kv_cache(
+        &self,
+        cache: &KvCache,
+        dtype: crate::DType,
+        common: &crate::CommonAttentionMetadata,
+    ) -> Result<()> {
+        let spec = cache.spec();
+        if spec.num_kv_heads != self.num_kv_heads || spec.head_size != self.head_size {
+            return Err(Error::config(format!(
+                "KV cache holds {} heads of size {}, the layer needs {} of size {}",
+                spec.num_kv_heads, spec.head_size, self.num_kv_heads, self.head_size
+            )));
+        }
+        let want = self.kv_cache_dtype.storage_dtype(dtype);
+        if spec.storage_dtype() != want {
+            return Err(Error::DType {
+                what: "kv_cache",
+                got: spec.storage_dtype().to_string(),
+                expected: format!(
+                    "{want} (kv_cache_dtype {} with {dtype} activations)",
+                    self.kv_cache_dtype
+                ),
+            });
+        }
+        if cache.block_size() != common.block_size() || cache.num_blocks() < common.num_blocks() {
+            return Err(Error::config(format!(
+                "KV cache has {} blocks of {} tokens; the batch was validated for {} blocks of {}",
+                cache.num_blocks(),
+                cache.block_size(),
+                common.num_blocks(),
+                common.block_size()
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks a key or value input: `[≥rows, num_kv_heads, head_size]` of `dtype`.
     pub fn check_kv_input(
         &self,

@@ -165,36 +165,7 @@ impl WgpuAttentionImpl {
     }
 
     fn check_cache(&self, cache: &KvCache, dtype: DType, md: &WgpuAttentionMetadata) -> Result<()> {
-        let p = &self.params;
-        let spec = cache.spec();
-        if spec.num_kv_heads != p.num_kv_heads || spec.head_size != p.head_size {
-            return Err(Error::config(format!(
-                "KV cache holds {} heads of size {}, the layer needs {} of size {}",
-                spec.num_kv_heads, spec.head_size, p.num_kv_heads, p.head_size
-            )));
-        }
-        let want = p.kv_cache_dtype.storage_dtype(dtype);
-        if spec.storage_dtype() != want {
-            return Err(Error::DType {
-                what: "kv_cache",
-                got: spec.storage_dtype().to_string(),
-                expected: format!(
-                    "{want} (kv_cache_dtype {} with {dtype} activations)",
-                    p.kv_cache_dtype
-                ),
-            });
-        }
-        if cache.block_size() != md.common.block_size()
-            || cache.num_blocks() < md.common.num_blocks()
-        {
-            return Err(Error::config(format!(
-                "KV cache has {} blocks of {} tokens; the batch was validated for {} blocks of {}",
-                cache.num_blocks(),
-                cache.block_size(),
-                md.common.block_size(),
-                md.common.num_blocks()
-            )));
-        }
+        self.params.check_kv_cache(cache, dtype, &md.common)?;
         storage(&self.dev, cache.data(), "kv_cache")?;
         Ok(())
     }
