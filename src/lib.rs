@@ -11,7 +11,7 @@
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
 //! - **backends** in [`backends`], one folder per device family, all of the same shape;
 //! - **devices** in [`device`]: [`Device`] and [`Tensor`];
-//! - the f64 [`reference`] every backend is tested against.
+//! - the f64 [`reference`](mod@reference) every backend is tested against.
 //!
 //! ```
 //! use polyattn::*;
