@@ -429,6 +429,19 @@ pub trait AttentionMetadata: Any + Debug + Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
+impl dyn AttentionMetadata {
+    /// The metadata as the impl's own type `T`, or [`Error::MetadataMismatch`] naming
+    /// `impl_name` when another backend's builder made it.
+    pub fn downcast<T: AttentionMetadata>(&self, impl_name: &str) -> Result<&T> {
+        self.as_any()
+            .downcast_ref::<T>()
+            .ok_or_else(|| Error::MetadataMismatch {
+                impl_name: impl_name.into(),
+                got: format!("{self:?}").chars().take(60).collect(),
+            })
+    }
+}
+
 /// Turns [`CommonAttentionMetadata`] into a backend's own metadata, once per step
 /// (vLLM's `AttentionMetadataBuilder`).
 pub trait AttentionMetadataBuilder: Send + Sync {

@@ -43,23 +43,7 @@ impl CpuAttentionImpl {
         &self,
         metadata: &'m dyn AttentionMetadata,
     ) -> Result<&'m CpuAttentionMetadata> {
-        metadata
-            .as_any()
-            .downcast_ref::<CpuAttentionMetadata>()
-            .ok_or_else(|| Error::MetadataMismatch {
-                impl_name: "CpuAttentionImpl".into(),
-                got: format!("{metadata:?}").chars().take(60).collect(),
-            })
-    }
-
-    fn check_kv_input(
-        &self,
-        what: &'static str,
-        t: &Tensor,
-        rows: usize,
-        dtype: DType,
-    ) -> Result<()> {
-        self.params.check_kv_input(what, t, rows, dtype)
+        metadata.downcast::<CpuAttentionMetadata>("CpuAttentionImpl")
     }
 
     fn check_cache(&self, cache: &KvCache, dtype: DType, md: &CpuAttentionMetadata) -> Result<()> {
@@ -183,8 +167,9 @@ impl AttentionImpl for CpuAttentionImpl {
             });
         }
         let slots = md.common.slot_mapping_cpu();
-        self.check_kv_input("key", key, slots.len(), dtype)?;
-        self.check_kv_input("value", value, slots.len(), dtype)?;
+        self.params.check_kv_input("key", key, slots.len(), dtype)?;
+        self.params
+            .check_kv_input("value", value, slots.len(), dtype)?;
         self.check_cache(kv_cache, dtype, md)?;
         let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, dtype)?;
         let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, dtype)?;
@@ -261,8 +246,8 @@ impl AttentionImpl for CpuAttentionImpl {
                     ))
                 }
             };
-            self.check_kv_input("key", k, n, dtype)?;
-            self.check_kv_input("value", v, n, dtype)?;
+            self.params.check_kv_input("key", k, n, dtype)?;
+            self.params.check_kv_input("value", v, n, dtype)?;
             let kv = RowsView::new(k.as_cpu().ok_or_else(not_cpu)?, dtype)?;
             let vv = RowsView::new(v.as_cpu().ok_or_else(not_cpu)?, dtype)?;
             let results = self.run_tiles(

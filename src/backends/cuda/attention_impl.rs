@@ -104,13 +104,7 @@ impl CudaAttentionImpl {
         &self,
         metadata: &'m dyn AttentionMetadata,
     ) -> Result<&'m CudaAttentionMetadata> {
-        let md = metadata
-            .as_any()
-            .downcast_ref::<CudaAttentionMetadata>()
-            .ok_or_else(|| Error::MetadataMismatch {
-                impl_name: "CudaAttentionImpl".into(),
-                got: format!("{metadata:?}").chars().take(60).collect(),
-            })?;
+        let md = metadata.downcast::<CudaAttentionMetadata>("CudaAttentionImpl")?;
         if md.device != self.device {
             return Err(not_here("the metadata"));
         }

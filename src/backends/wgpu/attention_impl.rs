@@ -145,23 +145,7 @@ impl WgpuAttentionImpl {
         &self,
         metadata: &'m dyn AttentionMetadata,
     ) -> Result<&'m WgpuAttentionMetadata> {
-        metadata
-            .as_any()
-            .downcast_ref::<WgpuAttentionMetadata>()
-            .ok_or_else(|| Error::MetadataMismatch {
-                impl_name: "WgpuAttentionImpl".into(),
-                got: format!("{metadata:?}").chars().take(60).collect(),
-            })
-    }
-
-    fn check_kv_input(
-        &self,
-        what: &'static str,
-        t: &Tensor,
-        rows: usize,
-        dtype: DType,
-    ) -> Result<()> {
-        self.params.check_kv_input(what, t, rows, dtype)
+        metadata.downcast::<WgpuAttentionMetadata>("WgpuAttentionImpl")
     }
 
     fn check_cache(&self, cache: &KvCache, dtype: DType, md: &WgpuAttentionMetadata) -> Result<()> {
@@ -267,8 +251,8 @@ impl WgpuAttentionImpl {
             });
         }
         let rows = md.common.slot_mapping_cpu().len();
-        self.check_kv_input("key", key, rows, dtype)?;
-        self.check_kv_input("value", value, rows, dtype)?;
+        self.params.check_kv_input("key", key, rows, dtype)?;
+        self.params.check_kv_input("value", value, rows, dtype)?;
         self.check_cache(kv_cache, dtype, md)
     }
 
@@ -362,8 +346,8 @@ impl AttentionImpl for WgpuAttentionImpl {
                     ))
                 }
             };
-            self.check_kv_input("key", k, n, dtype)?;
-            self.check_kv_input("value", v, n, dtype)?;
+            self.params.check_kv_input("key", k, n, dtype)?;
+            self.params.check_kv_input("value", v, n, dtype)?;
             (
                 storage(dev, k, "key")?.buffer().clone(),
                 storage(dev, v, "value")?.buffer().clone(),
