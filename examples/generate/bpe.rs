@@ -1,0 +1,1 @@
+//! Byte-level BPE tokenizer (in progress).
