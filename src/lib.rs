@@ -29,6 +29,7 @@ pub mod attention;
 pub mod backend;
 pub mod backends;
 pub mod bench;
+pub mod compute;
 pub mod device;
 pub mod dtype;
 pub mod error;

@@ -197,6 +197,19 @@ impl Tensor {
         &self.shape
     }
 
+    /// The same elements viewed with another shape of the same element count (no copy).
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
+        if numel(shape) != self.numel() {
+            return Err(Error::shape(
+                "reshape",
+                &self.shape,
+                format!("{} elements to view as {shape:?}", numel(shape)),
+            ));
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
     /// The dtype.
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -1,0 +1,228 @@
+//! CPU kernels of the model operations: rayon over rows (or output features for `linear`),
+//! f32 throughout. `linear` runs an AVX2+FMA build of its inner loop when the CPU has it
+//! (checked at run time, as the CPU attention kernel does).
+
+use rayon::prelude::*;
+
+use super::{Rope, RopeStyle};
+use crate::device::{CpuStorage, Tensor};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+fn f32s(t: &Tensor) -> &[f32] {
+    match t.as_cpu() {
+        Some(CpuStorage::F32(v)) => v,
+        _ => unreachable!("validated: f32 tensor on the CPU"),
+    }
+}
+
+fn f32s_mut(t: &mut Tensor) -> &mut [f32] {
+    match t.as_cpu_mut() {
+        Some(CpuStorage::F32(v)) => v,
+        _ => unreachable!("validated: f32 tensor on the CPU"),
+    }
+}
+
+fn i32s(t: &Tensor) -> &[i32] {
+    match t.as_cpu() {
+        Some(CpuStorage::I32(v)) => v,
+        _ => unreachable!("validated: i32 tensor on the CPU"),
+    }
+}
+
+fn output(like: &Tensor, data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+    Tensor::from_cpu_storage(like.device(), CpuStorage::F32(data), shape, DType::F32)
+}
+
+pub(super) fn embedding(
+    table_t: &Tensor,
+    ids: &Tensor,
+    v: usize,
+    h: usize,
+    t: usize,
+) -> Result<Tensor> {
+    let table = f32s(table_t);
+    let ids = i32s(ids);
+    if let Some((i, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= v)
+    {
+        return Err(Error::Config(format!(
+            "index {id} at position {i} is out of range for a table of {v} rows"
+        )));
+    }
+    let mut out = vec![0.0f32; t * h];
+    for (row, &id) in out.chunks_exact_mut(h.max(1)).zip(ids) {
+        let id = id as usize;
+        row.copy_from_slice(&table[id * h..(id + 1) * h]);
+    }
+    output(table_t, out, &[t, h])
+}
+
+pub(super) fn rms_norm(x_t: &Tensor, w: &Tensor, eps: f32, t: usize, h: usize) -> Result<Tensor> {
+    let (x, w) = (f32s(x_t), f32s(w));
+    let mut out = vec![0.0f32; t * h];
+    if h > 0 {
+        out.par_chunks_mut(h)
+            .zip(x.par_chunks(h))
+            .for_each(|(o, xr)| {
+                let ms = xr.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / h as f64;
+                let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+                for ((oi, &xi), &wi) in o.iter_mut().zip(xr).zip(w) {
+                    *oi = xi * inv * wi;
+                }
+            });
+    }
+    output(x_t, out, &[t, h])
+}
+
+/// Dot product with eight independent accumulators (vectorises).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] = x[i].mul_add(y[i], acc[i]);
+        }
+    }
+    let mut s = 0.0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        s = x.mul_add(*y, s);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + s
+}
+
+/// Columns `[n0, n0 + cols.len() / t)` of `y = x·Wᵀ`, written transposed into `cols`
+/// (`cols[j * t + i] = y[i][n0 + j]`), so that each weight row is read once for all tokens.
+#[inline(always)]
+fn linear_block(x: &[f32], w: &[f32], k: usize, t: usize, n0: usize, cols: &mut [f32]) {
+    for (j, col) in cols.chunks_exact_mut(t).enumerate() {
+        let wr = &w[(n0 + j) * k..(n0 + j + 1) * k];
+        for (i, c) in col.iter_mut().enumerate() {
+            *c = dot(&x[i * k..(i + 1) * k], wr);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn linear_block_avx2(x: &[f32], w: &[f32], k: usize, t: usize, n0: usize, cols: &mut [f32]) {
+    linear_block(x, w, k, t, n0, cols)
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+pub(super) fn linear(x_t: &Tensor, w: &Tensor, t: usize, k: usize, n: usize) -> Result<Tensor> {
+    let (x, w) = (f32s(x_t), f32s(w));
+    if t == 0 || n == 0 {
+        return output(x_t, vec![0.0; t * n], &[t, n]);
+    }
+    // Output features in blocks of 16: each block reads 16 weight rows once for all tokens.
+    const BLOCK: usize = 16;
+    let mut yt = vec![0.0f32; n * t]; // transposed: [N, T]
+    let avx2 = has_avx2_fma();
+    yt.par_chunks_mut(BLOCK * t)
+        .enumerate()
+        .for_each(|(b, cols)| {
+            let n0 = b * BLOCK;
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                unsafe { linear_block_avx2(x, w, k, t, n0, cols) };
+                return;
+            }
+            let _ = avx2;
+            linear_block(x, w, k, t, n0, cols);
+        });
+    let mut y = vec![0.0f32; t * n];
+    for (j, col) in yt.chunks_exact(t).enumerate() {
+        for (i, &c) in col.iter().enumerate() {
+            y[i * n + j] = c;
+        }
+    }
+    output(x_t, y, &[t, n])
+}
+
+/// `(cos, sin)` of position `pos` for pair `i` of a head of size `d`.
+#[inline]
+pub(crate) fn rope_angle(pos: i32, i: usize, d: usize, base: f32) -> (f32, f32) {
+    // In f64 so that long positions keep their precision; the GPU kernels do the same in f32
+    // with the frequency computed the same way, which agrees to ~1e-6 for positions < 2^16.
+    let inv_freq = (base as f64).powf(-2.0 * i as f64 / d as f64);
+    let a = pos as f64 * inv_freq;
+    (a.cos() as f32, a.sin() as f32)
+}
+
+pub(super) fn rope(
+    x: &mut Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    t: usize,
+    heads: usize,
+    d: usize,
+) -> Result<()> {
+    let pos = i32s(positions).to_vec();
+    if let Some((i, &p)) = pos.iter().enumerate().find(|(_, &p)| p < 0) {
+        return Err(Error::Config(format!(
+            "rope position {p} at token {i} is negative"
+        )));
+    }
+    let half = d / 2;
+    let data = f32s_mut(x);
+    if t * heads * d == 0 {
+        return Ok(());
+    }
+    data.par_chunks_mut(heads * d)
+        .zip(pos.par_iter())
+        .for_each(|(tok, &p)| {
+            let angles: Vec<(f32, f32)> =
+                (0..half).map(|i| rope_angle(p, i, d, rope.base)).collect();
+            for head in tok.chunks_exact_mut(d) {
+                for (i, &(c, s)) in angles.iter().enumerate() {
+                    let (a, b) = match rope.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::HalfSplit => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
+            }
+        });
+    Ok(())
+}
+
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub(super) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let out: Vec<f32> = f32s(gate)
+        .par_iter()
+        .zip(f32s(up).par_iter())
+        .map(|(&g, &u)| silu(g) * u)
+        .collect();
+    output(gate, out, gate.shape())
+}
+
+pub(super) fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
+    let y = f32s(y);
+    f32s_mut(x)
+        .par_iter_mut()
+        .zip(y.par_iter())
+        .for_each(|(a, &b)| *a += b);
+    Ok(())
+}

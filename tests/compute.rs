@@ -1,0 +1,251 @@
+//! `polyattn::compute` (the model operations around attention) on every available backend's
+//! device against f64 references written here, on random inputs, with the f32 tolerance.
+//! One body per operation, stamped over backends and shapes by `for_each_case`.
+
+#[macro_use]
+mod common;
+
+use common::{ensure, for_each_case, CaseInfo, Outcome};
+use polyattn::compute::{self, Rope, RopeStyle};
+use polyattn::reference;
+use polyattn::testing::{Rng, Tolerance};
+use polyattn::{BackendRef, DType, Tensor};
+
+fn tol() -> Tolerance {
+    Tolerance::for_dtype(DType::F32)
+}
+
+fn check(what: &str, got: &Tensor, want: &[f64]) -> Outcome {
+    let got = got.to_f32_vec()?;
+    ensure(got.len() == want.len(), || {
+        format!("{what}: {} elements, want {}", got.len(), want.len())
+    })?;
+    let cmp = reference::compare(&got, want, tol());
+    ensure(cmp.pass, || format!("{what}: {cmp}"))
+}
+
+/// (tokens, in_features, out_features): decode and prefill row counts, the example models'
+/// widths (32, 128, 341, 576, 1536) and sizes that are not multiples of any tile.
+const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
+    (1, 128, 64),
+    (1, 576, 1536),
+    (3, 341, 128),
+    (7, 33, 5),
+    (17, 128, 1024),
+    (64, 576, 192),
+    (130, 96, 257),
+];
+
+#[test]
+fn linear_matches_reference() {
+    for_each_case(
+        "compute::linear",
+        LINEAR_SHAPES,
+        |&(t, k, n)| CaseInfo::plain(format!("T{t} K{k} N{n}")),
+        |b: &BackendRef, &(t, k, n)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 1000 + k * 7 + n) as u64);
+            let x = rng.normals(t * k);
+            let s = 1.0 / (k as f32).sqrt();
+            let w: Vec<f32> = rng.normals(n * k).iter().map(|v| v * s).collect();
+            let xt = Tensor::from_f32(&dev, &x, &[t, k], DType::F32)?;
+            let wt = Tensor::from_f32(&dev, &w, &[n, k], DType::F32)?;
+            let y = compute::linear(&xt, &wt)?;
+            ensure(y.shape() == [t, n], || format!("shape {:?}", y.shape()))?;
+            let mut want = vec![0.0f64; t * n];
+            for i in 0..t {
+                for j in 0..n {
+                    want[i * n + j] = (0..k)
+                        .map(|c| x[i * k + c] as f64 * w[j * k + c] as f64)
+                        .sum();
+                }
+            }
+            check("linear", &y, &want)
+        },
+    );
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    let shapes: &[(usize, usize)] = &[(1, 128), (5, 576), (33, 100), (64, 4096)];
+    for_each_case(
+        "compute::rms_norm",
+        shapes,
+        |&(t, h)| CaseInfo::plain(format!("T{t} H{h}")),
+        |b, &(t, h)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 31 + h) as u64);
+            let x: Vec<f32> = rng.normals(t * h).iter().map(|v| 3.0 * v + 0.5).collect();
+            let w = rng.normals(h);
+            let eps = 1e-5f32;
+            let y = compute::rms_norm(
+                &Tensor::from_f32(&dev, &x, &[t, h], DType::F32)?,
+                &Tensor::from_f32(&dev, &w, &[h], DType::F32)?,
+                eps,
+            )?;
+            let mut want = vec![0.0f64; t * h];
+            for i in 0..t {
+                let row = &x[i * h..(i + 1) * h];
+                let ms = row.iter().map(|&a| (a as f64).powi(2)).sum::<f64>() / h as f64;
+                let inv = 1.0 / (ms + eps as f64).sqrt();
+                for j in 0..h {
+                    want[i * h + j] = row[j] as f64 * inv * w[j] as f64;
+                }
+            }
+            check("rms_norm", &y, &want)
+        },
+    );
+}
+
+#[test]
+fn rope_matches_reference() {
+    // (tokens, heads, head_size, style, base)
+    let cases: &[(usize, usize, usize, RopeStyle, f32)] = &[
+        (1, 4, 32, RopeStyle::Interleaved, 10000.0),
+        (9, 9, 64, RopeStyle::Interleaved, 100000.0),
+        (9, 3, 64, RopeStyle::HalfSplit, 100000.0),
+        (40, 2, 128, RopeStyle::HalfSplit, 500000.0),
+        (3, 5, 6, RopeStyle::Interleaved, 10.0),
+    ];
+    for_each_case(
+        "compute::rope",
+        cases,
+        |&(t, h, d, s, base)| CaseInfo::plain(format!("T{t} H{h} D{d} {s:?} base {base}")),
+        |b, &(t, h, d, style, base)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 131 + h * 7 + d) as u64);
+            let x = rng.normals(t * h * d);
+            // Positions out of order and up to a few thousand, as a mixed batch has them.
+            let pos: Vec<i32> = (0..t).map(|_| rng.below(5000) as i32).collect();
+            let mut xt = Tensor::from_f32(&dev, &x, &[t, h, d], DType::F32)?;
+            let pt = Tensor::from_i32(&dev, &pos, &[t])?;
+            compute::rope(&mut xt, &pt, Rope { base, style })?;
+            let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let half = d / 2;
+            for (i, &ps) in pos.iter().enumerate() {
+                for hh in 0..h {
+                    let o = (i * h + hh) * d;
+                    for p in 0..half {
+                        let a = ps as f64 * (base as f64).powf(-2.0 * p as f64 / d as f64);
+                        let (c, s) = (a.cos(), a.sin());
+                        let (ia, ib) = match style {
+                            RopeStyle::Interleaved => (2 * p, 2 * p + 1),
+                            RopeStyle::HalfSplit => (p, p + half),
+                        };
+                        let (x0, x1) = (x[o + ia] as f64, x[o + ib] as f64);
+                        want[o + ia] = x0 * c - x1 * s;
+                        want[o + ib] = x0 * s + x1 * c;
+                    }
+                }
+            }
+            // Angles of positions in the thousands carry ~1e-4 rad of f32 rounding on a GPU
+            // (sin/cos of a rounded product): compare with a tolerance that allows it.
+            let got = xt.to_f32_vec()?;
+            let cmp = reference::compare(
+                &got,
+                &want,
+                Tolerance {
+                    atol: 2e-3,
+                    rtol: 1e-3,
+                },
+            );
+            ensure(cmp.pass, || format!("rope: {cmp}"))
+        },
+    );
+}
+
+#[test]
+fn elementwise_ops_match_reference() {
+    let shapes: &[(usize, usize)] = &[(1, 341), (7, 1536), (64, 100)];
+    for_each_case(
+        "compute::silu_mul + add_assign",
+        shapes,
+        |&(t, n)| CaseInfo::plain(format!("T{t} N{n}")),
+        |b, &(t, n)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 17 + n) as u64);
+            let g: Vec<f32> = rng.normals(t * n).iter().map(|v| 4.0 * v).collect();
+            let u = rng.normals(t * n);
+            let gt = Tensor::from_f32(&dev, &g, &[t, n], DType::F32)?;
+            let ut = Tensor::from_f32(&dev, &u, &[t, n], DType::F32)?;
+            let y = compute::silu_mul(&gt, &ut)?;
+            let want: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(&a, &b)| a as f64 / (1.0 + (-(a as f64)).exp()) * b as f64)
+                .collect();
+            check("silu_mul", &y, &want)?;
+            let mut acc = Tensor::from_f32(&dev, &u, &[t, n], DType::F32)?;
+            compute::add_assign(&mut acc, &gt)?;
+            let want: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(&a, &b)| a as f64 + b as f64)
+                .collect();
+            check("add_assign", &acc, &want)
+        },
+    );
+}
+
+#[test]
+fn embedding_and_gather_rows_pick_rows() {
+    let shapes: &[(usize, usize, usize)] = &[(1024, 128, 5), (49, 576, 1), (300, 64, 33)];
+    for_each_case(
+        "compute::embedding + gather_rows",
+        shapes,
+        |&(v, h, t)| CaseInfo::plain(format!("V{v} H{h} T{t}")),
+        |b, &(v, h, t)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((v + h + t) as u64);
+            let table = rng.normals(v * h);
+            let ids: Vec<i32> = (0..t).map(|_| rng.below(v) as i32).collect();
+            let tt = Tensor::from_f32(&dev, &table, &[v, h], DType::F32)?;
+            let it = Tensor::from_i32(&dev, &ids, &[t])?;
+            let e = compute::embedding(&tt, &it)?;
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&i| {
+                    table[i as usize * h..(i as usize + 1) * h]
+                        .iter()
+                        .map(|&x| x as f64)
+                })
+                .collect();
+            check("embedding", &e, &want)?;
+            // gather_rows on the embedded rows: reversed order, with a repeat.
+            let rows: Vec<i32> = (0..t as i32).rev().chain(std::iter::once(0)).collect();
+            let g = compute::gather_rows(&e, &Tensor::from_i32(&dev, &rows, &[rows.len()])?)?;
+            let want: Vec<f64> = rows
+                .iter()
+                .flat_map(|&r| want[r as usize * h..(r as usize + 1) * h].to_vec())
+                .collect();
+            check("gather_rows", &g, &want)
+        },
+    );
+}
+
+#[test]
+fn bad_arguments_are_typed_errors() {
+    let dev = polyattn::Device::cpu();
+    let x = Tensor::from_f32(&dev, &[1.0; 12], &[3, 4], DType::F32).unwrap();
+    let w = Tensor::from_f32(&dev, &[1.0; 10], &[2, 5], DType::F32).unwrap();
+    let e = compute::linear(&x, &w).unwrap_err().to_string();
+    assert!(e.contains("in_features"), "{e}");
+    let wh = Tensor::from_f32(&dev, &[1.0; 8], &[2, 4], DType::F16).unwrap();
+    let e = compute::linear(&x, &wh).unwrap_err().to_string();
+    assert!(e.contains("dtype f16"), "{e}");
+    let g = Tensor::from_f32(&dev, &[1.0; 4], &[4], DType::F32).unwrap();
+    assert!(compute::rms_norm(&x, &g, -1.0).is_err());
+    let ids = Tensor::from_i32(&dev, &[0, 3], &[2]).unwrap();
+    let e = compute::embedding(&x, &ids).unwrap_err().to_string();
+    assert!(e.contains("out of range"), "{e}");
+    let mut q = Tensor::from_f32(&dev, &[1.0; 15], &[1, 3, 5], DType::F32).unwrap();
+    let p = Tensor::from_i32(&dev, &[0], &[1]).unwrap();
+    let rope = Rope {
+        base: 10000.0,
+        style: RopeStyle::Interleaved,
+    };
+    let e = compute::rope(&mut q, &p, rope).unwrap_err().to_string();
+    assert!(e.contains("even head_size"), "{e}");
+    let e = x.clone().reshape(&[5, 2]).unwrap_err().to_string();
+    assert!(e.contains("10 elements"), "{e}");
+}
