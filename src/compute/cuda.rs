@@ -1,8 +1,17 @@
 //! CUDA kernels of the model operations (in progress: not yet implemented).
 
 use super::Rope;
+use crate::backends::cuda::kernels::KernelSource;
 use crate::device::{CudaDevice, Tensor};
 use crate::error::{Error, Result};
+
+/// `kernels-cuda/model_ops.cu`: the model operations' kernels (compiled like the attention
+/// kernels, and checked with them by `tests/cuda_compile.rs`).
+pub const CUDA_MODEL_OPS: KernelSource = KernelSource {
+    name: "model_ops",
+    source: include_str!("../../kernels-cuda/model_ops.cu"),
+    functions: &[],
+};
 
 fn todo(op: &str) -> Error {
     Error::Device {

@@ -20,6 +20,8 @@ mod cpu;
 mod cuda;
 mod wgpu;
 
+pub use self::cuda::CUDA_MODEL_OPS;
+
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

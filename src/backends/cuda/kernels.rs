@@ -92,12 +92,13 @@ pub const PROBES: KernelSource = KernelSource {
 };
 
 /// Every kernel source, for compile checks.
-pub const ALL_SOURCES: [KernelSource; 5] = [
+pub const ALL_SOURCES: [KernelSource; 6] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
     MERGE_STATES,
     PROBES,
+    crate::compute::CUDA_MODEL_OPS,
 ];
 
 /// The source as NVRTC compiles it: `common.cuh` pasted in place of its include line.
