@@ -870,159 +870,94 @@ impl GgufFile {
     /// that every tensor's data lies inside `bytes`. Never panics; any inconsistency is an
     /// error naming what was being read and where.
     pub fn parse(bytes: Vec<u8>) -> Result<Self, GgufError> {
-        let (version, metadata, metadata_index, tensors, tensor_index, alignment, data_offset) = {
-            let mut r = Reader {
-                buf: &bytes,
-                pos: 0,
-            };
-            let magic: [u8; 4] = r.array(&|| "magic".to_string())?;
-            if magic != GGUF_MAGIC {
-                return Err(GgufError::BadMagic { found: magic });
-            }
-            let version = r.u32(&|| "version".to_string())?;
-            match version {
-                2 | 3 => {}
-                v if matches!(v.swap_bytes(), 1..=3) => {
-                    return Err(GgufError::BigEndian(v.swap_bytes()))
-                }
-                v => return Err(GgufError::UnsupportedVersion(v)),
-            }
-            let tensor_count = r.u64(&|| "tensor count".to_string())?;
-            let kv_count = r.count(MIN_KV_BYTES, &|| "metadata entry count".to_string())?;
-            // Checked against what is left after the metadata count; refined below.
-            let remaining = r.remaining();
-            if tensor_count
-                .checked_mul(MIN_TENSOR_INFO_BYTES)
-                .is_none_or(|need| need > remaining as u64)
-            {
-                return Err(GgufError::CountTooLarge {
-                    what: "tensor count".to_string(),
-                    offset: 8,
-                    count: tensor_count,
-                    min_item_bytes: MIN_TENSOR_INFO_BYTES,
-                    remaining,
-                });
-            }
-            let tensor_count = tensor_count as usize; // <= file length / 24
+        let mut file = Self::read_layout(&bytes)?;
+        file.bytes = bytes;
+        Ok(file)
+    }
 
-            let mut metadata = Vec::with_capacity(kv_count);
-            let mut metadata_index = HashMap::with_capacity(kv_count);
-            for i in 0..kv_count {
-                let key = r.string(&|| format!("key of metadata entry #{i}"))?;
-                let what = || format!("value of metadata key {key:?}");
-                let ty = r.value_type(&what)?;
-                let value = r.value(ty, 0, &what)?;
-                if metadata_index.insert(key.clone(), i).is_some() {
-                    return Err(GgufError::DuplicateKey(key));
-                }
-                metadata.push((key, value));
+    /// Everything but the bytes themselves: header, metadata, tensor table, data offset.
+    fn read_layout(bytes: &[u8]) -> Result<Self, GgufError> {
+        let mut r = Reader { buf: bytes, pos: 0 };
+        let magic: [u8; 4] = r.array(&|| "magic".to_string())?;
+        if magic != GGUF_MAGIC {
+            return Err(GgufError::BadMagic { found: magic });
+        }
+        let version = r.u32(&|| "version".to_string())?;
+        match version {
+            2 | 3 => {}
+            v if matches!(v.swap_bytes(), 1..=3) => {
+                return Err(GgufError::BigEndian(v.swap_bytes()))
             }
+            v => return Err(GgufError::UnsupportedVersion(v)),
+        }
+        let tensor_count = r.u64(&|| "tensor count".to_string())?;
+        let kv_count = r.count(MIN_KV_BYTES, &|| "metadata entry count".to_string())?;
+        // Checked against all that follows the metadata count (a loose but sufficient bound).
+        let remaining = r.remaining();
+        if tensor_count
+            .checked_mul(MIN_TENSOR_INFO_BYTES)
+            .is_none_or(|need| need > remaining as u64)
+        {
+            return Err(GgufError::CountTooLarge {
+                what: "tensor count".to_string(),
+                offset: 16,
+                count: tensor_count,
+                min_item_bytes: MIN_TENSOR_INFO_BYTES,
+                remaining,
+            });
+        }
+        let tensor_count = tensor_count as usize; // <= file length / 24
 
-            let alignment = match metadata_index.get(ALIGNMENT_KEY).map(|&i| &metadata[i].1) {
-                None => DEFAULT_ALIGNMENT,
-                Some(Value::U32(a)) if a.is_power_of_two() => u64::from(*a),
-                Some(Value::U32(a)) => return Err(GgufError::BadAlignment(u64::from(*a))),
-                Some(other) => return Err(wrong_type(ALIGNMENT_KEY, "u32", other)),
-            };
-
-            let mut tensors = Vec::with_capacity(tensor_count);
-            let mut tensor_index = HashMap::with_capacity(tensor_count);
-            for i in 0..tensor_count {
-                let name = r.string(&|| format!("name of tensor #{i}"))?;
-                let n_dims = r.u32(&|| format!("dims count of tensor {name:?}"))?;
-                if n_dims as usize > MAX_DIMS {
-                    return Err(GgufError::TooManyDims { name, n_dims });
-                }
-                let mut dims = Vec::with_capacity(n_dims as usize);
-                for d in 0..n_dims {
-                    dims.push(r.u64(&|| format!("dim {d} of tensor {name:?}"))?);
-                }
-                let type_id = r.u32(&|| format!("ggml type of tensor {name:?}"))?;
-                let offset = r.u64(&|| format!("data offset of tensor {name:?}"))?;
-                let ggml_type = GgmlType(type_id);
-                let Some((block_len, block_bytes)) = ggml_type.block_layout() else {
-                    return Err(GgufError::UnknownGgmlType { name, type_id });
-                };
-                let overflow =
-                    |name: String, dims: Vec<u64>| GgufError::DimsOverflow { name, dims };
-                let Some(n_elements) = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                else {
-                    return Err(overflow(name, dims));
-                };
-                let row_len = dims.first().copied().unwrap_or(1);
-                if row_len % block_len != 0 {
-                    return Err(GgufError::PartialBlock {
-                        name,
-                        ty: ggml_type,
-                        row_len,
-                        block_len,
-                    });
-                }
-                let Some(n_bytes) = (n_elements / block_len).checked_mul(block_bytes) else {
-                    return Err(overflow(name, dims));
-                };
-                let (Ok(n_elements), Ok(n_bytes)) =
-                    (usize::try_from(n_elements), usize::try_from(n_bytes))
-                else {
-                    return Err(overflow(name, dims));
-                };
-                let Ok(dims_usize) = dims
-                    .iter()
-                    .map(|&d| usize::try_from(d))
-                    .collect::<Result<Vec<_>, _>>()
-                else {
-                    return Err(overflow(name, dims));
-                };
-                if offset % alignment != 0 {
-                    return Err(GgufError::MisalignedTensor {
-                        name,
-                        offset,
-                        alignment,
-                    });
-                }
-                if tensor_index.insert(name.clone(), i).is_some() {
-                    return Err(GgufError::DuplicateTensor(name));
-                }
-                tensors.push(TensorInfo {
-                    name,
-                    dims: dims_usize,
-                    ggml_type,
-                    offset,
-                    n_elements,
-                    n_bytes,
-                });
+        let mut metadata = Vec::with_capacity(kv_count);
+        let mut metadata_index = HashMap::with_capacity(kv_count);
+        for i in 0..kv_count {
+            let key = r.string(&|| format!("key of metadata entry #{i}"))?;
+            let what = || format!("value of metadata key {key:?}");
+            let ty = r.value_type(&what)?;
+            let value = r.value(ty, 0, &what)?;
+            if metadata_index.insert(key.clone(), i).is_some() {
+                return Err(GgufError::DuplicateKey(key));
             }
+            metadata.push((key, value));
+        }
 
-            // Data section: the end of the tensor infos rounded up to the alignment. Computed
-            // in u128 so that neither this nor the ranges below can overflow.
-            let align = u128::from(alignment);
-            let data_offset = (r.pos as u128).div_ceil(align) * align;
-            for t in &tensors {
-                let start = data_offset + u128::from(t.offset);
-                let end = start + t.n_bytes as u128;
-                if end > bytes.len() as u128 {
-                    return Err(GgufError::DataOutOfRange {
-                        name: t.name.clone(),
-                        start,
-                        end,
-                        file_len: bytes.len(),
-                    });
-                }
-            }
-            // With no tensors the padding may be missing; clamp so offsets stay in range.
-            let data_offset = data_offset.min(bytes.len() as u128) as usize;
-            (
-                version,
-                metadata,
-                metadata_index,
-                tensors,
-                tensor_index,
-                alignment,
-                data_offset,
-            )
+        let alignment = match metadata_index.get(ALIGNMENT_KEY).map(|&i| &metadata[i].1) {
+            None => DEFAULT_ALIGNMENT,
+            Some(Value::U32(a)) if a.is_power_of_two() => u64::from(*a),
+            Some(Value::U32(a)) => return Err(GgufError::BadAlignment(u64::from(*a))),
+            Some(other) => return Err(wrong_type(ALIGNMENT_KEY, "u32", other)),
         };
+
+        let mut tensors = Vec::with_capacity(tensor_count);
+        let mut tensor_index = HashMap::with_capacity(tensor_count);
+        for i in 0..tensor_count {
+            let info = read_tensor_info(&mut r, i, alignment)?;
+            if tensor_index.insert(info.name.clone(), i).is_some() {
+                return Err(GgufError::DuplicateTensor(info.name));
+            }
+            tensors.push(info);
+        }
+
+        // Data section: the end of the tensor infos rounded up to the alignment. Computed
+        // in u128 so that neither this nor the ranges below can overflow.
+        let align = u128::from(alignment);
+        let data_offset = (r.pos as u128).div_ceil(align) * align;
+        for t in &tensors {
+            let start = data_offset + u128::from(t.offset);
+            let end = start + t.n_bytes as u128;
+            if end > bytes.len() as u128 {
+                return Err(GgufError::DataOutOfRange {
+                    name: t.name.clone(),
+                    start,
+                    end,
+                    file_len: bytes.len(),
+                });
+            }
+        }
+        // With no tensors the padding may be missing; clamp so offsets stay in range.
+        let data_offset = data_offset.min(bytes.len() as u128) as usize;
         Ok(GgufFile {
-            bytes,
+            bytes: Vec::new(),
             version,
             metadata,
             metadata_index,
@@ -1218,6 +1153,59 @@ impl GgufFile {
             })?;
         Ok((values, info.dims.clone()))
     }
+}
+
+/// One tensor-info record (`i` is its index, for messages), with its element count and
+/// byte size computed and checked; the data range is checked by the caller.
+fn read_tensor_info(r: &mut Reader<'_>, i: usize, alignment: u64) -> Result<TensorInfo, GgufError> {
+    let name = r.string(&|| format!("name of tensor #{i}"))?;
+    let n_dims = r.u32(&|| format!("dims count of tensor {name:?}"))?;
+    if n_dims as usize > MAX_DIMS {
+        return Err(GgufError::TooManyDims { name, n_dims });
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        dims.push(r.u64(&|| format!("dim {d} of tensor {name:?}"))?);
+    }
+    let type_id = r.u32(&|| format!("ggml type of tensor {name:?}"))?;
+    let offset = r.u64(&|| format!("data offset of tensor {name:?}"))?;
+    let ggml_type = GgmlType(type_id);
+    let Some((block_len, block_bytes)) = ggml_type.block_layout() else {
+        return Err(GgufError::UnknownGgmlType { name, type_id });
+    };
+    let row_len = dims.first().copied().unwrap_or(1);
+    if row_len % block_len != 0 {
+        return Err(GgufError::PartialBlock {
+            name,
+            ty: ggml_type,
+            row_len,
+            block_len,
+        });
+    }
+    let sizes = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| Some((n, (n / block_len).checked_mul(block_bytes)?)))
+        .and_then(|(n, b)| Some((usize::try_from(n).ok()?, usize::try_from(b).ok()?)));
+    let dims_usize: Option<Vec<usize>> = dims.iter().map(|&d| usize::try_from(d).ok()).collect();
+    let (Some((n_elements, n_bytes)), Some(dims_usize)) = (sizes, dims_usize) else {
+        return Err(GgufError::DimsOverflow { name, dims });
+    };
+    if offset % alignment != 0 {
+        return Err(GgufError::MisalignedTensor {
+            name,
+            offset,
+            alignment,
+        });
+    }
+    Ok(TensorInfo {
+        name,
+        dims: dims_usize,
+        ggml_type,
+        offset,
+        n_elements,
+        n_bytes,
+    })
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
