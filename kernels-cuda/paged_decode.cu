@@ -31,7 +31,7 @@
 //     sink for unsplit items), L = sum_w e^(m_w - M) l_w (+ e^(sink - M)). Unsplit items write
 //     out = O (0 when L = 0) and lse = M + ln L (natural log, -inf when the row saw neither
 //     key nor sink); split items write f32 partials WITHOUT the sink to part_out / part_lse,
-//     merged by `combine_splits` (paged_attention.cu), which adds the sink once.
+//     merged by `paged_decode_combine_d{D}` (below), which adds the sink once.
 //
 // Layouts: q [T][num_heads][D] and out [T][num_heads][D] (f16 / bf16; out_dtype may also be
 // f32); cache (num_blocks, 2, block_size, num_kv_heads, D) NHD or HND in the activation dtype;
@@ -159,10 +159,15 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     const pa_i64 row_stride = p.layout_hnd ? (pa_i64)D : (pa_i64)p.num_kv_heads * D;
     pa_u16* my_ring = ring + warp * DEC_STAGES * 2 * TILE;
 
-    // Queues the cp.async copies of this warp's i-th chunk into ring stage `stage`.
-    auto issue = [&](int i, int stage) {
+    // Block id of this warp's i-th chunk (one of a position in [lo, hi), so < seq_len).
+    auto block_of = [&](int i) -> pa_i64 {
         const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
-        const pa_i64 block = bt[c0 / p.block_size];
+        return bt[c0 / p.block_size];
+    };
+    // Queues the cp.async copies of this warp's i-th chunk (in cache block `block`) into ring
+    // stage `stage`.
+    auto issue = [&](int i, int stage, pa_i64 block) {
+        const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
         const int off = c0 % p.block_size;
         const pa_u16* kb = cache + pa_cache_offset(block, 0, off, it.kv_head, p.block_size,
                                                    p.num_kv_heads, D, p.layout_hnd);
@@ -198,9 +203,12 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     // Prologue: the first DEC_STAGES - 1 chunks of this warp in flight.
 #pragma unroll
     for (int s = 0; s < DEC_STAGES - 1; ++s) {
-        if (s < my_n) issue(s, s);
+        if (s < my_n) issue(s, s, block_of(s));
         pd_cp_async_commit();
     }
+    // The block id of the next chunk to issue, loaded one iteration ahead so that the
+    // block-table read never stalls an issue.
+    pa_i64 next_block = DEC_STAGES - 1 < my_n ? block_of(DEC_STAGES - 1) : 0;
     pd_cp_async_wait<DEC_STAGES - 2>();  // this thread's Q pieces (and chunk 0) landed
     __syncthreads();                     // everyone's Q pieces landed
 
@@ -313,7 +321,10 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
 
         __syncwarp();  // every lane is done reading the stage refilled below
         const int nx = i + DEC_STAGES - 1;
-        if (nx < my_n) issue(nx, nx % DEC_STAGES);
+        if (nx < my_n) {
+            issue(nx, nx % DEC_STAGES, next_block);
+            if (nx + 1 < my_n) next_block = block_of(nx + 1);
+        }
         pd_cp_async_commit();
     }
 
@@ -412,9 +423,96 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     }
 }
 
+// Split-KV combine for the decode kernel. One CTA of 128 threads per (split token, query head):
+// the token's ns <= DEC_MAX_SPLITS partials (out f32 [D], lse) are merged with the sink (if
+// any) in the denominator, as combine_splits in paged_attention.cu: M = max(lse_s..., sink),
+// Z = sum exp(lse_s - M) + exp(sink - M), out = sum exp(lse_s - M)/Z * o_s, lse = M + ln Z
+// (out 0 and lse -inf when M = -inf). All weights are computed at once in shared memory, then
+// warp w sums the partials s = w, w+4, ... with one float4 per lane (D <= 128) and the four
+// warps' sums are added: every load of the CTA is independent, so they overlap.
+//
+// `list` holds (token, part_tok, num_splits, 0) per split token; bounds: token < num_tokens,
+// part_tok < n_part_tokens, num_splits <= DEC_MAX_SPLITS and <= the partial planes allocated,
+// every (split < num_splits, part_tok, head) partial written by the decode kernel.
+#define DEC_MAX_SPLITS 128
+template <int D>
+__device__ __forceinline__ void pd_combine(const AttnParams& p, const int4* list) {
+    __shared__ float w_s[DEC_MAX_SPLITS];
+    __shared__ float sum_s[DEC_WARPS][D];
+    const int4 e = list[blockIdx.x];
+    const int t = e.x;
+    const int pt = e.y;
+    const int ns = min(e.z, DEC_MAX_SPLITS);
+    const int h = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    for (int s = tid; s < ns; s += blockDim.x) {
+        w_s[s] = p.part_lse[((pa_i64)s * p.n_part_tokens + pt) * p.num_heads + h];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const bool sink = p.use_sinks && p.sinks != 0;
+        const float sv = sink ? p.sinks[h] : -PA_INF;
+        float mx = sv;
+        for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, w_s[s]);
+        mx = pa_warp_max(mx);
+        float z = 0.0f;
+        for (int s = lane; s < ns; s += 32) {
+            const float x = w_s[s];
+            z += (x == -PA_INF || mx == -PA_INF) ? 0.0f : expf(x - mx);
+        }
+        z = pa_warp_sum(z);
+        if (sink && mx != -PA_INF) z += expf(sv - mx);
+        const float inv = z > 0.0f ? 1.0f / z : 0.0f;
+        __syncwarp();
+        for (int s = lane; s < ns; s += 32) {
+            const float x = w_s[s];
+            w_s[s] = (x == -PA_INF || mx == -PA_INF) ? 0.0f : expf(x - mx) * inv;
+        }
+        if (lane == 0 && p.lse != 0) {
+            p.lse[(pa_i64)h * p.num_tokens + t] = z > 0.0f ? mx + logf(z) : -PA_INF;
+        }
+    }
+    __syncthreads();
+    constexpr int L = D / 4;  // lanes with a float4 of the row
+    if (lane < L) {
+        float4 acc;
+        acc.x = acc.y = acc.z = acc.w = 0.0f;
+#pragma unroll 4
+        for (int s = warp; s < ns; s += DEC_WARPS) {
+            const float w = w_s[s];
+            const pa_i64 b = ((pa_i64)s * p.n_part_tokens + pt) * p.num_heads + h;
+            const float4 x = *(const float4*)(p.part_out + b * D + 4 * lane);
+            acc.x += w * x.x;
+            acc.y += w * x.y;
+            acc.z += w * x.z;
+            acc.w += w * x.w;
+        }
+        sum_s[warp][4 * lane] = acc.x;
+        sum_s[warp][4 * lane + 1] = acc.y;
+        sum_s[warp][4 * lane + 2] = acc.z;
+        sum_s[warp][4 * lane + 3] = acc.w;
+    }
+    __syncthreads();
+    const pa_i64 obase = ((pa_i64)t * p.num_heads + h) * D;
+    for (int d = tid; d < D; d += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) v += sum_s[w][d];
+        pa_store(p.out, obase + d, p.out_dtype, v);
+    }
+}
+
 #define PD_DEFINE(NAME, BF16, D)                                                          \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(const AttnParams p) { \
         pd_decode<BF16, D>(p);                                                            \
+    }
+
+#define PD_COMBINE_DEFINE(D)                                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                           \
+        paged_decode_combine_d##D(const AttnParams p, const int4* list) {                   \
+        pd_combine<D>(p, list);                                                           \
     }
 
 // The host compiles only the variant it needs (-DPD_D=128 -DPD_BF16=1); without the defines
@@ -427,6 +525,15 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
 #define PD_BF16 0
 #endif
 #define PD_WANT(BF, D) (PD_ALL || (PD_D == (D) && PD_BF16 == (BF)))
+#if PD_ALL || PD_D == 64
+PD_COMBINE_DEFINE(64)
+#endif
+#if PD_ALL || PD_D == 96
+PD_COMBINE_DEFINE(96)
+#endif
+#if PD_ALL || PD_D == 128
+PD_COMBINE_DEFINE(128)
+#endif
 #if PD_WANT(0, 64)
 PD_DEFINE(paged_decode_f16_d64, false, 64)
 #endif

@@ -119,7 +119,12 @@ fn run_time_variants_select_their_entry_points() {
     ] {
         let [a, b] = kernels::decode_variant(dtype, head_size);
         let name = kernels::decode_function_name(dtype, head_size).expect("variant");
-        check(&kernels::PAGED_DECODE, &[a.as_str(), b.as_str()], &[name]);
+        let combine = kernels::decode_combine_name(head_size).expect("combine");
+        check(
+            &kernels::PAGED_DECODE,
+            &[a.as_str(), b.as_str()],
+            &[name, combine],
+        );
     }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
         let [a, b] = kernels::mma_variant(dtype, head_size);

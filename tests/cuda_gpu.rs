@@ -293,3 +293,45 @@ fn decode_kernel_matches_reference() {
         }
     }
 }
+
+/// A few decode-kernel cases (split with sinks and the combine, head chunks on an NHD cache,
+/// many unsplit decodes with a window), small enough for compute-sanitizer's racecheck.
+#[test]
+fn decode_kernel_sanitizer_set() {
+    let Some(b) = cuda("decode_kernel_sanitizer_set") else {
+        return;
+    };
+    let long = BatchSpec::new(&[(1, 2100), (1, 1), (1, 300)]);
+    let mixed = BatchSpec::new(&[(1, 300), (20, 100), (1, 700), (3, 40)]);
+    let many: Vec<(usize, usize)> = (0..12).map(|i| (1, 50 + 41 * i)).collect();
+    let many = BatchSpec::new(&many);
+    let mut p = params(32, 8, 128, CacheDType::Auto);
+    p.sinks = Some((0..32).map(|i| 0.2 * (i % 5) as f32).collect());
+    let case = CaseConfig::new(p, DType::Bf16, 16);
+    check(
+        &b,
+        "sanitizer bf16 d128 (32,8) sinks long",
+        &case,
+        &long,
+        900,
+    );
+    let case = CaseConfig::new(params(40, 2, 128, CacheDType::Auto), DType::F16, 64);
+    check_layout(
+        &b,
+        "sanitizer f16 d128 (40,2) nhd mixed",
+        &case,
+        &mixed,
+        901,
+        true,
+    );
+    let mut p = params(8, 1, 64, CacheDType::Auto);
+    p.sliding_window = Some(200);
+    let case = CaseConfig::new(p, DType::Bf16, 32);
+    check(
+        &b,
+        "sanitizer bf16 d64 (8,1) window many",
+        &case,
+        &many,
+        902,
+    );
+}

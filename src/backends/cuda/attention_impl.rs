@@ -21,10 +21,10 @@ use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
     self, attention_function_name, attention_smem_bytes, attention_variant, code,
-    decode_function_name, decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes,
-    mma_variant, AttnParams, MergeParams, ReshapeParams, ATTN_THREADS, DECODE_ROWS_PER_ITEM,
-    DECODE_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
-    PAGED_DECODE, RESHAPE_AND_CACHE,
+    decode_combine_name, decode_function_name, decode_smem_bytes, decode_variant,
+    mma_function_name, mma_smem_bytes, mma_variant, AttnParams, MergeParams, ReshapeParams,
+    ATTN_THREADS, DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM,
+    PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_DECODE, RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
 
@@ -222,13 +222,15 @@ impl CudaAttentionImpl {
     }
 
     /// Queues the decode kernel over `plan` (items of one token and up to 16 heads) and the
-    /// split combine. Partials live in the metadata's scratch buffer.
+    /// split combine (`paged_decode_combine_d{D}`). Partials live in the metadata's scratch
+    /// buffer.
     fn launch_decode(
         &self,
         plan: &WorkPlan,
         base: &AttnParams,
         md: &CudaAttentionMetadata,
         f: &cudarc::driver::CudaFunction,
+        dtype: DType,
     ) -> Result<()> {
         let items = match &plan.items_dev {
             Some(i) if !plan.items.is_empty() => i,
@@ -256,16 +258,13 @@ impl CudaAttentionImpl {
         };
         kernels::launch(&self.device, f, cfg, &params, None)?;
         if let Some(list) = &plan.split_dev {
-            let variant = attention_variant(d);
-            let f = kernels::function(
-                &self.device,
-                &PAGED_ATTENTION,
-                &[&variant],
-                "combine_splits",
-            )?;
+            let name = decode_combine_name(d)
+                .ok_or_else(|| Error::config(format!("no decode combine for head size {d}")))?;
+            let [a, b] = decode_variant(dtype, d);
+            let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b], name)?;
             let cfg = LaunchConfig {
                 grid_dim: (n_split as u32, h as u32, 1),
-                block_dim: (128, 1, 1),
+                block_dim: (DECODE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             kernels::launch(&self.device, &f, cfg, &params, Some(list.device_ptr()))?;
@@ -641,7 +640,7 @@ impl AttentionImpl for CudaAttentionImpl {
                         ..key_for(Pass::Full, causal, false, true)
                     };
                     let plan = md.plan(&key)?;
-                    self.launch_decode(&plan, &base, md, &f)?;
+                    self.launch_decode(&plan, &base, md, &f, dtype)?;
                 }
                 let short = PlanKey {
                     min_q: decode_end,

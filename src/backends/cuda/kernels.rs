@@ -89,6 +89,9 @@ pub const PAGED_DECODE: KernelSource = KernelSource {
         "paged_decode_bf16_d64",
         "paged_decode_bf16_d96",
         "paged_decode_bf16_d128",
+        "paged_decode_combine_d64",
+        "paged_decode_combine_d96",
+        "paged_decode_combine_d128",
     ],
 };
 
@@ -702,6 +705,13 @@ pub fn decode_smem_bytes(head_size: usize) -> u32 {
     let row = (head_size + 8) * 2;
     (16 * row + (DECODE_THREADS as usize / 32) * DECODE_STAGES * 2 * DECODE_KEYS_PER_CHUNK * row)
         as u32
+}
+
+/// The decode kernel's split combine for `head_size` (in the module of every decode variant
+/// of that head size).
+pub fn decode_combine_name(head_size: usize) -> Option<&'static str> {
+    let want = format!("paged_decode_combine_d{head_size}");
+    PAGED_DECODE.functions.iter().find(|f| **f == want).copied()
 }
 
 /// The decode entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).

@@ -41,7 +41,7 @@ pub const DECODE_MAX_SPLITS: usize = 128;
 /// Fewest keys per split on the decode kernel (two 16-key chunks per warp).
 pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 128;
 /// Wave efficiency (CTAs / (waves x slots)) the decode split count aims for.
-const DECODE_WAVE_EFFICIENCY: f64 = 0.9;
+const DECODE_WAVE_EFFICIENCY: f64 = 0.95;
 
 /// Shared-prefix (cascade) attention plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,7 +125,7 @@ fn split_shape(len: usize, want: usize, max_splits: usize, min_keys: usize) -> (
 
 /// The split count to ask of every splittable decode token so that `ctas(want)` CTAs fill
 /// whole waves of `slots`: the smallest `want` in `1..=max` whose wave efficiency
-/// (CTAs / (waves x slots)) reaches 0.9, else the most efficient one.
+/// (CTAs / (waves x slots)) reaches 0.95, else the most efficient one.
 pub fn decode_split_target(slots: usize, max: usize, ctas: impl Fn(usize) -> usize) -> usize {
     let slots = slots.max(1);
     let eff = |n: usize| {
