@@ -45,8 +45,10 @@ fn mma_enabled() -> bool {
 /// `yes`) or off (`0`, `false`, `off`, `no`); see [`DECODE_DEFAULT`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
 
-/// Whether the tensor-core decode kernel runs when `POLYATTN_CUDA_DECODE` is unset.
-pub const DECODE_DEFAULT: bool = false;
+/// Whether the tensor-core decode kernel runs when `POLYATTN_CUDA_DECODE` is unset: on; it
+/// passed tests/cuda_gpu.rs, the shared suite and compute-sanitizer memcheck / racecheck on
+/// the H200 (2026-11-29).
+pub const DECODE_DEFAULT: bool = true;
 
 fn decode_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
