@@ -26,14 +26,23 @@ fn check(what: &str, got: &Tensor, want: &[f64]) -> Outcome {
 
 /// (tokens, in_features, out_features): decode and prefill row counts, the example models'
 /// widths (32, 128, 341, 576, 1536) and sizes that are not multiples of any tile.
+/// T = 4 and T = 5 sit either side of the GPU kernels' GEMV / tiled switch, with K a
+/// multiple of 4 (vector loads) and not; N = 600 000 at T = 1 needs 75 000 GEMV workgroups
+/// of 8 features on wgpu, more than one dispatch dimension holds (65 535).
 const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (1, 128, 64),
     (1, 576, 1536),
     (3, 341, 128),
+    (4, 576, 100),
+    (4, 35, 67),
+    (5, 576, 100),
+    (5, 35, 67),
     (7, 33, 5),
     (17, 128, 1024),
     (64, 576, 192),
+    (65, 64, 65),
     (130, 96, 257),
+    (1, 8, 600_000),
 ];
 
 #[test]
@@ -67,7 +76,16 @@ fn linear_matches_reference() {
 
 #[test]
 fn rms_norm_matches_reference() {
-    let shapes: &[(usize, usize)] = &[(1, 128), (5, 576), (33, 100), (64, 4096)];
+    // (4, 75): rows that are not a multiple of 4 (scalar loads); (70 000, 8): one workgroup
+    // per row, more than one dispatch dimension holds on wgpu.
+    let shapes: &[(usize, usize)] = &[
+        (1, 128),
+        (5, 576),
+        (33, 100),
+        (64, 4096),
+        (4, 75),
+        (70_000, 8),
+    ];
     for_each_case(
         "compute::rms_norm",
         shapes,
@@ -189,7 +207,8 @@ fn elementwise_ops_match_reference() {
 
 #[test]
 fn embedding_and_gather_rows_pick_rows() {
-    let shapes: &[(usize, usize, usize)] = &[(1024, 128, 5), (49, 576, 1), (300, 64, 33)];
+    let shapes: &[(usize, usize, usize)] =
+        &[(1024, 128, 5), (49, 576, 1), (300, 64, 33), (50, 30, 9)];
     for_each_case(
         "compute::embedding + gather_rows",
         shapes,
@@ -219,6 +238,72 @@ fn embedding_and_gather_rows_pick_rows() {
                 .flat_map(|&r| want[r as usize * h..(r as usize + 1) * h].to_vec())
                 .collect();
             check("gather_rows", &g, &want)
+        },
+    );
+}
+
+/// SmolLM2-135M's tied embedding: a 49152×576 f32 table is 113 MB, which must fit one
+/// storage binding on wgpu (lavapipe allows 128 MiB); the last row is the one most likely
+/// to be cut off by a wrong binding size.
+#[test]
+fn embedding_of_a_smollm2_sized_table() {
+    const V: usize = 49152;
+    const H: usize = 576;
+    for_each_case(
+        "compute::embedding (113 MB table)",
+        &[()],
+        |_| CaseInfo::plain(format!("V{V} H{H}")),
+        |b, _| {
+            let dev = b.device()?;
+            // A cheap fill that differs per row and column.
+            let value = |r: usize, c: usize| ((r * 7 + c * 13) % 1009) as f32 - 504.0;
+            let table: Vec<f32> = (0..V * H).map(|i| value(i / H, i % H)).collect();
+            let ids = [V as i32 - 1, 0, 12345, V as i32 - 2];
+            let tt = Tensor::from_f32(&dev, &table, &[V, H], DType::F32)?;
+            drop(table);
+            let e = compute::embedding(&tt, &Tensor::from_i32(&dev, &ids, &[ids.len()])?)?;
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&r| (0..H).map(move |c| value(r as usize, c) as f64))
+                .collect();
+            check("embedding", &e, &want)
+        },
+    );
+}
+
+/// Token ids and row indices out of range: the CPU returns an error, GPU kernels write a
+/// row of zeros (and never read outside the table).
+#[test]
+fn out_of_range_indices_are_an_error_or_zeros() {
+    for_each_case(
+        "compute::embedding out of range",
+        &[(37usize, 12usize), (37, 10)],
+        |&(v, h)| CaseInfo::plain(format!("V{v} H{h}")),
+        |b, &(v, h)| {
+            let dev = b.device()?;
+            let table: Vec<f32> = (0..v * h).map(|i| i as f32 + 1.0).collect();
+            let tt = Tensor::from_f32(&dev, &table, &[v, h], DType::F32)?;
+            let ids = [3, -1, v as i32, i32::MAX, i32::MIN, v as i32 - 1];
+            let r = compute::embedding(&tt, &Tensor::from_i32(&dev, &ids, &[ids.len()])?);
+            if matches!(dev, polyattn::Device::Cpu(_)) {
+                let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+                return ensure(e.contains("out of range"), || {
+                    format!("CPU: want an out-of-range error, got {e:?}")
+                });
+            }
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&id| {
+                    (0..h).map(move |c| {
+                        if id >= 0 && (id as usize) < v {
+                            (id as usize * h + c) as f64 + 1.0
+                        } else {
+                            0.0
+                        }
+                    })
+                })
+                .collect();
+            check("embedding", &r?, &want)
         },
     );
 }

@@ -112,6 +112,15 @@ fn run_time_variants_select_their_entry_points() {
             &[name, "combine_splits"],
         );
     }
+    for (dtype, head_size) in [
+        (polyattn::DType::F16, 64),
+        (polyattn::DType::Bf16, 96),
+        (polyattn::DType::Bf16, 128),
+    ] {
+        let [a, b] = kernels::decode_variant(dtype, head_size);
+        let name = kernels::decode_function_name(dtype, head_size).expect("variant");
+        check(&kernels::PAGED_DECODE, &[a.as_str(), b.as_str()], &[name]);
+    }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
         let [a, b] = kernels::mma_variant(dtype, head_size);
         let name = kernels::mma_function_name(dtype, head_size).expect("variant");

@@ -5,6 +5,11 @@
 //! prefix, each with sinks / window / ALiBi / soft cap / fp8 variants, against the f64
 //! reference.
 //!
+//! The decode-kernel test (`decode_kernel_matches_reference`) covers the tensor-core decode
+//! kernel (paged_decode.cu) across head sizes, GQA groups (including groups above its 16 rows),
+//! block sizes, NHD and HND caches, batches that mix it with the other kernels, and split and
+//! unsplit decodes; with `POLYATTN_CUDA_DECODE=0` the same cases check the fallback.
+//!
 //! Without a usable CUDA device (no driver, no GPU, no NVRTC) every test prints SKIP with the
 //! reason and passes; on the H200 they run (see the CUDA backend's test plan).
 
@@ -16,7 +21,7 @@ use polyattn::registry;
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Tolerance};
 use polyattn::{
     AttentionBackend, AttentionParams, BackendRef, CacheDType, CommonAttentionMetadata, DType,
-    KvCacheSpec, Tensor,
+    KvCache, KvCacheSpec, KvLayout, Tensor,
 };
 
 fn cuda(test: &str) -> Option<BackendRef> {
@@ -33,11 +38,56 @@ fn cuda(test: &str) -> Option<BackendRef> {
     }
 }
 
+/// The same cache contents in the other layout (NHD <-> HND), on the cache's device.
+fn relayout(cache: &KvCache) -> polyattn::Result<KvCache> {
+    let spec = *cache.spec();
+    let to = match cache.layout() {
+        KvLayout::Hnd => KvLayout::Nhd,
+        KvLayout::Nhd => KvLayout::Hnd,
+    };
+    let host = polyattn::Device::cpu();
+    let mut out = KvCache::with_layout(&host, spec, cache.num_blocks(), to)?;
+    let vals = cache.data().to_f32_vec()?;
+    let mut new = vec![0f32; vals.len()];
+    let d = spec.head_size;
+    for block in 0..cache.num_blocks() {
+        for kv in 0..2 {
+            for tok in 0..spec.block_size {
+                for head in 0..spec.num_kv_heads {
+                    let (a, b) = (
+                        cache.offset(block, kv, tok, head),
+                        out.offset(block, kv, tok, head),
+                    );
+                    new[b..b + d].copy_from_slice(&vals[a..a + d]);
+                }
+            }
+        }
+    }
+    let shape = out.data().shape().to_vec();
+    *out.data_mut() = Tensor::from_f32(&host, &new, &shape, spec.storage_dtype())?;
+    out.to_device(cache.data().device())
+}
+
 /// Runs one batch on CUDA and compares output and LSE with the reference.
 fn check(b: &BackendRef, label: &str, case: &CaseConfig, spec: &BatchSpec, seed: u64) {
+    check_layout(b, label, case, spec, seed, false)
+}
+
+/// [`check`], optionally with the cache converted to the other layout (NHD) first.
+fn check_layout(
+    b: &BackendRef,
+    label: &str,
+    case: &CaseConfig,
+    spec: &BatchSpec,
+    seed: u64,
+    other_layout: bool,
+) {
     let result = (|| -> polyattn::Result<Result<(), String>> {
         let be: &dyn AttentionBackend = b.as_ref();
         let mut batch = RandomBatch::generate(be, case, spec, seed)?;
+        if other_layout {
+            batch.kv_cache = relayout(&batch.kv_cache)?;
+        }
         let want = reference::attention(&batch)?;
         let p = &case.params;
         let imp = be.make_impl(p.clone())?;
@@ -191,5 +241,55 @@ fn long_cascade_matches_reference() {
             &spec,
             7,
         );
+    }
+}
+
+#[test]
+fn decode_kernel_matches_reference() {
+    let Some(b) = cuda("decode_kernel") else {
+        return;
+    };
+    // Split (long) and unsplit (short) decodes, a decode of one key, and a batch mixing
+    // decodes with short and long prefills (the three kernels partition it).
+    let long = BatchSpec::new(&[(1, 5000), (1, 1), (1, 37), (1, 1300)]);
+    let mixed = BatchSpec::new(&[(1, 300), (20, 500), (1, 1000), (3, 40), (1, 17)]);
+    let many: Vec<(usize, usize)> = (0..40).map(|i| (1, 100 + 23 * i)).collect();
+    let many = BatchSpec::new(&many);
+    let mut seed = 500;
+    for (dtype, d, (h, hkv), bs) in [
+        (DType::Bf16, 128, (32, 8), 16),
+        (DType::F16, 128, (8, 1), 32),
+        (DType::Bf16, 64, (4, 4), 16),
+        (DType::F16, 96, (6, 1), 32),
+        (DType::Bf16, 128, (40, 2), 64),
+        (DType::Bf16, 64, (16, 1), 16),
+    ] {
+        for variant in ["plain", "sinks", "window", "alibi+softcap", "nhd"] {
+            let mut p = params(h, hkv, d, CacheDType::Auto);
+            match variant {
+                "sinks" => p.sinks = Some((0..h).map(|i| 0.3 + (i % 7) as f32 * 0.4).collect()),
+                "window" => p.sliding_window = Some(700),
+                "alibi+softcap" => {
+                    p.alibi_slopes = Some((0..h).map(|i| 0.5f32.powi(i as i32 % 8 + 1)).collect());
+                    p.logits_soft_cap = Some(4.0);
+                }
+                _ => {}
+            }
+            let case = CaseConfig::new(p, dtype, bs);
+            for (name, spec) in [("long", &long), ("mixed", &mixed), ("many", &many)] {
+                if name == "many" && variant != "plain" && variant != "nhd" {
+                    continue;
+                }
+                seed += 1;
+                check_layout(
+                    &b,
+                    &format!("decode {dtype} d{d} ({h},{hkv}) bs{bs} {variant} {name}"),
+                    &case,
+                    spec,
+                    seed,
+                    variant == "nhd",
+                );
+            }
+        }
     }
 }

@@ -1,8 +1,24 @@
-//! CUDA kernels of the model operations (in progress: not yet implemented).
+//! CUDA kernels of the model operations: `kernels-cuda/model_ops.cu`, compiled by NVRTC for
+//! the device's architecture on first use (the device's module cache and the on-disk cache,
+//! as the attention kernels) and launched on the device's one stream, without waiting.
+//!
+//! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
+//! * `rms_norm`: `model_rms_norm`, one block per row.
+//! * `linear`: T ≤ [`GEMV_MAX_TOKENS`] → `model_linear_gemv` (a warp per output feature,
+//!   float4 weight loads, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared
+//!   memory tiles, 4×4 register blocks).
+//! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
+//!
+//! Shapes and dtypes were validated by `crate::compute`; this file checks that the tensors
+//! live on this device, picks the float4 variants (row length a multiple of 4 and 16-byte
+//! aligned addresses) and sizes the grids.
 
-use super::Rope;
-use crate::backends::cuda::kernels::KernelSource;
-use crate::device::{CudaDevice, Tensor};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use super::{Rope, RopeStyle};
+use crate::backends::cuda::kernels::{self, KernelSource};
+use crate::device::{CudaDevice, Device, Storage, Tensor};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// `kernels-cuda/model_ops.cu`: the model operations' kernels (compiled like the attention
@@ -10,61 +26,374 @@ use crate::error::{Error, Result};
 pub const CUDA_MODEL_OPS: KernelSource = KernelSource {
     name: "model_ops",
     source: include_str!("../../kernels-cuda/model_ops.cu"),
-    functions: &[],
+    functions: &[
+        "model_gather",
+        "model_rms_norm",
+        "model_linear_tiled",
+        "model_linear_gemv",
+        "model_rope",
+        "model_silu_mul",
+        "model_add",
+    ],
 };
 
-fn todo(op: &str) -> Error {
-    Error::Device {
-        backend: "cuda".into(),
-        message: format!("{op} is not implemented on CUDA yet"),
+/// Largest token count `linear` runs as a GEMV (the kernel keeps one partial sum per token
+/// in registers); more tokens take the tiled kernel.
+pub const GEMV_MAX_TOKENS: usize = 4;
+
+/// Threads per block of every kernel but the GEMV (`MO_THREADS`).
+const THREADS: u32 = 256;
+/// Output tile edge of the tiled kernel (`LIN_BM` = `LIN_BN`).
+const TILE: usize = 64;
+/// Warps (output features) per GEMV block (`GEMV_WARPS`).
+const GEMV_WARPS: usize = 4;
+
+/// `GatherParams` of model_ops.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GatherParams {
+    table: u64,
+    ids: u64,
+    out: u64,
+    num_rows: i64,
+    table_rows: i64,
+    h: i32,
+    vec4: i32,
+}
+
+/// `RmsNormParams` of model_ops.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RmsNormParams {
+    x: u64,
+    weight: u64,
+    y: u64,
+    num_rows: i64,
+    h: i32,
+    eps: f32,
+    vec4: i32,
+    pad: i32,
+}
+
+/// `LinearParams` of model_ops.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct LinearParams {
+    x: u64,
+    w: u64,
+    y: u64,
+    t: i32,
+    k: i32,
+    n: i32,
+    vec4: i32,
+}
+
+/// `RopeParams` of model_ops.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RopeParams {
+    x: u64,
+    positions: u64,
+    num_tokens: i64,
+    num_heads: i32,
+    half: i32,
+    base: f32,
+    interleaved: i32,
+}
+
+/// `EltwiseParams` of model_ops.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct EltwiseParams {
+    a: u64,
+    b: u64,
+    out: u64,
+    n: i64,
+    vec4: i32,
+    pad: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
+const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
+const _: () = assert!(std::mem::size_of::<LinearParams>() == 40);
+const _: () = assert!(std::mem::size_of::<RopeParams>() == 40);
+const _: () = assert!(std::mem::size_of::<EltwiseParams>() == 40);
+
+// SAFETY: plain `repr(C)` structs of integers and floats whose layouts match the kernels'
+// structs (sizes asserted above and by `static_assert` in model_ops.cu).
+unsafe impl DeviceRepr for GatherParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RmsNormParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for LinearParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for EltwiseParams {}
+
+/// The device address of `t`, which must live on `dev`.
+fn ptr(dev: &CudaDevice, t: &Tensor, what: &str) -> Result<u64> {
+    match (t.device(), t.storage()) {
+        (Device::Cuda(d), Storage::Cuda(s)) if d == dev => Ok(s.device_ptr()),
+        _ => Err(Error::Device {
+            backend: "cuda".into(),
+            message: format!("{what} is not on this CUDA device ({})", dev.description()),
+        }),
     }
 }
 
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i32 range")))
+}
+
+fn i64_of(what: &str, v: usize) -> Result<i64> {
+    i64::try_from(v)
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i64 range")))
+}
+
+/// Whether `len` elements per row and every address allow float4 accesses.
+fn vec4_ok(len: usize, ptrs: &[u64]) -> i32 {
+    i32::from(len % 4 == 0 && ptrs.iter().all(|p| p % 16 == 0))
+}
+
+/// A zeroed f32 output of `shape` on `dev`.
+fn output(dev: &CudaDevice, shape: &[usize]) -> Result<Tensor> {
+    Tensor::zeros(&Device::Cuda(dev.clone()), shape, DType::F32)
+}
+
+/// Launches entry point `name` of model_ops.cu with `params`.
+fn launch<P: DeviceRepr>(
+    dev: &CudaDevice,
+    name: &str,
+    grid: (u32, u32, u32),
+    block: u32,
+    params: &P,
+) -> Result<()> {
+    let f = kernels::function(dev, &CUDA_MODEL_OPS, &[], name)?;
+    let cfg = LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    kernels::launch(dev, &f, cfg, params, None)
+}
+
+/// Blocks of [`THREADS`] for a grid-stride loop over `units` items: enough to fill the GPU
+/// many times over, never more than the items need.
+fn stride_blocks(dev: &CudaDevice, units: usize) -> u32 {
+    let needed = units.div_ceil(THREADS as usize);
+    let cap = dev.sm_count() as usize * 32;
+    needed.clamp(1, cap) as u32
+}
+
 pub(super) fn embedding(
-    _: &CudaDevice,
-    _: &Tensor,
-    _: &Tensor,
-    _: usize,
-    _: usize,
-    _: usize,
+    dev: &CudaDevice,
+    table: &Tensor,
+    ids: &Tensor,
+    v: usize,
+    h: usize,
+    t: usize,
 ) -> Result<Tensor> {
-    Err(todo("embedding"))
+    let out = output(dev, &[t, h])?;
+    if t == 0 || h == 0 {
+        return Ok(out);
+    }
+    let tp = ptr(dev, table, "embedding table / gather_rows input")?;
+    let ip = ptr(dev, ids, "indices")?;
+    let op = ptr(dev, &out, "output")?;
+    let vec4 = vec4_ok(h, &[tp, op]);
+    let params = GatherParams {
+        table: tp,
+        ids: ip,
+        out: op,
+        num_rows: i64_of("rows", t)?,
+        table_rows: i64_of("table rows", v)?,
+        h: i32_of("hidden", h)?,
+        vec4,
+    };
+    let units = if vec4 == 1 { t * h / 4 } else { t * h };
+    launch(
+        dev,
+        "model_gather",
+        (stride_blocks(dev, units), 1, 1),
+        THREADS,
+        &params,
+    )?;
+    Ok(out)
 }
+
 pub(super) fn rms_norm(
-    _: &CudaDevice,
-    _: &Tensor,
-    _: &Tensor,
-    _: f32,
-    _: usize,
-    _: usize,
+    dev: &CudaDevice,
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+    t: usize,
+    h: usize,
 ) -> Result<Tensor> {
-    Err(todo("rms_norm"))
+    let out = output(dev, &[t, h])?;
+    if t == 0 || h == 0 {
+        return Ok(out);
+    }
+    let xp = ptr(dev, x, "rms_norm input")?;
+    let wp = ptr(dev, weight, "rms_norm weight")?;
+    let yp = ptr(dev, &out, "output")?;
+    let params = RmsNormParams {
+        x: xp,
+        weight: wp,
+        y: yp,
+        num_rows: i64_of("rows", t)?,
+        h: i32_of("hidden", h)?,
+        eps,
+        vec4: vec4_ok(h, &[xp, wp, yp]),
+        pad: 0,
+    };
+    // One block per row (the kernel also strides over rows, so the grid may be capped).
+    let blocks = t.min(i32::MAX as usize) as u32;
+    launch(dev, "model_rms_norm", (blocks, 1, 1), THREADS, &params)?;
+    Ok(out)
 }
+
 pub(super) fn linear(
-    _: &CudaDevice,
-    _: &Tensor,
-    _: &Tensor,
-    _: usize,
-    _: usize,
-    _: usize,
+    dev: &CudaDevice,
+    x: &Tensor,
+    weight: &Tensor,
+    t: usize,
+    k: usize,
+    n: usize,
 ) -> Result<Tensor> {
-    Err(todo("linear"))
+    let out = output(dev, &[t, n])?;
+    if t == 0 || n == 0 || k == 0 {
+        return Ok(out);
+    }
+    let xp = ptr(dev, x, "linear input")?;
+    let wp = ptr(dev, weight, "linear weight")?;
+    let yp = ptr(dev, &out, "output")?;
+    let params = LinearParams {
+        x: xp,
+        w: wp,
+        y: yp,
+        t: i32_of("tokens", t)?,
+        k: i32_of("in_features", k)?,
+        n: i32_of("out_features", n)?,
+        vec4: vec4_ok(k, &[xp, wp]),
+    };
+    if t <= GEMV_MAX_TOKENS {
+        let blocks = i32_of("GEMV blocks", n.div_ceil(GEMV_WARPS))? as u32;
+        launch(
+            dev,
+            "model_linear_gemv",
+            (blocks, 1, 1),
+            (GEMV_WARPS * 32) as u32,
+            &params,
+        )?;
+    } else {
+        let (gx, gy) = (n.div_ceil(TILE), t.div_ceil(TILE));
+        if gy > 65535 {
+            return Err(Error::config(format!(
+                "linear of {t} tokens exceeds the tiled kernel's grid ({} tokens at most)",
+                65535 * TILE
+            )));
+        }
+        let gx = i32_of("linear tiles", gx)? as u32;
+        launch(
+            dev,
+            "model_linear_tiled",
+            (gx, gy as u32, 1),
+            THREADS,
+            &params,
+        )?;
+    }
+    Ok(out)
 }
+
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rope(
-    _: &CudaDevice,
-    _: &mut Tensor,
-    _: &Tensor,
-    _: Rope,
-    _: usize,
-    _: usize,
-    _: usize,
+    dev: &CudaDevice,
+    x: &mut Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    t: usize,
+    heads: usize,
+    d: usize,
 ) -> Result<()> {
-    Err(todo("rope"))
+    let pairs = t * heads * (d / 2);
+    if pairs == 0 {
+        return Ok(());
+    }
+    let params = RopeParams {
+        x: ptr(dev, x, "rope input")?,
+        positions: ptr(dev, positions, "rope positions")?,
+        num_tokens: i64_of("tokens", t)?,
+        num_heads: i32_of("heads", heads)?,
+        half: i32_of("head_size / 2", d / 2)?,
+        base: rope.base,
+        interleaved: i32::from(rope.style == RopeStyle::Interleaved),
+    };
+    launch(
+        dev,
+        "model_rope",
+        (stride_blocks(dev, pairs), 1, 1),
+        THREADS,
+        &params,
+    )
 }
-pub(super) fn silu_mul(_: &CudaDevice, _: &Tensor, _: &Tensor) -> Result<Tensor> {
-    Err(todo("silu_mul"))
+
+pub(super) fn silu_mul(dev: &CudaDevice, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let out = output(dev, gate.shape())?;
+    let n = gate.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let (a, b, o) = (
+        ptr(dev, gate, "silu_mul gate")?,
+        ptr(dev, up, "silu_mul up")?,
+        ptr(dev, &out, "output")?,
+    );
+    let vec4 = vec4_ok(n, &[a, b, o]);
+    let params = EltwiseParams {
+        a,
+        b,
+        out: o,
+        n: i64_of("elements", n)?,
+        vec4,
+        pad: 0,
+    };
+    let units = if vec4 == 1 { n / 4 } else { n };
+    launch(
+        dev,
+        "model_silu_mul",
+        (stride_blocks(dev, units), 1, 1),
+        THREADS,
+        &params,
+    )?;
+    Ok(out)
 }
-pub(super) fn add_assign(_: &CudaDevice, _: &mut Tensor, _: &Tensor) -> Result<()> {
-    Err(todo("add_assign"))
+
+pub(super) fn add_assign(dev: &CudaDevice, x: &mut Tensor, y: &Tensor) -> Result<()> {
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let (a, o) = (
+        ptr(dev, y, "add_assign operand")?,
+        ptr(dev, x, "add_assign target")?,
+    );
+    let vec4 = vec4_ok(n, &[a, o]);
+    let params = EltwiseParams {
+        a,
+        b: 0,
+        out: o,
+        n: i64_of("elements", n)?,
+        vec4,
+        pad: 0,
+    };
+    let units = if vec4 == 1 { n / 4 } else { n };
+    launch(
+        dev,
+        "model_add",
+        (stride_blocks(dev, units), 1, 1),
+        THREADS,
+        &params,
+    )
 }

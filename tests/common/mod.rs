@@ -109,10 +109,7 @@ impl FailureCase {
 
 /// Known backend gaps, skipped with their reasons. The CPU backend runs every case. A GPU backend that cannot run something yet gets an entry here, e.g.
 /// `FailureCase::backend("WGPU", "no f16 storage on lavapipe").when(|c| c.label.contains("f16"))`.
-pub const FAILURE_CASES: &[FailureCase] = &[
-    FailureCase::backend("WGPU", "model operations not yet written in WGSL").body("compute::*"),
-    FailureCase::backend("CUDA", "model operations not yet written in CUDA").body("compute::*"),
-];
+pub const FAILURE_CASES: &[FailureCase] = &[];
 
 /// The first entry of `table` that covers the case, with its reason.
 pub fn expected_failure(

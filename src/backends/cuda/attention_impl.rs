@@ -1,9 +1,14 @@
 //! The CUDA impl: checks the arguments once on the host (shapes, dtypes, devices, cache spec),
 //! then queues the kernels on the device's stream: `reshape_and_cache`, the paged-attention
 //! kernel over the step's work list, `combine_splits` for split decode tokens, and for cascade
-//! a prefix pass, a suffix pass and `merge_attn_states`. Nothing waits for the GPU; the
-//! caller synchronises (a download does).
+//! a prefix pass, a suffix pass and `merge_attn_states`. Without cascade a batch is cut by
+//! query length: decodes (query length 1) go to the tensor-core decode kernel when the layer
+//! allows it (`paged_decode.cu`), long queries to the tensor-core prefill kernel, the rest to
+//! the CUDA-core kernel. Nothing waits for the GPU; the caller synchronises (a download does).
 
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::LaunchConfig;
 
 use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
@@ -16,9 +21,10 @@ use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
     self, attention_function_name, attention_smem_bytes, attention_variant, code,
-    mma_function_name, mma_smem_bytes, mma_variant, AttnParams, MergeParams, ReshapeParams,
-    ATTN_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
-    RESHAPE_AND_CACHE,
+    decode_function_name, decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes,
+    mma_variant, AttnParams, MergeParams, ReshapeParams, ATTN_THREADS, DECODE_ROWS_PER_ITEM,
+    DECODE_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
+    PAGED_DECODE, RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
 
@@ -32,14 +38,31 @@ pub const MMA_MIN_QUERY_LEN: usize = 16;
 
 fn mma_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !std::env::var(MMA_ENV).is_ok_and(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "0" | "false" | "off" | "no"
-            )
-        })
-    })
+    *ON.get_or_init(|| env_switch(MMA_ENV, true))
+}
+
+/// The environment variable that turns the tensor-core decode kernel on (`1`, `true`, `on`,
+/// `yes`) or off (`0`, `false`, `off`, `no`); see [`DECODE_DEFAULT`].
+pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
+
+/// Whether the tensor-core decode kernel runs when `POLYATTN_CUDA_DECODE` is unset.
+pub const DECODE_DEFAULT: bool = false;
+
+fn decode_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_switch(DECODE_ENV, DECODE_DEFAULT))
+}
+
+/// `default` unless the variable `name` says `0|false|off|no` or `1|true|on|yes`.
+fn env_switch(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "0" | "false" | "off" | "no" => false,
+            "1" | "true" | "on" | "yes" => true,
+            _ => default,
+        },
+        Err(_) => default,
+    }
 }
 
 /// The CUDA attention impl of one layer.
@@ -49,6 +72,8 @@ pub struct CudaAttentionImpl {
     device: CudaDevice,
     alibi: Option<CudaStorage>,
     sinks: Option<CudaStorage>,
+    /// Decode CTAs the GPU runs at once (SMs x CTAs per SM), measured on first use.
+    decode_slots: OnceLock<usize>,
 }
 
 fn not_here(what: &str) -> Error {
@@ -97,6 +122,7 @@ impl CudaAttentionImpl {
             device,
             alibi,
             sinks,
+            decode_slots: OnceLock::new(),
         })
     }
 
@@ -154,6 +180,97 @@ impl CudaAttentionImpl {
             return None;
         }
         mma_function_name(dtype, self.params.head_size)
+    }
+
+    /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations
+    /// with a cache of the same dtype, head size 64, 96 or 128, sm_80+.
+    fn decode_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<&'static str> {
+        if !decode_enabled() || dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
+            return None;
+        }
+        decode_function_name(dtype, self.params.head_size)
+    }
+
+    /// The decode kernel `name` (variant of `dtype`), its shared-memory limit raised and its
+    /// shared-memory carve-out preferred, with the number of its CTAs the GPU runs at once.
+    fn decode_function(
+        &self,
+        name: &str,
+        dtype: DType,
+    ) -> Result<(cudarc::driver::CudaFunction, usize)> {
+        let d = self.params.head_size;
+        let [a, b] = decode_variant(dtype, d);
+        let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b], name)?;
+        let smem = decode_smem_bytes(d);
+        let slots = *self.decode_slots.get_or_init(|| {
+            let sms = self.device.sm_count().max(1) as usize;
+            let _ = f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            );
+            let _ = f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            );
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(DECODE_THREADS, smem as usize, None)
+                .unwrap_or(1)
+                .max(1) as usize;
+            sms * per_sm
+        });
+        Ok((f, slots))
+    }
+
+    /// Queues the decode kernel over `plan` (items of one token and up to 16 heads) and the
+    /// split combine. Partials live in the metadata's scratch buffer.
+    fn launch_decode(
+        &self,
+        plan: &WorkPlan,
+        base: &AttnParams,
+        md: &CudaAttentionMetadata,
+        f: &cudarc::driver::CudaFunction,
+    ) -> Result<()> {
+        let items = match &plan.items_dev {
+            Some(i) if !plan.items.is_empty() => i,
+            _ => return Ok(()),
+        };
+        let p = &self.params;
+        let (h, d) = (p.num_heads, p.head_size);
+        let mut params = *base;
+        params.items = items.device_ptr();
+        let n_split = plan.split_tokens.len();
+        if n_split > 0 {
+            let planes = plan.max_splits * n_split * h;
+            // part_out (16-byte aligned: planes * d * 4 is a multiple of 256 for d % 64 == 0,
+            // of 16 otherwise), then part_lse.
+            let out_bytes = (planes * d * 4).div_ceil(256) * 256;
+            let ptr = md.scratch(out_bytes + planes * 4)?;
+            params.part_out = ptr;
+            params.part_lse = ptr + out_bytes as u64;
+            params.n_part_tokens = i32_of("split tokens", n_split)?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (plan.items.len() as u32, 1, 1),
+            block_dim: (DECODE_THREADS, 1, 1),
+            shared_mem_bytes: decode_smem_bytes(d),
+        };
+        kernels::launch(&self.device, f, cfg, &params, None)?;
+        if let Some(list) = &plan.split_dev {
+            let variant = attention_variant(d);
+            let f = kernels::function(
+                &self.device,
+                &PAGED_ATTENTION,
+                &[&variant],
+                "combine_splits",
+            )?;
+            let cfg = LaunchConfig {
+                grid_dim: (n_split as u32, h as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            kernels::launch(&self.device, &f, cfg, &params, Some(list.device_ptr()))?;
+        }
+        Ok(())
     }
 
     /// Queues the tensor-core kernel over `plan` (items of up to 64 rows, never split).
@@ -501,28 +618,49 @@ impl AttentionImpl for CudaAttentionImpl {
         }
 
         match &md.cascade {
-            None => match self.mma_kernel(dtype, kv_cache.spec().storage_dtype()) {
-                None => {
-                    let plan = md.plan(&key_for(Pass::Full, causal, false, true))?;
-                    self.launch_attention(&plan, &base)
-                }
-                Some(name) => {
-                    // Short queries (decodes) on CUDA cores with split-KV, the rest on tensor
-                    // cores; the two plans partition the batch's requests.
-                    let short = PlanKey {
-                        max_q: MMA_MIN_QUERY_LEN,
+            None => {
+                // The batch's requests by query length: [1, 2) on the decode kernel (when it
+                // applies), [decode_end, mma_start) on CUDA cores with split-KV, [mma_start, ∞)
+                // on the tensor-core prefill kernel (when it applies). The plans partition the
+                // requests.
+                let cache_dtype = kv_cache.spec().storage_dtype();
+                let decode = self.decode_kernel(dtype, cache_dtype);
+                let mma = self.mma_kernel(dtype, cache_dtype);
+                let decode_end = if decode.is_some() { 2 } else { 0 };
+                let mma_start = if mma.is_some() {
+                    MMA_MIN_QUERY_LEN
+                } else {
+                    usize::MAX
+                };
+                if let Some(name) = decode {
+                    let (f, slots) = self.decode_function(name, dtype)?;
+                    let key = PlanKey {
+                        max_q: decode_end,
+                        rows: DECODE_ROWS_PER_ITEM,
+                        slots,
                         ..key_for(Pass::Full, causal, false, true)
                     };
+                    let plan = md.plan(&key)?;
+                    self.launch_decode(&plan, &base, md, &f)?;
+                }
+                let short = PlanKey {
+                    min_q: decode_end,
+                    max_q: mma_start,
+                    ..key_for(Pass::Full, causal, false, true)
+                };
+                let plan = md.plan(&short)?;
+                self.launch_attention(&plan, &base)?;
+                if let Some(name) = mma {
                     let long = PlanKey {
-                        min_q: MMA_MIN_QUERY_LEN,
+                        min_q: mma_start,
                         rows: MMA_ROWS_PER_ITEM,
                         ..key_for(Pass::Full, causal, false, false)
                     };
-                    let (short, long) = (md.plan(&short)?, md.plan(&long)?);
-                    self.launch_attention(&short, &base)?;
-                    self.launch_mma(&long, &base, name, dtype)
+                    let plan = md.plan(&long)?;
+                    self.launch_mma(&plan, &base, name, dtype)?;
                 }
-            },
+                Ok(())
+            }
             Some(cascade) => {
                 let (h, d) = (p.num_heads, p.head_size);
                 let o_p = self.device.zeros_bytes(n * h * d * 4)?;

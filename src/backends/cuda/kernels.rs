@@ -77,6 +77,21 @@ pub const PAGED_ATTENTION_MMA: KernelSource = KernelSource {
     ],
 };
 
+/// `paged_decode.cu` (split-KV decode on tensor cores; f16 / bf16 with a same-dtype cache,
+/// head sizes 64, 96, 128).
+pub const PAGED_DECODE: KernelSource = KernelSource {
+    name: "paged_decode",
+    source: include_str!("../../../kernels-cuda/paged_decode.cu"),
+    functions: &[
+        "paged_decode_f16_d64",
+        "paged_decode_f16_d96",
+        "paged_decode_f16_d128",
+        "paged_decode_bf16_d64",
+        "paged_decode_bf16_d96",
+        "paged_decode_bf16_d128",
+    ],
+};
+
 /// `merge_states.cu`.
 pub const MERGE_STATES: KernelSource = KernelSource {
     name: "merge_states",
@@ -400,6 +415,15 @@ pub fn mma_variant(dtype: DType, head_size: usize) -> [String; 2] {
     ]
 }
 
+/// The `-D` options that build only the decode variant for `dtype` and `head_size` (see
+/// paged_decode.cu).
+pub fn decode_variant(dtype: DType, head_size: usize) -> [String; 2] {
+    [
+        format!("-DPD_D={head_size}"),
+        format!("-DPD_BF16={}", i32::from(dtype == DType::Bf16)),
+    ]
+}
+
 /// Launches `f` on the device's stream with one by-value parameter block (and optionally a
 /// second pointer argument), raising the dynamic shared-memory limit first when needed.
 pub(crate) fn launch<P: DeviceRepr>(
@@ -663,6 +687,34 @@ pub fn mma_function_name(dtype: DType, head_size: usize) -> Option<&'static str>
         .copied()
 }
 
+/// Query heads per work item of the decode kernel (the m16 rows of its mma tiles).
+pub const DECODE_ROWS_PER_ITEM: usize = 16;
+/// Threads per decode CTA (`DEC_WARPS` warps).
+pub const DECODE_THREADS: u32 = 128;
+/// Ring stages per warp of the decode kernel (`DEC_STAGES`).
+pub const DECODE_STAGES: usize = 3;
+/// Keys per chunk of the decode kernel (`DEC_KEYS`).
+pub const DECODE_KEYS_PER_CHUNK: usize = 16;
+
+/// Dynamic shared memory of the decode kernel: Q [16][D+8] and, per warp, `DECODE_STAGES`
+/// stages of K and V [16][D+8], 16-bit elements.
+pub fn decode_smem_bytes(head_size: usize) -> u32 {
+    let row = (head_size + 8) * 2;
+    (16 * row + (DECODE_THREADS as usize / 32) * DECODE_STAGES * 2 * DECODE_KEYS_PER_CHUNK * row)
+        as u32
+}
+
+/// The decode entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
+pub fn decode_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+    let t = match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        _ => return None,
+    };
+    let want = format!("paged_decode_{t}_d{head_size}");
+    PAGED_DECODE.functions.iter().find(|f| **f == want).copied()
+}
+
 /// The attention entry point for `head_size` (`paged_attention_dpl{ceil(D/32)}`).
 pub fn attention_function_name(head_size: usize) -> Option<&'static str> {
     let dpl = head_size.div_ceil(32);
@@ -806,5 +858,16 @@ mod tests {
             attention_smem_bytes(256),
             (16 * 256 + 16 * 258 + 16 * 256) * 4
         );
+        // Q [16][136] + 4 warps x 3 stages x (K + V) [16][136], 2 bytes each.
+        assert_eq!(
+            decode_smem_bytes(128),
+            16 * 136 * 2 + 4 * 3 * 2 * 16 * 136 * 2
+        );
+        assert_eq!(
+            decode_function_name(DType::Bf16, 128),
+            Some("paged_decode_bf16_d128")
+        );
+        assert_eq!(decode_function_name(DType::F32, 128), None);
+        assert_eq!(decode_function_name(DType::F16, 256), None);
     }
 }

@@ -13,7 +13,9 @@
 //! one); a key can restrict the plan to requests in a range of query lengths, so that the two
 //! kernels split one batch. Single-token (decode) requests are split along
 //! the keys (flash-decoding) when the batch has too few CTAs to fill the GPU: each split
-//! writes an f32 partial and its LSE, and `combine_splits` merges them.
+//! writes an f32 partial and its LSE, and `combine_splits` merges them. For the decode kernel
+//! (`PlanKey::slots` > 0) the split count is chosen so that the CTAs fill whole waves of the
+//! GPU's concurrent CTA slots ([`decode_split_target`]).
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -34,6 +36,12 @@ use super::kernels::{WorkItem, KEYS_PER_CHUNK, ROWS_PER_ITEM};
 pub const MAX_SPLITS: usize = 32;
 /// Fewest keys worth a split of their own.
 pub const MIN_KEYS_PER_SPLIT: usize = 256;
+/// Most key splits of one decode token on the decode kernel.
+pub const DECODE_MAX_SPLITS: usize = 128;
+/// Fewest keys per split on the decode kernel (two 16-key chunks per warp).
+pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 128;
+/// Wave efficiency (CTAs / (waves x slots)) the decode split count aims for.
+const DECODE_WAVE_EFFICIENCY: f64 = 0.9;
 
 /// Shared-prefix (cascade) attention plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +86,11 @@ pub struct PlanKey {
     pub min_q: usize,
     /// See `min_q`.
     pub max_q: usize,
+    /// CTAs the GPU runs at once for the kernel (SMs x CTAs per SM). Non-zero selects the
+    /// decode kernel's split rule ([`decode_split_target`], [`DECODE_MAX_SPLITS`],
+    /// [`DECODE_MIN_KEYS_PER_SPLIT`]); 0 the CUDA-core kernel's (2 CTAs per SM,
+    /// [`MAX_SPLITS`], [`MIN_KEYS_PER_SPLIT`]).
+    pub slots: usize,
 }
 
 impl PlanKey {
@@ -94,8 +107,44 @@ impl PlanKey {
             rows: ROWS_PER_ITEM,
             min_q: 0,
             max_q: usize::MAX,
+            slots: 0,
         }
     }
+}
+
+/// Splits of a decode token with `len` visible keys when `want` are wanted: `(splits,
+/// keys per split)`, keys per split a multiple of the chunk size; `(1, len)` when unsplit.
+fn split_shape(len: usize, want: usize, max_splits: usize, min_keys: usize) -> (usize, usize) {
+    let s = want.min(max_splits).min(len / min_keys.max(1));
+    if s <= 1 {
+        return (1, len);
+    }
+    let chunk = len.div_ceil(s).div_ceil(KEYS_PER_CHUNK) * KEYS_PER_CHUNK;
+    (len.div_ceil(chunk), chunk)
+}
+
+/// The split count to ask of every splittable decode token so that `ctas(want)` CTAs fill
+/// whole waves of `slots`: the smallest `want` in `1..=max` whose wave efficiency
+/// (CTAs / (waves x slots)) reaches 0.9, else the most efficient one.
+pub fn decode_split_target(slots: usize, max: usize, ctas: impl Fn(usize) -> usize) -> usize {
+    let slots = slots.max(1);
+    let eff = |n: usize| {
+        if n == 0 {
+            return 0.0;
+        }
+        n as f64 / (n.div_ceil(slots) * slots) as f64
+    };
+    let mut best = (1, eff(ctas(1)));
+    for want in 1..=max.max(1) {
+        let e = eff(ctas(want));
+        if e >= DECODE_WAVE_EFFICIENCY {
+            return want;
+        }
+        if e > best.1 + 1e-9 {
+            best = (want, e);
+        }
+    }
+    best.0
 }
 
 /// A planned work list, on the host and uploaded.
@@ -164,19 +213,40 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
             && inp.query_start_loc[r + 1] - inp.query_start_loc[r] == 1
     };
 
-    // CTAs without splitting decide how much splitting is worth it.
-    let base_ctas: usize = (0..num_reqs)
-        .filter(|&r| included(r))
-        .map(|r| {
-            let ql = (inp.query_start_loc[r + 1] - inp.query_start_loc[r]) as usize;
-            ql.div_ceil(tq) * ctas_per_tile
-        })
-        .sum();
-    let target = 2 * inp.sm_count.max(1);
-    let want = if base_ctas == 0 {
-        1
+    let (max_split, min_keys) = if key.slots > 0 {
+        (DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT)
     } else {
-        target.div_ceil(base_ctas)
+        (MAX_SPLITS, MIN_KEYS_PER_SPLIT)
+    };
+    let want = if key.slots > 0 {
+        // CTAs of the whole plan when every splittable token asks for `w` splits.
+        let ctas = |w: usize| -> usize {
+            (0..num_reqs)
+                .filter(|&r| included(r) && q_len(r) > 0)
+                .map(|r| {
+                    let tiles = if splittable(r) {
+                        let (vlo, vhi) = decode_visible(r);
+                        split_shape(vhi - vlo, w, max_split, min_keys).0
+                    } else {
+                        q_len(r).div_ceil(tq)
+                    };
+                    tiles * ctas_per_tile
+                })
+                .sum()
+        };
+        decode_split_target(key.slots, max_split, ctas)
+    } else {
+        // CTAs without splitting decide how much splitting is worth it.
+        let base_ctas: usize = (0..num_reqs)
+            .filter(|&r| included(r))
+            .map(|r| q_len(r).div_ceil(tq) * ctas_per_tile)
+            .sum();
+        let target = 2 * inp.sm_count.max(1);
+        if base_ctas == 0 {
+            1
+        } else {
+            target.div_ceil(base_ctas)
+        }
     };
 
     let mut items = Vec::new();
@@ -192,11 +262,8 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
         let mut pushed = false;
         if splittable(r) && want > 1 {
             let (vlo, vhi) = decode_visible(r);
-            let len = vhi - vlo;
-            let s = want.min(MAX_SPLITS).min(len / MIN_KEYS_PER_SPLIT);
+            let (s, chunk) = split_shape(vhi - vlo, want, max_split, min_keys);
             if s > 1 {
-                let chunk = len.div_ceil(s).div_ceil(KEYS_PER_CHUNK) * KEYS_PER_CHUNK;
-                let s = len.div_ceil(chunk);
                 let part_tok = split_tokens.len() as i32;
                 split_tokens.push([qs as i32, part_tok, s as i32, 0]);
                 max_splits = max_splits.max(s);
@@ -274,6 +341,7 @@ pub struct CudaAttentionMetadata {
     uploaded: Option<DeviceMetadata>,
     pub(crate) device: CudaDevice,
     plans: Mutex<HashMap<PlanKey, Arc<WorkPlan>>>,
+    scratch: Mutex<Option<CudaStorage>>,
 }
 
 impl AttentionMetadata for CudaAttentionMetadata {
@@ -288,6 +356,24 @@ impl CudaAttentionMetadata {
         self.uploaded
             .as_ref()
             .unwrap_or_else(|| self.common.device())
+    }
+
+    /// The address of a device buffer of at least `bytes` bytes, kept for the life of this
+    /// metadata and shared by every layer that runs with it (split-KV partials): its users
+    /// are ordered on the device's one stream, so a layer's kernels never overlap the
+    /// previous layer's. Its contents are whatever the last user left (zeros when new); a
+    /// larger request replaces it (the old buffer's free is stream-ordered too).
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<u64> {
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = s.as_ref() {
+            if b.len_bytes() >= bytes {
+                return Ok(b.device_ptr());
+            }
+        }
+        let b = self.device.zeros_bytes(bytes)?;
+        let ptr = b.device_ptr();
+        *s = Some(b);
+        Ok(ptr)
     }
 
     /// The work list for `key`, planned and uploaded on first use in this step.
@@ -381,6 +467,7 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
             uploaded,
             device: self.device.clone(),
             plans: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(None),
         }))
     }
 }
@@ -516,6 +603,60 @@ mod tests {
             &key(4, 8),
         );
         assert!(plan.split_tokens.is_empty());
+    }
+
+    #[test]
+    fn decode_splits_fill_whole_waves() {
+        let decode_key = |slots: usize| PlanKey {
+            rows: 16,
+            max_q: 2,
+            slots,
+            ..key(4, 8)
+        };
+        let inp = |qsl: &'static [i32], seq: &'static [i32]| PlanInputs {
+            query_start_loc: qsl,
+            seq_lens: seq,
+            sm_count: 132,
+        };
+        // One 32k request: 8 KV heads x splits near the 264 slots, each split >= 128 keys.
+        let plan = plan_work(inp(&[0, 1], &[32_768]), &decode_key(264));
+        let s = plan.split_tokens[0][2] as usize;
+        assert!(
+            plan.items.len() >= 238 && plan.items.len() <= 264,
+            "{}",
+            plan.items.len()
+        );
+        assert!(s <= DECODE_MAX_SPLITS);
+        assert!(plan
+            .items
+            .iter()
+            .all(|i| i.kv_hi - i.kv_lo >= DECODE_MIN_KEYS_PER_SPLIT as i32 && i.q_len == 1));
+        // Short contexts are not cut below the minimum.
+        let plan = plan_work(inp(&[0, 1], &[300]), &decode_key(264));
+        assert!(plan.split_tokens.is_empty() || plan.split_tokens[0][2] <= 2);
+        // Wave efficiency: the chosen split count fills at least 90% of its waves.
+        for (b, slots) in [(1usize, 264usize), (8, 264), (16, 264), (64, 264), (3, 132)] {
+            let qsl: Vec<i32> = (0..=b as i32).collect();
+            let seq = vec![4096; b];
+            let plan = plan_work(
+                PlanInputs {
+                    query_start_loc: &qsl,
+                    seq_lens: &seq,
+                    sm_count: 132,
+                },
+                &decode_key(slots),
+            );
+            let n = plan.items.len();
+            let eff = n as f64 / (n.div_ceil(slots) * slots) as f64;
+            assert!(eff >= 0.9, "b{b}: {n} CTAs on {slots} slots");
+            assert_eq!(
+                coverage(&plan, &qsl, 32, 4),
+                vec![1; b * 32],
+                "b{b} coverage"
+            );
+        }
+        assert_eq!(decode_split_target(264, 128, |w| 512 * w), 1);
+        assert_eq!(decode_split_target(264, 128, |w| 64 * w), 4);
     }
 
     #[test]

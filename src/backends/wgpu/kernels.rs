@@ -36,6 +36,8 @@ pub enum Bindings {
     Merge,
     /// probe_copy.wgsl / probe_fma.wgsl: uniform 0; read 1 (src); read-write 2 (dst).
     Probe,
+    /// model_ops_*.wgsl (`crate::compute`): uniform 0; read 1, 2; read-write 3.
+    Model,
 }
 
 impl Bindings {
@@ -63,6 +65,7 @@ impl Bindings {
                 (6, false),
             ],
             Bindings::Probe => &[(1, true), (2, false)],
+            Bindings::Model => &[(1, true), (2, true), (3, false)],
         }
     }
 

@@ -1,0 +1,447 @@
+// Paged decode attention on tensor cores (split-KV "flash-decoding" with an in-CTA merge) for
+// f16 / bf16 activations with a cache of the same dtype and head sizes 64, 96 and 128. The host
+// uses it for the requests of a batch whose query length is 1 (decodes), when the layer's
+// features allow; everything else runs on paged_attention.cu (the semantic reference) or
+// paged_attention_mma.cu.
+//
+// Work: the WorkItem list of common.cuh, planned with at most 16 rows per item and one query
+// token per item (q_len == 1): query heads kv_head*group + [head_start, head_start +
+// head_count), head_count <= 16, all sharing KV head `kv_head`, so every key and value of the
+// item's range is read from memory once for the whole GQA group. Items of a split token
+// (num_splits > 1) cover the key range [kv_lo, kv_hi) of split `split`; the planner makes
+// enough splits that the GPU's SMs are busy even for a single request.
+//
+// Algorithm per CTA (4 warps):
+//  1. The item's query rows (one per head; rows >= head_count zero-filled) are copied to shared
+//     memory with cp.async and held in registers as mma A fragments (ldmatrix.x4), the same for
+//     every warp.
+//  2. The visible key range [lo, hi) of the token (causal, window, [kv_lo, kv_hi)) is cut into
+//     chunks of 16 positions aligned to 16 (a chunk never crosses a cache block: block sizes
+//     are multiples of 16). Warp w takes chunks w, w+4, w+8, ... and streams them through its
+//     own ring of DEC_STAGES shared-memory stages with cp.async (16-byte copies, DEC_STAGES - 1
+//     chunks in flight per warp, no CTA barrier in the loop: __syncwarp orders each warp's
+//     own copies and reads). Positions outside [lo, hi) are zero-filled, never read.
+//  3. Per chunk: S = Q K^T (m16n8k16, rows = heads, 2 n-tiles of 8 keys; ldmatrix.x4 on the
+//     K rows), s *= scale, soft cap c*tanh(s/c), ALiBi -slope*|pos - j|, mask (-inf outside
+//     [lo, hi) and for rows >= head_count); online softmax per row with running max m and
+//     partial denominator l per thread (rows g4 and g4+8 of the mma layout), O rescaled by
+//     exp(m_old - m_new); P packed to f16x2 / bf16x2 and O += P V (ldmatrix.x4.trans on V).
+//  4. In-CTA merge: the 4 warps' (m, l, O) go to shared memory (reusing the rings after a
+//     barrier); row r's result is O = sum_w e^(m_w - M) O_w / L with M = max_w m_w (and the
+//     sink for unsplit items), L = sum_w e^(m_w - M) l_w (+ e^(sink - M)). Unsplit items write
+//     out = O (0 when L = 0) and lse = M + ln L (natural log, -inf when the row saw neither
+//     key nor sink); split items write f32 partials WITHOUT the sink to part_out / part_lse,
+//     merged by `combine_splits` (paged_attention.cu), which adds the sink once.
+//
+// Layouts: q [T][num_heads][D] and out [T][num_heads][D] (f16 / bf16; out_dtype may also be
+// f32); cache (num_blocks, 2, block_size, num_kv_heads, D) NHD or HND in the activation dtype;
+// lse [num_heads][num_tokens] f32; part_out [num_splits][n_part_tokens][num_heads][D] f32,
+// part_lse [num_splits][n_part_tokens][num_heads] f32; block_table [num_reqs][bt_stride].
+// Shared memory: Q [16][D+8], then per warp DEC_STAGES stages of K [16][D+8] and V [16][D+8]
+// (16-byte aligned rows for cp.async / ldmatrix, conflict-free banks); = decode_smem_bytes(D)
+// in kernels.rs.
+//
+// Bounds relied on (host side): metadata validated (query_start_loc monotonic, query_len <=
+// seq_len, block ids of every position < seq_len in range); every item has q_len == 1,
+// q_start inside its request, kv_hi <= seq_len, head_start + head_count <= group,
+// head_count <= 16, kv_head < num_kv_heads; head_size == D; block_size a multiple of 16; q,
+// cache and part_out 16-byte aligned (allocations are 256-byte aligned, row offsets multiples
+// of D elements, D a multiple of 16); out / lse / part buffers sized as above; dynamic shared
+// memory = decode_smem_bytes(D); compute capability >= 8.0 (cp.async, ldmatrix, bf16 mma).
+// Only chunks that hold at least one position of [lo, hi) are touched, so every block-table
+// entry read is one of a position < seq_len, and every cache address lies in that block.
+
+#include "common.cuh"
+
+#define DEC_WARPS 4
+#define DEC_KEYS 16    // keys per chunk
+#define DEC_STAGES 3   // ring stages per warp
+
+__device__ __forceinline__ pa_u32 pd_smem_addr(const void* p) {
+    pa_u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes 16 zero bytes (no read).
+__device__ __forceinline__ void pd_cp_async16(pa_u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void pd_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pd_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void pd_ldmatrix_x4(pa_u32 addr, pa_u32& r0, pa_u32& r1, pa_u32& r2,
+                                               pa_u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void pd_ldmatrix_x4_trans(pa_u32 addr, pa_u32& r0, pa_u32& r1,
+                                                     pa_u32& r2, pa_u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile, f32 accumulators.
+template <bool BF16>
+__device__ __forceinline__ void pd_mma(float* d, const pa_u32* a, pa_u32 b0, pa_u32 b1) {
+    if (BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Packs (lo, hi) into one register of two 16-bit values, lo in the low half.
+template <bool BF16>
+__device__ __forceinline__ pa_u32 pd_pack2(float lo, float hi) {
+    pa_u32 r;
+    if (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+template <bool BF16, int D>
+__device__ __forceinline__ void pd_decode(const AttnParams& p) {
+    constexpr int S = D + 8;                 // shared row stride in elements
+    constexpr int KT = D / 16;               // k16 steps of Q K^T
+    constexpr int NT = D / 8;                // n8 tiles of O
+    constexpr int CH = D / 8;                // 16-byte pieces per row
+    constexpr int TILE = DEC_KEYS * S;       // elements of one K (or V) stage
+    constexpr int PIECES = DEC_KEYS * CH / 32;  // 16-byte pieces per lane per K (or V) chunk
+    static_assert(D % 16 == 0 && (DEC_KEYS * CH) % 32 == 0, "head size");
+    extern __shared__ uint4 pd_smem[];
+    pa_u16* q_s = (pa_u16*)pd_smem;          // [16][S]
+    pa_u16* ring = q_s + 16 * S;             // [DEC_WARPS][DEC_STAGES][2][DEC_KEYS][S]
+
+    const WorkItem it = p.items[blockIdx.x];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g4 = lane >> 2;
+    const int t4 = lane & 3;
+    const int hc = it.head_count;
+    const int qsl0 = p.query_start_loc[it.req];
+    const int req_q_len = p.query_start_loc[it.req + 1] - qsl0;
+    const int pos = p.seq_lens[it.req] - req_q_len + (it.q_start - qsl0);
+    const int head0 = it.kv_head * p.group + it.head_start;
+    const pa_u16* q = (const pa_u16*)p.q;
+    const pa_u16* cache = (const pa_u16*)p.cache;
+    const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
+
+    int lo, hi;
+    pa_visible(p, pos, it.kv_lo, it.kv_hi, &lo, &hi);
+    const int c_begin = lo - lo % DEC_KEYS;
+    const int nch = lo < hi ? (hi - c_begin + DEC_KEYS - 1) / DEC_KEYS : 0;
+    const int my_n = nch > warp ? (nch - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
+    const pa_i64 row_stride = p.layout_hnd ? (pa_i64)D : (pa_i64)p.num_kv_heads * D;
+    pa_u16* my_ring = ring + warp * DEC_STAGES * 2 * TILE;
+
+    // Queues the cp.async copies of this warp's i-th chunk into ring stage `stage`.
+    auto issue = [&](int i, int stage) {
+        const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
+        const pa_i64 block = bt[c0 / p.block_size];
+        const int off = c0 % p.block_size;
+        const pa_u16* kb = cache + pa_cache_offset(block, 0, off, it.kv_head, p.block_size,
+                                                   p.num_kv_heads, D, p.layout_hnd);
+        const pa_u16* vb = cache + pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
+                                                   p.num_kv_heads, D, p.layout_hnd);
+        pa_u16* ks = my_ring + stage * 2 * TILE;
+        pa_u16* vs = ks + TILE;
+#pragma unroll
+        for (int u = 0; u < PIECES; ++u) {
+            const int piece = lane + 32 * u;
+            const int j = piece / CH;
+            const int c = piece - j * CH;
+            const int kp = c0 + j;
+            const int bytes = (kp >= lo && kp < hi) ? 16 : 0;
+            const pa_i64 o = j * row_stride + c * 8;
+            pd_cp_async16(pd_smem_addr(ks + j * S + c * 8), kb + o, bytes);
+            pd_cp_async16(pd_smem_addr(vs + j * S + c * 8), vb + o, bytes);
+        }
+    };
+
+    // 1. Q rows (committed with the first chunk's group).
+    for (int i = tid; i < 16 * CH; i += blockDim.x) {
+        const int r = i / CH;
+        const int c = i - r * CH;
+        const pa_u16* src = q;
+        int bytes = 0;
+        if (r < hc) {
+            src = q + ((pa_i64)it.q_start * p.num_heads + head0 + r) * D + c * 8;
+            bytes = 16;
+        }
+        pd_cp_async16(pd_smem_addr(q_s + r * S + c * 8), src, bytes);
+    }
+    // Prologue: the first DEC_STAGES - 1 chunks of this warp in flight.
+#pragma unroll
+    for (int s = 0; s < DEC_STAGES - 1; ++s) {
+        if (s < my_n) issue(s, s);
+        pd_cp_async_commit();
+    }
+    pd_cp_async_wait<DEC_STAGES - 2>();  // this thread's Q pieces (and chunk 0) landed
+    __syncthreads();                     // everyone's Q pieces landed
+
+    pa_u32 qf[KT][4];
+    {
+        const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1);
+        const int a_col = 8 * (lane >> 4);
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            pd_ldmatrix_x4(pd_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0], qf[kk][1],
+                           qf[kk][2], qf[kk][3]);
+        }
+    }
+
+    bool act[2];
+    float slope[2], m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = g4 + 8 * i;
+        act[i] = r < hc;
+        slope[i] = (p.alibi != 0 && act[i]) ? p.alibi[head0 + r] : 0.0f;
+        m[i] = -PA_INF;
+        l[i] = 0.0f;
+    }
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    // ldmatrix lane addressing for K (two n-tiles x k16) and V (k16 x two d-tiles, .trans).
+    const int k_row = (lane & 7) + 8 * (lane >> 4);
+    const int k_col = 8 * ((lane >> 3) & 1);
+    const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int v_col = 8 * (lane >> 4);
+
+    // 2-3. This warp's chunks through its ring.
+    for (int i = 0; i < my_n; ++i) {
+        pd_cp_async_wait<DEC_STAGES - 2>();
+        __syncwarp();  // every lane's copies of chunk i are visible to the warp
+        const int stage = i % DEC_STAGES;
+        const pa_u16* ks = my_ring + stage * 2 * TILE;
+        const pa_u16* vs = ks + TILE;
+        const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
+
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            pa_u32 b0, b1, b2, b3;
+            pd_ldmatrix_x4(pd_smem_addr(ks + k_row * S + 16 * kk + k_col), b0, b1, b2, b3);
+            pd_mma<BF16>(s[0], qf[kk], b0, b1);
+            pd_mma<BF16>(s[1], qf[kk], b2, b3);
+        }
+
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1;
+                const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
+                float x = s[j][e] * p.scale;
+                if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+                if (p.alibi != 0) x -= slope[r] * fabsf((float)(pos - kp));
+                x = (act[r] && kp >= lo && kp < hi) ? x : -PA_INF;
+                s[j][e] = x;
+                mx[r] = fmaxf(mx[r], x);
+            }
+        }
+        float msub[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PA_FULL_MASK, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PA_FULL_MASK, mx[r], 2));
+            msub[r] = mx[r] == -PA_INF ? 0.0f : mx[r];
+            alpha[r] = expf(m[r] - msub[r]);
+            m[r] = mx[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float x = expf(s[j][e] - msub[e >> 1]);
+                s[j][e] = x;
+                rs[e >> 1] += x;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+
+        pa_u32 a[4];
+        a[0] = pd_pack2<BF16>(s[0][0], s[0][1]);
+        a[1] = pd_pack2<BF16>(s[0][2], s[0][3]);
+        a[2] = pd_pack2<BF16>(s[1][0], s[1][1]);
+        a[3] = pd_pack2<BF16>(s[1][2], s[1][3]);
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            pa_u32 b0, b1, b2, b3;
+            pd_ldmatrix_x4_trans(pd_smem_addr(vs + v_row * S + 8 * n + v_col), b0, b1, b2, b3);
+            pd_mma<BF16>(o[n], a, b0, b1);
+            pd_mma<BF16>(o[n + 1], a, b2, b3);
+        }
+
+        __syncwarp();  // every lane is done reading the stage refilled below
+        const int nx = i + DEC_STAGES - 1;
+        if (nx < my_n) issue(nx, nx % DEC_STAGES);
+        pd_cp_async_commit();
+    }
+
+    // 4. In-CTA merge of the warps' states, through shared memory (the rings are free once
+    // every warp has drained its copies and passed the barrier).
+    pd_cp_async_wait<0>();
+    __syncthreads();
+    float* red_o = (float*)ring;                     // [DEC_WARPS][16][D]
+    float* red_m = red_o + DEC_WARPS * 16 * D;       // [DEC_WARPS][16]
+    float* red_l = red_m + DEC_WARPS * 16;           // [DEC_WARPS][16]
+    float* fac = red_l + DEC_WARPS * 16;             // [DEC_WARPS][16]
+    float* row_lse = fac + DEC_WARPS * 16;           // [16]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float lt = l[i];
+        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
+        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
+        const int r = g4 + 8 * i;
+        if (!act[i]) continue;
+        float* dst = red_o + (warp * 16 + r) * D;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            dst[8 * n + 2 * t4] = o[n][2 * i];
+            dst[8 * n + 2 * t4 + 1] = o[n][2 * i + 1];
+        }
+        if (t4 == 0) {
+            red_m[warp * 16 + r] = m[i];
+            red_l[warp * 16 + r] = lt;
+        }
+    }
+    __syncthreads();
+    const bool split = it.num_splits > 1;
+    if (tid < hc) {
+        const int r = tid;
+        const bool sink = p.use_sinks && p.sinks != 0 && !split;
+        const float sv = sink ? p.sinks[head0 + r] : -PA_INF;
+        float mm = sv;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) mm = fmaxf(mm, red_m[w * 16 + r]);
+        float wt[DEC_WARPS];
+        float z = sink ? expf(sv - mm) : 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float mw = red_m[w * 16 + r];
+            wt[w] = mw == -PA_INF ? 0.0f : expf(mw - mm);
+            z += wt[w] * red_l[w * 16 + r];
+        }
+        const float inv = z > 0.0f ? 1.0f / z : 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) fac[w * 16 + r] = wt[w] * inv;
+        row_lse[r] = z > 0.0f ? mm + logf(z) : -PA_INF;
+    }
+    __syncthreads();
+
+    const int t = it.q_start;
+    constexpr int D4 = D / 4;
+    for (int i = tid; i < hc * D4; i += blockDim.x) {
+        const int r = i / D4;
+        const int d = (i - r * D4) * 4;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float f = fac[w * 16 + r];
+            if (f != 0.0f) {
+                const float4 x = *(const float4*)(red_o + (w * 16 + r) * D + d);
+                v[0] += f * x.x;
+                v[1] += f * x.y;
+                v[2] += f * x.z;
+                v[3] += f * x.w;
+            }
+        }
+        const int h = head0 + r;
+        if (split) {
+            const pa_i64 base =
+                ((pa_i64)it.split * p.n_part_tokens + it.part_tok) * p.num_heads + h;
+            float4 w;
+            w.x = v[0];
+            w.y = v[1];
+            w.z = v[2];
+            w.w = v[3];
+            *(float4*)(p.part_out + base * D + d) = w;
+        } else {
+            const pa_i64 base = ((pa_i64)t * p.num_heads + h) * D + d;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa_store(p.out, base + e, p.out_dtype, v[e]);
+        }
+    }
+    if (tid < hc) {
+        const int h = head0 + tid;
+        if (split) {
+            p.part_lse[((pa_i64)it.split * p.n_part_tokens + it.part_tok) * p.num_heads + h] =
+                row_lse[tid];
+        } else if (p.lse != 0) {
+            p.lse[(pa_i64)h * p.num_tokens + t] = row_lse[tid];
+        }
+    }
+}
+
+#define PD_DEFINE(NAME, BF16, D)                                                          \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(const AttnParams p) { \
+        pd_decode<BF16, D>(p);                                                            \
+    }
+
+// The host compiles only the variant it needs (-DPD_D=128 -DPD_BF16=1); without the defines
+// every variant is built (the CI compile check).
+#ifdef PD_D
+#define PD_ALL 0
+#else
+#define PD_ALL 1
+#define PD_D 0
+#define PD_BF16 0
+#endif
+#define PD_WANT(BF, D) (PD_ALL || (PD_D == (D) && PD_BF16 == (BF)))
+#if PD_WANT(0, 64)
+PD_DEFINE(paged_decode_f16_d64, false, 64)
+#endif
+#if PD_WANT(0, 96)
+PD_DEFINE(paged_decode_f16_d96, false, 96)
+#endif
+#if PD_WANT(0, 128)
+PD_DEFINE(paged_decode_f16_d128, false, 128)
+#endif
+#if PD_WANT(1, 64)
+PD_DEFINE(paged_decode_bf16_d64, true, 64)
+#endif
+#if PD_WANT(1, 96)
+PD_DEFINE(paged_decode_bf16_d96, true, 96)
+#endif
+#if PD_WANT(1, 128)
+PD_DEFINE(paged_decode_bf16_d128, true, 128)
+#endif

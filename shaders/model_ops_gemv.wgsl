@@ -1,0 +1,87 @@
+// model_ops_gemv.wgsl — y = x·Wᵀ for decode row counts (T ≤ 4): memory-bound, so the
+// weight is read exactly once, coalesced.
+//
+// Algorithm: the workgroup's WG threads form GROUPS = WG / LANES groups of LANES
+// consecutive threads (a hardware warp / subgroup on the GPUs we target, without relying on
+// subgroup operations); group g reduces output feature f = flat_group·GROUPS + g over K:
+// lane l reads the VT columns l, l + LANES, ... of W's row f (LANES consecutive vectors per
+// step: one coalesced 512-byte read when V = 4) and the same columns of the T ≤ 4 rows of x
+// (shared by every group: they stay in cache), and accumulates one partial dot product per
+// token in a vec4. The LANES partials of a group are then added by a tree reduction in
+// workgroup memory (log2 LANES halving steps) and lane 0 writes y[t][f] for t < T.
+//
+// Specialisation (generated header): WG, LANES (a power of two dividing WG), V / VT (V = 4
+// needs K % 4 == 0).
+//
+// Layout: x [T, K], W [N, K], y [T, N], f32 row-major; Params.kv = K / V.
+// Bounds relied on (host checks): 1 ≤ T ≤ 4; N·K, T·N < 2^32 elements (each tensor fits one
+// binding); workgroups spread over x and z, features ≥ N read and write nothing (their
+// threads still take part in the barriers).
+
+struct Params {
+    num_tokens: u32,
+    n: u32,
+    kv: u32,
+    pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<VT>;
+@group(0) @binding(2) var<storage, read> w: array<VT>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+const GROUPS: u32 = WG / LANES;
+
+var<workgroup> red: array<vec4<f32>, WG>;
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let g = lid / LANES;
+    let l = lid % LANES;
+    let f = flat_group(wid, nwg) * GROUPS + g;
+    let kv = params.kv;
+    let t = params.num_tokens;
+    // acc[t]: token t's partial dot product.
+    var acc = vec4<f32>(0.0);
+    if f < params.n {
+        let row = f * kv;
+        for (var c = l; c < kv; c += LANES) {
+            let wv = w[row + c];
+            acc.x += vdot(x[c], wv);
+            if t > 1u {
+                acc.y += vdot(x[kv + c], wv);
+            }
+            if t > 2u {
+                acc.z += vdot(x[2u * kv + c], wv);
+            }
+            if t > 3u {
+                acc.w += vdot(x[3u * kv + c], wv);
+            }
+        }
+    }
+    red[lid] = acc;
+    workgroupBarrier();
+    for (var stride = LANES / 2u; stride > 0u; stride = stride >> 1u) {
+        if l < stride {
+            red[lid] = red[lid] + red[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    if l == 0u && f < params.n {
+        let s = red[lid];
+        y[f] = s.x;
+        if t > 1u {
+            y[params.n + f] = s.y;
+        }
+        if t > 2u {
+            y[2u * params.n + f] = s.z;
+        }
+        if t > 3u {
+            y[3u * params.n + f] = s.w;
+        }
+    }
+}
