@@ -60,7 +60,11 @@ impl GlassTokenizer {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let ranks = merges.into_iter().enumerate().map(|(r, p)| (p, r)).collect();
+        let ranks = merges
+            .into_iter()
+            .enumerate()
+            .map(|(r, p)| (p, r))
+            .collect();
         Ok(GlassTokenizer { vocab, ranks, ids })
     }
 
@@ -70,7 +74,10 @@ impl GlassTokenizer {
     }
 
     fn chunks(text: &str) -> Vec<Vec<char>> {
-        let chars: Vec<char> = text.chars().map(|c| if c == ' ' { SPACE } else { c }).collect();
+        let chars: Vec<char> = text
+            .chars()
+            .map(|c| if c == ' ' { SPACE } else { c })
+            .collect();
         let mut out = Vec::new();
         let mut i = 0;
         while i < chars.len() {
@@ -111,7 +118,9 @@ impl GlassTokenizer {
                 let mut i = 0;
                 while i < symbols.len() {
                     if i + 1 < symbols.len()
-                        && self.ranks.get(&(symbols[i].clone(), symbols[i + 1].clone()))
+                        && self
+                            .ranks
+                            .get(&(symbols[i].clone(), symbols[i + 1].clone()))
                             == Some(&rank)
                     {
                         merged.push(format!("{}{}", symbols[i], symbols[i + 1]));
@@ -144,8 +153,9 @@ impl GlassTokenizer {
 
 /// Reads glassllm's `.npz` into host weights and the model's configuration.
 pub fn load_weights(npz: &Npz) -> Result<(LlamaConfig, HostWeights), String> {
-    let cfg: serde_json::Value = serde_json::from_str(npz.string("__config__").map_err(|e| e.to_string())?)
-        .map_err(|e| format!("__config__: {e}"))?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(npz.string("__config__").map_err(|e| e.to_string())?)
+            .map_err(|e| format!("__config__: {e}"))?;
     let get = |k: &str| -> Result<usize, String> {
         cfg[k]
             .as_u64()
@@ -153,7 +163,10 @@ pub fn load_weights(npz: &Npz) -> Result<(LlamaConfig, HostWeights), String> {
             .ok_or(format!("__config__ has no integer '{k}'"))
     };
     let getf = |k: &str| -> Result<f32, String> {
-        cfg[k].as_f64().map(|v| v as f32).ok_or(format!("__config__ has no number '{k}'"))
+        cfg[k]
+            .as_f64()
+            .map(|v| v as f32)
+            .ok_or(format!("__config__ has no number '{k}'"))
     };
     let (vocab, hidden, layers) = (get("vocab_size")?, get("d_model")?, get("n_layers")?);
     let (heads, kv_heads, max_len) = (get("n_heads")?, get("n_kv_heads")?, get("max_len")?);
@@ -178,7 +191,9 @@ pub fn load_weights(npz: &Npz) -> Result<(LlamaConfig, HostWeights), String> {
         rms_eps: getf("eps")?,
     };
     let f = |name: &str, shape: &[usize]| -> Result<Vec<f32>, String> {
-        npz.f32(name, shape).map(|d| d.to_vec()).map_err(|e| e.to_string())
+        npz.f32(name, shape)
+            .map(|d| d.to_vec())
+            .map_err(|e| e.to_string())
     };
     // [in, out] -> [out, in]
     let t = |name: &str, rows: usize, cols: usize| -> Result<Vec<f32>, String> {

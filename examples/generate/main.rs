@@ -15,11 +15,13 @@
 //! GGUF fetched by `scripts/fetch-smollm2.sh` into `models/` (or `$POLYATTN_SMOLLM2_GGUF`)
 //! and checked against its sha256; a PATH to a `.gguf` file loads any Llama GGUF whose
 //! tensors are F32 / F16 / Q8_0 / Q4_0 / Q4_1.
+// The loader modules (gguf, bpe, npz) are small libraries with a complete API; the CLI uses
+// part of it and the tests the rest.
 #![allow(dead_code)]
 
 mod bpe;
-mod glass;
 mod gguf;
+mod glass;
 mod model;
 mod npz;
 mod smollm;
@@ -41,7 +43,9 @@ pub const EMBEDDED_TOKENIZER: &str = include_str!("fixtures/en.tokenizer.json");
 pub const DEFAULT_PROMPT: &str = "Once upon a time";
 
 #[derive(Parser, Debug)]
-#[command(about = "Generate text with a Llama-family model through polyattn, on the best local backend")]
+#[command(
+    about = "Generate text with a Llama-family model through polyattn, on the best local backend"
+)]
 struct Args {
     /// `tiny` (embedded), `smollm2` (fetched by scripts/fetch-smollm2.sh) or a .gguf path.
     #[arg(long, default_value = "tiny")]
@@ -73,7 +77,7 @@ pub enum Tokenizer {
     /// The embedded model's character BPE.
     Glass(GlassTokenizer),
     /// A GGUF's byte-level BPE.
-    Bpe(bpe::ByteLevelBpe),
+    Bpe(Box<bpe::ByteLevelBpe>),
 }
 
 impl Tokenizer {
@@ -181,7 +185,13 @@ fn run(args: Args) -> Result<(), String> {
     };
     let texts: Vec<String> = prompts
         .iter()
-        .map(|p| if args.chat { chat_wrap(&loaded.tokenizer, p) } else { p.clone() })
+        .map(|p| {
+            if args.chat {
+                chat_wrap(&loaded.tokenizer, p)
+            } else {
+                p.clone()
+            }
+        })
         .collect();
     let mut ids = Vec::new();
     let mut prompt_tokens = 0;
@@ -209,7 +219,10 @@ fn run(args: Args) -> Result<(), String> {
     let mut total_generated = 0;
     while runner.has_unfinished() {
         for t in runner.step().map_err(|e| e.to_string())? {
-            let i = ids.iter().position(|&id| id == t.request).expect("our request");
+            let i = ids
+                .iter()
+                .position(|&id| id == t.request)
+                .expect("our request");
             if !loaded.tokenizer.stop_ids().contains(&t.token) {
                 generated[i].push(t.token);
             }

@@ -119,7 +119,9 @@ impl Llama {
         let params = AttentionParams::new(c.num_heads, c.head_size, c.num_kv_heads);
         let block_size = 16;
         let first = match backend {
-            Some(b) => Attention::on_backend(AttentionLayer::new("layers.0.attn"), params.clone(), b)?,
+            Some(b) => {
+                Attention::on_backend(AttentionLayer::new("layers.0.attn"), params.clone(), b)?
+            }
             None => Attention::new(
                 AttentionLayer::new("layers.0.attn"),
                 params.clone(),
@@ -201,7 +203,11 @@ impl CausalLm for Llama {
         self.backend.clone()
     }
 
-    fn forward(&self, batch: &StepBatch<'_>, kv_caches: &mut [KvCache]) -> polyattn::Result<Tensor> {
+    fn forward(
+        &self,
+        batch: &StepBatch<'_>,
+        kv_caches: &mut [KvCache],
+    ) -> polyattn::Result<Tensor> {
         let c = &self.config;
         let t = batch.input_ids.numel();
         let rope = Rope {

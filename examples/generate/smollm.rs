@@ -28,14 +28,19 @@ pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5b
 pub fn default_path() -> PathBuf {
     match std::env::var_os("POLYATTN_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join(SMOLLM2_FILE),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("models")
+            .join(SMOLLM2_FILE),
     }
 }
 
 /// Hex sha256 of a file.
 pub fn sha256_file(path: &Path) -> Result<String, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+    Ok(Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
 
 /// Loads SmolLM2 after checking the file's sha256 against the pinned one.
@@ -72,19 +77,33 @@ pub fn load_gguf(path: &Path) -> Result<Loaded, String> {
     Ok(Loaded {
         config,
         weights,
-        tokenizer: Tokenizer::Bpe(tokenizer),
+        tokenizer: Tokenizer::Bpe(Box::new(tokenizer)),
         name,
     })
 }
 
 fn weights(file: &GgufFile) -> Result<(LlamaConfig, HostWeights), String> {
-    let arch = file.get_str("general.architecture").map_err(|e| e.to_string())?;
+    let arch = file
+        .get_str("general.architecture")
+        .map_err(|e| e.to_string())?;
     if arch != "llama" {
-        return Err(format!("architecture '{arch}' is not supported (llama only)"));
+        return Err(format!(
+            "architecture '{arch}' is not supported (llama only)"
+        ));
     }
-    let u = |k: &str| file.get_usize(&format!("llama.{k}")).map_err(|e| e.to_string());
-    let f = |k: &str| file.get_f32(&format!("llama.{k}")).map_err(|e| e.to_string());
-    let (hidden, layers, heads) = (u("embedding_length")?, u("block_count")?, u("attention.head_count")?);
+    let u = |k: &str| {
+        file.get_usize(&format!("llama.{k}"))
+            .map_err(|e| e.to_string())
+    };
+    let f = |k: &str| {
+        file.get_f32(&format!("llama.{k}"))
+            .map_err(|e| e.to_string())
+    };
+    let (hidden, layers, heads) = (
+        u("embedding_length")?,
+        u("block_count")?,
+        u("attention.head_count")?,
+    );
     let kv_heads = u("attention.head_count_kv")?;
     if heads == 0 || hidden % heads != 0 || kv_heads == 0 || heads % kv_heads != 0 {
         return Err(format!(
@@ -95,7 +114,11 @@ fn weights(file: &GgufFile) -> Result<(LlamaConfig, HostWeights), String> {
     let (embedding, dims) = tensor(file, "token_embd.weight")?;
     let vocab = match dims.as_slice() {
         [h, v] if *h == hidden => *v,
-        d => return Err(format!("token_embd.weight has dims {d:?}, expected [{hidden}, vocab]")),
+        d => {
+            return Err(format!(
+                "token_embd.weight has dims {d:?}, expected [{hidden}, vocab]"
+            ))
+        }
     };
     let config = LlamaConfig {
         vocab_size: vocab,
@@ -113,17 +136,21 @@ fn weights(file: &GgufFile) -> Result<(LlamaConfig, HostWeights), String> {
     let mat = |name: &str, rows: usize, cols: usize| -> Result<Vec<f32>, String> {
         let (data, dims) = tensor(file, name)?;
         if dims != [cols, rows] {
-            return Err(format!("{name} has dims {dims:?}, expected [{cols}, {rows}]"));
+            return Err(format!(
+                "{name} has dims {dims:?}, expected [{cols}, {rows}]"
+            ));
         }
         Ok(data)
     };
-    let vec = |name: &str, n: usize| mat(name, 1, n).or_else(|_| {
-        let (data, dims) = tensor(file, name)?;
-        if dims != [n] {
-            return Err(format!("{name} has dims {dims:?}, expected [{n}]"));
-        }
-        Ok(data)
-    });
+    let vec = |name: &str, n: usize| {
+        mat(name, 1, n).or_else(|_| {
+            let (data, dims) = tensor(file, name)?;
+            if dims != [n] {
+                return Err(format!("{name} has dims {dims:?}, expected [{n}]"));
+            }
+            Ok(data)
+        })
+    };
     let (q, kv, i) = (heads * head_size, kv_heads * head_size, config.intermediate);
     let mut host_layers = Vec::with_capacity(layers);
     for l in 0..layers {

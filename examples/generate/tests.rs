@@ -20,7 +20,9 @@ macro_rules! report {
 }
 
 fn cpu() -> BackendRef {
-    polyattn::registry::global().get("CPU").expect("the CPU backend is always registered")
+    polyattn::registry::global()
+        .get("CPU")
+        .expect("the CPU backend is always registered")
 }
 
 struct Reference {
@@ -32,7 +34,11 @@ fn glass_reference() -> Reference {
     let v: serde_json::Value =
         serde_json::from_str(include_str!("testdata/glass_reference.json")).unwrap();
     let ids = |x: &serde_json::Value| -> Vec<u32> {
-        x.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
     };
     let cases = v["cases"].as_array().unwrap();
     Reference {
@@ -50,7 +56,9 @@ fn generate(
 ) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
     let model = Llama::load(loaded.config.clone(), loaded.weights.clone(), backend)?;
     let mut runner = ModelRunner::new(model, runner)?;
-    let name = polyattn::runner::CausalLm::backend(runner.model()).name().to_string();
+    let name = polyattn::runner::CausalLm::backend(runner.model())
+        .name()
+        .to_string();
     // No stop tokens: always exactly `tokens` tokens, so runs compare position by position.
     let out = runner.generate(prompts, &SamplingParams::greedy(tokens))?;
     Ok((out, name))
@@ -62,7 +70,10 @@ fn tiny_model_matches_its_numpy_implementation() {
     let r = glass_reference();
     let (got, _) = generate(&tiny, Some(cpu()), &r.prompts, 32, RunnerConfig::default()).unwrap();
     for (i, (g, w)) in got.iter().zip(&r.greedy).enumerate() {
-        assert_eq!(g, w, "prompt {i}: polyattn CPU vs glassllm (NumPy, float32)");
+        assert_eq!(
+            g, w,
+            "prompt {i}: polyattn CPU vs glassllm (NumPy, float32)"
+        );
     }
 }
 
@@ -74,10 +85,16 @@ fn batching_chunking_and_preemption_do_not_change_greedy_tokens() {
         .prompts
         .iter()
         .map(|p| {
-            generate(&tiny, Some(cpu()), std::slice::from_ref(p), 32, RunnerConfig::default())
-                .unwrap()
-                .0
-                .remove(0)
+            generate(
+                &tiny,
+                Some(cpu()),
+                std::slice::from_ref(p),
+                32,
+                RunnerConfig::default(),
+            )
+            .unwrap()
+            .0
+            .remove(0)
         })
         .collect();
     // Chunked prefill: 5 tokens per step, so prompts arrive in pieces next to decodes.
@@ -94,10 +111,15 @@ fn batching_chunking_and_preemption_do_not_change_greedy_tokens() {
     for (what, cfg) in [("chunked prefill", chunked), ("preemption", tight)] {
         let model = Llama::load(tiny.config.clone(), tiny.weights.clone(), Some(cpu())).unwrap();
         let mut runner = ModelRunner::new(model, cfg).unwrap();
-        let got = runner.generate(&r.prompts, &SamplingParams::greedy(32)).unwrap();
+        let got = runner
+            .generate(&r.prompts, &SamplingParams::greedy(32))
+            .unwrap();
         assert_eq!(got, alone, "{what} changed the greedy tokens");
         if what == "preemption" {
-            assert!(runner.stats().preemptions > 0, "the tight cache never preempted");
+            assert!(
+                runner.stats().preemptions > 0,
+                "the tight cache never preempted"
+            );
         }
     }
     assert_eq!(alone, r.greedy);
@@ -106,8 +128,14 @@ fn batching_chunking_and_preemption_do_not_change_greedy_tokens() {
 /// Greedy tokens of `prompts` on every available backend equal the CPU's. Prints which
 /// backends ran and which were skipped, and why.
 fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], tokens: usize) {
-    let (want, _) =
-        generate(loaded, Some(cpu()), prompts, tokens, RunnerConfig::default()).unwrap();
+    let (want, _) = generate(
+        loaded,
+        Some(cpu()),
+        prompts,
+        tokens,
+        RunnerConfig::default(),
+    )
+    .unwrap();
     let mut ran = vec!["CPU".to_string()];
     let mut skipped = Vec::new();
     let mut failures = Vec::new();
@@ -119,7 +147,13 @@ fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>],
             skipped.push(format!("{} ({why})", b.name()));
             continue;
         }
-        match generate(loaded, Some(b.clone()), prompts, tokens, RunnerConfig::default()) {
+        match generate(
+            loaded,
+            Some(b.clone()),
+            prompts,
+            tokens,
+            RunnerConfig::default(),
+        ) {
             Ok((got, _)) if got == want => ran.push(b.name().to_string()),
             Ok((got, _)) => failures.push(format!(
                 "{}: greedy tokens differ from the CPU's\n  cpu: {want:?}\n  got: {got:?}",
@@ -131,7 +165,11 @@ fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>],
     report!(
         "[{what}] identical greedy tokens on: {}; skipped: {}",
         ran.join(", "),
-        if skipped.is_empty() { "none".to_string() } else { skipped.join(", ") }
+        if skipped.is_empty() {
+            "none".to_string()
+        } else {
+            skipped.join(", ")
+        }
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -160,14 +198,22 @@ fn smollm2_says_paris_on_every_backend() {
         return;
     };
     let prompt = model.tokenizer.encode("The capital of France is");
-    let (out, _) =
-        generate(&model, Some(cpu()), &[prompt.clone()], 8, RunnerConfig::default()).unwrap();
+    let (out, _) = generate(
+        &model,
+        Some(cpu()),
+        std::slice::from_ref(&prompt),
+        8,
+        RunnerConfig::default(),
+    )
+    .unwrap();
     let text = model.tokenizer.decode(&out[0]);
     assert!(text.starts_with(" Paris"), "CPU continued with {text:?}");
     let prompts = vec![
         prompt,
         model.tokenizer.encode("def fibonacci(n):"),
-        model.tokenizer.encode(&crate::bpe::chat_prompt("What is 2+2?")),
+        model
+            .tokenizer
+            .encode(&crate::bpe::chat_prompt("What is 2+2?")),
     ];
     identical_on_every_backend("smollm2, 32 tokens", &model, &prompts, 32);
 }
@@ -183,7 +229,9 @@ fn bad_inputs_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the context holds 128"), "{e}");
-    assert!(runner.add_request(vec![], SamplingParams::greedy(4)).is_err());
+    assert!(runner
+        .add_request(vec![], SamplingParams::greedy(4))
+        .is_err());
     let e = runner
         .add_request(vec![5000], SamplingParams::greedy(4))
         .unwrap_err()
@@ -194,7 +242,10 @@ fn bad_inputs_are_clear_errors() {
         ..SamplingParams::greedy(4)
     };
     assert!(runner.add_request(vec![5], bad).is_err());
-    assert!(!runner.has_unfinished(), "a rejected request must not be queued");
+    assert!(
+        !runner.has_unfinished(),
+        "a rejected request must not be queued"
+    );
 
     // Missing, corrupted and substituted weight files.
     let dir = std::env::temp_dir().join(format!("polyattn-generate-test-{}", std::process::id()));
