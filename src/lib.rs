@@ -39,6 +39,7 @@ pub mod metadata;
 pub mod ops;
 pub mod reference;
 pub mod registry;
+pub mod runner;
 pub mod selector;
 pub mod testing;
 

@@ -80,8 +80,15 @@ impl AttentionBackend for WgpuBackend {
         DeviceKind::Wgpu
     }
 
+    /// 400 for a hardware adapter: after the native paths, before the CPU. A software
+    /// adapter (lavapipe, llvmpipe, WARP: `DeviceType::Cpu`) emulates a GPU on the same
+    /// cores the CPU backend uses natively, so it ranks after the CPU backend (1100); it
+    /// stays selectable by `POLYATTN_BACKEND=wgpu`.
     fn priority(&self) -> u32 {
-        400
+        match WgpuDevice::open() {
+            Ok(d) if d.adapter_info().device_type == wgpu::DeviceType::Cpu => 1100,
+            _ => 400,
+        }
     }
 
     fn availability(&self) -> Availability {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The model runner on the H200: the compute operations and the generate example on every
+# backend (CPU on the host's cores, CUDA, WGPU through Vulkan), then tokens/s of SmolLM2.
+# Binaries (built on the CI-like machine, see ../shared/gpu/pack.sh) in $B:
+#   test-compute, test-generate (the example's tests), example-generate.
+# SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
+# (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
+# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, tiny, smollm2, speed)
+set -u
+OUT=${OUT:-/tmp/h200}
+B=${B:-.devlead}
+mkdir -p "$OUT"
+export POLYATTN_CACHE_DIR=/tmp/polyattn-cache WGPU_BACKEND=vulkan
+GGUF=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+export POLYATTN_SMOLLM2_GGUF=$GGUF
+say() { echo "== $* ($(date +%T))"; }
+run() { # run NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  say "$name"
+  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E 'ran on|identical|SKIP|test result|panicked|FAIL|error|\[polyattn\]|Paris' "$OUT/$name.log" | head -40
+  echo "-- $name rc=$rc"
+}
+for p in "$@"; do
+  case $p in
+    join)
+      cat .m1/p .m2/p .m3/p >"$GGUF" && sha256sum "$GGUF" ;;
+    compute)
+      run compute 200 $B/test-compute --nocapture ;;
+    tiny)
+      run tiny 300 $B/test-generate --nocapture tiny
+      for be in cpu cuda wgpu; do
+        run "gen-tiny-$be" 60 env POLYATTN_BACKEND=$be $B/example-generate --max-tokens 32
+      done ;;
+    smollm2)
+      run smollm2-tests 400 $B/test-generate --nocapture smollm2 ;;
+    speed)
+      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for be in cuda wgpu cpu; do
+        run "smollm2-$be-1" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 "${P[0]}"
+        run "smollm2-$be-8" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 "${P[@]}"
+      done ;;
+  esac
+done
+say done

@@ -1,0 +1,265 @@
+//! The example's end-to-end checks, run by `cargo test` (the example has `test = true`):
+//! the embedded model against its own NumPy implementation, batching / chunking / preemption
+//! not changing greedy output, greedy tokens identical on every available backend, SmolLM2
+//! when its weights are present, and the errors users hit.
+
+use polyattn::backend::Availability;
+use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
+use polyattn::BackendRef;
+
+use crate::model::Llama;
+use crate::{load_tiny, smollm, Loaded};
+
+/// Prints to stderr unbuffered (libtest captures print! of passing tests; coverage and SKIP
+/// lines must show in a plain `cargo test`).
+macro_rules! report {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
+fn cpu() -> BackendRef {
+    polyattn::registry::global()
+        .get("CPU")
+        .expect("the CPU backend is always registered")
+}
+
+struct Reference {
+    prompts: Vec<Vec<u32>>,
+    greedy: Vec<Vec<u32>>,
+}
+
+fn glass_reference() -> Reference {
+    let v: serde_json::Value =
+        serde_json::from_str(include_str!("testdata/glass_reference.json")).unwrap();
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let cases = v["cases"].as_array().unwrap();
+    Reference {
+        prompts: cases.iter().map(|c| ids(&c["prompt_ids"])).collect(),
+        greedy: cases.iter().map(|c| ids(&c["greedy_ids"])).collect(),
+    }
+}
+
+fn generate(
+    loaded: &Loaded,
+    backend: Option<BackendRef>,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+    runner: RunnerConfig,
+) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
+    let model = Llama::load(loaded.config.clone(), loaded.weights.clone(), backend)?;
+    let mut runner = ModelRunner::new(model, runner)?;
+    let name = polyattn::runner::CausalLm::backend(runner.model())
+        .name()
+        .to_string();
+    // No stop tokens: always exactly `tokens` tokens, so runs compare position by position.
+    let out = runner.generate(prompts, &SamplingParams::greedy(tokens))?;
+    Ok((out, name))
+}
+
+#[test]
+fn tiny_model_matches_its_numpy_implementation() {
+    let tiny = load_tiny().unwrap();
+    let r = glass_reference();
+    let (got, _) = generate(&tiny, Some(cpu()), &r.prompts, 32, RunnerConfig::default()).unwrap();
+    for (i, (g, w)) in got.iter().zip(&r.greedy).enumerate() {
+        assert_eq!(
+            g, w,
+            "prompt {i}: polyattn CPU vs glassllm (NumPy, float32)"
+        );
+    }
+}
+
+#[test]
+fn batching_chunking_and_preemption_do_not_change_greedy_tokens() {
+    let tiny = load_tiny().unwrap();
+    let r = glass_reference();
+    let alone: Vec<Vec<u32>> = r
+        .prompts
+        .iter()
+        .map(|p| {
+            generate(
+                &tiny,
+                Some(cpu()),
+                std::slice::from_ref(p),
+                32,
+                RunnerConfig::default(),
+            )
+            .unwrap()
+            .0
+            .remove(0)
+        })
+        .collect();
+    // Chunked prefill: 5 tokens per step, so prompts arrive in pieces next to decodes.
+    let chunked = RunnerConfig {
+        max_num_batched_tokens: 5,
+        ..Default::default()
+    };
+    // A cache of 6 blocks of 16 tokens for 4 requests growing to ~40 tokens each: requests
+    // are preempted and recomputed.
+    let tight = RunnerConfig {
+        kv_cache_tokens: 96,
+        ..Default::default()
+    };
+    for (what, cfg) in [("chunked prefill", chunked), ("preemption", tight)] {
+        let model = Llama::load(tiny.config.clone(), tiny.weights.clone(), Some(cpu())).unwrap();
+        let mut runner = ModelRunner::new(model, cfg).unwrap();
+        let got = runner
+            .generate(&r.prompts, &SamplingParams::greedy(32))
+            .unwrap();
+        assert_eq!(got, alone, "{what} changed the greedy tokens");
+        if what == "preemption" {
+            assert!(
+                runner.stats().preemptions > 0,
+                "the tight cache never preempted"
+            );
+        }
+    }
+    assert_eq!(alone, r.greedy);
+}
+
+/// Greedy tokens of `prompts` on every available backend equal the CPU's. Prints which
+/// backends ran and which were skipped, and why.
+fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], tokens: usize) {
+    let (want, _) = generate(
+        loaded,
+        Some(cpu()),
+        prompts,
+        tokens,
+        RunnerConfig::default(),
+    )
+    .unwrap();
+    let mut ran = vec!["CPU".to_string()];
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    for b in polyattn::registry::global().backends() {
+        if b.name() == "CPU" {
+            continue;
+        }
+        if let Availability::Unavailable(why) = b.availability() {
+            skipped.push(format!("{} ({why})", b.name()));
+            continue;
+        }
+        match generate(
+            loaded,
+            Some(b.clone()),
+            prompts,
+            tokens,
+            RunnerConfig::default(),
+        ) {
+            Ok((got, _)) if got == want => ran.push(b.name().to_string()),
+            Ok((got, _)) => failures.push(format!(
+                "{}: greedy tokens differ from the CPU's\n  cpu: {want:?}\n  got: {got:?}",
+                b.name()
+            )),
+            Err(e) => failures.push(format!("{}: {e}", b.name())),
+        }
+    }
+    report!(
+        "[{what}] identical greedy tokens on: {}; skipped: {}",
+        ran.join(", "),
+        if skipped.is_empty() {
+            "none".to_string()
+        } else {
+            skipped.join(", ")
+        }
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn tiny_model_greedy_tokens_are_identical_on_every_backend() {
+    let tiny = load_tiny().unwrap();
+    identical_on_every_backend("tiny, 32 tokens", &tiny, &glass_reference().prompts, 32);
+}
+
+fn smollm2_or_skip(test: &str) -> Option<Loaded> {
+    let path = smollm::default_path();
+    if !path.exists() {
+        report!(
+            "SKIP {test}: {} not found (run scripts/fetch-smollm2.sh, or set POLYATTN_SMOLLM2_GGUF)",
+            path.display()
+        );
+        return None;
+    }
+    Some(smollm::load_verified(&path).unwrap())
+}
+
+#[test]
+fn smollm2_says_paris_on_every_backend() {
+    let Some(model) = smollm2_or_skip("smollm2_says_paris_on_every_backend") else {
+        return;
+    };
+    let prompt = model.tokenizer.encode("The capital of France is");
+    let (out, _) = generate(
+        &model,
+        Some(cpu()),
+        std::slice::from_ref(&prompt),
+        8,
+        RunnerConfig::default(),
+    )
+    .unwrap();
+    let text = model.tokenizer.decode(&out[0]);
+    assert!(text.starts_with(" Paris"), "CPU continued with {text:?}");
+    let prompts = vec![
+        prompt,
+        model.tokenizer.encode("def fibonacci(n):"),
+        model
+            .tokenizer
+            .encode(&crate::bpe::chat_prompt("What is 2+2?")),
+    ];
+    identical_on_every_backend("smollm2, 32 tokens", &model, &prompts, 32);
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let tiny = load_tiny().unwrap();
+    let model = Llama::load(tiny.config.clone(), tiny.weights.clone(), Some(cpu())).unwrap();
+    let mut runner = ModelRunner::new(model, RunnerConfig::default()).unwrap();
+    let long = tiny.tokenizer.encode(&"the cat sat. ".repeat(60));
+    let e = runner
+        .add_request(long, SamplingParams::greedy(4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the context holds 128"), "{e}");
+    assert!(runner
+        .add_request(vec![], SamplingParams::greedy(4))
+        .is_err());
+    let e = runner
+        .add_request(vec![5000], SamplingParams::greedy(4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    let bad = SamplingParams {
+        top_p: 0.0,
+        ..SamplingParams::greedy(4)
+    };
+    assert!(runner.add_request(vec![5], bad).is_err());
+    assert!(
+        !runner.has_unfinished(),
+        "a rejected request must not be queued"
+    );
+
+    // Missing, corrupted and substituted weight files.
+    let dir = std::env::temp_dir().join(format!("polyattn-generate-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.gguf");
+    let e = smollm::load_gguf(&missing).err().unwrap();
+    assert!(e.contains("missing.gguf"), "{e}");
+    let corrupt = dir.join("corrupt.gguf");
+    std::fs::write(&corrupt, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let e = smollm::load_gguf(&corrupt).err().unwrap();
+    assert!(e.contains("corrupt.gguf"), "{e}");
+    let e = smollm::load_verified(&corrupt).err().unwrap();
+    assert!(e.contains("sha256"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = crate::glass::GlassTokenizer::from_json("{}").unwrap_err();
+    assert!(e.contains("alphabet"), "{e}");
+}

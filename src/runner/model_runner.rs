@@ -1,0 +1,427 @@
+//! [`ModelRunner`]: owns the KV caches and the scheduler, and runs a [`CausalLm`] step by step.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::request::{FinishReason, RequestId, SamplingParams, TokenOutput};
+use super::sampler::sample;
+use super::scheduler::{Scheduler, Sequence};
+use crate::backend::BackendRef;
+use crate::device::{Device, Tensor};
+use crate::dtype::{CacheDType, DType};
+use crate::error::{Error, Result};
+use crate::kv_cache::{BlockPool, KvCache, KvCacheSpec};
+use crate::metadata::{
+    AttentionMetadata, AttentionMetadataBuilder, BatchDescription, CommonAttentionMetadata,
+};
+
+/// What the runner needs to know about a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// Decoder layers (one KV cache each).
+    pub num_layers: usize,
+    /// KV heads per layer.
+    pub num_kv_heads: usize,
+    /// Head size.
+    pub head_size: usize,
+    /// Vocabulary size (rows of the logits).
+    pub vocab_size: usize,
+    /// Longest sequence (prompt + generated) the model accepts.
+    pub max_model_len: usize,
+    /// Activation dtype of the attention layers (the KV cache stores it).
+    pub dtype: DType,
+}
+
+/// One step's inputs, on the model's device.
+pub struct StepBatch<'a> {
+    /// `[num_tokens]` i32 token ids, request after request.
+    pub input_ids: &'a Tensor,
+    /// `[num_tokens]` i32 positions.
+    pub positions: &'a Tensor,
+    /// `[num_logits]` i32: rows whose logits the runner samples (each request's last new
+    /// token, for requests that reached the end of their known tokens).
+    pub logits_indices: &'a Tensor,
+    /// The backend's metadata, built once for the step; every layer uses it.
+    pub attn_metadata: &'a dyn AttentionMetadata,
+    /// The validated batch (host and device copies of the arrays).
+    pub common: &'a CommonAttentionMetadata,
+}
+
+/// A decoder-only language model the runner can drive.
+pub trait CausalLm {
+    /// Shapes the runner allocates for.
+    fn config(&self) -> ModelConfig;
+
+    /// The attention backend every layer runs on (its device holds the model).
+    fn backend(&self) -> BackendRef;
+
+    /// Runs all layers for the batch and returns f32 logits `[num_logits, vocab_size]` for the
+    /// rows in `batch.logits_indices`. `kv_caches[l]` is layer `l`'s cache.
+    fn forward(&self, batch: &StepBatch<'_>, kv_caches: &mut [KvCache]) -> Result<Tensor>;
+}
+
+/// Sizes of the runner's cache and batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Tokens the KV cache holds over all requests (rounded up to whole blocks; the null block
+    /// is extra).
+    pub kv_cache_tokens: usize,
+    /// Requests running at once.
+    pub max_num_seqs: usize,
+    /// Tokens per step (decodes plus prompt chunks).
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence allowed; `None`: the model's own.
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            block_size: 16,
+            kv_cache_tokens: 16384,
+            max_num_seqs: 16,
+            max_num_batched_tokens: 512,
+            max_model_len: None,
+        }
+    }
+}
+
+/// Counters and timings since the runner started.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunnerStats {
+    /// Steps run.
+    pub steps: usize,
+    /// Prompt tokens computed (recomputed ones after a preemption included).
+    pub prefill_tokens: usize,
+    /// Decode tokens computed.
+    pub decode_tokens: usize,
+    /// Wall time of steps that computed prompt tokens.
+    pub prefill_time: Duration,
+    /// Wall time of steps that computed only decode tokens.
+    pub decode_time: Duration,
+    /// Requests preempted for lack of cache blocks.
+    pub preemptions: usize,
+}
+
+impl RunnerStats {
+    /// Prompt tokens per second over the steps that had some.
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prefill_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Decode tokens per second over pure-decode steps (tokens of all requests together).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Runs a [`CausalLm`] over many requests with continuous batching and a paged KV cache.
+pub struct ModelRunner<M: CausalLm> {
+    model: M,
+    config: ModelConfig,
+    runner: RunnerConfig,
+    max_model_len: usize,
+    device: Device,
+    caches: Vec<KvCache>,
+    builder: Box<dyn AttentionMetadataBuilder>,
+    scheduler: Scheduler,
+    next_id: RequestId,
+    stats: RunnerStats,
+}
+
+impl<M: CausalLm> ModelRunner<M> {
+    /// Allocates one KV cache per layer on the model's backend and an empty scheduler.
+    pub fn new(model: M, runner: RunnerConfig) -> Result<Self> {
+        let config = model.config();
+        let backend = model.backend();
+        let device = backend.device()?;
+        if runner.block_size == 0 || runner.max_num_seqs == 0 || runner.max_num_batched_tokens == 0
+        {
+            return Err(Error::config(format!(
+                "runner sizes must be > 0: block_size {}, max_num_seqs {}, max_num_batched_tokens {}",
+                runner.block_size, runner.max_num_seqs, runner.max_num_batched_tokens
+            )));
+        }
+        let max_model_len = match runner.max_model_len {
+            Some(n) if n == 0 || n > config.max_model_len => {
+                return Err(Error::config(format!(
+                    "max_model_len {n} must be in 1..={} (the model's context)",
+                    config.max_model_len
+                )))
+            }
+            Some(n) => n,
+            None => config.max_model_len,
+        };
+        let spec = KvCacheSpec {
+            block_size: runner.block_size,
+            num_kv_heads: config.num_kv_heads,
+            head_size: config.head_size,
+            dtype: config.dtype,
+            cache_dtype: CacheDType::Auto,
+        };
+        let num_blocks = runner.kv_cache_tokens.div_ceil(runner.block_size) + 1;
+        if (num_blocks - 1) * runner.block_size < max_model_len.min(runner.kv_cache_tokens.max(1)) {
+            return Err(Error::config(
+                "the KV cache holds no complete block".to_string(),
+            ));
+        }
+        let caches = (0..config.num_layers)
+            .map(|_| KvCache::new(backend.as_ref(), spec, num_blocks))
+            .collect::<Result<Vec<_>>>()?;
+        let builder = backend.make_builder(&spec)?;
+        let scheduler = Scheduler {
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pool: BlockPool::new(num_blocks)?,
+            block_size: runner.block_size,
+            max_num_seqs: runner.max_num_seqs,
+            max_num_batched_tokens: runner.max_num_batched_tokens,
+            preemptions: 0,
+        };
+        Ok(ModelRunner {
+            model,
+            config,
+            runner,
+            max_model_len,
+            device,
+            caches,
+            builder,
+            scheduler,
+            next_id: 0,
+            stats: RunnerStats::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    /// The device the model and caches live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The longest sequence a request may reach.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// Counters and timings so far.
+    pub fn stats(&self) -> RunnerStats {
+        RunnerStats {
+            preemptions: self.scheduler.preemptions,
+            ..self.stats.clone()
+        }
+    }
+
+    /// Queues a request. Errors: an empty prompt, a token id outside the vocabulary, a prompt
+    /// that does not leave room for one generated token in the context, a prompt the whole KV
+    /// cache cannot hold, bad sampling parameters.
+    pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestId> {
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(Error::config(
+                "the prompt is empty: give at least one token",
+            ));
+        }
+        if let Some((i, &t)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::config(format!(
+                "prompt token {t} at position {i} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        if prompt.len() >= self.max_model_len {
+            return Err(Error::config(format!(
+                "the prompt has {} tokens; the context holds {} (prompt plus at least one \
+                 generated token must fit)",
+                prompt.len(),
+                self.max_model_len
+            )));
+        }
+        let cache_tokens = (self.scheduler.pool.num_blocks() - 1) * self.runner.block_size;
+        if prompt.len() + 1 > cache_tokens {
+            return Err(Error::config(format!(
+                "the prompt has {} tokens; the KV cache holds {cache_tokens}",
+                prompt.len()
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.scheduler
+            .waiting
+            .push_back(Sequence::new(id, prompt, params));
+        Ok(id)
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.scheduler.waiting.is_empty() || !self.scheduler.running.is_empty()
+    }
+
+    /// Runs one step and returns the tokens it produced (at most one per request).
+    pub fn step(&mut self) -> Result<Vec<TokenOutput>> {
+        let started = Instant::now();
+        let plan = self.scheduler.schedule()?;
+        if plan.is_empty() {
+            if self.has_unfinished() {
+                return Err(Error::config(
+                    "no request could be scheduled: the KV cache is too small for the waiting \
+                     prompts",
+                ));
+            }
+            return Ok(Vec::new());
+        }
+        let bs = self.runner.block_size;
+        let width = plan
+            .iter()
+            .map(|s| self.scheduler.running[s.index].blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut desc = BatchDescription {
+            query_start_loc: vec![0],
+            causal: true,
+            block_size: bs,
+            num_blocks: self.scheduler.pool.num_blocks(),
+            max_blocks_per_req: width,
+            ..Default::default()
+        };
+        let mut ids: Vec<i32> = Vec::new();
+        let mut positions: Vec<i32> = Vec::new();
+        let mut logits_rows: Vec<i32> = Vec::new();
+        let mut sampled: Vec<usize> = Vec::new(); // plan entries that sample
+        let (mut prefill_tokens, mut decode_tokens) = (0, 0);
+        for (k, s) in plan.iter().enumerate() {
+            let seq = &self.scheduler.running[s.index];
+            let start = seq.num_computed;
+            let end = start + s.num_tokens;
+            for pos in start..end {
+                ids.push(seq.tokens[pos] as i32);
+                positions.push(pos as i32);
+                let block = seq.blocks[pos / bs] as i64;
+                desc.slot_mapping
+                    .push(block * bs as i64 + (pos % bs) as i64);
+            }
+            let mut row = seq.blocks.clone();
+            row.resize(width, 0);
+            desc.block_table.extend(row);
+            desc.seq_lens.push(end as i32);
+            let q_end = desc.query_start_loc.last().copied().unwrap_or(0) + s.num_tokens as i32;
+            desc.query_start_loc.push(q_end);
+            if end == seq.tokens.len() {
+                logits_rows.push(q_end - 1);
+                sampled.push(k);
+            }
+            // A request whose prompt is fully computed adds one decode token per step.
+            if s.num_tokens == 1 && start >= 1 && seq.generated > 0 && start + 1 == seq.tokens.len()
+            {
+                decode_tokens += 1;
+            } else {
+                prefill_tokens += s.num_tokens;
+            }
+        }
+        let n = ids.len();
+        let common = CommonAttentionMetadata::new(&self.device, desc)?;
+        let attn_metadata = self.builder.build(0, &common, false)?;
+        let input_ids = Tensor::from_i32(&self.device, &ids, &[n])?;
+        let positions = Tensor::from_i32(&self.device, &positions, &[n])?;
+        let logits_indices = Tensor::from_i32(&self.device, &logits_rows, &[logits_rows.len()])?;
+        let batch = StepBatch {
+            input_ids: &input_ids,
+            positions: &positions,
+            logits_indices: &logits_indices,
+            attn_metadata: attn_metadata.as_ref(),
+            common: &common,
+        };
+        let logits = if sampled.is_empty() {
+            // Only prompt chunks that do not finish their prompt: the model still runs (it
+            // fills the cache) but nothing is sampled.
+            self.model.forward(&batch, &mut self.caches)?;
+            Vec::new()
+        } else {
+            self.model.forward(&batch, &mut self.caches)?.to_f32_vec()?
+        };
+        if !sampled.is_empty() && logits.len() != sampled.len() * self.config.vocab_size {
+            return Err(Error::config(format!(
+                "the model returned {} logits, expected {} rows of {}",
+                logits.len(),
+                sampled.len(),
+                self.config.vocab_size
+            )));
+        }
+        self.device.synchronize()?;
+
+        // Advance every scheduled request; sample for those at the end of their tokens.
+        for s in &plan {
+            self.scheduler.running[s.index].num_computed += s.num_tokens;
+        }
+        let v = self.config.vocab_size;
+        let mut outputs = Vec::with_capacity(sampled.len());
+        let mut finished = Vec::new();
+        for (row, &k) in sampled.iter().enumerate() {
+            let index = plan[k].index;
+            let seq = &mut self.scheduler.running[index];
+            let token = sample(&logits[row * v..(row + 1) * v], &seq.params, &mut seq.rng);
+            seq.tokens.push(token);
+            seq.generated += 1;
+            let reason = if seq.params.stop_token_ids.contains(&token) {
+                Some(FinishReason::Stop)
+            } else if seq.generated >= seq.params.max_tokens
+                || seq.tokens.len() >= self.max_model_len
+            {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if reason.is_some() {
+                finished.push(index);
+            }
+            outputs.push(TokenOutput {
+                request: seq.id,
+                token,
+                finished: reason,
+            });
+        }
+        self.scheduler.finish(finished)?;
+
+        let elapsed = started.elapsed();
+        self.stats.steps += 1;
+        self.stats.prefill_tokens += prefill_tokens;
+        self.stats.decode_tokens += decode_tokens;
+        if prefill_tokens > 0 {
+            self.stats.prefill_time += elapsed;
+        } else {
+            self.stats.decode_time += elapsed;
+        }
+        Ok(outputs)
+    }
+
+    /// Runs `prompts` to completion with the same sampling parameters and returns each
+    /// request's generated tokens (stop token included), in prompt order.
+    pub fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+    ) -> Result<Vec<Vec<u32>>> {
+        let ids = prompts
+            .iter()
+            .map(|p| self.add_request(p.clone(), params.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut out = vec![Vec::new(); prompts.len()];
+        while self.has_unfinished() {
+            for t in self.step()? {
+                if let Some(i) = ids.iter().position(|&id| id == t.request) {
+                    out[i].push(t.token);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
