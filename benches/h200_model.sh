@@ -3,6 +3,8 @@
 # backend (CPU on the host's cores, CUDA, WGPU through Vulkan), then tokens/s of SmolLM2.
 # Binaries (built on the CI-like machine, see ../shared/gpu/pack.sh) in $B:
 #   test-compute, test-generate (the example's tests), example-generate.
+# The speed phase appends one JSON line per run to $OUT/generate-h200.jsonl (the source of the
+# "Model generation" section of benches/RESULTS.md).
 # SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
 # (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
 # Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, tiny, smollm2, speed)
@@ -19,7 +21,7 @@ run() { # run NAME SECONDS CMD...
   say "$name"
   timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E 'ran on|identical|SKIP|test result|panicked|FAIL|error|\[polyattn\]|Paris' "$OUT/$name.log" | head -40
+  grep -E 'ran on|identical|SKIP|test result|panicked|FAIL|error|\[polyattn\]' "$OUT/$name.log" | head -40
   echo "-- $name rc=$rc"
 }
 for p in "$@"; do
@@ -39,8 +41,9 @@ for p in "$@"; do
       P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
          "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
       for be in cuda wgpu cpu; do
-        run "smollm2-$be-1" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 "${P[0]}"
-        run "smollm2-$be-8" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 "${P[@]}"
+        run "tiny-$be" 60 env POLYATTN_BACKEND=$be $B/example-generate --max-tokens 64 --json "$OUT/generate-h200.jsonl"
+        run "smollm2-$be-1" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --json "$OUT/generate-h200.jsonl" "${P[0]}"
+        run "smollm2-$be-8" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --json "$OUT/generate-h200.jsonl" "${P[@]}"
       done ;;
   esac
 done

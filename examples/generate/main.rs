@@ -68,6 +68,15 @@ struct Args {
     /// Cap the context (default: the model's, at most 4096).
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// Skip the warm-up request (the first step of a process compiles kernels: CUDA via
+    /// NVRTC, wgpu pipelines; a 2-token request runs first so that tokens/s measure the
+    /// steady state).
+    #[arg(long)]
+    no_warmup: bool,
+    /// Append a JSON line with the tokens/s and the machine to this file (for
+    /// benches/RESULTS.md: `polyattn bench --from … --generation FILE --results-md …`).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -148,7 +157,9 @@ fn load(model: &str) -> Result<Loaded, String> {
                     path.display()
                 ));
             }
-            smollm::load_verified(&path)
+            let mut loaded = smollm::load_verified(&path)?;
+            loaded.name = "SmolLM2-135M-Instruct (Q4_1 GGUF, run in f32)".into();
+            Ok(loaded)
         }
         path if path.ends_with(".gguf") => smollm::load_gguf(std::path::Path::new(path)),
         other => Err(format!(
@@ -183,6 +194,16 @@ fn run(args: Args) -> Result<(), String> {
         stop_token_ids: loaded.tokenizer.stop_ids(),
         seed: args.seed,
     };
+    if !args.no_warmup {
+        // Prefill of 2 tokens, then 2 decode steps: every kernel the run needs is compiled
+        // (and cached) before the clock starts.
+        let warm = loaded.tokenizer.encode("Hello world");
+        let warm = vec![warm.first().copied().unwrap_or(0); 2];
+        runner
+            .generate(&[warm], &SamplingParams::greedy(3))
+            .map_err(|e| format!("warm-up: {e}"))?;
+        runner.reset_stats();
+    }
     let texts: Vec<String> = prompts
         .iter()
         .map(|p| {
@@ -253,6 +274,26 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     let stats = runner.stats();
+    if let Some(path) = &args.json {
+        let mut machine = polyattn::bench::machine::Machine::collect(
+            backend.device_kind() != polyattn::DeviceKind::Cpu,
+        );
+        machine.finish();
+        let record = polyattn::bench::generation::GenerationRecord {
+            model: loaded.name.clone(),
+            backend: backend.name().to_string(),
+            device: device.clone(),
+            prompts: prompts.len(),
+            prompt_tokens,
+            generated_tokens: total_generated,
+            max_tokens: args.max_tokens,
+            steps: stats.steps,
+            prefill_tokens_per_s: stats.prefill_tokens_per_s(),
+            decode_tokens_per_s: stats.decode_tokens_per_s(),
+            machine,
+        };
+        record.append_to(path).map_err(|e| e.to_string())?;
+    }
     eprintln!(
         "\n[polyattn] backend {} on {device}; model {}",
         backend.name(),

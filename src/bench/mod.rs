@@ -24,6 +24,7 @@
 
 pub mod chart;
 pub mod formulas;
+pub mod generation;
 pub mod inputs;
 pub mod machine;
 pub mod naive;
@@ -99,6 +100,11 @@ pub struct BenchArgs {
     /// run's or the --from files' results, plus the --compare files.
     #[arg(long)]
     pub results_md: Option<PathBuf>,
+
+    /// Adds the "Model generation" section to RESULTS.md from these JSON-lines files (written
+    /// by `cargo run --example generate -- --json FILE`; repeatable).
+    #[arg(long)]
+    pub generation: Vec<PathBuf>,
 
     /// Prints the selected cases and exits.
     #[arg(long)]
@@ -181,6 +187,7 @@ impl Default for BenchArgs {
             from: Vec::new(),
             compare: Vec::new(),
             results_md: None,
+            generation: Vec::new(),
             list: false,
             dump_shapes: None,
             warmup: 3,
@@ -303,13 +310,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let owned: Vec<BenchFile> = all.iter().map(|f| (*f).clone()).collect();
         let chart_rel = (!args.no_svg).then(|| relative_to(&args.svg, md_path));
         let cmd = command_line();
-        let md = report::results_md(
+        let mut md = report::results_md(
             &owned,
             &sources,
             &cmd,
             chart_rel.as_deref(),
             ratios.as_deref(),
         );
+        if !args.generation.is_empty() {
+            let mut records = Vec::new();
+            for p in &args.generation {
+                records.extend(generation::GenerationRecord::read_all(p)?);
+            }
+            let names: Vec<String> = args
+                .generation
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            md.push('\n');
+            md.push_str(&generation::section(&records, &names));
+        }
         report::write_file(md_path, &md)?;
         eprintln!("wrote {}", md_path.display());
     }

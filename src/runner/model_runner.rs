@@ -217,6 +217,12 @@ impl<M: CausalLm> ModelRunner<M> {
         }
     }
 
+    /// Zeroes the counters and timings (e.g. after a warm-up request).
+    pub fn reset_stats(&mut self) {
+        self.stats = RunnerStats::default();
+        self.scheduler.preemptions = 0;
+    }
+
     /// Queues a request. Errors: an empty prompt, a token id outside the vocabulary, a prompt
     /// that does not leave room for one generated token in the context, a prompt the whole KV
     /// cache cannot hold, bad sampling parameters.
