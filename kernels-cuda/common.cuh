@@ -277,3 +277,74 @@ __device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_
 }
 
 #endif  // POLYATTN_COMMON_CUH
+
+// ---- PTX wrappers shared by the tensor-core kernels (paged_attention_mma.cu, paged_decode.cu):
+// shared-memory addresses, cp.async, ldmatrix, mma.sync m16n8k16 with f32 accumulators and
+// f32 -> f16x2/bf16x2 packing. sm_80+ instructions: only kernels compiled for sm_80 or
+// newer may call them (every kernel here is).
+
+__device__ __forceinline__ pa_u32 ptx_smem_addr(const void* p) {
+    pa_u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes 16 zero bytes (no read).
+__device__ __forceinline__ void ptx_cp_async16(pa_u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ptx_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void ptx_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ptx_ldmatrix_x4(pa_u32 addr, pa_u32& r0, pa_u32& r1, pa_u32& r2,
+                                               pa_u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ptx_ldmatrix_x4_trans(pa_u32 addr, pa_u32& r0, pa_u32& r1,
+                                                     pa_u32& r2, pa_u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile, f32 accumulators.
+template <bool BF16>
+__device__ __forceinline__ void ptx_mma(float* d, const pa_u32* a, pa_u32 b0, pa_u32 b1) {
+    if (BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Packs (lo, hi) into one register of two 16-bit values, lo in the low half.
+template <bool BF16>
+__device__ __forceinline__ pa_u32 ptx_pack2(float lo, float hi) {
+    pa_u32 r;
+    if (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}

@@ -45,65 +45,10 @@
 #define MMA_ROWS 64
 #define MMA_KEYS 64
 
-__device__ __forceinline__ pa_u32 pa_smem_addr(const void* p) {
-    pa_u32 r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-// 16-byte async copy global -> shared; src_bytes = 0 writes 16 zero bytes (no read).
-__device__ __forceinline__ void pa_cp_async16(pa_u32 dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
+// cp.async: all groups issued so far complete.
 __device__ __forceinline__ void pa_cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void pa_ldmatrix_x4(pa_u32 addr, pa_u32& r0, pa_u32& r1, pa_u32& r2,
-                                               pa_u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void pa_ldmatrix_x4_trans(pa_u32 addr, pa_u32& r0, pa_u32& r1,
-                                                     pa_u32& r2, pa_u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// d += a * b for one m16n8k16 tile, f32 accumulators.
-template <bool BF16>
-__device__ __forceinline__ void pa_mma(float* d, const pa_u32* a, pa_u32 b0, pa_u32 b1) {
-    if (BF16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-// Packs (lo, hi) into one register of two 16-bit values, lo in the low half.
-template <bool BF16>
-__device__ __forceinline__ pa_u32 pa_pack2(float lo, float hi) {
-    pa_u32 r;
-    if (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<0>();
 }
 
 template <bool BF16, int D>
@@ -146,7 +91,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             src = q + ((pa_i64)t * p.num_heads + h) * D + c * 8;
             bytes = 16;
         }
-        pa_cp_async16(pa_smem_addr(q_s + r * S + c * 8), src, bytes);
+        ptx_cp_async16(ptx_smem_addr(q_s + r * S + c * 8), src, bytes);
     }
     pa_cp_async_wait_all();
     __syncthreads();
@@ -177,7 +122,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     if (Q_REGS) {
 #pragma unroll
         for (int kk = 0; kk < (Q_REGS ? KT : 1); ++kk) {
-            pa_ldmatrix_x4(pa_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0], qf[kk][1],
+            ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0], qf[kk][1],
                            qf[kk][2], qf[kk][3]);
         }
     }
@@ -213,8 +158,8 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                                              p.num_kv_heads, D, p.layout_hnd) + c * 8;
                 bytes = 16;
             }
-            pa_cp_async16(pa_smem_addr(k_s + j * S + c * 8), ks, bytes);
-            pa_cp_async16(pa_smem_addr(v_s + j * S + c * 8), vs, bytes);
+            ptx_cp_async16(ptx_smem_addr(k_s + j * S + c * 8), ks, bytes);
+            ptx_cp_async16(ptx_smem_addr(v_s + j * S + c * 8), vs, bytes);
         }
         pa_cp_async_wait_all();
         __syncthreads();
@@ -237,16 +182,16 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 a[2] = qf[Q_REGS ? kk : 0][2];
                 a[3] = qf[Q_REGS ? kk : 0][3];
             } else {
-                pa_ldmatrix_x4(pa_smem_addr(q_s + a_row * S + 16 * kk + a_col), a[0], a[1], a[2],
+                ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), a[0], a[1], a[2],
                                a[3]);
             }
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
                 pa_u32 b0, b1, b2, b3;
-                pa_ldmatrix_x4(pa_smem_addr(k_s + (8 * j + k_row) * S + 16 * kk + k_col), b0, b1,
+                ptx_ldmatrix_x4(ptx_smem_addr(k_s + (8 * j + k_row) * S + 16 * kk + k_col), b0, b1,
                                b2, b3);
-                pa_mma<BF16>(s[j], a, b0, b1);
-                pa_mma<BF16>(s[j + 1], a, b2, b3);
+                ptx_mma<BF16>(s[j], a, b0, b1);
+                ptx_mma<BF16>(s[j + 1], a, b2, b3);
             }
         }
 
@@ -298,17 +243,17 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
 #pragma unroll
         for (int kk = 0; kk < MMA_KEYS / 16; ++kk) {
             pa_u32 a[4];
-            a[0] = pa_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pa_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pa_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pa_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            a[0] = ptx_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = ptx_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = ptx_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
             for (int n = 0; n < NT; n += 2) {
                 pa_u32 b0, b1, b2, b3;
-                pa_ldmatrix_x4_trans(pa_smem_addr(v_s + (16 * kk + v_row) * S + 8 * n + v_col),
+                ptx_ldmatrix_x4_trans(ptx_smem_addr(v_s + (16 * kk + v_row) * S + 8 * n + v_col),
                                      b0, b1, b2, b3);
-                pa_mma<BF16>(o[n], a, b0, b1);
-                pa_mma<BF16>(o[n + 1], a, b2, b3);
+                ptx_mma<BF16>(o[n], a, b0, b1);
+                ptx_mma<BF16>(o[n + 1], a, b2, b3);
             }
         }
     }

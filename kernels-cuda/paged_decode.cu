@@ -57,72 +57,6 @@
 #define DEC_KEYS 16    // keys per chunk
 #define DEC_STAGES 3   // ring stages per warp
 
-__device__ __forceinline__ pa_u32 pd_smem_addr(const void* p) {
-    pa_u32 r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-// 16-byte async copy global -> shared; src_bytes = 0 writes 16 zero bytes (no read).
-__device__ __forceinline__ void pd_cp_async16(pa_u32 dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void pd_cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void pd_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void pd_ldmatrix_x4(pa_u32 addr, pa_u32& r0, pa_u32& r1, pa_u32& r2,
-                                               pa_u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void pd_ldmatrix_x4_trans(pa_u32 addr, pa_u32& r0, pa_u32& r1,
-                                                     pa_u32& r2, pa_u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// d += a * b for one m16n8k16 tile, f32 accumulators.
-template <bool BF16>
-__device__ __forceinline__ void pd_mma(float* d, const pa_u32* a, pa_u32 b0, pa_u32 b1) {
-    if (BF16) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-// Packs (lo, hi) into one register of two 16-bit values, lo in the low half.
-template <bool BF16>
-__device__ __forceinline__ pa_u32 pd_pack2(float lo, float hi) {
-    pa_u32 r;
-    if (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
-
 template <bool BF16, int D>
 __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     constexpr int S = D + 8;                 // shared row stride in elements
@@ -183,8 +117,8 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             const int kp = c0 + j;
             const int bytes = (kp >= lo && kp < hi) ? 16 : 0;
             const pa_i64 o = j * row_stride + c * 8;
-            pd_cp_async16(pd_smem_addr(ks + j * S + c * 8), kb + o, bytes);
-            pd_cp_async16(pd_smem_addr(vs + j * S + c * 8), vb + o, bytes);
+            ptx_cp_async16(ptx_smem_addr(ks + j * S + c * 8), kb + o, bytes);
+            ptx_cp_async16(ptx_smem_addr(vs + j * S + c * 8), vb + o, bytes);
         }
     };
 
@@ -198,18 +132,18 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             src = q + ((pa_i64)it.q_start * p.num_heads + head0 + r) * D + c * 8;
             bytes = 16;
         }
-        pd_cp_async16(pd_smem_addr(q_s + r * S + c * 8), src, bytes);
+        ptx_cp_async16(ptx_smem_addr(q_s + r * S + c * 8), src, bytes);
     }
     // Prologue: the first DEC_STAGES - 1 chunks of this warp in flight.
 #pragma unroll
     for (int s = 0; s < DEC_STAGES - 1; ++s) {
         if (s < my_n) issue(s, s, block_of(s));
-        pd_cp_async_commit();
+        ptx_cp_async_commit();
     }
     // The block id of the next chunk to issue, loaded one iteration ahead so that the
     // block-table read never stalls an issue.
     pa_i64 next_block = DEC_STAGES - 1 < my_n ? block_of(DEC_STAGES - 1) : 0;
-    pd_cp_async_wait<DEC_STAGES - 2>();  // this thread's Q pieces (and chunk 0) landed
+    ptx_cp_async_wait<DEC_STAGES - 2>();  // this thread's Q pieces (and chunk 0) landed
     __syncthreads();                     // everyone's Q pieces landed
 
     pa_u32 qf[KT][4];
@@ -218,7 +152,7 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
         const int a_col = 8 * (lane >> 4);
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
-            pd_ldmatrix_x4(pd_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0], qf[kk][1],
+            ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0], qf[kk][1],
                            qf[kk][2], qf[kk][3]);
         }
     }
@@ -245,7 +179,7 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
 
     // 2-3. This warp's chunks through its ring.
     for (int i = 0; i < my_n; ++i) {
-        pd_cp_async_wait<DEC_STAGES - 2>();
+        ptx_cp_async_wait<DEC_STAGES - 2>();
         __syncwarp();  // every lane's copies of chunk i are visible to the warp
         const int stage = i % DEC_STAGES;
         const pa_u16* ks = my_ring + stage * 2 * TILE;
@@ -258,9 +192,9 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
             pa_u32 b0, b1, b2, b3;
-            pd_ldmatrix_x4(pd_smem_addr(ks + k_row * S + 16 * kk + k_col), b0, b1, b2, b3);
-            pd_mma<BF16>(s[0], qf[kk], b0, b1);
-            pd_mma<BF16>(s[1], qf[kk], b2, b3);
+            ptx_ldmatrix_x4(ptx_smem_addr(ks + k_row * S + 16 * kk + k_col), b0, b1, b2, b3);
+            ptx_mma<BF16>(s[0], qf[kk], b0, b1);
+            ptx_mma<BF16>(s[1], qf[kk], b2, b3);
         }
 
         float mx[2] = {m[0], m[1]};
@@ -307,16 +241,16 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
         }
 
         pa_u32 a[4];
-        a[0] = pd_pack2<BF16>(s[0][0], s[0][1]);
-        a[1] = pd_pack2<BF16>(s[0][2], s[0][3]);
-        a[2] = pd_pack2<BF16>(s[1][0], s[1][1]);
-        a[3] = pd_pack2<BF16>(s[1][2], s[1][3]);
+        a[0] = ptx_pack2<BF16>(s[0][0], s[0][1]);
+        a[1] = ptx_pack2<BF16>(s[0][2], s[0][3]);
+        a[2] = ptx_pack2<BF16>(s[1][0], s[1][1]);
+        a[3] = ptx_pack2<BF16>(s[1][2], s[1][3]);
 #pragma unroll
         for (int n = 0; n < NT; n += 2) {
             pa_u32 b0, b1, b2, b3;
-            pd_ldmatrix_x4_trans(pd_smem_addr(vs + v_row * S + 8 * n + v_col), b0, b1, b2, b3);
-            pd_mma<BF16>(o[n], a, b0, b1);
-            pd_mma<BF16>(o[n + 1], a, b2, b3);
+            ptx_ldmatrix_x4_trans(ptx_smem_addr(vs + v_row * S + 8 * n + v_col), b0, b1, b2, b3);
+            ptx_mma<BF16>(o[n], a, b0, b1);
+            ptx_mma<BF16>(o[n + 1], a, b2, b3);
         }
 
         __syncwarp();  // every lane is done reading the stage refilled below
@@ -325,12 +259,12 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             issue(nx, nx % DEC_STAGES, next_block);
             if (nx + 1 < my_n) next_block = block_of(nx + 1);
         }
-        pd_cp_async_commit();
+        ptx_cp_async_commit();
     }
 
     // 4. In-CTA merge of the warps' states, through shared memory (the rings are free once
     // every warp has drained its copies and passed the barrier).
-    pd_cp_async_wait<0>();
+    ptx_cp_async_wait<0>();
     __syncthreads();
     float* red_o = (float*)ring;                     // [DEC_WARPS][16][D]
     float* red_m = red_o + DEC_WARPS * 16 * D;       // [DEC_WARPS][16]
