@@ -125,6 +125,45 @@ fn batching_chunking_and_preemption_do_not_change_greedy_tokens() {
     assert_eq!(alone, r.greedy);
 }
 
+#[test]
+fn prompts_arriving_mid_run_join_the_running_batch() {
+    // Request 0 decodes alone for 5 steps; then two prompts arrive and their prefills run in
+    // the same steps as request 0's decodes (continuous batching). Every request's greedy
+    // tokens must equal those it gets when it runs alone.
+    let tiny = load_tiny().unwrap();
+    let r = glass_reference();
+    let model = Llama::load(tiny.config.clone(), tiny.weights.clone(), Some(cpu())).unwrap();
+    let mut runner = ModelRunner::new(model, RunnerConfig::default()).unwrap();
+    let params = SamplingParams::greedy(32);
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let mut ids = vec![runner
+        .add_request(r.prompts[0].clone(), params.clone())
+        .unwrap()];
+    let mut mixed_steps = 0;
+    let mut step = 0;
+    while runner.has_unfinished() {
+        if step == 5 {
+            for p in &r.prompts[1..3] {
+                ids.push(runner.add_request(p.clone(), params.clone()).unwrap());
+            }
+        }
+        let before = runner.stats();
+        for t in runner.step().unwrap() {
+            let i = ids.iter().position(|&id| id == t.request).unwrap();
+            out[i].push(t.token);
+        }
+        let after = runner.stats();
+        if after.prefill_tokens > before.prefill_tokens
+            && after.decode_tokens > before.decode_tokens
+        {
+            mixed_steps += 1;
+        }
+        step += 1;
+    }
+    assert!(mixed_steps > 0, "no step mixed a prefill with decodes");
+    assert_eq!(out, r.greedy[..3].to_vec());
+}
+
 /// Greedy tokens of `prompts` on every available backend equal the CPU's. Prints which
 /// backends ran and which were skipped, and why.
 fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], tokens: usize) {
