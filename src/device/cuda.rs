@@ -22,7 +22,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError};
@@ -258,8 +258,8 @@ impl CudaDevice {
     /// thread-local capture mode, so other threads using the device are not affected. What
     /// `f` may do: queue kernels, memsets and device-to-device copies on buffers that exist
     /// before the capture. What fails: allocating, uploading, downloading or synchronising
-    /// (checked by this crate, or refused by the driver), a nested capture, and a second
-    /// thread capturing on the same device at the same time.
+    /// (checked by this crate, or refused by the driver) and a nested capture. Captures of
+    /// one device from several threads are serialised (a second one waits).
     ///
     /// Errors ([`Error::Device`] unless `f` returned its own): when `f` fails (its error is
     /// returned), when the driver invalidated the capture, or when instantiation fails. In
@@ -277,17 +277,13 @@ impl CudaDevice {
                  are not supported)",
             ));
         }
-        let _lock = match self.inner.capture_lock.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                return Err(device_error(format!(
-                    "another thread is capturing a CUDA graph on device {}; captures of one \
-                     device must not overlap",
-                    self.inner.ordinal
-                )))
-            }
-        };
+        // One capture at a time per device (they share the capture stream): a second thread
+        // waits for the first capture to end.
+        let _lock = self
+            .inner
+            .capture_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let stream = match self.inner.capture_stream.get() {
             Some(s) => s.clone(),
             None => {
