@@ -295,18 +295,31 @@ impl CudaDevice {
                 self.inner.capture_stream.get_or_init(|| s).clone()
             }
         };
-        stream
-            .begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
+        make_current(&self.inner.ctx)?;
+        // SAFETY: the capture stream is live (owned by the device); thread-local mode only
+        // restricts this thread's own calls while it captures.
+        unsafe {
+            cudarc::driver::result::stream::begin_capture(
+                stream.cu_stream(),
+                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
         let guard = CaptureGuard {
+            ctx: self.inner.ctx.clone(),
             stream,
             active: true,
         };
         CAPTURING.with(|c| c.set(Some(self.inner.ordinal)));
         let result = f();
-        let ended = guard.end();
+        // Ended whatever `f` returned; a graph made here is destroyed on drop if unused.
+        let ended = guard.end().map(|(graph, exec)| CudaGraph {
+            graph,
+            exec,
+            device: self.clone(),
+        });
         let graph = match (result, ended) {
-            (Err(e), _) => return Err(e), // a partial graph is destroyed on drop
+            (Err(e), _) => return Err(e),
             (Ok(()), Err(e)) => {
                 return Err(driver_error(
                     "CUDA graph capture failed (the driver invalidated it: something in the \
@@ -314,30 +327,15 @@ impl CudaDevice {
                     e,
                 ))
             }
-            (Ok(()), Ok(None)) => {
-                return Err(device_error("CUDA graph capture produced no graph"));
-            }
-            (Ok(()), Ok(Some(g))) => g,
-        };
-        let graph = CudaGraph {
-            graph,
-            device: self.clone(),
+            (Ok(()), Ok(g)) => g,
         };
         // Pre-upload the executable to the device, ordered on the main stream, so the first
         // replay does not pay for it.
-        self.inner
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error("binding the CUDA context", e))?;
+        make_current(&self.inner.ctx)?;
         // SAFETY: the executable graph is live (owned by `graph`) and the stream is the
         // device's main stream, which lives as long as the device.
-        unsafe {
-            cudarc::driver::result::graph::upload(
-                graph.graph.cu_graph_exec(),
-                self.inner.stream.cu_stream(),
-            )
-        }
-        .map_err(|e| driver_error("cuGraphUpload", e))?;
+        unsafe { cudarc::driver::result::graph::upload(graph.exec, self.inner.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuGraphUpload", e))?;
         Ok(graph)
     }
 
@@ -473,10 +471,7 @@ impl CudaDevice {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.inner
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error("binding the CUDA context", e))?;
+        make_current(&self.inner.ctx)?;
         // SAFETY: `dst` is a live allocation of this context with at least `offset +
         // bytes.len()` bytes (checked above); the copy is queued on the device's main stream,
         // which orders it with every other use of `dst`; the source is host memory that the
@@ -521,19 +516,48 @@ impl CudaDevice {
     }
 }
 
-/// Ends a capture when dropped before [`CaptureGuard::end`] (the closure panicked), so the
-/// capture stream never stays in capture mode.
+/// Makes the context current on this thread. Unlike cudarc's `bind_to_thread`, it does not
+/// first return (and clear) an error recorded by an earlier drop, which must never stop a
+/// capture from ending or a graph from being destroyed.
+fn make_current(ctx: &CudaContext) -> Result<()> {
+    // SAFETY: `cu_ctx` is the live context owned by `ctx`.
+    unsafe { cudarc::driver::result::ctx::set_current(ctx.cu_ctx()) }
+        .map_err(|e| driver_error("binding the CUDA context", e))
+}
+
+/// Ends a capture: [`CaptureGuard::end`] normally, or on drop when the closure panicked, so
+/// the capture stream never stays in capture mode.
 struct CaptureGuard {
+    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     active: bool,
 }
 
 impl CaptureGuard {
-    /// Ends the capture and instantiates what it recorded.
-    fn end(mut self) -> std::result::Result<Option<cudarc::driver::CudaGraph>, DriverError> {
+    /// Ends the capture and instantiates what it recorded: `(graph, executable)`, both owned
+    /// by the caller.
+    fn end(mut self) -> std::result::Result<(cu::CUgraph, cu::CUgraphExec), DriverError> {
         self.active = false;
         CAPTURING.with(|c| c.set(None));
-        self.stream.end_capture(cu::CUgraphInstantiate_flags(0))
+        // SAFETY: `cu_ctx` is live; the stream is live and capturing (begun by `capture`). The
+        // graph returned by the driver is destroyed here unless handed to the caller.
+        unsafe {
+            cudarc::driver::result::ctx::set_current(self.ctx.cu_ctx())?;
+            let graph = cudarc::driver::result::stream::end_capture(self.stream.cu_stream())?;
+            if graph.is_null() {
+                return Err(DriverError(
+                    cu::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                ));
+            }
+            match cudarc::driver::result::graph::instantiate(graph, cu::CUgraphInstantiate_flags(0))
+            {
+                Ok(exec) => Ok((graph, exec)),
+                Err(e) => {
+                    let _ = cudarc::driver::result::graph::destroy(graph);
+                    Err(e)
+                }
+            }
+        }
     }
 }
 
@@ -543,12 +567,11 @@ impl Drop for CaptureGuard {
             return;
         }
         CAPTURING.with(|c| c.set(None));
-        if self.stream.context().bind_to_thread().is_err() {
-            return;
-        }
-        // SAFETY: the stream is live and capturing (begun by `capture`); the graph it returns,
-        // if any, is owned here and destroyed once.
+        // SAFETY: as in `end`; the graph, if any, is destroyed once, here.
         unsafe {
+            if cudarc::driver::result::ctx::set_current(self.ctx.cu_ctx()).is_err() {
+                return;
+            }
             if let Ok(g) = cudarc::driver::result::stream::end_capture(self.stream.cu_stream()) {
                 if !g.is_null() {
                     let _ = cudarc::driver::result::graph::destroy(g);
@@ -567,15 +590,15 @@ impl Drop for CaptureGuard {
 /// the graph (grid sizes, scalar arguments such as token counts) still describe the inputs.
 /// Only buffer *contents* may change between replays.
 pub struct CudaGraph {
-    graph: cudarc::driver::CudaGraph,
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
     device: CudaDevice,
 }
 
-// SAFETY: the graph handles are only used through `&self` methods that the CUDA driver
-// serialises per call (launch), or through `Drop` (exclusive); cudarc's type is not `Send`
-// only because it holds raw driver pointers, which are valid on any thread once the context
-// is bound (every method binds it). Not `Sync`: CUDA graph objects are not internally
-// synchronised, so a graph must not be used from two threads at once.
+// SAFETY: the handles are owned by this value alone and used through `replay` (one driver
+// call, made with the context bound on the calling thread) and `Drop` (exclusive). Raw driver
+// handles are valid on any thread of the process. Not `Sync`: CUDA graph objects are not
+// internally synchronised, so one graph must not be used from two threads at once.
 unsafe impl Send for CudaGraph {}
 
 impl CudaGraph {
@@ -587,24 +610,28 @@ impl CudaGraph {
             return Err(self.device.capture_error("replaying a CUDA graph"));
         }
         let inner = &self.device.inner;
-        inner
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error("binding the CUDA context", e))?;
+        make_current(&inner.ctx)?;
         // SAFETY: the executable graph is owned by `self` and live; the stream is the device's
         // main stream. The caller keeps the captured buffers alive (type docs).
-        unsafe {
-            cudarc::driver::result::graph::launch(
-                self.graph.cu_graph_exec(),
-                inner.stream.cu_stream(),
-            )
-        }
-        .map_err(|e| driver_error("cuGraphLaunch", e))
+        unsafe { cudarc::driver::result::graph::launch(self.exec, inner.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuGraphLaunch", e))
     }
 
     /// The device the graph was captured on.
     pub fn device(&self) -> &CudaDevice {
         &self.device
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: both handles are owned by `self` and destroyed once; the driver defers the
+        // executable's release until replays in flight have finished.
+        unsafe {
+            let _ = cudarc::driver::result::ctx::set_current(self.device.inner.ctx.cu_ctx());
+            let _ = cudarc::driver::result::graph::exec_destroy(self.exec);
+            let _ = cudarc::driver::result::graph::destroy(self.graph);
+        }
     }
 }
 
