@@ -10,18 +10,22 @@
 //! block sizes, NHD and HND caches, batches that mix it with the other kernels, and split and
 //! unsplit decodes; with `POLYATTN_CUDA_DECODE=0` the same cases check the fallback.
 //!
+//! The graph tests (`graph_*`) capture decode steps into CUDA graphs and replay them with
+//! updated persistent buffers, comparing every replay bit for bit with eager forwards.
+//!
 //! Without a usable CUDA device (no driver, no GPU, no NVRTC) every test prints SKIP with the
 //! reason and passes; on the H200 they run (see the CUDA backend's test plan).
 
 #[macro_use]
 mod common;
 
+use polyattn::device::Storage;
 use polyattn::reference;
 use polyattn::registry;
-use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Tolerance};
+use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
 use polyattn::{
-    AttentionBackend, AttentionParams, BackendRef, CacheDType, CommonAttentionMetadata, DType,
-    KvCache, KvCacheSpec, KvLayout, Tensor,
+    AttentionBackend, AttentionLayer, AttentionParams, BackendRef, BatchDescription, CacheDType,
+    CommonAttentionMetadata, DType, KvCache, KvCacheSpec, KvLayout, Tensor,
 };
 
 fn cuda(test: &str) -> Option<BackendRef> {
@@ -333,5 +337,447 @@ fn decode_kernel_sanitizer_set() {
         &case,
         &many,
         902,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// CUDA graphs: capture and replay of decode steps (GraphCaptureSupport::UniformSingleTokenDecode).
+
+/// The raw bits of a tensor's elements (fp8 bytes, or the f32 image of f16 / bf16 / f32
+/// elements, which is injective), for exact comparisons.
+fn bits(t: &Tensor) -> polyattn::Result<Vec<u32>> {
+    Ok(if t.dtype().is_fp8() {
+        t.to_u8_vec()?.into_iter().map(u32::from).collect()
+    } else {
+        t.to_f32_vec()?.into_iter().map(f32::to_bits).collect()
+    })
+}
+
+/// Queues a device copy of `src` into `dst` (same shape), as a runner fills its persistent
+/// input buffers.
+fn fill(dst: &mut Tensor, src: &Tensor) -> polyattn::Result<()> {
+    let dev = match dst.device() {
+        polyattn::Device::Cuda(d) => d.clone(),
+        _ => unreachable!("CUDA tensors only"),
+    };
+    match (dst.storage_mut(), src.storage()) {
+        (Storage::Cuda(d), Storage::Cuda(s)) => dev.copy(s, d),
+        _ => unreachable!("CUDA tensors only"),
+    }
+}
+
+fn random_tensor(
+    device: &polyattn::Device,
+    rng: &mut Rng,
+    shape: &[usize],
+    dtype: DType,
+) -> polyattn::Result<Tensor> {
+    let n: usize = shape.iter().product();
+    Tensor::from_f32(device, &rng.normals(n), shape, dtype)
+}
+
+/// `steps` decode steps of one batch: request r has `base[r] + s` tokens at step s (its new
+/// token at position `base[r] + s - 1`); a block enters a request's row at the step that first
+/// writes into it. Block ids come shuffled from `1..num_blocks`; rows have two spare columns,
+/// so the graph plan's longest context exceeds every request's.
+fn decode_steps(base: &[usize], bs: usize, steps: usize, seed: u64) -> Vec<BatchDescription> {
+    let mut rng = Rng::new(seed);
+    let need: Vec<usize> = base.iter().map(|&s| (s + steps - 1).div_ceil(bs)).collect();
+    let width = need.iter().copied().max().unwrap_or(0) + 2;
+    let num_blocks = 1 + need.iter().sum::<usize>() + 3;
+    let mut pool: Vec<i32> = (1..num_blocks as i32).collect();
+    rng.shuffle(&mut pool);
+    let rows: Vec<Vec<i32>> = need.iter().map(|&n| pool.drain(..n).collect()).collect();
+    (0..steps)
+        .map(|s| {
+            let mut block_table = vec![0i32; base.len() * width];
+            let mut slot_mapping = Vec::new();
+            let mut seq_lens = Vec::new();
+            for (r, row) in rows.iter().enumerate() {
+                let seq = base[r] + s;
+                let pos = seq - 1;
+                block_table[r * width..][..seq.div_ceil(bs)]
+                    .copy_from_slice(&row[..seq.div_ceil(bs)]);
+                slot_mapping.push(row[pos / bs] as i64 * bs as i64 + (pos % bs) as i64);
+                seq_lens.push(seq as i32);
+            }
+            BatchDescription {
+                query_start_loc: (0..=base.len() as i32).collect(),
+                seq_lens,
+                block_table,
+                max_blocks_per_req: width,
+                slot_mapping,
+                causal: true,
+                block_size: bs,
+                num_blocks,
+                is_prefilling: None,
+            }
+        })
+        .collect()
+}
+
+/// One configuration of [`graph_replayed_decode_equals_eager`]: three layers (plain; sinks;
+/// window + ALiBi + soft cap) over four decode steps of five requests. Step 1 runs eagerly
+/// on graph metadata (the warm-up) and is captured; steps 2-4 write the persistent inputs,
+/// rebuild the graph metadata and replay. Each step is compared with (a) an eager forward on
+/// graph metadata of a second builder and identical caches: outputs and caches bit-identical
+/// (same kernels, same work lists, same inputs); (b) an eager forward on plain metadata
+/// (`build`): caches bit-identical, outputs within the dtype's tolerance (its split-KV
+/// plan differs, so the f32 summation order differs).
+fn graph_case(
+    b: &BackendRef,
+    label: &str,
+    dtype: DType,
+    cache: CacheDType,
+    (h, hkv, d): (usize, usize, usize),
+    bs: usize,
+    seed: u64,
+) -> polyattn::Result<()> {
+    let be: &dyn AttentionBackend = b.as_ref();
+    let device = be.device()?;
+    let cuda = match &device {
+        polyattn::Device::Cuda(c) => c.clone(),
+        _ => unreachable!("the CUDA backend's device"),
+    };
+    let steps = decode_steps(&[1500, 31, 700, 2100, 63], bs, 4, seed);
+    let n = steps[0].seq_lens.len();
+    let num_blocks = steps[0].num_blocks;
+    let spec = KvCacheSpec {
+        block_size: bs,
+        num_kv_heads: hkv,
+        head_size: d,
+        dtype,
+        cache_dtype: cache,
+    };
+    let mut rng = Rng::new(seed ^ 0x9e37);
+    struct Layer {
+        imp: Box<dyn polyattn::AttentionImpl>,
+        layer: AttentionLayer,
+        caches: [KvCache; 3], // graph, eager on graph metadata, eager on plain metadata
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+    }
+    let mut layers = Vec::new();
+    for l in 0..3 {
+        let mut p = params(h, hkv, d, cache);
+        match l {
+            1 => p.sinks = Some((0..h).map(|i| 0.3 + (i % 5) as f32 * 0.4).collect()),
+            2 => {
+                p.sliding_window = Some(500);
+                p.alibi_slopes = Some((0..h).map(|i| 0.5f32.powi(i as i32 % 8 + 1)).collect());
+                p.logits_soft_cap = Some(4.0);
+            }
+            _ => {}
+        }
+        let layer = if cache.is_fp8() {
+            AttentionLayer::new("graph.layer").with_scales(0.7, 1.3)?
+        } else {
+            AttentionLayer::new("graph.layer")
+        };
+        let mut kv = KvCache::new(be, spec, num_blocks)?;
+        let shape = kv.data().shape().to_vec();
+        *kv.data_mut() = random_tensor(&device, &mut rng, &shape, spec.storage_dtype())?;
+        layers.push(Layer {
+            imp: be.make_impl(p)?,
+            layer,
+            caches: [kv.clone(), kv.clone(), kv],
+            q: Tensor::zeros(&device, &[n, h, d], dtype)?,
+            k: Tensor::zeros(&device, &[n, hkv, d], dtype)?,
+            v: Tensor::zeros(&device, &[n, hkv, d], dtype)?,
+            out: Tensor::zeros(&device, &[n, h, d], dtype)?,
+        });
+    }
+    let graph_builder = be.make_builder(&spec)?;
+    let eager_builder = be.make_builder(&spec)?;
+    let plain_builder = be.make_builder(&spec)?;
+    assert_eq!(
+        graph_builder.graph_capture_support(),
+        polyattn::GraphCaptureSupport::UniformSingleTokenDecode
+    );
+    let mut graph: Option<polyattn::device::CudaGraph> = None;
+    for (s, desc) in steps.iter().enumerate() {
+        let common = CommonAttentionMetadata::new(&device, desc.clone())?;
+        let inputs: Vec<[Tensor; 3]> = (0..layers.len())
+            .map(|_| -> polyattn::Result<[Tensor; 3]> {
+                Ok([
+                    random_tensor(&device, &mut rng, &[n, h, d], dtype)?,
+                    random_tensor(&device, &mut rng, &[n, hkv, d], dtype)?,
+                    random_tensor(&device, &mut rng, &[n, hkv, d], dtype)?,
+                ])
+            })
+            .collect::<polyattn::Result<_>>()?;
+        // The graph side: this step's inputs into the captured tensors, then the metadata
+        // update (asynchronous uploads into the persistent buffers), then the replay.
+        for (ly, [q, k, v]) in layers.iter_mut().zip(&inputs) {
+            fill(&mut ly.q, q)?;
+            fill(&mut ly.k, k)?;
+            fill(&mut ly.v, v)?;
+        }
+        let md = graph_builder.build_for_graph_capture(&common)?;
+        match &graph {
+            None => {
+                // Step 1 eagerly (warm-up: plans, uploads, compiles), then captured.
+                let run = |layers: &mut Vec<Layer>| -> polyattn::Result<()> {
+                    for ly in layers.iter_mut() {
+                        let [c, _, _] = &mut ly.caches;
+                        ly.imp.forward(
+                            &ly.layer,
+                            &ly.q,
+                            Some(&ly.k),
+                            Some(&ly.v),
+                            c,
+                            md.as_ref(),
+                            &mut ly.out,
+                        )?;
+                    }
+                    Ok(())
+                };
+                run(&mut layers)?;
+                graph = Some(cuda.capture(|| run(&mut layers))?);
+            }
+            Some(g) => g.replay()?,
+        }
+        // The eager sides, on copies of the inputs.
+        let exact_md = eager_builder.build_for_graph_capture(&common)?;
+        let plain_md = plain_builder.build(0, &common, false)?;
+        let mut outs = Vec::new();
+        for (ly, [q, k, v]) in layers.iter_mut().zip(&inputs) {
+            let [_, ce, cp] = &mut ly.caches;
+            let mut oe = Tensor::zeros(&device, &[n, h, d], dtype)?;
+            let mut op = Tensor::zeros(&device, &[n, h, d], dtype)?;
+            ly.imp.forward(
+                &ly.layer,
+                q,
+                Some(k),
+                Some(v),
+                ce,
+                exact_md.as_ref(),
+                &mut oe,
+            )?;
+            ly.imp.forward(
+                &ly.layer,
+                q,
+                Some(k),
+                Some(v),
+                cp,
+                plain_md.as_ref(),
+                &mut op,
+            )?;
+            outs.push((oe, op));
+        }
+        device.synchronize()?;
+        let tol = Tolerance::for_dtype(dtype);
+        for (l, (ly, (oe, op))) in layers.iter().zip(&outs).enumerate() {
+            let what = format!("{label} step {} layer {l}", s + 1);
+            let got = bits(&ly.out)?;
+            assert!(
+                got.iter().any(|&x| x != 0),
+                "{what}: graph output is all zeros"
+            );
+            assert!(got == bits(oe)?, "{what}: graph output != eager output");
+            let [cg, ce, cp] = &ly.caches;
+            let cache_bits = bits(cg.data())?;
+            assert!(
+                cache_bits == bits(ce.data())?,
+                "{what}: graph KV cache != eager KV cache"
+            );
+            assert!(
+                cache_bits == bits(cp.data())?,
+                "{what}: graph KV cache != plain-metadata KV cache"
+            );
+            let want: Vec<f64> = op.to_f32_vec()?.into_iter().map(f64::from).collect();
+            let c = reference::compare(&ly.out.to_f32_vec()?, &want, tol);
+            assert!(c.pass, "{what}: graph vs plain-metadata eager output {c}");
+        }
+    }
+    report!("  ok   {label}: 4 steps x 3 layers, replays bit-identical to eager");
+    Ok(())
+}
+
+#[test]
+fn graph_replayed_decode_equals_eager() {
+    let Some(b) = cuda("graph_replayed_decode_equals_eager") else {
+        return;
+    };
+    // bf16 and f16 run the tensor-core decode kernel (the wave-filling split plan); the fp8
+    // cache runs the CUDA-core kernel with its own split rule and partial scratch.
+    let cases = [
+        (
+            "bf16 d128 (32,8) bs16",
+            DType::Bf16,
+            CacheDType::Auto,
+            (32, 8, 128),
+            16,
+        ),
+        (
+            "f16 d64 (8,1) bs32",
+            DType::F16,
+            CacheDType::Auto,
+            (8, 1, 64),
+            32,
+        ),
+        (
+            "f16 fp8_e4m3 d128 (8,2) bs16",
+            DType::F16,
+            CacheDType::Fp8E4m3,
+            (8, 2, 128),
+            16,
+        ),
+    ];
+    for (i, (label, dtype, cache, shape, bs)) in cases.into_iter().enumerate() {
+        if let Err(e) = graph_case(&b, label, dtype, cache, shape, bs, 1000 + i as u64) {
+            panic!("{label}: error {e}");
+        }
+    }
+}
+
+/// What cannot be captured fails with a typed error, and the device stays usable.
+#[test]
+fn graph_capture_rejects_non_decode_batches() {
+    let Some(b) = cuda("graph_capture_rejects_non_decode_batches") else {
+        return;
+    };
+    let result = (|| -> polyattn::Result<()> {
+        let be: &dyn AttentionBackend = b.as_ref();
+        let device = be.device()?;
+        let cuda = match &device {
+            polyattn::Device::Cuda(c) => c.clone(),
+            _ => unreachable!("the CUDA backend's device"),
+        };
+        let p = params(8, 2, 128, CacheDType::Auto);
+        let case = CaseConfig::new(p.clone(), DType::Bf16, 16);
+        let prefill = BatchSpec::new(&[(1, 300), (20, 100), (3, 40)]);
+        let mut batch = RandomBatch::generate(be, &case, &prefill, 77)?;
+        let imp = be.make_impl(p.clone())?;
+        let builder = be.make_builder(&KvCacheSpec {
+            block_size: 16,
+            num_kv_heads: 2,
+            head_size: 128,
+            dtype: DType::Bf16,
+            cache_dtype: CacheDType::Auto,
+        })?;
+        let common = CommonAttentionMetadata::new(&device, batch.desc.clone())?;
+        // 1. Graph metadata of a batch with prefills: a metadata error naming the level.
+        match builder.build_for_graph_capture(&common) {
+            Err(polyattn::Error::Metadata(m)) => {
+                assert!(m.contains("UniformSingleTokenDecode"), "{m}");
+                report!("  ok   prefill graph metadata refused: {m}");
+            }
+            other => panic!("expected a metadata error, got {other:?}"),
+        }
+        // 2. Capturing a forward on plain metadata: a device error, nothing captured.
+        let md = builder.build(0, &common, false)?;
+        let mut out = batch.empty_output()?;
+        let r = cuda.capture(|| {
+            imp.forward(
+                &batch.layer,
+                &batch.query,
+                Some(&batch.key),
+                Some(&batch.value),
+                &mut batch.kv_cache,
+                md.as_ref(),
+                &mut out,
+            )
+        });
+        match r {
+            Err(polyattn::Error::Device { message, .. }) => {
+                assert!(message.contains("build_for_graph_capture"), "{message}");
+                report!("  ok   capture of a plain-metadata forward refused: {message}");
+            }
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        // 3. The closure's own error comes back as is.
+        match cuda.capture(|| Err(polyattn::Error::Config("closure failed on purpose".into()))) {
+            Err(polyattn::Error::Config(m)) => assert!(m.contains("on purpose")),
+            other => panic!("expected the closure's error, got {other:?}"),
+        }
+        // 4. Allocating inside a capture is refused by the crate ...
+        match cuda.capture(|| Tensor::zeros(&device, &[16], DType::F32).map(|_| ())) {
+            Err(polyattn::Error::Device { message, .. }) => {
+                assert!(message.contains("inside a CUDA graph capture"), "{message}")
+            }
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        // ... a synchronisation is refused by the driver (the closure passes its error on) ...
+        let r = cuda.capture(|| {
+            cuda.stream()
+                .synchronize()
+                .map_err(|e| polyattn::Error::Device {
+                    backend: "test".into(),
+                    message: format!("synchronize inside the capture: {e}"),
+                })
+        });
+        match r {
+            Err(polyattn::Error::Device { message, .. }) => {
+                report!("  ok   synchronize inside a capture refused: {message}")
+            }
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        // ... and, when the closure ignores that error, the driver has invalidated the capture.
+        match cuda.capture(|| {
+            let _ = cuda.stream().synchronize();
+            Ok(())
+        }) {
+            Err(polyattn::Error::Device { message, .. }) => {
+                report!("  ok   driver-invalidated capture: {message}")
+            }
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        // 5. Graph metadata, but a layer shape that has not run eagerly yet: refused.
+        let decode = BatchSpec::new(&[(1, 300), (1, 1000), (1, 40)]);
+        let mut dbatch = RandomBatch::generate(be, &case, &decode, 78)?;
+        let dcommon = CommonAttentionMetadata::new(&device, dbatch.desc.clone())?;
+        let gmd = builder.build_for_graph_capture(&dcommon)?;
+        let mut dout = dbatch.empty_output()?;
+        let r = cuda.capture(|| {
+            imp.forward(
+                &dbatch.layer,
+                &dbatch.query,
+                Some(&dbatch.key),
+                Some(&dbatch.value),
+                &mut dbatch.kv_cache,
+                gmd.as_ref(),
+                &mut dout,
+            )
+        });
+        match r {
+            Err(polyattn::Error::Device { message, .. }) => {
+                // The plan (or, when no earlier test ran it, the kernel module) is missing.
+                assert!(message.contains("inside a CUDA graph capture"), "{message}");
+                report!("  ok   capture before warm-up refused: {message}");
+            }
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        // 6. Metadata of an older build is stale once a newer build rewrote the buffers.
+        let gmd2 = builder.build_for_graph_capture(&dcommon)?;
+        let stale = imp.forward(
+            &dbatch.layer,
+            &dbatch.query,
+            Some(&dbatch.key),
+            Some(&dbatch.value),
+            &mut dbatch.kv_cache,
+            gmd.as_ref(),
+            &mut dout,
+        );
+        assert!(
+            matches!(&stale, Err(polyattn::Error::Metadata(m)) if m.contains("stale")),
+            "{stale:?}"
+        );
+        drop(gmd2);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        panic!("error {e}");
+    }
+    // The device and its stream still work: a full forward checked against the reference.
+    let case = CaseConfig::new(params(8, 2, 128, CacheDType::Auto), DType::Bf16, 16);
+    check(
+        &b,
+        "eager forward after failed captures",
+        &case,
+        &BatchSpec::new(&[(1, 300), (20, 100), (1, 2000)]),
+        79,
     );
 }

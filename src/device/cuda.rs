@@ -10,12 +10,21 @@
 //! cudarc's per-buffer event tracking is switched off for polyattn's contexts: all work runs on
 //! the device's single stream, and buffers are freed stream-ordered (`cuMemFreeAsync`) or after
 //! a stream synchronisation, so a buffer is never freed while a queued kernel still uses it.
+//!
+//! CUDA graphs ([`CudaDevice::capture`], [`CudaGraph::replay`]): the work a closure queues is
+//! recorded instead of run, and replayed later with one launch (vLLM's full CUDA graphs for
+//! decode steps). While a thread captures, [`CudaDevice::stream`] returns, *on that thread
+//! only*, a private capture stream of the device: other threads that share the device keep
+//! queueing real work on the main stream, which never leaks into the graph (a capture of the
+//! shared stream would swallow their kernels and fail their synchronisations). Replays run on
+//! the main stream, ordered with everything else.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError};
 
 use super::CpuStorage;
@@ -66,11 +75,20 @@ fn driver_status() -> std::result::Result<i32, String> {
         .clone()
 }
 
+thread_local! {
+    /// The ordinal of the device this thread is capturing a graph on, if any.
+    static CAPTURING: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
 /// Everything opened once per GPU ordinal.
 struct CudaInner {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// The stream captures record on (created on the first capture); see the module docs.
+    capture_stream: OnceLock<Arc<CudaStream>>,
+    /// Held for the length of a capture: one capture at a time per device.
+    capture_lock: Mutex<()>,
     name: String,
     capability: (u32, u32),
     driver_version: i32,
@@ -159,6 +177,8 @@ impl CudaDevice {
             ordinal,
             ctx,
             stream,
+            capture_stream: OnceLock::new(),
+            capture_lock: Mutex::new(()),
             name,
             capability: (major.max(0) as u32, minor.max(0) as u32),
             driver_version,
@@ -203,9 +223,120 @@ impl CudaDevice {
         &self.inner.ctx
     }
 
-    /// The stream all of polyattn's work on this device runs on.
+    /// The stream all of polyattn's work on this device runs on: the device's main stream,
+    /// except on a thread that is inside [`CudaDevice::capture`], which gets the capture
+    /// stream (so that the work it queues is recorded into the graph).
     pub fn stream(&self) -> &Arc<CudaStream> {
+        if self.is_capturing() {
+            if let Some(s) = self.inner.capture_stream.get() {
+                return s;
+            }
+        }
         &self.inner.stream
+    }
+
+    /// Whether the calling thread is inside [`CudaDevice::capture`] on this device. Work that
+    /// cannot be part of a graph (allocations, host copies, synchronisations, first-time
+    /// kernel compilation) checks it and fails with [`Error::Device`] instead.
+    pub fn is_capturing(&self) -> bool {
+        CAPTURING.with(|c| c.get()) == Some(self.inner.ordinal)
+    }
+
+    /// The error for `what`, attempted inside a graph capture.
+    pub(crate) fn capture_error(&self, what: &str) -> Error {
+        device_error(format!(
+            "{what} inside a CUDA graph capture: a captured region may only queue kernels and \
+             device-to-device copies on buffers that already exist; allocate, upload and \
+             compile before capture (run the step once eagerly first)"
+        ))
+    }
+
+    /// Records the work `f` queues on this device's stream into a CUDA graph, instantiated
+    /// and ready to [`CudaGraph::replay`]; nothing runs during the capture.
+    ///
+    /// Inside `f`, [`CudaDevice::stream`] (on this thread) is a private capture stream in
+    /// thread-local capture mode, so other threads using the device are not affected. What
+    /// `f` may do: queue kernels, memsets and device-to-device copies on buffers that exist
+    /// before the capture. What fails: allocating, uploading, downloading or synchronising
+    /// (checked by this crate, or refused by the driver) and a nested capture. Captures of
+    /// one device from several threads are serialised (a second one waits).
+    ///
+    /// Errors ([`Error::Device`] unless `f` returned its own): when `f` fails (its error is
+    /// returned), when the driver invalidated the capture, or when instantiation fails. In
+    /// every case, and also when `f` panics, the capture is ended and its partial graph
+    /// destroyed, so the device and its streams stay usable.
+    ///
+    /// The graph holds the *device addresses* `f`'s kernels used, not the buffers: every
+    /// buffer they touch (inputs, outputs, KV caches, metadata) must stay alive, and keep its
+    /// address, for as long as the graph is replayed. A replay reads their contents at replay
+    /// time, which is how a later step feeds new inputs: write the same buffers, then replay.
+    pub fn capture(&self, f: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+        if self.is_capturing() {
+            return Err(device_error(
+                "CudaDevice::capture called inside a capture of the same device (nested captures \
+                 are not supported)",
+            ));
+        }
+        // One capture at a time per device (they share the capture stream): a second thread
+        // waits for the first capture to end.
+        let _lock = self
+            .inner
+            .capture_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let stream = match self.inner.capture_stream.get() {
+            Some(s) => s.clone(),
+            None => {
+                let s = self
+                    .inner
+                    .ctx
+                    .new_stream()
+                    .map_err(|e| driver_error("creating the capture stream", e))?;
+                self.inner.capture_stream.get_or_init(|| s).clone()
+            }
+        };
+        make_current(&self.inner.ctx)?;
+        // SAFETY: the capture stream is live (owned by the device); thread-local mode only
+        // restricts this thread's own calls while it captures.
+        unsafe {
+            cudarc::driver::result::stream::begin_capture(
+                stream.cu_stream(),
+                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
+        let guard = CaptureGuard {
+            ctx: self.inner.ctx.clone(),
+            stream,
+            active: true,
+        };
+        CAPTURING.with(|c| c.set(Some(self.inner.ordinal)));
+        let result = f();
+        // Ended whatever `f` returned; a graph made here is destroyed on drop if unused.
+        let ended = guard.end().map(|(graph, exec)| CudaGraph {
+            graph,
+            exec,
+            device: self.clone(),
+        });
+        let graph = match (result, ended) {
+            (Err(e), _) => return Err(e),
+            (Ok(()), Err(e)) => {
+                return Err(driver_error(
+                    "CUDA graph capture failed (the driver invalidated it: something in the \
+                     captured region cannot be captured)",
+                    e,
+                ))
+            }
+            (Ok(()), Ok(g)) => g,
+        };
+        // Pre-upload the executable to the device, ordered on the main stream, so the first
+        // replay does not pay for it.
+        make_current(&self.inner.ctx)?;
+        // SAFETY: the executable graph is live (owned by `graph`) and the stream is the
+        // device's main stream, which lives as long as the device.
+        unsafe { cudarc::driver::result::graph::upload(graph.exec, self.inner.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuGraphUpload", e))?;
+        Ok(graph)
     }
 
     /// A one-line description: name, compute capability, driver version.
@@ -222,17 +353,24 @@ impl CudaDevice {
         )
     }
 
-    /// Waits until all work queued on the device's stream has finished.
+    /// Waits until all work queued on the device's stream has finished. An error inside a
+    /// graph capture.
     pub fn synchronize(&self) -> Result<()> {
+        if self.is_capturing() {
+            return Err(self.capture_error("stream synchronize"));
+        }
         self.inner
             .stream
             .synchronize()
             .map_err(|e| driver_error("stream synchronize", e))
     }
 
-    /// `len` zeros of `dtype`.
+    /// `len` zeros of `dtype`. An error inside a graph capture (a graph must not allocate).
     pub fn zeros(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
         let bytes = len * dtype.size_in_bytes();
+        if self.is_capturing() {
+            return Err(self.capture_error(&format!("allocating {bytes} bytes")));
+        }
         let buf = self
             .inner
             .stream
@@ -241,7 +379,8 @@ impl CudaDevice {
         Ok(CudaStorage { buf, bytes })
     }
 
-    /// Uploads host storage (its elements must be of `dtype`).
+    /// Uploads host storage (its elements must be of `dtype`). An error inside a graph
+    /// capture.
     pub fn upload(&self, host: &CpuStorage, _dtype: DType) -> Result<CudaStorage> {
         let src = host.as_bytes();
         let mut s = self.zeros_bytes(src.len())?;
@@ -254,8 +393,12 @@ impl CudaDevice {
         Ok(s)
     }
 
-    /// Downloads to host storage of `dtype` (waits for the work queued before it).
+    /// Downloads to host storage of `dtype` (waits for the work queued before it). An error
+    /// inside a graph capture.
     pub fn download(&self, s: &CudaStorage, dtype: DType) -> Result<CpuStorage> {
+        if self.is_capturing() {
+            return Err(self.capture_error("a device-to-host copy"));
+        }
         let mut host = vec![0u8; s.bytes];
         if s.bytes > 0 {
             self.inner
@@ -267,15 +410,15 @@ impl CudaDevice {
         Ok(CpuStorage::from_bytes(&host, dtype))
     }
 
-    /// Queues a zero fill of `s` on the device's stream.
+    /// Queues a zero fill of `s` on the device's stream (capturable).
     pub fn fill_zeros(&self, s: &mut CudaStorage) -> Result<()> {
-        self.inner
-            .stream
+        self.stream()
             .memset_zeros(&mut s.buf)
             .map_err(|e| driver_error("memset", e))
     }
 
-    /// Queues a device-to-device copy of `src` into `dst` (`dst` at least as large).
+    /// Queues a device-to-device copy of `src` into `dst` (`dst` at least as large;
+    /// capturable).
     pub fn copy(&self, src: &CudaStorage, dst: &mut CudaStorage) -> Result<()> {
         if dst.bytes < src.bytes {
             return Err(device_error(format!(
@@ -283,8 +426,7 @@ impl CudaDevice {
                 src.bytes, dst.bytes
             )));
         }
-        self.inner
-            .stream
+        self.stream()
             .memcpy_dtod(&src.buf, &mut dst.buf)
             .map_err(|e| driver_error("device-to-device copy", e))
     }
@@ -300,6 +442,50 @@ impl CudaDevice {
         self.upload(&CpuStorage::U8(bytes.to_vec()), DType::Fp8E4m3)
     }
 
+    /// Queues a copy of `data` into `dst` at byte `offset`, on the device's stream: ordered
+    /// after the work already queued (a replay reading `dst` included), and `data` may be
+    /// reused as soon as this returns (the driver stages pageable host memory before the call
+    /// returns). Writes through a shared reference because it is the device memory, not the
+    /// handle, that changes, exactly as a kernel writing `dst` would. An error inside a graph
+    /// capture: updates of persistent buffers happen between replays, outside the graph.
+    pub(crate) fn write_pod<T: bytemuck::Pod>(
+        &self,
+        dst: &CudaStorage,
+        offset: usize,
+        data: &[T],
+    ) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if self.is_capturing() {
+            return Err(self.capture_error("a host-to-device copy"));
+        }
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > dst.bytes)
+        {
+            return Err(device_error(format!(
+                "writing {} bytes at offset {offset} into a buffer of {}",
+                bytes.len(),
+                dst.bytes
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        make_current(&self.inner.ctx)?;
+        // SAFETY: `dst` is a live allocation of this context with at least `offset +
+        // bytes.len()` bytes (checked above); the copy is queued on the device's main stream,
+        // which orders it with every other use of `dst`; the source is host memory that the
+        // driver reads (stages) before returning.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                dst.device_ptr() + offset as u64,
+                bytes,
+                self.inner.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_error("host-to-device copy", e))
+    }
+
     /// The module cached under `key`, or the one `build` produces (a cubin or PTX image),
     /// loaded into this device's context and cached for the life of the process.
     pub fn module(
@@ -310,6 +496,11 @@ impl CudaDevice {
         let mut modules = self.inner.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = modules.get(key) {
             return Ok(m.clone());
+        }
+        if self.is_capturing() {
+            return Err(
+                self.capture_error(&format!("loading kernel module {key} for the first time"))
+            );
         }
         let mut image = build()?;
         if image.last() != Some(&0) {
@@ -322,6 +513,133 @@ impl CudaDevice {
             .map_err(|e| driver_error(&format!("loading module {key}"), e))?;
         modules.insert(key.to_string(), module.clone());
         Ok(module)
+    }
+}
+
+/// Makes the context current on this thread. Unlike cudarc's `bind_to_thread`, it does not
+/// first return (and clear) an error recorded by an earlier drop, which must never stop a
+/// capture from ending or a graph from being destroyed.
+fn make_current(ctx: &CudaContext) -> Result<()> {
+    // SAFETY: `cu_ctx` is the live context owned by `ctx`.
+    unsafe { cudarc::driver::result::ctx::set_current(ctx.cu_ctx()) }
+        .map_err(|e| driver_error("binding the CUDA context", e))
+}
+
+/// Ends a capture: [`CaptureGuard::end`] normally, or on drop when the closure panicked, so
+/// the capture stream never stays in capture mode.
+struct CaptureGuard {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    active: bool,
+}
+
+impl CaptureGuard {
+    /// Ends the capture and instantiates what it recorded: `(graph, executable)`, both owned
+    /// by the caller.
+    fn end(mut self) -> std::result::Result<(cu::CUgraph, cu::CUgraphExec), DriverError> {
+        self.active = false;
+        CAPTURING.with(|c| c.set(None));
+        // SAFETY: `cu_ctx` is live; the stream is live and capturing (begun by `capture`). The
+        // graph returned by the driver is destroyed here unless handed to the caller.
+        unsafe {
+            cudarc::driver::result::ctx::set_current(self.ctx.cu_ctx())?;
+            let graph = cudarc::driver::result::stream::end_capture(self.stream.cu_stream())?;
+            if graph.is_null() {
+                return Err(DriverError(
+                    cu::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                ));
+            }
+            match cudarc::driver::result::graph::instantiate(graph, cu::CUgraphInstantiate_flags(0))
+            {
+                Ok(exec) => Ok((graph, exec)),
+                Err(e) => {
+                    let _ = cudarc::driver::result::graph::destroy(graph);
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        CAPTURING.with(|c| c.set(None));
+        // SAFETY: as in `end`; the graph, if any, is destroyed once, here.
+        unsafe {
+            if cudarc::driver::result::ctx::set_current(self.ctx.cu_ctx()).is_err() {
+                return;
+            }
+            if let Ok(g) = cudarc::driver::result::stream::end_capture(self.stream.cu_stream()) {
+                if !g.is_null() {
+                    let _ = cudarc::driver::result::graph::destroy(g);
+                }
+            }
+        }
+    }
+}
+
+/// An instantiated CUDA graph made by [`CudaDevice::capture`]: the recorded work, replayable
+/// with one launch on the device's main stream. Destroyed on drop (a replay still running
+/// then finishes first; the driver frees it afterwards).
+///
+/// What a replay assumes: every buffer the captured kernels used is still alive at the same
+/// address (the graph stores addresses, not buffers), and the launch parameters baked into
+/// the graph (grid sizes, scalar arguments such as token counts) still describe the inputs.
+/// Only buffer *contents* may change between replays.
+pub struct CudaGraph {
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+    device: CudaDevice,
+}
+
+// SAFETY: the handles are owned by this value alone and used through `replay` (one driver
+// call, made with the context bound on the calling thread) and `Drop` (exclusive). Raw driver
+// handles are valid on any thread of the process. Not `Sync`: CUDA graph objects are not
+// internally synchronised, so one graph must not be used from two threads at once.
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// Queues one replay on the device's main stream (ordered after everything queued
+    /// before, e.g. the uploads of this step's inputs; asynchronous like a kernel launch).
+    /// An error inside a capture.
+    pub fn replay(&self) -> Result<()> {
+        if self.device.is_capturing() {
+            return Err(self.device.capture_error("replaying a CUDA graph"));
+        }
+        let inner = &self.device.inner;
+        make_current(&inner.ctx)?;
+        // SAFETY: the executable graph is owned by `self` and live; the stream is the device's
+        // main stream. The caller keeps the captured buffers alive (type docs).
+        unsafe { cudarc::driver::result::graph::launch(self.exec, inner.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuGraphLaunch", e))
+    }
+
+    /// The device the graph was captured on.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: both handles are owned by `self` and destroyed once; the driver defers the
+        // executable's release until replays in flight have finished.
+        unsafe {
+            let _ = cudarc::driver::result::ctx::set_current(self.device.inner.ctx.cu_ctx());
+            let _ = cudarc::driver::result::graph::exec_destroy(self.exec);
+            let _ = cudarc::driver::result::graph::destroy(self.graph);
+        }
+    }
+}
+
+impl fmt::Debug for CudaGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaGraph")
+            .field("device", &self.device.inner.ordinal)
+            .finish()
     }
 }
 
@@ -341,8 +659,14 @@ impl CudaStorage {
         self.bytes
     }
 
-    /// A device copy of this buffer.
+    /// A device copy of this buffer. An error inside a graph capture (it allocates).
     pub fn try_clone(&self) -> Result<Self> {
+        if CAPTURING.with(|c| c.get()).is_some() {
+            return Err(device_error(
+                "cloning a CUDA buffer inside a CUDA graph capture (it allocates); clone before \
+                 the capture",
+            ));
+        }
         let buf = self
             .buf
             .try_clone()

@@ -12,7 +12,7 @@ mod tensor;
 mod wgpu;
 
 pub use cpu::{CpuDevice, CpuStorage};
-pub use cuda::{CudaDevice, CudaStorage};
+pub use cuda::{CudaDevice, CudaGraph, CudaStorage};
 pub use tensor::{Storage, Tensor};
 pub use wgpu::{WgpuDevice, WgpuStorage};
 

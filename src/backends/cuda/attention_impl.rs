@@ -136,6 +136,17 @@ impl CudaAttentionImpl {
         if md.device != self.device {
             return Err(not_here("the metadata"));
         }
+        md.check_current()?;
+        if self.device.is_capturing() && !md.is_graph_capturable() {
+            return Err(Error::Device {
+                backend: "CUDA".into(),
+                message: "a forward inside a CUDA graph capture needs metadata from \
+                          build_for_graph_capture (persistent buffers, fixed work lists); this \
+                          metadata came from build, whose arrays and work lists are per-step \
+                          allocations"
+                    .into(),
+            });
+        }
         Ok(md)
     }
 
@@ -299,7 +310,14 @@ impl CudaAttentionImpl {
     }
 
     /// Queues the attention kernel over `plan` (and the split combine, when the plan splits).
-    fn launch_attention(&self, plan: &WorkPlan, base: &AttnParams) -> Result<()> {
+    /// Partials live in the metadata's scratch buffer (reused, and persistent for graph
+    /// metadata, so a captured launch never allocates).
+    fn launch_attention(
+        &self,
+        plan: &WorkPlan,
+        base: &AttnParams,
+        md: &CudaAttentionMetadata,
+    ) -> Result<()> {
         let items = match &plan.items_dev {
             Some(i) if !plan.items.is_empty() => i,
             _ => return Ok(()),
@@ -308,18 +326,15 @@ impl CudaAttentionImpl {
         let (h, d) = (p.num_heads, p.head_size);
         let mut params = *base;
         params.items = items.device_ptr();
-        // Split partials live only for this launch pair; frees are stream-ordered.
-        let mut scratch: Vec<CudaStorage> = Vec::new();
         let n_split = plan.split_tokens.len();
         if n_split > 0 {
             let planes = plan.max_splits * n_split * h;
-            let part_out = self.device.zeros_bytes(planes * d * 4)?;
-            let part_lse = self.device.zeros_bytes(planes * 4)?;
-            params.part_out = part_out.device_ptr();
-            params.part_lse = part_lse.device_ptr();
+            // part_out (256-byte aligned), then part_lse.
+            let out_bytes = (planes * d * 4).div_ceil(256) * 256;
+            let ptr = md.scratch(out_bytes + planes * 4)?;
+            params.part_out = ptr;
+            params.part_lse = ptr + out_bytes as u64;
             params.n_part_tokens = i32_of("split tokens", n_split)?;
-            scratch.push(part_out);
-            scratch.push(part_lse);
         }
         let name = attention_function_name(d)
             .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
@@ -345,7 +360,6 @@ impl CudaAttentionImpl {
             };
             kernels::launch(&self.device, &f, cfg, &params, Some(list.device_ptr()))?;
         }
-        drop(scratch);
         Ok(())
     }
 }
@@ -600,7 +614,7 @@ impl AttentionImpl for CudaAttentionImpl {
             base.dense = 1;
             base.cache_dtype = base.q_dtype;
             let plan = md.plan(&key_for(Pass::Full, false, true, false))?;
-            return self.launch_attention(&plan, &base);
+            return self.launch_attention(&plan, &base, md);
         }
 
         if let (Some(k), Some(v)) = (key, value) {
@@ -650,7 +664,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     ..key_for(Pass::Full, causal, false, true)
                 };
                 let plan = md.plan(&short)?;
-                self.launch_attention(&plan, &base)?;
+                self.launch_attention(&plan, &base, md)?;
                 if let Some(name) = mma {
                     let long = PlanKey {
                         min_q: mma_start,
@@ -680,7 +694,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     false,
                     false,
                 ))?;
-                self.launch_attention(&plan, &prefix)?;
+                self.launch_attention(&plan, &prefix, md)?;
                 // Suffix: each request's own keys after the prefix, causal, no sinks.
                 let mut suffix = base;
                 suffix.out = o_s.device_ptr();
@@ -693,7 +707,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     false,
                     false,
                 ))?;
-                self.launch_attention(&plan, &suffix)?;
+                self.launch_attention(&plan, &suffix, md)?;
                 launch_merge(
                     &self.device,
                     o_p.device_ptr(),

@@ -71,8 +71,14 @@ impl CudaBackend {
                 is_mla: false,
                 // bf16 `cvt` and the planned cp.async / mma.sync paths need Ampere.
                 min_capability: Some(DeviceCapability { major: 8, minor: 0 }),
-                // No CUDA-graph capture is implemented or tested yet.
-                graph_capture: GraphCaptureSupport::Never,
+                // Full CUDA graphs of pure decode batches (every query length 1, a fixed
+                // padded batch size), with metadata from build_for_graph_capture: persistent
+                // arrays, fixed-layout work lists, persistent split-KV scratch. Prefills, mixed
+                // batches and cascade run eagerly. See CudaMetadataBuilder's docs. Verified on
+                // the H200 (2026-11-29): tests/cuda_gpu.rs graph_* (replays bit-identical to
+                // eager forwards, bf16 / f16 / fp8 caches) and compute-sanitizer memcheck, 0
+                // errors.
+                graph_capture: GraphCaptureSupport::UniformSingleTokenDecode,
                 // A head's tokens adjacent: a 16-key chunk of one head is one contiguous read.
                 kv_layout: KvLayout::Hnd,
             },

@@ -16,13 +16,23 @@
 //! writes an f32 partial and its LSE, and `combine_splits` merges them. For the decode kernel
 //! (`PlanKey::slots` > 0) the split count is chosen so that the CTAs fill whole waves of the
 //! GPU's concurrent CTA slots ([`decode_split_target`]).
+//!
+//! CUDA graphs ([`CudaMetadataBuilder::build_graph`], the builder's `build_for_graph_capture`):
+//! a captured decode step bakes into the graph every device address its kernels read and every
+//! launch shape (grid sizes, token counts, split counts). vLLM's answer, copied here, is
+//! persistent buffers: the builder keeps, per padded batch shape, device buffers for the
+//! metadata arrays, the work lists and the split-KV partials, allocated once and never moved;
+//! each step's build rewrites their *contents* (asynchronous uploads on the device's stream,
+//! outside the graph) and the same graph is replayed. For the launch shapes to stay valid the
+//! work list has a fixed layout ([`plan_graph_work`]): the split count is chosen for the longest
+//! context the block table can hold, and shorter requests leave their surplus splits empty.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::GraphCaptureSupport;
-use crate::device::{CudaDevice, CudaStorage, Device, Storage};
+use crate::device::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
@@ -156,10 +166,10 @@ pub struct WorkPlan {
     pub split_tokens: Vec<[i32; 4]>,
     /// Most splits of any token (0 when nothing is split).
     pub max_splits: usize,
-    /// `items` on the device.
-    pub(crate) items_dev: Option<CudaStorage>,
+    /// `items` on the device (shared with the plan's later versions in graph mode).
+    pub(crate) items_dev: Option<Arc<CudaStorage>>,
     /// `split_tokens` on the device.
-    pub(crate) split_dev: Option<CudaStorage>,
+    pub(crate) split_dev: Option<Arc<CudaStorage>>,
 }
 
 /// The batch-level inputs of [`plan_work`], as host slices.
@@ -327,6 +337,308 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     }
 }
 
+/// The fixed-layout work list of a graph-captured decode step ([`CudaMetadataBuilder::build_graph`]).
+///
+/// Every request must have query length 1 (otherwise this is [`plan_work`] without splits,
+/// whose layout also depends only on the query lengths). The number of items, the split list
+/// and `max_splits` depend only on the number of requests, `key`, `sm_count` and
+/// `max_seq_len` (the longest context the block table can describe), never on the sequence
+/// lengths, so the grids a graph captured fit every later step; only the items' key ranges
+/// change. The split target is chosen as [`plan_work`] would for requests of `max_seq_len`
+/// keys (for the decode kernel: filling whole waves); each request is then split as
+/// [`plan_work`] would split it with that target, and its surplus items get an empty key range
+/// (`kv_lo == kv_hi`), which the kernels turn into a partial of weight zero (LSE −∞) that the
+/// combine skips. Every split request is in the split list, with the fixed split count.
+///
+/// The price: short requests in a graph launch empty CTAs (cheap: they load the query and
+/// exit) and go through the combine even when unsplit.
+pub fn plan_graph_work(inp: PlanInputs<'_>, key: &PlanKey, max_seq_len: usize) -> WorkPlan {
+    let num_reqs = inp.seq_lens.len();
+    let q_len = |r: usize| inp.query_start_loc[r + 1] - inp.query_start_loc[r];
+    let splittable = key.allow_split && !key.dense && key.pass == Pass::Full;
+    if !splittable || !(0..num_reqs).all(|r| q_len(r) == 1) {
+        return plan_work(
+            inp,
+            &PlanKey {
+                allow_split: false,
+                ..*key
+            },
+        );
+    }
+    let mut plan = WorkPlan {
+        items: Vec::new(),
+        split_tokens: Vec::new(),
+        max_splits: 0,
+        items_dev: None,
+        split_dev: None,
+    };
+    if !(key.min_q..key.max_q).contains(&1) {
+        return plan;
+    }
+    let g = key.group.max(1);
+    let hc = g.min(key.rows.max(1));
+    let head_chunks: Vec<(usize, usize)> = (0..g).step_by(hc).map(|s| (s, hc.min(g - s))).collect();
+    let ctas_per_req = key.num_kv_heads * head_chunks.len();
+    let (max_split, min_keys) = if key.slots > 0 {
+        (DECODE_MAX_SPLITS, DECODE_MIN_KEYS_PER_SPLIT)
+    } else {
+        (MAX_SPLITS, MIN_KEYS_PER_SPLIT)
+    };
+    // The most keys a single decode token can see.
+    let vis_max = key.window.map_or(max_seq_len, |w| w.min(max_seq_len));
+    let want = if key.slots > 0 {
+        decode_split_target(key.slots, max_split, |w| {
+            num_reqs * ctas_per_req * split_shape(vis_max, w, max_split, min_keys).0
+        })
+    } else {
+        let base = num_reqs * ctas_per_req;
+        if base == 0 {
+            1
+        } else {
+            (2 * inp.sm_count.max(1)).div_ceil(base)
+        }
+    };
+    // split_shape's count never exceeds its first bound, which grows with the length.
+    let cap = want.min(max_split).min(vis_max / min_keys.max(1)).max(1);
+    for r in 0..num_reqs {
+        let qs = inp.query_start_loc[r];
+        let seq = inp.seq_lens[r].max(0) as usize;
+        if cap == 1 {
+            for kv_head in 0..key.num_kv_heads {
+                for &(h0, hn) in &head_chunks {
+                    plan.items.push(WorkItem {
+                        req: r as i32,
+                        q_start: qs,
+                        q_len: 1,
+                        kv_head: kv_head as i32,
+                        head_start: h0 as i32,
+                        head_count: hn as i32,
+                        kv_lo: 0,
+                        kv_hi: seq as i32,
+                        split: 0,
+                        num_splits: 1,
+                        part_tok: 0,
+                        pad_: 0,
+                    });
+                }
+            }
+            continue;
+        }
+        // The token's visible keys, as in plan_work.
+        let pos = seq.saturating_sub(1);
+        let vhi = if key.causal { seq.min(pos + 1) } else { seq };
+        let vlo = key.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let vhi = vhi.max(vlo);
+        let (s, chunk) = split_shape(vhi - vlo, want, max_split, min_keys);
+        let s = s.min(cap);
+        let part_tok = plan.split_tokens.len() as i32;
+        plan.split_tokens.push([qs, part_tok, cap as i32, 0]);
+        for kv_head in 0..key.num_kv_heads {
+            for &(h0, hn) in &head_chunks {
+                for i in 0..cap {
+                    let (a, b) = if i < s {
+                        (vlo + i * chunk, (vlo + (i + 1) * chunk).min(vhi))
+                    } else {
+                        (vhi, vhi)
+                    };
+                    plan.items.push(WorkItem {
+                        req: r as i32,
+                        q_start: qs,
+                        q_len: 1,
+                        kv_head: kv_head as i32,
+                        head_start: h0 as i32,
+                        head_count: hn as i32,
+                        kv_lo: a as i32,
+                        kv_hi: b as i32,
+                        split: i as i32,
+                        num_splits: cap as i32,
+                        part_tok,
+                        pad_: 0,
+                    });
+                }
+            }
+        }
+        plan.max_splits = cap;
+    }
+    plan
+}
+
+/// Which graph buffers a batch uses: everything a captured launch bakes in besides the
+/// layer's own shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct GraphShape {
+    num_reqs: usize,
+    max_blocks_per_req: usize,
+    causal: bool,
+}
+
+/// The persistent device buffers of one padded batch shape (module docs). Shared by every
+/// metadata built for that shape; the latest build defines their contents.
+#[derive(Debug)]
+struct GraphBuffers {
+    shape: GraphShape,
+    /// query_start_loc, seq_lens, block_table, slot_mapping at fixed addresses.
+    arrays: DeviceMetadata,
+    /// Fixed-layout plans per layer shape, re-planned into the same buffers by every build.
+    plans: Mutex<HashMap<PlanKey, Arc<WorkPlan>>>,
+    /// Every split-KV scratch buffer handed out, the largest last. None is freed while the
+    /// builder lives: a graph captured earlier may hold the address of any of them.
+    scratch: Mutex<Vec<CudaStorage>>,
+    /// Bumped by every build; metadata of an older build is stale.
+    generation: std::sync::atomic::AtomicU64,
+}
+
+fn cuda_storage<'a>(t: &'a Tensor, what: &str) -> Result<&'a CudaStorage> {
+    match t.storage() {
+        Storage::Cuda(s) => Ok(s),
+        _ => Err(Error::Device {
+            backend: "CUDA".into(),
+            message: format!("graph buffer {what} is not CUDA memory"),
+        }),
+    }
+}
+
+impl GraphBuffers {
+    fn new(device: &CudaDevice, shape: GraphShape) -> Result<Self> {
+        let dev = Device::Cuda(device.clone());
+        let n = shape.num_reqs;
+        Ok(GraphBuffers {
+            shape,
+            arrays: DeviceMetadata {
+                query_start_loc: Tensor::from_i32(&dev, &vec![0; n + 1], &[n + 1])?,
+                seq_lens: Tensor::from_i32(&dev, &vec![0; n], &[n])?,
+                block_table: Tensor::from_i32(
+                    &dev,
+                    &vec![0; n * shape.max_blocks_per_req],
+                    &[n, shape.max_blocks_per_req],
+                )?,
+                slot_mapping: Tensor::from_i64(&dev, &vec![-1; n], &[n])?,
+            },
+            plans: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(Vec::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn plan_inputs<'a>(common: &'a CommonAttentionMetadata, device: &CudaDevice) -> PlanInputs<'a> {
+        PlanInputs {
+            query_start_loc: common.query_start_loc_cpu(),
+            seq_lens: common.seq_lens_cpu(),
+            sm_count: device.sm_count() as usize,
+        }
+    }
+
+    /// Writes `common`'s arrays and re-plans every known layer shape into the same buffers.
+    fn update(&self, device: &CudaDevice, common: &CommonAttentionMetadata) -> Result<()> {
+        let a = &self.arrays;
+        device.write_pod(
+            cuda_storage(&a.query_start_loc, "query_start_loc")?,
+            0,
+            common.query_start_loc_cpu(),
+        )?;
+        device.write_pod(
+            cuda_storage(&a.seq_lens, "seq_lens")?,
+            0,
+            common.seq_lens_cpu(),
+        )?;
+        device.write_pod(
+            cuda_storage(&a.block_table, "block_table")?,
+            0,
+            common.block_table_cpu(),
+        )?;
+        device.write_pod(
+            cuda_storage(&a.slot_mapping, "slot_mapping")?,
+            0,
+            common.slot_mapping_cpu(),
+        )?;
+        let max_seq = common.max_blocks_per_req() * common.block_size();
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, old) in plans.iter_mut() {
+            let mut plan = plan_graph_work(Self::plan_inputs(common, device), key, max_seq);
+            if plan.items.len() != old.items.len()
+                || plan.split_tokens.len() != old.split_tokens.len()
+                || plan.max_splits != old.max_splits
+            {
+                return Err(Error::Device {
+                    backend: "CUDA".into(),
+                    message: format!(
+                        "graph work list for {key:?} changed shape ({} -> {} items); this is a \
+                         bug in plan_graph_work",
+                        old.items.len(),
+                        plan.items.len()
+                    ),
+                });
+            }
+            if let Some(d) = &old.items_dev {
+                device.write_pod(d, 0, &plan.items)?;
+            }
+            if let Some(d) = &old.split_dev {
+                device.write_pod(d, 0, &plan.split_tokens)?;
+            }
+            plan.items_dev = old.items_dev.clone();
+            plan.split_dev = old.split_dev.clone();
+            *old = Arc::new(plan);
+        }
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The plan for `key`: re-planned by the latest build, or planned and uploaded now (not
+    /// inside a capture).
+    fn plan(
+        &self,
+        device: &CudaDevice,
+        common: &CommonAttentionMetadata,
+        key: &PlanKey,
+    ) -> Result<Arc<WorkPlan>> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = plans.get(key) {
+            return Ok(p.clone());
+        }
+        if device.is_capturing() {
+            return Err(device.capture_error(&format!(
+                "the first forward of a layer shape ({} query heads per KV head, {} KV heads, \
+                 window {:?}) with this graph metadata (its work list must be planned and \
+                 uploaded first)",
+                key.group, key.num_kv_heads, key.window
+            )));
+        }
+        let max_seq = common.max_blocks_per_req() * common.block_size();
+        let mut plan = plan_graph_work(Self::plan_inputs(common, device), key, max_seq);
+        if !plan.items.is_empty() {
+            plan.items_dev = Some(Arc::new(device.upload_pod(&plan.items)?));
+        }
+        if !plan.split_tokens.is_empty() {
+            plan.split_dev = Some(Arc::new(device.upload_pod(&plan.split_tokens)?));
+        }
+        let plan = Arc::new(plan);
+        plans.insert(*key, plan.clone());
+        Ok(plan)
+    }
+
+    /// A scratch buffer of at least `bytes` bytes; grows only outside a capture, and keeps
+    /// the smaller ones alive.
+    fn scratch(&self, device: &CudaDevice, bytes: usize) -> Result<u64> {
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = s.last() {
+            if b.len_bytes() >= bytes {
+                return Ok(b.device_ptr());
+            }
+        }
+        if device.is_capturing() {
+            return Err(device.capture_error(&format!(
+                "growing the split-KV scratch to {bytes} bytes (run every layer once eagerly \
+                 with this graph metadata before capturing)"
+            )));
+        }
+        let b = device.zeros_bytes(bytes)?;
+        let ptr = b.device_ptr();
+        s.push(b);
+        Ok(ptr)
+    }
+}
+
 /// What the CUDA kernels consume for one batch.
 #[derive(Debug)]
 pub struct CudaAttentionMetadata {
@@ -342,6 +654,9 @@ pub struct CudaAttentionMetadata {
     pub(crate) device: CudaDevice,
     plans: Mutex<HashMap<PlanKey, Arc<WorkPlan>>>,
     scratch: Mutex<Option<CudaStorage>>,
+    /// Persistent buffers (graph-capturable metadata), with the build generation this
+    /// metadata was made by.
+    graph: Option<(Arc<GraphBuffers>, u64)>,
 }
 
 impl AttentionMetadata for CudaAttentionMetadata {
@@ -351,11 +666,36 @@ impl AttentionMetadata for CudaAttentionMetadata {
 }
 
 impl CudaAttentionMetadata {
-    /// The metadata arrays (query_start_loc, seq_lens, block_table, slot_mapping) on this GPU.
+    /// The metadata arrays (query_start_loc, seq_lens, block_table, slot_mapping) on this GPU
+    /// (for graph metadata, the persistent buffers).
     pub fn arrays(&self) -> &DeviceMetadata {
+        if let Some((g, _)) = &self.graph {
+            return &g.arrays;
+        }
         self.uploaded
             .as_ref()
             .unwrap_or_else(|| self.common.device())
+    }
+
+    /// Whether this metadata was built for graph capture ([`CudaMetadataBuilder::build_graph`]):
+    /// its kernels read only persistent buffers, so a forward with it can be captured.
+    pub fn is_graph_capturable(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Errors when this is graph metadata and a later build for the same batch shape has
+    /// rewritten the shared buffers (this metadata's host copies no longer match them).
+    pub(crate) fn check_current(&self) -> Result<()> {
+        if let Some((g, generation)) = &self.graph {
+            if g.generation.load(std::sync::atomic::Ordering::SeqCst) != *generation {
+                return Err(Error::metadata(format!(
+                    "stale graph metadata: a later build_for_graph_capture for the same batch \
+                     shape ({} requests) rewrote its persistent buffers; use the latest metadata",
+                    g.shape.num_reqs
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The address of a device buffer of at least `bytes` bytes, kept for the life of this
@@ -364,6 +704,9 @@ impl CudaAttentionMetadata {
     /// previous layer's. Its contents are whatever the last user left (zeros when new); a
     /// larger request replaces it (the old buffer's free is stream-ordered too).
     pub(crate) fn scratch(&self, bytes: usize) -> Result<u64> {
+        if let Some((g, _)) = &self.graph {
+            return g.scratch(&self.device, bytes);
+        }
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = s.as_ref() {
             if b.len_bytes() >= bytes {
@@ -376,8 +719,12 @@ impl CudaAttentionMetadata {
         Ok(ptr)
     }
 
-    /// The work list for `key`, planned and uploaded on first use in this step.
+    /// The work list for `key`, planned and uploaded on first use in this step (graph
+    /// metadata: the fixed-layout plan of [`plan_graph_work`] in the persistent buffers).
     pub fn plan(&self, key: &PlanKey) -> Result<Arc<WorkPlan>> {
+        if let Some((g, _)) = &self.graph {
+            return g.plan(&self.device, &self.common, key);
+        }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plans.get(key) {
             return Ok(p.clone());
@@ -391,10 +738,10 @@ impl CudaAttentionMetadata {
             key,
         );
         if !plan.items.is_empty() {
-            plan.items_dev = Some(self.device.upload_pod(&plan.items)?);
+            plan.items_dev = Some(Arc::new(self.device.upload_pod(&plan.items)?));
         }
         if !plan.split_tokens.is_empty() {
-            plan.split_dev = Some(self.device.upload_pod(&plan.split_tokens)?);
+            plan.split_dev = Some(Arc::new(self.device.upload_pod(&plan.split_tokens)?));
         }
         let plan = Arc::new(plan);
         plans.insert(*key, plan.clone());
@@ -403,16 +750,110 @@ impl CudaAttentionMetadata {
 }
 
 /// Builds [`CudaAttentionMetadata`].
+///
+/// Graph capture level: [`GraphCaptureSupport::UniformSingleTokenDecode`]. What is
+/// capturable: a forward (`reshape_and_cache` plus attention, every kernel path: the
+/// tensor-core decode kernel, and the CUDA-core kernel for fp8 caches, f32 and other head
+/// sizes, with sinks, windows, ALiBi and soft caps) over a batch whose requests all have query
+/// length 1, with metadata from [`CudaMetadataBuilder::build_graph`] (the trait's
+/// `build_for_graph_capture`), after one eager forward of every layer with metadata of that
+/// batch shape (it plans, uploads and compiles). Not capturable: prefills and mixed batches
+/// (their work lists depend on the query lengths), cascade, metadata from `build`. A replay
+/// of a later step needs: the same number of requests, block-table width and causality (pad
+/// the batch with dummy requests of query length 1, seq_len 1, block 0 and slot −1, as vLLM
+/// pads), a new `build_graph` of that step before the replay, and the step's q / k / v
+/// written into the tensors the graph captured.
 #[derive(Clone, Debug)]
 pub struct CudaMetadataBuilder {
     spec: KvCacheSpec,
     device: CudaDevice,
+    /// Persistent graph buffers per batch shape, shared by the builder's clones.
+    graphs: Arc<Mutex<HashMap<GraphShape, Arc<GraphBuffers>>>>,
 }
 
 impl CudaMetadataBuilder {
     /// A builder for one KV-cache group on `device`.
     pub fn new(spec: KvCacheSpec, device: CudaDevice) -> Self {
-        CudaMetadataBuilder { spec, device }
+        CudaMetadataBuilder {
+            spec,
+            device,
+            graphs: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn check_block_size(&self, common: &CommonAttentionMetadata) -> Result<()> {
+        if common.block_size() != self.spec.block_size {
+            return Err(Error::metadata(format!(
+                "batch block size {} differs from the KV-cache group's {}",
+                common.block_size(),
+                self.spec.block_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Metadata whose kernels read only persistent device buffers, for a forward that is
+    /// captured into a CUDA graph or that runs a step of one (see the type docs for what is
+    /// capturable).
+    ///
+    /// The first call for a batch shape (number of requests, block-table width, causality)
+    /// allocates its buffers; every call writes `common`'s arrays and the work lists of every
+    /// layer shape seen so far into them with asynchronous uploads on the device's stream,
+    /// ordered before whatever is queued next (a replay). The buffers are shared by all
+    /// metadata of that shape: the latest build defines what a replay computes, and older
+    /// metadata of that shape refuse to run ([`Error::Metadata`], stale).
+    ///
+    /// Errors: [`Error::Metadata`] when a request's query length is not 1 (the graph level is
+    /// `UniformSingleTokenDecode`) or the block size is not the builder's; [`Error::Device`]
+    /// inside a capture (updates happen between replays).
+    pub fn build_graph(&self, common: &CommonAttentionMetadata) -> Result<CudaAttentionMetadata> {
+        self.check_block_size(common)?;
+        if common.num_reqs() == 0 {
+            return Err(Error::metadata(
+                "a graph-captured batch needs at least one request",
+            ));
+        }
+        if let Some(r) = (0..common.num_reqs()).find(|&r| common.query_len(r) != 1) {
+            return Err(Error::metadata(format!(
+                "CUDA graphs capture only uniform single-token decode batches \
+                 (GraphCaptureSupport::UniformSingleTokenDecode): request {r} has query \
+                 length {}; run prefills and mixed batches eagerly",
+                common.query_len(r)
+            )));
+        }
+        if self.device.is_capturing() {
+            return Err(self
+                .device
+                .capture_error("building graph metadata (it uploads the step's arrays)"));
+        }
+        let shape = GraphShape {
+            num_reqs: common.num_reqs(),
+            max_blocks_per_req: common.max_blocks_per_req(),
+            causal: common.causal(),
+        };
+        let buffers = {
+            let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+            match graphs.get(&shape) {
+                Some(b) => b.clone(),
+                None => {
+                    let b = Arc::new(GraphBuffers::new(&self.device, shape)?);
+                    graphs.insert(shape, b.clone());
+                    b
+                }
+            }
+        };
+        buffers.update(&self.device, common)?;
+        let generation = buffers.generation.load(std::sync::atomic::Ordering::SeqCst);
+        Ok(CudaAttentionMetadata {
+            split: common.split_decodes_and_prefills(1, false, true),
+            common: common.clone(),
+            cascade: None,
+            uploaded: None,
+            device: self.device.clone(),
+            plans: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(None),
+            graph: Some((buffers, generation)),
+        })
     }
 
     /// `None` when `common`'s device copies are on this GPU, else copies uploaded here.
@@ -437,8 +878,9 @@ impl CudaMetadataBuilder {
 }
 
 impl AttentionMetadataBuilder for CudaMetadataBuilder {
+    /// `UniformSingleTokenDecode`: see the type docs.
     fn graph_capture_support(&self) -> GraphCaptureSupport {
-        GraphCaptureSupport::Never
+        GraphCaptureSupport::UniformSingleTokenDecode
     }
 
     fn build(
@@ -447,13 +889,7 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        if common.block_size() != self.spec.block_size {
-            return Err(Error::metadata(format!(
-                "batch block size {} differs from the KV-cache group's {}",
-                common.block_size(),
-                self.spec.block_size
-            )));
-        }
+        self.check_block_size(common)?;
         let cascade = common
             .cascade_prefix_blocks(common_prefix_len)?
             .map(|_| CascadePlan {
@@ -468,7 +904,16 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
             device: self.device.clone(),
             plans: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
+            graph: None,
         }))
+    }
+
+    /// [`CudaMetadataBuilder::build_graph`], boxed.
+    fn build_for_graph_capture(
+        &self,
+        common: &CommonAttentionMetadata,
+    ) -> Result<Box<dyn AttentionMetadata>> {
+        Ok(Box::new(self.build_graph(common)?))
     }
 }
 
@@ -657,6 +1102,96 @@ mod tests {
         }
         assert_eq!(decode_split_target(264, 128, |w| 512 * w), 1);
         assert_eq!(decode_split_target(264, 128, |w| 64 * w), 4);
+    }
+
+    /// The graph plan's shape is a function of (batch size, key, max_seq_len) only; its real
+    /// items cover each (token, head)'s visible keys exactly once, in 16-aligned contiguous
+    /// pieces; surplus items are empty.
+    #[test]
+    fn graph_plans_have_a_fixed_layout() {
+        let max_seq = 4096;
+        let mut rng = crate::testing::Rng::new(7);
+        for (slots, window) in [
+            (264usize, None),
+            (0, None),
+            (264, Some(700)),
+            (0, Some(300)),
+        ] {
+            for b in [1usize, 3, 8, 64] {
+                let k = PlanKey {
+                    rows: 16,
+                    slots,
+                    window,
+                    ..key(4, 8)
+                };
+                let qsl: Vec<i32> = (0..=b as i32).collect();
+                let mut first: Option<(usize, usize, usize)> = None;
+                for step in 0..6 {
+                    let seq: Vec<i32> = (0..b)
+                        .map(|_| match step {
+                            0 => 1,
+                            1 => max_seq as i32,
+                            _ => 1 + rng.below(max_seq) as i32,
+                        })
+                        .collect();
+                    let inp = PlanInputs {
+                        query_start_loc: &qsl,
+                        seq_lens: &seq,
+                        sm_count: 132,
+                    };
+                    let plan = plan_graph_work(inp, &k, max_seq);
+                    let shape = (plan.items.len(), plan.split_tokens.len(), plan.max_splits);
+                    assert_eq!(*first.get_or_insert(shape), shape, "b{b} slots {slots}");
+                    assert!(plan.max_splits <= DECODE_MAX_SPLITS);
+                    for (i, e) in plan.split_tokens.iter().enumerate() {
+                        assert_eq!(*e, [i as i32, i as i32, plan.max_splits as i32, 0]);
+                    }
+                    // Per (token, kv head, head chunk): the non-empty ranges tile the visible
+                    // keys.
+                    let mut ranges: HashMap<(i32, i32, i32), Vec<(i32, i32)>> = HashMap::new();
+                    for it in &plan.items {
+                        assert_eq!(it.q_len, 1);
+                        assert!(it.kv_lo <= it.kv_hi && it.kv_hi <= seq[it.req as usize]);
+                        if plan.max_splits > 0 {
+                            assert_eq!(it.num_splits as usize, plan.max_splits);
+                            assert_eq!(it.part_tok, it.req);
+                        }
+                        ranges
+                            .entry((it.req, it.kv_head, it.head_start))
+                            .or_default()
+                            .push((it.kv_lo, it.kv_hi));
+                    }
+                    assert_eq!(ranges.len(), b * 8);
+                    for ((r, _, _), mut v) in ranges {
+                        let s = seq[r as usize];
+                        let lo = window.map_or(0, |w| (s - w as i32).max(0));
+                        v.retain(|&(a, z)| a < z);
+                        v.sort();
+                        if plan.max_splits == 0 {
+                            assert_eq!(v, vec![(0, s)]);
+                            continue;
+                        }
+                        assert_eq!(v.first().unwrap().0, lo);
+                        assert_eq!(v.last().unwrap().1, s);
+                        for w in v.windows(2) {
+                            assert_eq!(w[0].1, w[1].0);
+                            assert_eq!((w[0].1 - lo) % KEYS_PER_CHUNK as i32, 0);
+                        }
+                    }
+                }
+            }
+        }
+        // A prefill falls back to an unsplit plan_work layout.
+        let qsl = [0, 1, 5];
+        let seq = [3000, 9];
+        let inp = PlanInputs {
+            query_start_loc: &qsl,
+            seq_lens: &seq,
+            sm_count: 132,
+        };
+        let plan = plan_graph_work(inp, &key(4, 8), 4096);
+        assert!(plan.split_tokens.is_empty());
+        assert!(plan.items.iter().all(|i| i.num_splits == 1));
     }
 
     #[test]

@@ -15,7 +15,12 @@
 //! A tensor-core kernel (mma.sync m16n8k16 through inline PTX, ldmatrix, cp.async; f16 / bf16
 //! with a same-dtype cache, head sizes 64 / 96 / 128) takes the requests with at least
 //! [`MMA_MIN_QUERY_LEN`] query tokens unless `POLYATTN_CUDA_MMA=0`; it is on by default since
-//! it has passed the shared suite on hardware. Not yet: CUDA-graph capture.
+//! it has passed the shared suite on hardware.
+//!
+//! CUDA graphs: level `UniformSingleTokenDecode`. A forward over a batch of single-token
+//! decodes, with metadata from `build_for_graph_capture` ([`CudaMetadataBuilder::build_graph`]),
+//! can be recorded with [`crate::device::CudaDevice::capture`] and replayed for later steps
+//! after the builder has rewritten the persistent buffers; see [`CudaMetadataBuilder`].
 
 mod attention_impl;
 mod descriptor;
@@ -26,6 +31,6 @@ pub mod probes;
 pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_ENV, MMA_MIN_QUERY_LEN};
 pub use descriptor::{CudaBackend, CUDA_DEVICE_ENV};
 pub use metadata_builder::{
-    plan_work, CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, Pass, PlanInputs, PlanKey,
-    WorkPlan, MAX_SPLITS, MIN_KEYS_PER_SPLIT,
+    plan_graph_work, plan_work, CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, Pass,
+    PlanInputs, PlanKey, WorkPlan, MAX_SPLITS, MIN_KEYS_PER_SPLIT,
 };
