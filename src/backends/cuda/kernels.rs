@@ -699,8 +699,8 @@ pub const DECODE_STAGES: usize = 3;
 /// Keys per chunk of the decode kernel (`DEC_KEYS`).
 pub const DECODE_KEYS_PER_CHUNK: usize = 16;
 
-/// Dynamic shared memory of the decode kernel: Q [16][D+8] and, per warp, `DECODE_STAGES`
-/// stages of K and V [16][D+8], 16-bit elements.
+/// Dynamic shared memory of the decode kernel: Q `[16][D+8]` and, per warp, `DECODE_STAGES`
+/// stages of K and V `[16][D+8]`, 16-bit elements.
 pub fn decode_smem_bytes(head_size: usize) -> u32 {
     let row = (head_size + 8) * 2;
     (16 * row + (DECODE_THREADS as usize / 32) * DECODE_STAGES * 2 * DECODE_KEYS_PER_CHUNK * row)

@@ -97,8 +97,8 @@ pub struct PlanKey {
     /// See `min_q`.
     pub max_q: usize,
     /// CTAs the GPU runs at once for the kernel (SMs x CTAs per SM). Non-zero selects the
-    /// decode kernel's split rule ([`decode_split_target`], [`DECODE_MAX_SPLITS`],
-    /// [`DECODE_MIN_KEYS_PER_SPLIT`]); 0 the CUDA-core kernel's (2 CTAs per SM,
+    /// decode kernel's split rule (`decode_split_target`, `DECODE_MAX_SPLITS`,
+    /// `DECODE_MIN_KEYS_PER_SPLIT`); 0 the CUDA-core kernel's (2 CTAs per SM,
     /// [`MAX_SPLITS`], [`MIN_KEYS_PER_SPLIT`]).
     pub slots: usize,
 }
