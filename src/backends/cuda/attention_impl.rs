@@ -456,6 +456,20 @@ pub fn merge_attn_states(
     )
 }
 
+/// Threads per CTA of `reshape_and_cache` (`RC_THREADS` in the kernel, its launch bound).
+const RESHAPE_THREADS: u32 = 256;
+/// 8-element vectors per thread a `reshape_and_cache` chunk aims for (`RC_ITEMS_PER_THREAD`).
+const RESHAPE_ITEMS_PER_THREAD: usize = 8;
+/// Most CTAs of one `reshape_and_cache` launch (each then loops over several chunks).
+const RESHAPE_MAX_GRID: usize = 1 << 20;
+
+/// Tokens per chunk (one CTA's work) of `reshape_and_cache` for `units` 8-element vectors per
+/// token: about `RESHAPE_ITEMS_PER_THREAD` vectors per thread, 1 to 256 tokens. Mirrors
+/// `rc_tokens_per_chunk`.
+fn reshape_tokens_per_cta(units: usize) -> usize {
+    (RESHAPE_THREADS as usize * RESHAPE_ITEMS_PER_THREAD / units.max(1)).clamp(1, 256)
+}
+
 impl AttentionImpl for CudaAttentionImpl {
     fn params(&self) -> &AttentionParams {
         &self.params
@@ -508,11 +522,24 @@ impl AttentionImpl for CudaAttentionImpl {
             v_scale,
             pad_: 0,
         };
+        if p.head_size % 8 != 0 {
+            // The kernel moves 8-element vectors (16-byte loads of f16 / bf16).
+            return Err(Error::config(format!(
+                "the CUDA cache write needs a head size that is a multiple of 8, got {}",
+                p.head_size
+            )));
+        }
+        // Offsets within one block are 32-bit in the kernel.
+        i32_of(
+            "block_size * num_kv_heads * head_size",
+            kv_cache.block_size() * p.num_kv_heads * p.head_size,
+        )?;
         let f = kernels::function(&self.device, &RESHAPE_AND_CACHE, &[], "reshape_and_cache")?;
-        let threads = ((p.num_kv_heads * p.head_size).div_ceil(32) * 32).clamp(32, 512) as u32;
+        // One chunk of tokens per CTA (the kernel's grid-stride loop covers any remainder).
+        let chunks = n.div_ceil(reshape_tokens_per_cta(p.num_kv_heads * p.head_size / 8));
         let cfg = LaunchConfig {
-            grid_dim: (n.min(65_535 * 32) as u32, 1, 1),
-            block_dim: (threads, 1, 1),
+            grid_dim: (chunks.min(RESHAPE_MAX_GRID) as u32, 1, 1),
+            block_dim: (RESHAPE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         kernels::launch(&self.device, &f, cfg, &params, None)
