@@ -32,7 +32,9 @@ struct Params {
     ml_offset: u32,
     // Rows of one decode partial in `scratch` (the combine's BMD); paged_decode.wgsl only.
     decode_rows: u32,
-    pad1: u32,
+    // log2(block_size) when the block size is a power of two, else 0xffffffff;
+    // paged_decode.wgsl only.
+    block_shift: u32,
     pad2: u32,
 }
 

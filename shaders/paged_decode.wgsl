@@ -51,11 +51,20 @@
 var<workgroup> red_s: array<vec4<f32>, NKG * D4>;
 var<workgroup> ml_s: array<vec2<f32>, NKG * ROWS>;
 
-// Element index of key `pos`'s K row for `kv_head` (add kv_stride for V).
+// Element index of key `pos`'s K row for `kv_head` (add kv_stride for V). Power-of-two
+// block sizes (all of vLLM's) take a shift and a mask instead of a division.
 fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
-    let blk = u32(block_table[kv_row + pos / params.block_size]);
-    return blk * params.block_stride + (pos % params.block_size) * params.tok_stride
-        + kv_head * params.head_stride;
+    var b = 0u;
+    var off = 0u;
+    if params.block_shift < 32u {
+        b = pos >> params.block_shift;
+        off = pos & (params.block_size - 1u);
+    } else {
+        b = pos / params.block_size;
+        off = pos % params.block_size;
+    }
+    let blk = u32(block_table[kv_row + b]);
+    return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
 }
 
 @compute @workgroup_size(WG)

@@ -46,6 +46,7 @@ const SLOTS: usize = 5;
 
 /// Largest head size the kernels take (one vec4 column per thread of a 128-thread group).
 pub const MAX_HEAD_SIZE: usize = 512;
+const _: () = assert!(MAX_HEAD_SIZE <= 4 * super::shaders::COMBINE_WORKGROUP as usize);
 
 /// One recorded dispatch: pipeline, bind group, workgroups.
 type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
@@ -544,6 +545,12 @@ impl AttentionImpl for WgpuAttentionImpl {
         } else {
             self.kv_scales(layer)
         };
+        let bs = kv_cache.block_size() as u32;
+        let block_shift = if bs.is_power_of_two() {
+            bs.trailing_zeros()
+        } else {
+            u32::MAX
+        };
         let attn_words = |num_items: u32| {
             Words::new()
                 .u(n as u32)
@@ -564,6 +571,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 .f(vs)
                 .u(ml_offset)
                 .u(self.decode_tile.0)
+                .u(block_shift)
                 .w
         };
         let lse_binding = lse_buf
@@ -583,12 +591,13 @@ impl AttentionImpl for WgpuAttentionImpl {
                 paged: !encoder_attn,
                 subgroups: self.tuning.subgroups,
             };
-            let pipe = pipeline(
+            let pipe = pipeline_with(
                 dev,
                 &shader.key(),
                 || shader.source(),
                 Bindings::Attention,
                 shader.subgroups,
+                LoopBounding::Off,
             )?;
             slots[slot] = attn_words(list.count);
             let group = bind_group(
@@ -644,12 +653,13 @@ impl AttentionImpl for WgpuAttentionImpl {
         }
         if let Some(list) = &plan.combine {
             let shader = CombineShader { out_dtype: dtype };
-            let pipe = pipeline(
+            let pipe = pipeline_with(
                 dev,
                 &shader.key(),
                 || shader.source(),
                 Bindings::Combine,
                 false,
+                LoopBounding::Off,
             )?;
             slots[SLOT_COMBINE] = Words::new()
                 .u(n as u32)

@@ -484,6 +484,10 @@ pub struct CombineShader {
     pub out_dtype: DType,
 }
 
+/// Threads per workgroup of the split-KV combine (at least a quarter of the largest head
+/// size: one column of four elements per thread and split lane).
+pub const COMBINE_WORKGROUP: u32 = 128;
+
 impl CombineShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
@@ -493,7 +497,7 @@ impl CombineShader {
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[("WG", ELEMENTWISE_WORKGROUP)]);
+        s += &consts(&[("WG", COMBINE_WORKGROUP)]);
         s += &buffer("out", 3, self.out_dtype, Access::Write);
         s += COMMON;
         s += COMBINE_SPLITS;
