@@ -1,21 +1,30 @@
-// combine_splits.wgsl — merges the split-KV partials of paged_attention.wgsl (flash-
-// decoding): for each (token, query head) of a split request, with partial i holding the
-// unnormalised accumulator acc_i, running max m_i and denominator l_i over its key range:
+// combine_splits.wgsl — merges the split-KV partials of paged_attention.wgsl and
+// paged_decode.wgsl (flash-decoding): for each (token, query head) of a split request, with
+// partial i holding the unnormalised accumulator acc_i, running max m_i and denominator l_i
+// over its key range:
 //   M = max_i m_i,  L = Σ l_i·exp(m_i − M),  out = Σ acc_i·exp(m_i − M) / L,
 //   LSE = M + ln L   (natural log; out = 0 and LSE = −inf when L = 0: no key, no sink).
 // The sink logit was added by exactly one partial (split 0), so it counts once.
 //
-// Specialisation (generated header): WG and `out_store4` for the output dtype. The head
-// size D and the rows of a decode tile (BMD) are run-time parameters.
+// Algorithm: the WG threads of a workgroup form SL = WG / D4 split lanes of D4 columns
+// (thread t: column t % D4, split lane t / D4). Split lane k walks partials k, k + SL, …
+// once, merging each into its own (m, l, acc) online (rescaling by exp(m_old − m_new)), so a
+// long split list costs n_splits / SL dependent steps; then the SL states merge through
+// workgroup memory and the first D4 threads write the row.
+//
+// Specialisation (generated header): WG (≥ D4: the host takes head sizes ≤ 4·WG) and
+// `out_store4` for the output dtype. The head size D and the rows of a decode partial (BMD)
+// are run-time parameters.
 //
 // Work: workgroup (x + z·65535, y) merges group x+z·65535 for query head y; a group is 4 u32:
-// first batch token, number of tokens, first partial slot, number of splits. Threads stride
-// over the group's tokens × D4 columns.
+// first batch token, number of tokens, first partial slot, number of splits. Its tokens are
+// merged one after the other.
 //
 // Layout: scratch partial row of (slot, kv_head, r) at ((slot·Hkv + kv_head)·BMD + r)·D4
 // vec4, its (m, l) at ml_offset + that row; r = i·g + head % g for token i of the group.
 // out [tokens, H, D]; lse [H, num_tokens] f32 bits.
-// Bounds: groups and slots come from the host plan that sized `scratch`; i < n_tok.
+// Bounds: groups and slots come from the host plan that sized `scratch`; i < n_tok; threads
+// past SL·D4 load nothing; workgroup arrays are indexed below WG.
 
 struct Params {
     num_tokens: u32,
@@ -37,6 +46,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> groups: array<u32>;
 @group(0) @binding(4) var<storage, read_write> lse: array<u32>;
 
+var<workgroup> acc_s: array<vec4<f32>, WG>;
+var<workgroup> ml_s: array<vec2<f32>, WG>;
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(local_invocation_index) t: u32,
@@ -57,36 +69,58 @@ fn main(
     let D = params.head_size;
     let D4 = D / 4u;
     let BMD = params.decode_rows;
-    for (var u = t; u < n_tok * D4; u = u + WG) {
-        let i = u / D4;
-        let c = u % D4;
+    let lanes = max(WG / D4, 1u);
+    let col = t % D4;
+    let sl = t / D4;
+    for (var i = 0u; i < n_tok; i = i + 1u) {
         let r = i * g + head % g;
-        var mx = NO_MAX;
-        for (var s = 0u; s < n_splits; s = s + 1u) {
-            let prow = ((split_base + s) * params.num_kv_heads + kv_head) * BMD + r;
-            mx = max(mx, scratch[params.ml_offset + prow].x);
-        }
+        var m = NO_MAX;
         var l = 0.0;
         var o = vec4<f32>(0.0);
-        for (var s = 0u; s < n_splits; s = s + 1u) {
-            let prow = ((split_base + s) * params.num_kv_heads + kv_head) * BMD + r;
-            let ml = scratch[params.ml_offset + prow];
-            let wgt = exp(ml.x - mx);
-            l = l + ml.y * wgt;
-            o = o + scratch[prow * D4 + c] * wgt;
-        }
-        let tok = tok_start + i;
-        var res = vec4<f32>(0.0);
-        if l > 0.0 {
-            res = o / l;
-        }
-        out_store4((tok * params.num_heads + head) * D + c * 4u, res);
-        if c == 0u && params.write_lse != 0u {
-            var bits = NEG_INF_BITS;
-            if l > 0.0 {
-                bits = bitcast<u32>(mx + log(l));
+        if sl < lanes {
+            for (var s = sl; s < n_splits; s = s + lanes) {
+                let prow = ((split_base + s) * params.num_kv_heads + kv_head) * BMD + r;
+                let ml = scratch[params.ml_offset + prow];
+                let part = scratch[prow * D4 + col];
+                let m_new = max(m, ml.x);
+                let a = exp(m - m_new);
+                let b = exp(ml.x - m_new);
+                l = l * a + ml.y * b;
+                o = o * a + part * b;
+                m = m_new;
             }
-            lse[head * params.num_tokens + tok] = bits;
         }
+        acc_s[t] = o;
+        ml_s[t] = vec2<f32>(m, l);
+        workgroupBarrier();
+        if t < D4 {
+            var big_m = NO_MAX;
+            for (var k = 0u; k < lanes; k = k + 1u) {
+                big_m = max(big_m, ml_s[k * D4 + t].x);
+            }
+            var big_l = 0.0;
+            var res = vec4<f32>(0.0);
+            for (var k = 0u; k < lanes; k = k + 1u) {
+                let ml = ml_s[k * D4 + t];
+                let f = exp(ml.x - big_m);
+                big_l = big_l + ml.y * f;
+                res = res + acc_s[k * D4 + t] * f;
+            }
+            if big_l > 0.0 {
+                res = res / big_l;
+            } else {
+                res = vec4<f32>(0.0);
+            }
+            let tok = tok_start + i;
+            out_store4((tok * params.num_heads + head) * D + t * 4u, res);
+            if t == 0u && params.write_lse != 0u {
+                var bits = NEG_INF_BITS;
+                if big_l > 0.0 {
+                    bits = bitcast<u32>(big_m + log(big_l));
+                }
+                lse[head * params.num_tokens + tok] = bits;
+            }
+        }
+        workgroupBarrier();
     }
 }

@@ -7,7 +7,8 @@
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
 // The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4` and `key_base`;
 // `softmax_rows` and the `Inputs` struct come from softmax_serial.wgsl or
-// softmax_subgroup.wgsl.
+// softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
+// attention_common.wgsl.
 //
 // Work: workgroup (x + z·65535, y) runs work item x+z·65535 for KV head y. An item is 8 u32
 // (built on the host from validated metadata): first batch token of its request, first row
@@ -37,44 +38,6 @@
 // query's rows, keys < seq_len ≤ width·block_size, block ids < the cache's blocks, slots
 // < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored.
 
-struct Params {
-    num_tokens: u32,
-    num_heads: u32,
-    num_kv_heads: u32,
-    group: u32,
-    block_size: u32,
-    block_stride: u32,
-    kv_stride: u32,
-    tok_stride: u32,
-    head_stride: u32,
-    num_items: u32,
-    flags: u32,
-    window: u32,
-    scale: f32,
-    soft_cap: f32,
-    k_scale: f32,
-    v_scale: f32,
-    ml_offset: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
-
-const CAUSAL: u32 = 1u;
-const WINDOW: u32 = 2u;
-const SOFT_CAP: u32 = 4u;
-const ALIBI: u32 = 8u;
-const SINKS: u32 = 16u;
-const WRITE_LSE: u32 = 32u;
-const DIRECT: u32 = 0x7fffffffu;
-const NO_ROW: u32 = 0xffffffffu;
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read> items: array<u32>;
-@group(0) @binding(5) var<storage, read> layer: array<f32>;
-@group(0) @binding(6) var<storage, read_write> lse: array<u32>;
-@group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;
-
 var<workgroup> q_s: array<vec4<f32>, BM * D4>;
 var<workgroup> kv_s: array<vec4<f32>, BN * KV_ROW>;
 var<workgroup> s_s: array<f32, BM * S_ROW>;
@@ -84,35 +47,6 @@ var<workgroup> a_s: array<f32, BM>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
 var<workgroup> kbase_s: array<u32, BN>;
-
-// Is key position `kp` visible to a query at position `p`? (The tile's key range is
-// already clipped to [kv_lo, kv_hi).)
-fn visible(p: u32, kp: u32) -> bool {
-    var ok = true;
-    if (params.flags & CAUSAL) != 0u {
-        ok = kp <= p;
-    }
-    if (params.flags & WINDOW) != 0u {
-        ok = ok && kp + params.window > p;
-        if (params.flags & CAUSAL) == 0u {
-            ok = ok && p + params.window > kp;
-        }
-    }
-    return ok;
-}
-
-// Soft cap then ALiBi, on a scaled logit.
-fn modify(s_in: f32, head: u32, p: u32, kp: u32) -> f32 {
-    var s = s_in;
-    if (params.flags & SOFT_CAP) != 0u {
-        let c = params.soft_cap;
-        s = c * tanh(clamp(s / c, -15.0, 15.0));
-    }
-    if (params.flags & ALIBI) != 0u {
-        s = s - layer[head] * abs(f32(p) - f32(kp));
-    }
-    return s;
-}
 
 @compute @workgroup_size(WG)
 fn main(inp: Inputs) {
@@ -174,19 +108,9 @@ fn main(inp: Inputs) {
     // Keys any row of the tile can see.
     let p_min = ctx + row_start / g;
     let p_max = ctx + (row_start + n_rows - 1u) / g;
-    var lo = kv_lo;
-    var hi = kv_hi;
-    if (params.flags & CAUSAL) != 0u {
-        hi = min(hi, p_max + 1u);
-    }
-    if (params.flags & WINDOW) != 0u {
-        if p_min + 1u > params.window {
-            lo = max(lo, p_min + 1u - params.window);
-        }
-        if (params.flags & CAUSAL) == 0u {
-            hi = min(hi, p_max + params.window);
-        }
-    }
+    let range = key_range(kv_lo, kv_hi, p_min, p_max);
+    let lo = range.x;
+    let hi = range.y;
 
     // Phase A mapping: key a_j, rows a_rg + k·RGA. Phase C: column c_col, rows c_rg + k·RGC.
     let a_j = t % BN;

@@ -334,7 +334,9 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
 
 /// Layers and batches that reach every path: decodes that split, GQA groups that do not
 /// fit a decode tile (MQA 16:1), sinks (counted once across splits), windows that start a
-/// split mid-sequence, soft cap and ALiBi, cascade, fp8 caches.
+/// split mid-sequence, soft cap and ALiBi, cascade, fp8 caches; with subgroups, decodes of
+/// up to 8 rows take the split-KV decode kernel (fp8 granules of 16, a block size that is
+/// not a power of two).
 fn path_cases() -> Vec<(String, CaseConfig, BatchSpec)> {
     let mut out = Vec::new();
     let mixed = BatchSpec::new(&[(1, 75), (3, 40), (1, 1), (20, 53), (2, 2)]);
@@ -360,6 +362,14 @@ fn path_cases() -> Vec<(String, CaseConfig, BatchSpec)> {
         "mqa 16:1 (no decode tile), alibi, fp8 e4m3, f16".into(),
         CaseConfig::new(a, DType::F16, 8),
         mixed,
+    ));
+    let mut e = AttentionParams::new(8, 48, 2);
+    e.alibi_slopes = Some((0..8).map(|i| 0.5f32.powi(i / 2 + 1)).collect());
+    e.kv_cache_dtype = CacheDType::Fp8E5m2;
+    out.push((
+        "gqa 4:1, alibi, fp8 e5m2, bf16, block 12 (split-KV decode kernel)".into(),
+        CaseConfig::new(e, DType::Bf16, 12),
+        BatchSpec::new(&[(1, 75), (2, 40), (1, 1), (9, 30), (1, 200)]),
     ));
     let mut c = CaseConfig::new(AttentionParams::new(4, 32, 4), DType::F32, 16);
     c.common_prefix_len = 32;
@@ -390,6 +400,62 @@ fn every_kernel_path_matches_the_reference() {
         }
     }
     report!("[wgpu paths] {runs} runs on {}", dev.description());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// With subgroups, short decodes run on the split-KV decode kernel (`paged_decode.wgsl`):
+/// its specialisation is chosen for the layer (lanes per key within the subgroup size) and
+/// compiled by a run, and the run matches the reference.
+#[test]
+fn split_kv_decode_kernel_is_used() {
+    let Some(dev) = device("split_kv_decode_kernel_is_used") else {
+        return;
+    };
+    if !dev.has_subgroups() {
+        report!(
+            "[split-KV decode] skipped: no subgroups on {}",
+            dev.description()
+        );
+        return;
+    }
+    let tuning = WgpuTuning {
+        split_min_keys: 16,
+        target_workgroups: 64,
+        max_splits: 8,
+        subgroups: true,
+        prefill_tiles: false,
+    };
+    let mut failures = Vec::new();
+    for (dtype, cache, d) in [
+        (DType::Bf16, CacheDType::Auto, 128),
+        (DType::F16, CacheDType::Fp8E4m3, 64),
+        (DType::F32, CacheDType::Auto, 32),
+    ] {
+        let mut p = AttentionParams::new(8, d, 2);
+        p.kv_cache_dtype = cache;
+        p.sinks = Some((0..8).map(|i| i as f32 * 0.2 - 0.5).collect());
+        let case = CaseConfig::new(p.clone(), dtype, 16);
+        let spec = BatchSpec::new(&[(1, 300), (1, 17), (2, 64)]);
+        let batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 3).unwrap();
+        let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p, tuning).unwrap();
+        let Some(shader) = imp.decode_shader(8, dtype, &batch.kv_cache) else {
+            failures.push(format!("{dtype}/{cache} d{d}: no decode kernel"));
+            continue;
+        };
+        let lanes = dev.adapter_info().subgroup_min_size;
+        assert!(shader.lanes_per_key <= lanes.max(1), "{shader:?}");
+        if let Err(e) = check_batch(&dev, &case, &spec, tuning, 3) {
+            failures.push(format!("{dtype}/{cache} d{d}: {e}"));
+        }
+        let compiled = dev
+            .cached_pipeline(&shader.key(), |_| {
+                Err(polyattn::Error::Config("not compiled".into()))
+            })
+            .is_ok();
+        if !compiled {
+            failures.push(format!("{}: not compiled by the run", shader.key()));
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -19,12 +19,13 @@ use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
-    bind_group, check_binding, dispatch, grid, pipeline, storage, upload_words, whole, Bindings,
-    ParamBlock, Words, PARAM_WORDS,
+    bind_group, check_binding, dispatch, grid, pipeline, pipeline_with, storage, upload_words,
+    whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
 use super::metadata_builder::{PlanKey, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
-    choose_tile, AttentionShader, CombineShader, ReshapeShader, TileKind, ELEMENTWISE_WORKGROUP,
+    choose_tile, AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind,
+    DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
 };
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
@@ -35,17 +36,52 @@ const ALIBI: u32 = 8;
 const SINKS: u32 = 16;
 const WRITE_LSE: u32 = 32;
 
-/// Parameter slots: reshape, decode attention, prefill attention, combine.
+/// Parameter slots: reshape, decode attention, prefill attention, combine, split-KV decode.
 const SLOT_RESHAPE: usize = 0;
 const SLOT_DECODE: usize = 1;
 const SLOT_PREFILL: usize = 2;
 const SLOT_COMBINE: usize = 3;
+const SLOT_DECODE_FAST: usize = 4;
+const SLOTS: usize = 5;
 
 /// Largest head size the kernels take (one vec4 column per thread of a 128-thread group).
 pub const MAX_HEAD_SIZE: usize = 512;
+const _: () = assert!(MAX_HEAD_SIZE <= 4 * super::shaders::COMBINE_WORKGROUP as usize);
 
 /// One recorded dispatch: pipeline, bind group, workgroups.
 type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
+
+/// How the split-KV decode kernel (`paged_decode.wgsl`) is used. It runs decode items of at
+/// most [`DECODE_MAX_ROWS`] rows when the tuning asks for subgroups; other items, and layers
+/// it cannot run (see [`WgpuAttentionImpl::decode_shader`]), take the decode tile of
+/// `paged_attention.wgsl`. For tuning runs: `POLYATTN_WGPU_DECODE_KERNEL=0` turns it off,
+/// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16) and
+/// `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DecodeKernelConfig {
+    enabled: bool,
+    keys_per_step: u32,
+    workgroup: u32,
+}
+
+impl DecodeKernelConfig {
+    fn from_env() -> Self {
+        fn var(name: &str, default: u32) -> u32 {
+            match std::env::var(name) {
+                Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+                    tracing::warn!("{name}={v} does not parse; using the default");
+                    default
+                }),
+                Err(_) => default,
+            }
+        }
+        DecodeKernelConfig {
+            enabled: var("POLYATTN_WGPU_DECODE_KERNEL", 1) != 0,
+            keys_per_step: var("POLYATTN_WGPU_DECODE_KEYS", DECODE_KEYS_PER_STEP),
+            workgroup: var("POLYATTN_WGPU_DECODE_WG", DECODE_WORKGROUP),
+        }
+    }
+}
 
 /// Buffers reused across calls.
 #[derive(Debug)]
@@ -62,6 +98,7 @@ pub struct WgpuAttentionImpl {
     decode_tile: (u32, u32),
     prefill_tile: (u32, u32),
     tuning: WgpuTuning,
+    decode_kernel: DecodeKernelConfig,
     /// `[alibi slopes H][sinks H]` f32.
     layer_consts: wgpu::Buffer,
     state: Mutex<State>,
@@ -124,7 +161,7 @@ impl WgpuAttentionImpl {
         };
         Ok(WgpuAttentionImpl {
             state: Mutex::new(State {
-                params: ParamBlock::new(&dev, 4),
+                params: ParamBlock::new(&dev, SLOTS),
                 scratch: None,
             }),
             params,
@@ -132,8 +169,49 @@ impl WgpuAttentionImpl {
             decode_tile,
             prefill_tile,
             tuning,
+            decode_kernel: DecodeKernelConfig::from_env(),
             layer_consts,
         })
+    }
+
+    /// The split-KV decode kernel for items of up to `rows` rows reading `cache` with
+    /// queries of `q_dtype`, or `None` when it cannot run them: the tuning does not use
+    /// subgroups (or the adapter has none), the head size or an element stride of the cache
+    /// is not a whole number of 16-byte granules, the cache buffer is not, or the kernel's
+    /// workgroup memory does not fit (see [`DecodeShader::choose`]).
+    pub fn decode_shader(
+        &self,
+        rows: u32,
+        q_dtype: DType,
+        cache: &KvCache,
+    ) -> Option<DecodeShader> {
+        let cfg = &self.decode_kernel;
+        if !cfg.enabled || !self.tuning.subgroups || !self.dev.has_subgroups() {
+            return None;
+        }
+        let kv_dtype = cache.spec().storage_dtype();
+        let g = DecodeShader::granule(kv_dtype);
+        if Self::cache_strides(cache).iter().any(|&s| s % g != 0) {
+            return None;
+        }
+        let bytes = match cache.data().storage() {
+            crate::device::Storage::Wgpu(s) => s.buffer().size(),
+            _ => return None,
+        };
+        if bytes % 16 != 0 {
+            return None;
+        }
+        let info = self.dev.adapter_info();
+        DecodeShader::choose(
+            self.params.head_size as u32,
+            rows,
+            q_dtype,
+            kv_dtype,
+            (info.subgroup_min_size, info.subgroup_max_size),
+            self.dev.limits().max_compute_workgroup_storage_size,
+            cfg.keys_per_step,
+            cfg.workgroup,
+        )
     }
 
     /// The split policy in use.
@@ -178,7 +256,7 @@ impl WgpuAttentionImpl {
     #[allow(clippy::too_many_arguments)]
     fn record_reshape(
         &self,
-        slots: &mut [[u32; PARAM_WORDS]; 4],
+        slots: &mut [[u32; PARAM_WORDS]; SLOTS],
         params: &ParamBlock,
         layer: &AttentionLayer,
         key: &Tensor,
@@ -281,7 +359,7 @@ impl AttentionImpl for WgpuAttentionImpl {
         let md = self.metadata(metadata)?;
         self.check_update_args(key, value, kv_cache, md)?;
         let state = self.lock();
-        let mut slots = [[0u32; PARAM_WORDS]; 4];
+        let mut slots = [[0u32; PARAM_WORDS]; SLOTS];
         let mut enc = self
             .dev
             .device()
@@ -373,18 +451,29 @@ impl AttentionImpl for WgpuAttentionImpl {
 
         let g = p.num_queries_per_kv() as u32;
         let window = p.sliding_window.map(|w| w.min(1 << 30) as u32);
+        let fast_decode_rows = DECODE_MAX_ROWS.min(self.decode_tile.0);
+        let fast_decode_rows = if !encoder_attn
+            && self
+                .decode_shader(fast_decode_rows, dtype, kv_cache)
+                .is_some()
+        {
+            fast_decode_rows
+        } else {
+            0
+        };
         let plan = md.plan(PlanKey {
             group: g,
             num_kv_heads: p.num_kv_heads as u32,
             decode_rows: self.decode_tile.0,
             prefill_rows: self.prefill_tile.0,
+            fast_decode_rows,
             dense: encoder_attn,
             window,
             tuning: self.tuning,
         })?;
 
         let mut state = self.lock();
-        let mut slots = [[0u32; PARAM_WORDS]; 4];
+        let mut slots = [[0u32; PARAM_WORDS]; SLOTS];
         let mut enc = dev
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -456,6 +545,12 @@ impl AttentionImpl for WgpuAttentionImpl {
         } else {
             self.kv_scales(layer)
         };
+        let bs = kv_cache.block_size() as u32;
+        let block_shift = if bs.is_power_of_two() {
+            bs.trailing_zeros()
+        } else {
+            u32::MAX
+        };
         let attn_words = |num_items: u32| {
             Words::new()
                 .u(n as u32)
@@ -475,6 +570,8 @@ impl AttentionImpl for WgpuAttentionImpl {
                 .f(ks)
                 .f(vs)
                 .u(ml_offset)
+                .u(self.decode_tile.0)
+                .u(block_shift)
                 .w
         };
         let lse_binding = lse_buf
@@ -494,12 +591,13 @@ impl AttentionImpl for WgpuAttentionImpl {
                 paged: !encoder_attn,
                 subgroups: self.tuning.subgroups,
             };
-            let pipe = pipeline(
+            let pipe = pipeline_with(
                 dev,
                 &shader.key(),
                 || shader.source(),
                 Bindings::Attention,
                 shader.subgroups,
+                LoopBounding::Off,
             )?;
             slots[slot] = attn_words(list.count);
             let group = bind_group(
@@ -520,14 +618,48 @@ impl AttentionImpl for WgpuAttentionImpl {
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
         }
+        if let Some(list) = &plan.decode_fast {
+            let shader = self
+                .decode_shader(plan.fast_rows, dtype, kv_cache)
+                .ok_or_else(|| {
+                    Error::config("wgpu: the split-KV decode kernel cannot run this plan")
+                })?;
+            let pipe = pipeline_with(
+                dev,
+                &shader.key(),
+                || shader.source(),
+                Bindings::Attention,
+                true,
+                LoopBounding::Off,
+            )?;
+            slots[SLOT_DECODE_FAST] = attn_words(list.count);
+            let group = bind_group(
+                dev,
+                &pipe,
+                vec![
+                    (0, state.params.binding(SLOT_DECODE_FAST)),
+                    (1, whole(&q_buf)),
+                    (2, whole(&k_buf)),
+                    (3, whole(&v_buf)),
+                    (4, whole(&list.buffer)),
+                    (5, whole(&self.layer_consts)),
+                    (6, whole(&lse_binding)),
+                    (7, whole(&scratch)),
+                    (8, whole(&out_buf)),
+                ],
+            );
+            let (x, z) = grid(dev, list.count as u64)?;
+            passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
+        }
         if let Some(list) = &plan.combine {
             let shader = CombineShader { out_dtype: dtype };
-            let pipe = pipeline(
+            let pipe = pipeline_with(
                 dev,
                 &shader.key(),
                 || shader.source(),
                 Bindings::Combine,
                 false,
+                LoopBounding::Off,
             )?;
             slots[SLOT_COMBINE] = Words::new()
                 .u(n as u32)

@@ -107,6 +107,43 @@ pub fn pipeline(
     bindings: Bindings,
     needs_subgroups: bool,
 ) -> Result<wgpu::ComputePipeline> {
+    pipeline_with(
+        dev,
+        key,
+        source,
+        bindings,
+        needs_subgroups,
+        LoopBounding::Forced,
+    )
+}
+
+/// Whether naga adds its loop-bounding counters to a shader's loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopBounding {
+    /// wgpu's default: every loop also counts down a 64-bit budget and breaks when it runs
+    /// out. It guards against infinite loops, and its extra exit keeps drivers from fully
+    /// unrolling short constant loops (so register arrays indexed by them spill).
+    Forced,
+    /// No counters, for shaders whose every loop has a bound that strictly advances (a
+    /// constant, or a u32 counter stepping towards a bound it cannot overflow past);
+    /// bounds checks on memory accesses stay on.
+    Off,
+}
+
+/// [`pipeline`], choosing the loop bounding. `POLYATTN_WGPU_LOOP_BOUNDING=1` forces the
+/// counters everywhere (A/B timing), `=0` is ignored for shaders that ask for them.
+pub fn pipeline_with(
+    dev: &WgpuDevice,
+    key: &str,
+    source: impl FnOnce() -> String,
+    bindings: Bindings,
+    needs_subgroups: bool,
+    loops: LoopBounding,
+) -> Result<wgpu::ComputePipeline> {
+    let loops = match std::env::var("POLYATTN_WGPU_LOOP_BOUNDING").as_deref() {
+        Ok("1") => LoopBounding::Forced,
+        _ => loops,
+    };
     if needs_subgroups && !dev.has_subgroups() {
         return Err(Error::Device {
             backend: "wgpu".into(),
@@ -115,10 +152,24 @@ pub fn pipeline(
     }
     dev.cached_pipeline(key, |device| {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(key),
             source: wgpu::ShaderSource::Wgsl(source().into()),
-        });
+        };
+        let module = match loops {
+            LoopBounding::Forced => device.create_shader_module(desc),
+            // SAFETY: `LoopBounding::Off` is only passed for shaders whose loops all
+            // terminate (see its docs); every other runtime check stays on.
+            LoopBounding::Off => unsafe {
+                device.create_shader_module_trusted(
+                    desc,
+                    wgpu::ShaderRuntimeChecks {
+                        force_loop_bounding: false,
+                        ..wgpu::ShaderRuntimeChecks::checked()
+                    },
+                )
+            },
+        };
         let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(key),
             entries: &bindings.layout_entries(),

@@ -122,6 +122,9 @@ pub struct PlanKey {
     pub decode_rows: u32,
     /// Rows of a prefill tile.
     pub prefill_rows: u32,
+    /// Decode items of at most this many rows go to the split-KV decode kernel
+    /// (`paged_decode.wgsl`); 0 when it cannot run this layer.
+    pub fast_decode_rows: u32,
     /// Keys come from dense K/V inputs (encoder attention), not the cache.
     pub dense: bool,
     /// Sliding window.
@@ -142,6 +145,10 @@ pub struct WorkList {
 /// The work of one step for one layer shape.
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
+    /// Decode items for the split-KV decode kernel (rows ≤ `PlanKey::fast_decode_rows`).
+    pub decode_fast: Option<WorkList>,
+    /// Most rows of an item in `decode_fast`.
+    pub fast_rows: u32,
     /// Items for the decode tile shape.
     pub decode: Option<WorkList>,
     /// Items for the prefill tile shape.
@@ -192,16 +199,28 @@ impl WgpuAttentionMetadata {
     }
 }
 
+/// The host side of a plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanWords {
+    /// Decode items for the split-KV decode kernel.
+    pub decode_fast: Vec<u32>,
+    /// Decode items for the decode tile of paged_attention.wgsl.
+    pub decode: Vec<u32>,
+    /// Prefill items.
+    pub prefill: Vec<u32>,
+    /// Combine groups (first token, tokens, first partial slot, splits).
+    pub groups: Vec<u32>,
+    /// Partial slots the decode items write.
+    pub slots: u32,
+}
+
 /// The host side of a plan: item words, combine-group words, partial slots.
-pub fn plan_words(
-    common: &CommonAttentionMetadata,
-    key: &PlanKey,
-) -> (Vec<u32>, Vec<u32>, Vec<u32>, u32) {
+pub fn plan_words(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanWords {
     let qsl = common.query_start_loc_cpu();
     let seq_lens = common.seq_lens_cpu();
     let width = common.max_blocks_per_req() as u32;
     let g = key.group;
-    let (mut dec, mut pre, mut groups) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut fast, mut dec, mut pre, mut groups) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut slots = 0u32;
     let is_decode = |q: u32| !key.dense && q > 0 && q * g <= key.decode_rows;
     let n_dec = (0..common.num_reqs())
@@ -216,6 +235,11 @@ pub fn plan_words(
         let s = seq_lens[r] as u32;
         let rows = q * g;
         if is_decode(q) {
+            let dec = if rows <= key.fast_decode_rows {
+                &mut fast
+            } else {
+                &mut dec
+            };
             let ctx = s - q;
             let lo = key.window.map_or(0, |w| (ctx + 1).saturating_sub(w));
             let keys = s - lo;
@@ -266,11 +290,23 @@ pub fn plan_words(
             }
         }
     }
-    (dec, pre, groups, slots)
+    PlanWords {
+        decode_fast: fast,
+        decode: dec,
+        prefill: pre,
+        groups,
+        slots,
+    }
 }
 
 fn build_plan(dev: &WgpuDevice, common: &CommonAttentionMetadata, key: &PlanKey) -> Result<Plan> {
-    let (dec, pre, groups, partial_slots) = plan_words(common, key);
+    let w = plan_words(common, key);
+    let fast_rows = w
+        .decode_fast
+        .chunks(ITEM_WORDS)
+        .map(|c| c[2])
+        .max()
+        .unwrap_or(0);
     let list = |label: &str, words: Vec<u32>, stride: usize| -> Result<Option<WorkList>> {
         if words.is_empty() {
             return Ok(None);
@@ -281,10 +317,12 @@ fn build_plan(dev: &WgpuDevice, common: &CommonAttentionMetadata, key: &PlanKey)
         }))
     };
     Ok(Plan {
-        decode: list("polyattn decode items", dec, ITEM_WORDS)?,
-        prefill: list("polyattn prefill items", pre, ITEM_WORDS)?,
-        combine: list("polyattn combine groups", groups, 4)?,
-        partial_slots,
+        decode_fast: list("polyattn split-KV decode items", w.decode_fast, ITEM_WORDS)?,
+        fast_rows,
+        decode: list("polyattn decode items", w.decode, ITEM_WORDS)?,
+        prefill: list("polyattn prefill items", w.prefill, ITEM_WORDS)?,
+        combine: list("polyattn combine groups", w.groups, 4)?,
+        partial_slots: w.slots,
     })
 }
 
@@ -403,11 +441,19 @@ mod tests {
             num_kv_heads: 2,
             decode_rows: 16,
             prefill_rows: 32,
+            fast_decode_rows: 0,
             dense: false,
             window: None,
             tuning: tuning(),
         };
-        let (dec, pre, groups, slots) = plan_words(&common, &key);
+        let PlanWords {
+            decode_fast,
+            decode: dec,
+            prefill: pre,
+            groups,
+            slots,
+        } = plan_words(&common, &key);
+        assert!(decode_fast.is_empty());
         // 100 keys, 1 request × 2 heads: min(ceil(100/32)=4, ceil(16/2)=8) = 4 splits of 32.
         assert_eq!(dec.len() / ITEM_WORDS, 4);
         assert_eq!(slots, 4);

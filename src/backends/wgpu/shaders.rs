@@ -19,7 +19,9 @@
 use crate::dtype::DType;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const ATTENTION_COMMON: &str = include_str!("../../../shaders/attention_common.wgsl");
 const PAGED_ATTENTION: &str = include_str!("../../../shaders/paged_attention.wgsl");
+const PAGED_DECODE: &str = include_str!("../../../shaders/paged_decode.wgsl");
 const SOFTMAX_SERIAL: &str = include_str!("../../../shaders/softmax_serial.wgsl");
 const SOFTMAX_SUBGROUP: &str = include_str!("../../../shaders/softmax_subgroup.wgsl");
 const COMBINE_SPLITS: &str = include_str!("../../../shaders/combine_splits.wgsl");
@@ -291,6 +293,7 @@ impl AttentionShader {
                   \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n";
         }
         s += COMMON;
+        s += ATTENTION_COMMON;
         s += if self.subgroups {
             SOFTMAX_SUBGROUP
         } else {
@@ -298,6 +301,178 @@ impl AttentionShader {
         };
         s += PAGED_ATTENTION;
         s
+    }
+}
+
+/// Threads per workgroup of the split-KV decode kernel (`paged_decode.wgsl`).
+pub const DECODE_WORKGROUP: u32 = 128;
+/// Most query rows one item of the decode kernel takes: queries and accumulators of every
+/// row live in registers.
+pub const DECODE_MAX_ROWS: u32 = 8;
+/// Keys each key group loads per step (`U`): 2·U 16-byte loads in flight per lane.
+pub const DECODE_KEYS_PER_STEP: u32 = 4;
+
+/// One specialisation of `paged_decode.wgsl`, the split-KV decode kernel (needs subgroup
+/// operations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeShader {
+    /// Head size (a multiple of [`DecodeShader::granule`]).
+    pub head_size: u32,
+    /// Query rows per item (a power of two ≤ [`DECODE_MAX_ROWS`]).
+    pub rows: u32,
+    /// Lanes that share one key (`TPK`: a power of two dividing the subgroup size).
+    pub lanes_per_key: u32,
+    /// Keys per key group per step (`U`).
+    pub keys_per_step: u32,
+    /// Threads per workgroup (a multiple of the subgroup size).
+    pub workgroup: u32,
+    /// dtype of queries and outputs.
+    pub q_dtype: DType,
+    /// dtype of the cache as stored.
+    pub kv_dtype: DType,
+}
+
+fn prev_pow2(x: u32) -> u32 {
+    if x == 0 {
+        0
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
+}
+
+impl DecodeShader {
+    /// Elements of `kv_dtype` in one 16-byte granule (the unit every load moves).
+    pub fn granule(kv_dtype: DType) -> u32 {
+        16 / kv_dtype.size_in_bytes() as u32
+    }
+
+    /// The specialisation for items of up to `max_rows` rows, or `None` when this kernel
+    /// cannot run them: a head size that is not a whole number of granules, more rows than
+    /// [`DECODE_MAX_ROWS`], subgroup sizes that do not divide the workgroup, or workgroup
+    /// memory beyond `max_shared_bytes`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose(
+        head_size: u32,
+        max_rows: u32,
+        q_dtype: DType,
+        kv_dtype: DType,
+        subgroup_sizes: (u32, u32),
+        max_shared_bytes: u32,
+        keys_per_step: u32,
+        workgroup: u32,
+    ) -> Option<DecodeShader> {
+        let g = Self::granule(kv_dtype);
+        let (sg_min, sg_max) = subgroup_sizes;
+        if head_size == 0
+            || head_size % g != 0
+            || max_rows == 0
+            || max_rows > DECODE_MAX_ROWS
+            || sg_min == 0
+            || sg_max == 0
+            || !workgroup.is_power_of_two()
+            || workgroup % sg_max != 0
+            || !(1..=16).contains(&keys_per_step)
+        {
+            return None;
+        }
+        let tpk = prev_pow2(head_size / g).min(prev_pow2(sg_min)).min(32);
+        if tpk == 0 || workgroup < tpk {
+            return None;
+        }
+        let s = DecodeShader {
+            head_size,
+            rows: max_rows.next_power_of_two(),
+            lanes_per_key: tpk,
+            keys_per_step,
+            workgroup,
+            q_dtype,
+            kv_dtype,
+        };
+        (s.shared_bytes() <= max_shared_bytes).then_some(s)
+    }
+
+    /// Key groups per workgroup.
+    pub fn key_groups(&self) -> u32 {
+        self.workgroup / self.lanes_per_key
+    }
+
+    /// Workgroup memory it uses, in bytes.
+    pub fn shared_bytes(&self) -> u32 {
+        self.key_groups() * (self.head_size / 4 * 16 + self.rows * 8)
+    }
+
+    /// The pipeline-cache key.
+    pub fn key(&self) -> String {
+        format!(
+            "decode d{} r{} t{} u{} w{} q{} kv{}",
+            self.head_size,
+            self.rows,
+            self.lanes_per_key,
+            self.keys_per_step,
+            self.workgroup,
+            short(self.q_dtype),
+            short(self.kv_dtype)
+        )
+    }
+
+    /// The complete WGSL module.
+    pub fn source(&self) -> String {
+        let g = Self::granule(self.kv_dtype);
+        let v4g = g / 4;
+        let ng = self.head_size / g;
+        let gpt = ng.div_ceil(self.lanes_per_key);
+        let mut s = format!("// generated: {}\n", self.key());
+        s += &consts(&[
+            ("D", self.head_size),
+            ("D4", self.head_size / 4),
+            ("G", g),
+            ("V4G", v4g),
+            ("NG", ng),
+            ("TPK", self.lanes_per_key),
+            ("GPT", gpt),
+            ("QV", gpt * v4g),
+            ("WG", self.workgroup),
+            ("NKG", self.key_groups()),
+            ("U", self.keys_per_step),
+            ("ROWS", self.rows),
+        ]);
+        s += &buffer("q", 1, self.q_dtype, Access::Read);
+        s += &buffer("out", 8, self.q_dtype, Access::Write);
+        s += "// Elements 4i..4i+3 of a 16-byte granule of the cache, as f32.\n\
+              fn unpack4(w: vec4<u32>, i: u32) -> vec4<f32> {\n";
+        s += &unpack_body(self.kv_dtype);
+        s += "}\n";
+        s += COMMON;
+        s += ATTENTION_COMMON;
+        s += PAGED_DECODE;
+        s
+    }
+}
+
+/// Body of `unpack4(w, i)` for a granule of `dtype`.
+fn unpack_body(dtype: DType) -> String {
+    match dtype {
+        DType::F32 => "    return bitcast<vec4<f32>>(w);\n".into(),
+        DType::Bf16 => "    let a = w[2u * i];\n    let b = w[2u * i + 1u];\n    \
+                        return vec4<f32>(bitcast<f32>(a << 16u), bitcast<f32>(a & 0xffff0000u), \
+                        bitcast<f32>(b << 16u), bitcast<f32>(b & 0xffff0000u));\n"
+            .into(),
+        DType::F16 => "    let a = w[2u * i];\n    let b = w[2u * i + 1u];\n    \
+                       return vec4<f32>(f16_bits_to_f32(a), f16_bits_to_f32(a >> 16u), \
+                       f16_bits_to_f32(b), f16_bits_to_f32(b >> 16u));\n"
+            .into(),
+        DType::Fp8E4m3 | DType::Fp8E5m2 => {
+            let f = if dtype == DType::Fp8E4m3 {
+                "e4m3_to_f32"
+            } else {
+                "e5m2_to_f32"
+            };
+            format!(
+                "    let x = w[i];\n    return vec4<f32>({f}(x & 0xffu), {f}((x >> 8u) & 0xffu), \
+                 {f}((x >> 16u) & 0xffu), {f}(x >> 24u));\n"
+            )
+        }
+        DType::I32 | DType::I64 => "    return vec4<f32>(0.0);\n".into(),
     }
 }
 
@@ -309,6 +484,10 @@ pub struct CombineShader {
     pub out_dtype: DType,
 }
 
+/// Threads per workgroup of the split-KV combine (at least a quarter of the largest head
+/// size: one column of four elements per thread and split lane).
+pub const COMBINE_WORKGROUP: u32 = 128;
+
 impl CombineShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
@@ -318,7 +497,7 @@ impl CombineShader {
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[("WG", ELEMENTWISE_WORKGROUP)]);
+        s += &consts(&[("WG", COMBINE_WORKGROUP)]);
         s += &buffer("out", 3, self.out_dtype, Access::Write);
         s += COMMON;
         s += COMBINE_SPLITS;
@@ -595,7 +774,9 @@ pub const CACHE_DTYPES: [DType; 5] = [
 /// without subgroups), every tile shape chosen for 16, 32 and 48 KiB of workgroup memory at
 /// head sizes 4, 36, 64, 80, 128, 256 and 512 (f32, paged and dense, with and without
 /// subgroups), every variant of the element-wise kernels (they take the head size at run
-/// time), the two bench probes and every model-operation shader ([`ModelShader::all`]).
+/// time), the split-KV decode kernel's variants (dtype pairings at head size 128; head sizes,
+/// row counts, step lengths and subgroup sizes in f32 and bf16), the two bench probes and
+/// every model-operation shader ([`ModelShader::all`]).
 pub fn catalog() -> Vec<(String, String, bool)> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -637,6 +818,34 @@ pub fn catalog() -> Vec<(String, String, bool)> {
                     for paged in [true, false] {
                         let s = attn(d, tile, DType::F32, DType::F32, paged, sg);
                         push(s.key(), s.source(), sg);
+                    }
+                }
+            }
+        }
+    }
+    // The split-KV decode kernel: every dtype pairing at head size 128 for subgroups of 8
+    // (lavapipe) and 32 (NVIDIA); other head sizes, row counts, step lengths and subgroup
+    // sizes (4 to 64) in f32 and bf16 caches.
+    let decode = |d: u32, rows: u32, q: DType, kv: DType, sg: u32, u: u32| {
+        let limit = if sg >= 32 { 48 * 1024 } else { 32 * 1024 };
+        DecodeShader::choose(d, rows, q, kv, (sg, sg), limit, u, DECODE_WORKGROUP)
+    };
+    for sg in [8u32, 32] {
+        for q in ACTIVATION_DTYPES {
+            for kv in CACHE_DTYPES {
+                if let Some(s) = decode(128, 4, q, kv, sg, DECODE_KEYS_PER_STEP) {
+                    push(s.key(), s.source(), true);
+                }
+            }
+        }
+    }
+    for sg in [4u32, 16, 64] {
+        for (i, d) in [4u32, 64, 80, 100, 256, 512].into_iter().enumerate() {
+            let u = [1u32, 2, 8][i % 3];
+            for rows in [1u32, 8] {
+                for kv in [DType::F32, DType::Bf16] {
+                    if let Some(s) = decode(d, rows, DType::F32, kv, sg, u) {
+                        push(s.key(), s.source(), true);
                     }
                 }
             }

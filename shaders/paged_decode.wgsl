@@ -1,0 +1,307 @@
+// paged_decode.wgsl — split-KV decode over the paged KV cache (flash-decoding), for work
+// items of at most ROWS query rows (decode and short speculative-decode queries), used when
+// the adapter has subgroup operations. Same work items, flags, scratch layout and combine
+// pass (combine_splits.wgsl) as paged_attention.wgsl; it differs in how one workgroup
+// walks its keys.
+//
+// Algorithm: workgroup (x + z·65535, y) runs item x+z·65535 for KV head y: the item's
+// n_rows ≤ ROWS query rows (the GQA group of each of its tokens, row rr = row_start + r is
+// token rr / g, query head kv_head·g + rr % g) against its key range, so every key and value
+// is read once for all the query heads that share it. The WG invocations form NKG = WG / TPK
+// key groups of TPK lanes; lanes of a key group lie in one subgroup (TPK divides the
+// subgroup size, both powers of two; kg and the lane come from subgroup_id and
+// subgroup_invocation_id, not from the local index). Key group kg takes keys
+// it + kg·U .. it + kg·U + U − 1 of every step of NKG·U keys. Lane c of a key group owns
+// granules c, c + TPK, … (GPT of them) of a K or V row: a granule is one 16-byte vec4<u32>
+// of G elements (4 f32, 8 f16/bf16, 16 fp8), loaded whole. Per step a lane
+//   1. issues the 2·U·GPT 16-byte loads of its keys' K and V granules, then the block-table
+//      reads of the next step's keys (they overlap the loads in flight);
+//   2. forms partial dot products of its query granules (registers, pre-scaled by
+//      scale·k_scale) with each key, and sums them over the TPK lanes with
+//      subgroupShuffleXor (log2 TPK steps);
+//   3. updates its key group's own online softmax per row — soft cap, ALiBi, mask, running
+//      max m, denominator l, acc = acc·exp(m_old − m) + Σ p·V — all in registers, with no
+//      barrier and no workgroup memory in the loop.
+// Key group 0 of the item that carries the sink flag starts its rows at m = sink, l = 1.
+// At the end the NKG states merge through workgroup memory (M = max m, L = Σ l·e^(m − M),
+// acc = Σ acc·e^(m − M), times v_scale), row by row; then out = acc / L and LSE = M + ln L
+// (natural log; 0 and −inf when L = 0), or, for a split item, (acc, M, L) go to `scratch`
+// for combine_splits.wgsl.
+//
+// Specialisation (generated header, see `DecodeShader` in src/backends/wgpu/shaders.rs):
+// D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, GPT = ceil(NG / TPK), QV = GPT·V4G, WG,
+// NKG = WG / TPK, U, ROWS; `q_load4` / `out_store4` for the query dtype; `unpack4(w, i)`,
+// the i-th four elements of a granule as f32 (exact integer unpacking, common.wgsl).
+//
+// Layout: as paged_attention.wgsl; the cache is bound as array<vec4<u32>> (granules).
+// Partial row of (slot, kv_head, r) at ((slot·Hkv + kv_head)·decode_rows + r)·D4 vec4,
+// its (m, l) at ml_offset + that row.
+//
+// Bounds relied on: the host uses this kernel only when the cache's element strides (block,
+// K→V, token, head) and D are multiples of G and the cache buffer is a whole number of
+// granules, so every granule address is aligned; items come from validated metadata (keys <
+// seq_len ≤ width·block_size, block ids < the cache's blocks, tokens < the query's rows,
+// n_rows ≤ ROWS, slots < the scratch's). Keys past the range read granules of key 0 of
+// block 0 (inside the buffer) and are masked; lanes past the last granule (NG not a multiple
+// of TPK) re-read granule NG − 1 and are masked; rows ≥ n_rows are never loaded or stored.
+
+@group(0) @binding(2) var<storage, read> kv_buf: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> block_table: array<i32>;
+
+var<workgroup> red_s: array<vec4<f32>, NKG * D4>;
+var<workgroup> ml_s: array<vec2<f32>, NKG * ROWS>;
+
+// Element index of key `pos`'s K row for `kv_head` (add kv_stride for V). Power-of-two
+// block sizes (all of vLLM's) take a shift and a mask instead of a division.
+fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
+    var b = 0u;
+    var off = 0u;
+    if params.block_shift < 32u {
+        b = pos >> params.block_shift;
+        off = pos & (params.block_size - 1u);
+    } else {
+        b = pos / params.block_size;
+        off = pos % params.block_size;
+    }
+    let blk = u32(block_table[kv_row + b]);
+    return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+    @builtin(subgroup_id) sg_id: u32,
+) {
+    let item = flat_group(wid, nwg);
+    if item >= params.num_items {
+        return;
+    }
+    let kv_head = wid.y;
+    let g = params.group;
+    let H = params.num_heads;
+    let w = item * 8u;
+    let tok_start = items[w];
+    let row_start = items[w + 1u];
+    let n_rows = min(items[w + 2u], ROWS);
+    let ctx = items[w + 3u];
+    let kv_lo = items[w + 4u];
+    let kv_hi = items[w + 5u];
+    let kv_row = items[w + 6u];
+    let slot_word = items[w + 7u];
+    let slot = slot_word & 0x7fffffffu;
+    let add_sink = (slot_word >> 31u) == 1u && (params.flags & SINKS) != 0u;
+
+    let kg = sg_id * (sg_size / TPK) + lane / TPK;
+    let c = lane % TPK;
+
+    // Rows: query head, position; queries (pre-scaled) in registers; running statistics.
+    var head: array<u32, ROWS>;
+    var pos: array<u32, ROWS>;
+    var qv: array<vec4<f32>, ROWS * QV>;
+    var m: array<f32, ROWS>;
+    var l: array<f32, ROWS>;
+    var acc: array<vec4<f32>, ROWS * QV>;
+    let qscale = params.scale * params.k_scale;
+    for (var r = 0u; r < ROWS; r = r + 1u) {
+        let rr = row_start + min(r, n_rows - 1u);
+        head[r] = kv_head * g + rr % g;
+        pos[r] = ctx + rr / g;
+        let tok = tok_start + rr / g;
+        m[r] = NO_MAX;
+        l[r] = 0.0;
+        if add_sink && kg == 0u && r < n_rows {
+            m[r] = layer[H + head[r]];
+            l[r] = 1.0;
+        }
+        for (var k = 0u; k < GPT; k = k + 1u) {
+            let gi = c + k * TPK;
+            for (var i = 0u; i < V4G; i = i + 1u) {
+                var v = vec4<f32>(0.0);
+                if r < n_rows && gi < NG {
+                    v = q_load4((tok * H + head[r]) * D + gi * G + i * 4u) * qscale;
+                }
+                qv[r * QV + k * V4G + i] = v;
+                acc[r * QV + k * V4G + i] = vec4<f32>(0.0);
+            }
+        }
+    }
+
+    let range = key_range(
+        kv_lo,
+        kv_hi,
+        ctx + row_start / g,
+        ctx + (row_start + n_rows - 1u) / g,
+    );
+    let lo = range.x;
+    let hi = range.y;
+    let STEP = NKG * U;
+
+    // Element bases of this key group's keys of the current step (0 past the range).
+    var kb: array<u32, U>;
+    for (var u = 0u; u < U; u = u + 1u) {
+        let j = lo + kg * U + u;
+        var b = 0u;
+        if j < hi {
+            b = key_base(j, kv_head, kv_row);
+        }
+        kb[u] = b;
+    }
+
+    for (var it = lo; it < hi; it = it + STEP) {
+        // 1. Loads: K and V granules of U keys, then the next step's key addresses.
+        var kw: array<vec4<u32>, U * GPT>;
+        var vw: array<vec4<u32>, U * GPT>;
+        for (var u = 0u; u < U; u = u + 1u) {
+            for (var k = 0u; k < GPT; k = k + 1u) {
+                let gi = min(c + k * TPK, NG - 1u);
+                kw[u * GPT + k] = kv_buf[(kb[u] + gi * G) / G];
+                vw[u * GPT + k] = kv_buf[(kb[u] + params.kv_stride + gi * G) / G];
+            }
+        }
+        for (var u = 0u; u < U; u = u + 1u) {
+            let j = it + STEP + kg * U + u;
+            var b = 0u;
+            if j < hi {
+                b = key_base(j, kv_head, kv_row);
+            }
+            kb[u] = b;
+        }
+
+        // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
+        var s: array<f32, U * ROWS>;
+        for (var u = 0u; u < U; u = u + 1u) {
+            var kf: array<vec4<f32>, QV>;
+            for (var k = 0u; k < GPT; k = k + 1u) {
+                let live = c + k * TPK < NG;
+                for (var i = 0u; i < V4G; i = i + 1u) {
+                    kf[k * V4G + i] = select(vec4<f32>(0.0), unpack4(kw[u * GPT + k], i), live);
+                }
+            }
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                var d = 0.0;
+                for (var x = 0u; x < QV; x = x + 1u) {
+                    d = d + dot(qv[r * QV + x], kf[x]);
+                }
+                s[u * ROWS + r] = d;
+            }
+        }
+        for (var o = TPK / 2u; o > 0u; o = o >> 1u) {
+            for (var x = 0u; x < U * ROWS; x = x + 1u) {
+                s[x] = s[x] + subgroupShuffleXor(s[x], o);
+            }
+        }
+
+        // 3. Online softmax per row, then acc += P·V.
+        for (var r = 0u; r < ROWS; r = r + 1u) {
+            if r >= n_rows {
+                for (var u = 0u; u < U; u = u + 1u) {
+                    s[u * ROWS + r] = 0.0;
+                }
+                continue;
+            }
+            let m_old = m[r];
+            var mx = m_old;
+            var live = 0u;
+            for (var u = 0u; u < U; u = u + 1u) {
+                let j = it + kg * U + u;
+                if j < hi && visible(pos[r], j) {
+                    let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
+                    s[u * ROWS + r] = sv;
+                    mx = max(mx, sv);
+                    live = live | (1u << u);
+                }
+            }
+            var sum = 0.0;
+            for (var u = 0u; u < U; u = u + 1u) {
+                var p = 0.0;
+                if (live & (1u << u)) != 0u {
+                    p = exp(s[u * ROWS + r] - mx);
+                }
+                s[u * ROWS + r] = p;
+                sum = sum + p;
+            }
+            let alpha = exp(m_old - mx);
+            m[r] = mx;
+            l[r] = l[r] * alpha + sum;
+            for (var x = 0u; x < QV; x = x + 1u) {
+                acc[r * QV + x] = acc[r * QV + x] * alpha;
+            }
+        }
+        for (var u = 0u; u < U; u = u + 1u) {
+            for (var k = 0u; k < GPT; k = k + 1u) {
+                let live = c + k * TPK < NG;
+                for (var i = 0u; i < V4G; i = i + 1u) {
+                    let vv = select(vec4<f32>(0.0), unpack4(vw[u * GPT + k], i), live);
+                    for (var r = 0u; r < ROWS; r = r + 1u) {
+                        acc[r * QV + k * V4G + i] = acc[r * QV + k * V4G + i]
+                            + s[u * ROWS + r] * vv;
+                    }
+                }
+            }
+        }
+    }
+
+    // Merge the key groups' states, row by row (n_rows is uniform: the barriers are too).
+    if c == 0u {
+        for (var r = 0u; r < ROWS; r = r + 1u) {
+            ml_s[kg * ROWS + r] = vec2<f32>(m[r], l[r]);
+        }
+    }
+    workgroupBarrier();
+    for (var r = 0u; r < ROWS; r = r + 1u) {
+        if r < n_rows {
+            var big_m = NO_MAX;
+            for (var q = 0u; q < NKG; q = q + 1u) {
+                big_m = max(big_m, ml_s[q * ROWS + r].x);
+            }
+            var big_l = 0.0;
+            for (var q = 0u; q < NKG; q = q + 1u) {
+                let ml = ml_s[q * ROWS + r];
+                big_l = big_l + ml.y * exp(ml.x - big_m);
+            }
+            let f = exp(m[r] - big_m) * params.v_scale;
+            for (var k = 0u; k < GPT; k = k + 1u) {
+                let gi = c + k * TPK;
+                if gi < NG {
+                    for (var i = 0u; i < V4G; i = i + 1u) {
+                        red_s[kg * D4 + gi * V4G + i] = acc[r * QV + k * V4G + i] * f;
+                    }
+                }
+            }
+            workgroupBarrier();
+            let rr = row_start + r;
+            let tok = tok_start + rr / g;
+            for (var col = t; col < D4; col = col + WG) {
+                var o = vec4<f32>(0.0);
+                for (var q = 0u; q < NKG; q = q + 1u) {
+                    o = o + red_s[q * D4 + col];
+                }
+                if slot == DIRECT {
+                    var res = vec4<f32>(0.0);
+                    if big_l > 0.0 {
+                        res = o / big_l;
+                    }
+                    out_store4((tok * H + head[r]) * D + col * 4u, res);
+                    if col == 0u && (params.flags & WRITE_LSE) != 0u {
+                        var bits = NEG_INF_BITS;
+                        if big_l > 0.0 {
+                            bits = bitcast<u32>(big_m + log(big_l));
+                        }
+                        lse[head[r] * params.num_tokens + tok] = bits;
+                    }
+                } else {
+                    let prow = (slot * params.num_kv_heads + kv_head) * params.decode_rows + r;
+                    scratch[prow * D4 + col] = o;
+                    if col == 0u {
+                        scratch[params.ml_offset + prow] = vec4<f32>(big_m, big_l, 0.0, 0.0);
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+}
