@@ -577,6 +577,25 @@ impl AttentionImpl for WgpuAttentionImpl {
         let lse_binding = lse_buf
             .clone()
             .unwrap_or_else(|| dev.dummy_buffer(0).clone());
+        // Both attention kernels (tiled and split-KV decode) bind the same buffers; only the
+        // parameter slot and the work list differ.
+        let attention_group = |pipe: &wgpu::ComputePipeline, slot: usize, items: &wgpu::Buffer| {
+            bind_group(
+                dev,
+                pipe,
+                vec![
+                    (0, state.params.binding(slot)),
+                    (1, whole(&q_buf)),
+                    (2, whole(&k_buf)),
+                    (3, whole(&v_buf)),
+                    (4, whole(items)),
+                    (5, whole(&self.layer_consts)),
+                    (6, whole(&lse_binding)),
+                    (7, whole(&scratch)),
+                    (8, whole(&out_buf)),
+                ],
+            )
+        };
         for (list, tile, slot) in [
             (&plan.decode, self.decode_tile, SLOT_DECODE),
             (&plan.prefill, self.prefill_tile, SLOT_PREFILL),
@@ -600,21 +619,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 LoopBounding::Off,
             )?;
             slots[slot] = attn_words(list.count);
-            let group = bind_group(
-                dev,
-                &pipe,
-                vec![
-                    (0, state.params.binding(slot)),
-                    (1, whole(&q_buf)),
-                    (2, whole(&k_buf)),
-                    (3, whole(&v_buf)),
-                    (4, whole(&list.buffer)),
-                    (5, whole(&self.layer_consts)),
-                    (6, whole(&lse_binding)),
-                    (7, whole(&scratch)),
-                    (8, whole(&out_buf)),
-                ],
-            );
+            let group = attention_group(&pipe, slot, &list.buffer);
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
         }
@@ -633,21 +638,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 LoopBounding::Off,
             )?;
             slots[SLOT_DECODE_FAST] = attn_words(list.count);
-            let group = bind_group(
-                dev,
-                &pipe,
-                vec![
-                    (0, state.params.binding(SLOT_DECODE_FAST)),
-                    (1, whole(&q_buf)),
-                    (2, whole(&k_buf)),
-                    (3, whole(&v_buf)),
-                    (4, whole(&list.buffer)),
-                    (5, whole(&self.layer_consts)),
-                    (6, whole(&lse_binding)),
-                    (7, whole(&scratch)),
-                    (8, whole(&out_buf)),
-                ],
-            );
+            let group = attention_group(&pipe, SLOT_DECODE_FAST, &list.buffer);
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
         }
