@@ -5,7 +5,11 @@
 //!
 //! The layers, top to bottom (see `ARCHITECTURE.md` in the repository):
 //!
-//! - **model code** holds one [`Attention`] per model layer and calls its `forward`;
+//! - **model code** holds one [`Attention`] per model layer and calls its `forward`; the
+//!   operations around attention (embedding, RMSNorm, linear, RoPE, SiLU·mul, residual add)
+//!   run on the same device through [`compute`], and [`runner::ModelRunner`] drives a model
+//!   ([`runner::CausalLm`]) with a paged KV cache and continuous batching
+//!   (`examples/generate` is a complete Llama);
 //! - the **abstraction**: backend descriptors ([`AttentionBackend`]), per-batch metadata
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
