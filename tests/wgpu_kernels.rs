@@ -485,7 +485,7 @@ fn unusual_head_sizes() {
 
 /// Re-runs the subgroup paths in child processes with lavapipe's SIMD width forced to 4 and
 /// 16 lanes (`LP_NATIVE_VECTOR_WIDTH` = 128 / 512; the default is 8): kernels must not
-/// assume a subgroup size. Only on lavapipe; 16 lanes needs AVX-512 and is skipped without.
+/// assume a subgroup size. The children run the split-KV decode kernel unrolled, as GPUs do. Only on lavapipe; 16 lanes needs AVX-512 and is skipped without.
 #[test]
 fn subgroup_widths_on_lavapipe() {
     if std::env::var_os("POLYATTN_WGPU_CHILD").is_some() {
@@ -515,6 +515,9 @@ fn subgroup_widths_on_lavapipe() {
                 "--test-threads=1",
             ])
             .env("POLYATTN_WGPU_CHILD", lanes.to_string())
+            // The GPU form of the split-KV decode kernel (unrolled loops), which lavapipe
+            // otherwise skips.
+            .env("POLYATTN_WGPU_DECODE_UNROLL", "1")
             .env("LP_NATIVE_VECTOR_WIDTH", width)
             .output()
             .expect("run the test binary");

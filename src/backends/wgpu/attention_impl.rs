@@ -55,17 +55,21 @@ type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
 /// most [`DECODE_MAX_ROWS`] rows when the tuning asks for subgroups; other items, and layers
 /// it cannot run (see [`WgpuAttentionImpl::decode_shader`]), take the decode tile of
 /// `paged_attention.wgsl`. For tuning runs: `POLYATTN_WGPU_DECODE_KERNEL=0` turns it off,
-/// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16) and
-/// `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two).
+/// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16),
+/// `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two) and
+/// `POLYATTN_WGPU_DECODE_UNROLL` (0 / 1) whether its loops are unrolled (default: on GPUs,
+/// not on CPU adapters; see [`DecodeShader::unrolled`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct DecodeKernelConfig {
     enabled: bool,
     keys_per_step: u32,
     workgroup: u32,
+    unrolled: bool,
 }
 
 impl DecodeKernelConfig {
-    fn from_env() -> Self {
+    fn from_env(dev: &WgpuDevice) -> Self {
+        let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
         fn var(name: &str, default: u32) -> u32 {
             match std::env::var(name) {
                 Ok(v) => v.trim().parse().unwrap_or_else(|_| {
@@ -79,6 +83,7 @@ impl DecodeKernelConfig {
             enabled: var("POLYATTN_WGPU_DECODE_KERNEL", 1) != 0,
             keys_per_step: var("POLYATTN_WGPU_DECODE_KEYS", DECODE_KEYS_PER_STEP),
             workgroup: var("POLYATTN_WGPU_DECODE_WG", DECODE_WORKGROUP),
+            unrolled: var("POLYATTN_WGPU_DECODE_UNROLL", !cpu as u32) != 0,
         }
     }
 }
@@ -159,7 +164,9 @@ impl WgpuAttentionImpl {
             subgroups: tuning.subgroups && dev.has_subgroups(),
             ..tuning
         };
+        let decode_kernel = DecodeKernelConfig::from_env(&dev);
         Ok(WgpuAttentionImpl {
+            decode_kernel,
             state: Mutex::new(State {
                 params: ParamBlock::new(&dev, SLOTS),
                 scratch: None,
@@ -169,7 +176,6 @@ impl WgpuAttentionImpl {
             decode_tile,
             prefill_tile,
             tuning,
-            decode_kernel: DecodeKernelConfig::from_env(),
             layer_consts,
         })
     }
@@ -212,6 +218,10 @@ impl WgpuAttentionImpl {
             cfg.keys_per_step,
             cfg.workgroup,
         )
+        .map(|s| DecodeShader {
+            unrolled: cfg.unrolled,
+            ..s
+        })
     }
 
     /// The split policy in use.
