@@ -10,7 +10,9 @@
 //! **Plan.** Requests whose rows (query tokens × group) fit one decode tile become decode
 //! items over their whole key range, split into several partial items (flash-decoding) when
 //! the batch alone would not fill the device ([`WgpuTuning`]); the partials are merged by a
-//! combine pass. Other requests are cut into prefill tiles of up to `prefill_rows` rows with
+//! combine pass. Decode items of at most [`PlanKey::fast_decode_rows`] rows go to their own
+//! list, run by the split-KV decode kernel (`paged_decode.wgsl`) when the layer can use it;
+//! both decode lists share the partial slots and the combine pass. Other requests are cut into prefill tiles of up to `prefill_rows` rows with
 //! no split. Cascade batches (a shared prefix) run the same plan: the prefix is part of every
 //! request's own key range, and since the builder checks that the prefix lies inside every
 //! request's cached context, every query sees all of it under the causal mask too — the
