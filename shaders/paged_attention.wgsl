@@ -5,6 +5,8 @@
 // (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
+// Loops marked `// @unroll` (over RPT_A / RPT_C) are unrolled by the generator
+// (`shaders::unroll`), so the per-thread score and accumulator arrays live in registers.
 // The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4` and `key_base`;
 // `softmax_rows` and the `Inputs` struct come from softmax_serial.wgsl or
 // softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
@@ -118,6 +120,7 @@ fn main(inp: Inputs) {
     let c_col = t % D4;
     let c_rg = t / D4;
     var acc: array<vec4<f32>, RPT_C>;
+    // @unroll
     for (var k = 0u; k < RPT_C; k = k + 1u) {
         acc[k] = vec4<f32>(0.0);
     }
@@ -143,11 +146,13 @@ fn main(inp: Inputs) {
         // Phase A: S = Q·K^T.
         if a_rg < RGA {
             var s: array<f32, RPT_A>;
+            // @unroll
             for (var k = 0u; k < RPT_A; k = k + 1u) {
                 s[k] = 0.0;
             }
             for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
                 let kk = kv_s[a_j * KV_ROW + d4];
+                // @unroll
                 for (var k = 0u; k < RPT_A; k = k + 1u) {
                     let r = a_rg + k * RGA;
                     if r < n_rows {
@@ -155,6 +160,7 @@ fn main(inp: Inputs) {
                     }
                 }
             }
+            // @unroll
             for (var k = 0u; k < RPT_A; k = k + 1u) {
                 let r = a_rg + k * RGA;
                 if r < BM {
@@ -179,6 +185,7 @@ fn main(inp: Inputs) {
 
         // Phase C: acc = acc·α + P·V.
         if c_rg < RGC {
+            // @unroll
             for (var k = 0u; k < RPT_C; k = k + 1u) {
                 let r = c_rg + k * RGC;
                 if r < n_rows {
@@ -187,6 +194,7 @@ fn main(inp: Inputs) {
             }
             for (var j = 0u; j < cn; j = j + 1u) {
                 let vv = kv_s[j * KV_ROW + c_col];
+                // @unroll
                 for (var k = 0u; k < RPT_C; k = k + 1u) {
                     let r = c_rg + k * RGC;
                     if r < n_rows {
@@ -200,6 +208,7 @@ fn main(inp: Inputs) {
 
     // Epilogue.
     if c_rg < RGC {
+        // @unroll
         for (var k = 0u; k < RPT_C; k = k + 1u) {
             let r = c_rg + k * RGC;
             if r < n_rows {

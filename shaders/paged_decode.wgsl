@@ -29,9 +29,12 @@
 // for combine_splits.wgsl.
 //
 // Specialisation (generated header, see `DecodeShader` in src/backends/wgpu/shaders.rs):
-// D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, GPT = ceil(NG / TPK), QV = GPT·V4G, WG,
-// NKG = WG / TPK, U, ROWS; `q_load4` / `out_store4` for the query dtype; `unpack4(w, i)`,
-// the i-th four elements of a granule as f32 (exact integer unpacking, common.wgsl).
+// D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, LOG_TPK, GPT = ceil(NG / TPK),
+// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS; `q_load4` / `out_store4` for the query dtype;
+// `unpack4(w, i)`, the i-th four elements of a granule as f32 (exact integer unpacking,
+// common.wgsl). Loops marked `// @unroll` (all over those constants) are unrolled by the
+// generator (`shaders::unroll`): every per-thread array (queries, accumulators, loaded
+// granules, scores) is then indexed by constants only and lives in registers.
 //
 // Layout: as paged_attention.wgsl; the cache is bound as array<vec4<u32>> (granules).
 // Partial row of (slot, kv_head, r) at ((slot·Hkv + kv_head)·decode_rows + r)·D4 vec4,
@@ -106,6 +109,7 @@ fn main(
     var l: array<f32, ROWS>;
     var acc: array<vec4<f32>, ROWS * QV>;
     let qscale = params.scale * params.k_scale;
+    // @unroll
     for (var r = 0u; r < ROWS; r = r + 1u) {
         let rr = row_start + min(r, n_rows - 1u);
         head[r] = kv_head * g + rr % g;
@@ -117,8 +121,10 @@ fn main(
             m[r] = layer[H + head[r]];
             l[r] = 1.0;
         }
+        // @unroll
         for (var k = 0u; k < GPT; k = k + 1u) {
             let gi = c + k * TPK;
+            // @unroll
             for (var i = 0u; i < V4G; i = i + 1u) {
                 var v = vec4<f32>(0.0);
                 if r < n_rows && gi < NG {
@@ -142,6 +148,7 @@ fn main(
 
     // Element bases of this key group's keys of the current step (0 past the range).
     var kb: array<u32, U>;
+    // @unroll
     for (var u = 0u; u < U; u = u + 1u) {
         let j = lo + kg * U + u;
         var b = 0u;
@@ -155,13 +162,16 @@ fn main(
         // 1. Loads: K and V granules of U keys, then the next step's key addresses.
         var kw: array<vec4<u32>, U * GPT>;
         var vw: array<vec4<u32>, U * GPT>;
+        // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
+            // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
                 let gi = min(c + k * TPK, NG - 1u);
                 kw[u * GPT + k] = kv_buf[(kb[u] + gi * G) / G];
                 vw[u * GPT + k] = kv_buf[(kb[u] + params.kv_stride + gi * G) / G];
             }
         }
+        // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
             let j = it + STEP + kg * U + u;
             var b = 0u;
@@ -173,69 +183,86 @@ fn main(
 
         // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
         var s: array<f32, U * ROWS>;
+        // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
             var kf: array<vec4<f32>, QV>;
+            // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
                 let live = c + k * TPK < NG;
+                // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
                     kf[k * V4G + i] = select(vec4<f32>(0.0), unpack4(kw[u * GPT + k], i), live);
                 }
             }
+            // @unroll
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 var d = 0.0;
+                // @unroll
                 for (var x = 0u; x < QV; x = x + 1u) {
                     d = d + dot(qv[r * QV + x], kf[x]);
                 }
                 s[u * ROWS + r] = d;
             }
         }
-        for (var o = TPK / 2u; o > 0u; o = o >> 1u) {
+        // @unroll
+        for (var lv = 0u; lv < LOG_TPK; lv = lv + 1u) {
+            let o = TPK >> (lv + 1u);
+            // @unroll
             for (var x = 0u; x < U * ROWS; x = x + 1u) {
                 s[x] = s[x] + subgroupShuffleXor(s[x], o);
             }
         }
 
         // 3. Online softmax per row, then acc += P·V.
+        // @unroll
         for (var r = 0u; r < ROWS; r = r + 1u) {
-            if r >= n_rows {
+            if r < n_rows {
+                let m_old = m[r];
+                var mx = m_old;
+                var live = 0u;
+                // @unroll
+                for (var u = 0u; u < U; u = u + 1u) {
+                    let j = it + kg * U + u;
+                    if j < hi && visible(pos[r], j) {
+                        let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
+                        s[u * ROWS + r] = sv;
+                        mx = max(mx, sv);
+                        live = live | (1u << u);
+                    }
+                }
+                var sum = 0.0;
+                // @unroll
+                for (var u = 0u; u < U; u = u + 1u) {
+                    var p = 0.0;
+                    if (live & (1u << u)) != 0u {
+                        p = exp(s[u * ROWS + r] - mx);
+                    }
+                    s[u * ROWS + r] = p;
+                    sum = sum + p;
+                }
+                let alpha = exp(m_old - mx);
+                m[r] = mx;
+                l[r] = l[r] * alpha + sum;
+                // @unroll
+                for (var x = 0u; x < QV; x = x + 1u) {
+                    acc[r * QV + x] = acc[r * QV + x] * alpha;
+                }
+            } else {
+                // @unroll
                 for (var u = 0u; u < U; u = u + 1u) {
                     s[u * ROWS + r] = 0.0;
                 }
-                continue;
-            }
-            let m_old = m[r];
-            var mx = m_old;
-            var live = 0u;
-            for (var u = 0u; u < U; u = u + 1u) {
-                let j = it + kg * U + u;
-                if j < hi && visible(pos[r], j) {
-                    let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
-                    s[u * ROWS + r] = sv;
-                    mx = max(mx, sv);
-                    live = live | (1u << u);
-                }
-            }
-            var sum = 0.0;
-            for (var u = 0u; u < U; u = u + 1u) {
-                var p = 0.0;
-                if (live & (1u << u)) != 0u {
-                    p = exp(s[u * ROWS + r] - mx);
-                }
-                s[u * ROWS + r] = p;
-                sum = sum + p;
-            }
-            let alpha = exp(m_old - mx);
-            m[r] = mx;
-            l[r] = l[r] * alpha + sum;
-            for (var x = 0u; x < QV; x = x + 1u) {
-                acc[r * QV + x] = acc[r * QV + x] * alpha;
             }
         }
+        // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
+            // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
                 let live = c + k * TPK < NG;
+                // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
                     let vv = select(vec4<f32>(0.0), unpack4(vw[u * GPT + k], i), live);
+                    // @unroll
                     for (var r = 0u; r < ROWS; r = r + 1u) {
                         acc[r * QV + k * V4G + i] = acc[r * QV + k * V4G + i]
                             + s[u * ROWS + r] * vv;
@@ -247,11 +274,13 @@ fn main(
 
     // Merge the key groups' states, row by row (n_rows is uniform: the barriers are too).
     if c == 0u {
+        // @unroll
         for (var r = 0u; r < ROWS; r = r + 1u) {
             ml_s[kg * ROWS + r] = vec2<f32>(m[r], l[r]);
         }
     }
     workgroupBarrier();
+    // @unroll
     for (var r = 0u; r < ROWS; r = r + 1u) {
         if r < n_rows {
             var big_m = NO_MAX;
@@ -264,9 +293,11 @@ fn main(
                 big_l = big_l + ml.y * exp(ml.x - big_m);
             }
             let f = exp(m[r] - big_m) * params.v_scale;
+            // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
                 let gi = c + k * TPK;
                 if gi < NG {
+                    // @unroll
                     for (var i = 0u; i < V4G; i = i + 1u) {
                         red_s[kg * D4 + gi * V4G + i] = acc[r * QV + k * V4G + i] * f;
                     }

@@ -298,13 +298,14 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             },
         ),
         (
-            "split-KV (serial softmax), GPU tiles",
+            "split-KV (serial softmax), GPU tiles, unrolled",
             WgpuTuning {
                 split_min_keys: 8,
                 target_workgroups: 4096,
                 max_splits: 64,
                 subgroups: false,
                 prefill_tiles: true,
+                unrolled: true,
             },
         ),
     ];
@@ -317,14 +318,16 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 max_splits: 64,
                 subgroups: true,
                 prefill_tiles: false,
+                unrolled: false,
             },
         ));
         v.push((
-            "one pass (subgroup softmax), GPU tiles",
+            "one pass (subgroup softmax), GPU tiles, unrolled",
             WgpuTuning {
                 max_splits: 1,
                 subgroups: true,
                 prefill_tiles: true,
+                unrolled: true,
                 ..base
             },
         ));
@@ -424,6 +427,7 @@ fn split_kv_decode_kernel_is_used() {
         max_splits: 8,
         subgroups: true,
         prefill_tiles: false,
+        unrolled: false,
     };
     let mut failures = Vec::new();
     for (dtype, cache, d) in [
@@ -485,7 +489,7 @@ fn unusual_head_sizes() {
 
 /// Re-runs the subgroup paths in child processes with lavapipe's SIMD width forced to 4 and
 /// 16 lanes (`LP_NATIVE_VECTOR_WIDTH` = 128 / 512; the default is 8): kernels must not
-/// assume a subgroup size. Only on lavapipe; 16 lanes needs AVX-512 and is skipped without.
+/// assume a subgroup size. The children run the kernels unrolled, as GPUs do. Only on lavapipe; 16 lanes needs AVX-512 and is skipped without.
 #[test]
 fn subgroup_widths_on_lavapipe() {
     if std::env::var_os("POLYATTN_WGPU_CHILD").is_some() {
@@ -515,6 +519,8 @@ fn subgroup_widths_on_lavapipe() {
                 "--test-threads=1",
             ])
             .env("POLYATTN_WGPU_CHILD", lanes.to_string())
+            // The GPU form of the kernels (unrolled loops), which lavapipe otherwise skips.
+            .env("POLYATTN_WGPU_UNROLL", "1")
             .env("LP_NATIVE_VECTOR_WIDTH", width)
             .output()
             .expect("run the test binary");
@@ -561,6 +567,7 @@ fn pipelines_are_compiled_once() {
         kv_dtype: DType::Fp8E5m2,
         paged: true,
         subgroups: false,
+        unrolled: false,
     };
     let compiles = std::sync::atomic::AtomicUsize::new(0);
     let get = || {

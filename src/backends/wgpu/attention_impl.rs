@@ -55,8 +55,9 @@ type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
 /// most [`DECODE_MAX_ROWS`] rows when the tuning asks for subgroups; other items, and layers
 /// it cannot run (see [`WgpuAttentionImpl::decode_shader`]), take the decode tile of
 /// `paged_attention.wgsl`. For tuning runs: `POLYATTN_WGPU_DECODE_KERNEL=0` turns it off,
-/// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16) and
-/// `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two).
+/// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16)
+/// and `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two). Whether its loops are
+/// unrolled follows [`WgpuTuning::unrolled`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct DecodeKernelConfig {
     enabled: bool,
@@ -159,7 +160,9 @@ impl WgpuAttentionImpl {
             subgroups: tuning.subgroups && dev.has_subgroups(),
             ..tuning
         };
+        let decode_kernel = DecodeKernelConfig::from_env();
         Ok(WgpuAttentionImpl {
+            decode_kernel,
             state: Mutex::new(State {
                 params: ParamBlock::new(&dev, SLOTS),
                 scratch: None,
@@ -169,7 +172,6 @@ impl WgpuAttentionImpl {
             decode_tile,
             prefill_tile,
             tuning,
-            decode_kernel: DecodeKernelConfig::from_env(),
             layer_consts,
         })
     }
@@ -212,6 +214,10 @@ impl WgpuAttentionImpl {
             cfg.keys_per_step,
             cfg.workgroup,
         )
+        .map(|s| DecodeShader {
+            unrolled: self.tuning.unrolled,
+            ..s
+        })
     }
 
     /// The split policy in use.
@@ -609,6 +615,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 kv_dtype,
                 paged: !encoder_attn,
                 subgroups: self.tuning.subgroups,
+                unrolled: self.tuning.unrolled,
             };
             let pipe = pipeline_with(
                 dev,

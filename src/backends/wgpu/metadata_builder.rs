@@ -10,8 +10,10 @@
 //! **Plan.** Requests whose rows (query tokens × group) fit one decode tile become decode
 //! items over their whole key range, split into several partial items (flash-decoding) when
 //! the batch alone would not fill the device ([`WgpuTuning`]); the partials are merged by a
-//! combine pass. Other requests are cut into prefill tiles of up to `prefill_rows` rows with
-//! no split. Cascade batches (a shared prefix) run the same plan: the prefix is part of every
+//! combine pass. Decode items of at most [`PlanKey::fast_decode_rows`] rows go to their own
+//! list, run by the split-KV decode kernel (`paged_decode.wgsl`) when the layer can use it;
+//! both decode lists share the partial slots and the combine pass. Other requests are cut
+//! into prefill tiles of up to `prefill_rows` rows with no split. Cascade batches (a shared prefix) run the same plan: the prefix is part of every
 //! request's own key range, and since the builder checks that the prefix lies inside every
 //! request's cached context, every query sees all of it under the causal mask too — the
 //! result equals vLLM's prefix pass + suffix pass + merge, sinks counted once.
@@ -55,6 +57,11 @@ pub struct WgpuTuning {
     /// want (lavapipe spends 0.2–0.5 s compiling each pipeline and gains nothing from wider
     /// tiles).
     pub prefill_tiles: bool,
+    /// Unroll the per-thread loops of the attention and decode kernels (loops marked
+    /// `// @unroll`, see `shaders::unroll`): what GPU drivers need to keep per-thread score
+    /// and accumulator arrays in registers. CPU adapters run the loops as written: LLVM
+    /// (lavapipe) compiles the unrolled modules several times slower and runs them no faster.
+    pub unrolled: bool,
 }
 
 impl WgpuTuning {
@@ -64,8 +71,8 @@ impl WgpuTuning {
     ///
     /// For tuning runs each field can be overridden from the environment:
     /// `POLYATTN_WGPU_SPLIT_MIN_KEYS`, `POLYATTN_WGPU_TARGET_WORKGROUPS`,
-    /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS` and
-    /// `POLYATTN_WGPU_PREFILL_TILES` (`0` / `1`). A value that does not parse is ignored with
+    /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS`,
+    /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`). A value that does not parse is ignored with
     /// a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
@@ -75,6 +82,7 @@ impl WgpuTuning {
             max_splits: if cpu { 8 } else { 64 },
             subgroups: dev.has_subgroups(),
             prefill_tiles: !cpu,
+            unrolled: !cpu,
         };
         defaults.with_env()
     }
@@ -96,6 +104,7 @@ impl WgpuTuning {
             max_splits: var("POLYATTN_WGPU_MAX_SPLITS", self.max_splits).max(1),
             subgroups: flag("POLYATTN_WGPU_SUBGROUPS", self.subgroups),
             prefill_tiles: flag("POLYATTN_WGPU_PREFILL_TILES", self.prefill_tiles),
+            unrolled: flag("POLYATTN_WGPU_UNROLL", self.unrolled),
         }
     }
 
@@ -418,6 +427,7 @@ mod tests {
             max_splits: 8,
             subgroups: false,
             prefill_tiles: true,
+            unrolled: false,
         }
     }
 

@@ -148,6 +148,107 @@ fn buffer(name: &str, binding: u32, dtype: DType, access: Access) -> String {
     s
 }
 
+/// Expands the loops of a shader template marked `// @unroll`: the marked line must be
+/// followed by `for (var X = 0u; X < N; X = X + 1u) {`, N a product (`*`) of integer
+/// literals and names in `consts`, its body ending at the matching `}` line. The body is
+/// repeated N times, each copy in its own `{ }` block with the identifier X replaced by
+/// the literal `Ku`, so every array index that depends only on unrolled loop variables
+/// is a constant expression: drivers keep such arrays in registers, where a loop the
+/// driver does not unroll would leave them in (slow, per-thread) local memory. Marked
+/// loops may nest; their bodies must not `break` or `continue`.
+pub fn unroll(src: &str, consts: &[(&str, u32)]) -> String {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = String::with_capacity(src.len() * 2);
+    for l in expand_unrolled(&lines, consts) {
+        out += &l;
+        out.push('\n');
+    }
+    out
+}
+
+fn expand_unrolled(lines: &[&str], consts: &[(&str, u32)]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "// @unroll" {
+            out.push(lines[i].to_string());
+            i += 1;
+            continue;
+        }
+        let head = lines
+            .get(i + 1)
+            .unwrap_or_else(|| panic!("@unroll at line {i} has no loop"));
+        let (var, count) = parse_unrolled_for(head, consts).unwrap_or_else(|| {
+            panic!("@unroll needs `for (var X = 0u; X < N; X = X + 1u) {{`: {head}")
+        });
+        let mut depth = 0i32;
+        let mut end = None;
+        for (j, l) in lines.iter().enumerate().skip(i + 1) {
+            depth += l.matches('{').count() as i32 - l.matches('}').count() as i32;
+            if depth == 0 {
+                end = Some(j);
+                break;
+            }
+        }
+        let end = end.unwrap_or_else(|| panic!("unbalanced loop after @unroll: {head}"));
+        let body = expand_unrolled(&lines[i + 2..end], consts);
+        let indent: String = head.chars().take_while(|c| c.is_whitespace()).collect();
+        for k in 0..count {
+            out.push(format!("{indent}{{"));
+            let lit = format!("{k}u");
+            for l in &body {
+                out.push(replace_ident(l, &var, &lit));
+            }
+            out.push(format!("{indent}}}"));
+        }
+        i = end + 1;
+    }
+    out
+}
+
+fn parse_unrolled_for(line: &str, consts: &[(&str, u32)]) -> Option<(String, u32)> {
+    let rest = line.trim().strip_prefix("for (var ")?;
+    let (var, rest) = rest.split_once(" = 0u; ")?;
+    let (cond_var, rest) = rest.split_once(" < ")?;
+    let (bound, step) = rest.split_once("; ")?;
+    if cond_var != var || step != format!("{var} = {var} + 1u) {{") {
+        return None;
+    }
+    let mut n = 1u32;
+    for f in bound.split('*').map(str::trim) {
+        let v = match f.trim_end_matches('u').parse::<u32>() {
+            Ok(v) => v,
+            Err(_) => consts.iter().find(|(name, _)| *name == f)?.1,
+        };
+        n = n.checked_mul(v)?;
+    }
+    Some((var.to_string(), n))
+}
+
+/// `line` with every identifier token equal to `var` replaced by `with`.
+fn replace_ident(line: &str, var: &str, with: &str) -> String {
+    let mut out = String::with_capacity(line.len() + 8);
+    let mut tok = String::new();
+    let flush = |tok: &mut String, out: &mut String| {
+        if tok == var {
+            out.push_str(with);
+        } else {
+            out.push_str(tok);
+        }
+        tok.clear();
+    };
+    for ch in line.chars() {
+        if ch.is_ascii_alphanumeric() || ch == '_' {
+            tok.push(ch);
+        } else {
+            flush(&mut tok, &mut out);
+            out.push(ch);
+        }
+    }
+    flush(&mut tok, &mut out);
+    out
+}
+
 fn consts(pairs: &[(&str, u32)]) -> String {
     pairs
         .iter()
@@ -229,13 +330,16 @@ pub struct AttentionShader {
     pub paged: bool,
     /// Phase B with subgroup reductions.
     pub subgroups: bool,
+    /// Unroll the loops marked `// @unroll` ([`unroll`]), as GPU drivers need (see
+    /// [`DecodeShader::unrolled`]).
+    pub unrolled: bool,
 }
 
 impl AttentionShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "attention d{} m{} n{} q{} kv{} {} {}",
+            "attention d{} m{} n{} q{} kv{} {} {}{}",
             self.head_size,
             self.block_m,
             self.block_n,
@@ -246,7 +350,8 @@ impl AttentionShader {
                 "subgroups"
             } else {
                 "serial"
-            }
+            },
+            if self.unrolled { " unrolled" } else { "" }
         )
     }
 
@@ -262,7 +367,7 @@ impl AttentionShader {
         let rga = (wg / self.block_n).max(1);
         let rgc = (wg / d4).max(1);
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[
+        let c = [
             ("D", self.head_size),
             ("D4", d4),
             ("BM", self.block_m),
@@ -274,7 +379,8 @@ impl AttentionShader {
             ("RPT_A", self.block_m.div_ceil(rga)),
             ("RGC", rgc),
             ("RPT_C", self.block_m.div_ceil(rgc)),
-        ]);
+        ];
+        s += &consts(&c);
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
         if self.paged {
@@ -299,7 +405,11 @@ impl AttentionShader {
         } else {
             SOFTMAX_SERIAL
         };
-        s += PAGED_ATTENTION;
+        if self.unrolled {
+            s += &unroll(PAGED_ATTENTION, &c);
+        } else {
+            s += PAGED_ATTENTION;
+        }
         s
     }
 }
@@ -330,6 +440,10 @@ pub struct DecodeShader {
     pub q_dtype: DType,
     /// dtype of the cache as stored.
     pub kv_dtype: DType,
+    /// Unroll the loops marked `// @unroll` ([`unroll`]): what GPU drivers need to keep the
+    /// per-thread arrays in registers. CPU adapters (lavapipe) run the loops as written:
+    /// LLVM compiles the unrolled kernel several times slower and runs it no faster.
+    pub unrolled: bool,
 }
 
 fn prev_pow2(x: u32) -> u32 {
@@ -387,6 +501,7 @@ impl DecodeShader {
             workgroup,
             q_dtype,
             kv_dtype,
+            unrolled: true,
         };
         (s.shared_bytes() <= max_shared_bytes).then_some(s)
     }
@@ -404,14 +519,15 @@ impl DecodeShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "decode d{} r{} t{} u{} w{} q{} kv{}",
+            "decode d{} r{} t{} u{} w{} q{} kv{}{}",
             self.head_size,
             self.rows,
             self.lanes_per_key,
             self.keys_per_step,
             self.workgroup,
             short(self.q_dtype),
-            short(self.kv_dtype)
+            short(self.kv_dtype),
+            if self.unrolled { " unrolled" } else { "" }
         )
     }
 
@@ -422,20 +538,22 @@ impl DecodeShader {
         let ng = self.head_size / g;
         let gpt = ng.div_ceil(self.lanes_per_key);
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[
+        let c = [
             ("D", self.head_size),
             ("D4", self.head_size / 4),
             ("G", g),
             ("V4G", v4g),
             ("NG", ng),
             ("TPK", self.lanes_per_key),
+            ("LOG_TPK", self.lanes_per_key.trailing_zeros()),
             ("GPT", gpt),
             ("QV", gpt * v4g),
             ("WG", self.workgroup),
             ("NKG", self.key_groups()),
             ("U", self.keys_per_step),
             ("ROWS", self.rows),
-        ]);
+        ];
+        s += &consts(&c);
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
         s += "// Elements 4i..4i+3 of a 16-byte granule of the cache, as f32.\n\
@@ -444,7 +562,11 @@ impl DecodeShader {
         s += "}\n";
         s += COMMON;
         s += ATTENTION_COMMON;
-        s += PAGED_DECODE;
+        if self.unrolled {
+            s += &unroll(PAGED_DECODE, &c);
+        } else {
+            s += PAGED_DECODE;
+        }
         s
     }
 }
@@ -794,6 +916,9 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             kv_dtype: kv,
             paged,
             subgroups: sg,
+            // The GPU form (unrolled) for the subgroup variants, loops for the others:
+            // both forms are translated without doubling the catalogue.
+            unrolled: sg,
         };
     for kind in [TileKind::Decode, TileKind::Prefill] {
         let tile = choose_tile(128, 32 * 1024, kind).expect("d128 fits 32 KiB");
@@ -823,30 +948,32 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             }
         }
     }
-    // The split-KV decode kernel: every dtype pairing at head size 128 for subgroups of 8
-    // (lavapipe) and 32 (NVIDIA); other head sizes, row counts, step lengths and subgroup
-    // sizes (4 to 64) in f32 and bf16 caches.
-    let decode = |d: u32, rows: u32, q: DType, kv: DType, sg: u32, u: u32| {
+    // The split-KV decode kernel: every dtype pairing at head size 128, unrolled for
+    // subgroups of 32 (NVIDIA) and with loops for 8 (lavapipe); other head sizes, row
+    // counts, step lengths and subgroup sizes (4 to 64) in f32 and bf16 caches, alternately
+    // unrolled and not (the unrolled modules are large: naga takes ~1 s for each in debug).
+    let decode = |d: u32, rows: u32, q: DType, kv: DType, sg: u32, u: u32, unrolled: bool| {
         let limit = if sg >= 32 { 48 * 1024 } else { 32 * 1024 };
         DecodeShader::choose(d, rows, q, kv, (sg, sg), limit, u, DECODE_WORKGROUP)
+            .map(|s| DecodeShader { unrolled, ..s })
     };
-    for sg in [8u32, 32] {
+    for (sg, unrolled) in [(32u32, true), (8, false)] {
         for q in ACTIVATION_DTYPES {
             for kv in CACHE_DTYPES {
-                if let Some(s) = decode(128, 4, q, kv, sg, DECODE_KEYS_PER_STEP) {
+                if let Some(s) = decode(128, 4, q, kv, sg, DECODE_KEYS_PER_STEP, unrolled) {
                     push(s.key(), s.source(), true);
                 }
             }
         }
     }
+    let mut n = 0usize;
     for sg in [4u32, 16, 64] {
-        for (i, d) in [4u32, 64, 80, 100, 256, 512].into_iter().enumerate() {
-            let u = [1u32, 2, 8][i % 3];
-            for rows in [1u32, 8] {
-                for kv in [DType::F32, DType::Bf16] {
-                    if let Some(s) = decode(d, rows, DType::F32, kv, sg, u) {
-                        push(s.key(), s.source(), true);
-                    }
+        for d in [4u32, 64, 80, 100, 256, 512] {
+            for kv in [DType::F32, DType::Bf16] {
+                n += 1;
+                let (rows, u) = ([1u32, 8, 2][n % 3], [1u32, 2, 8][n % 3]);
+                if let Some(s) = decode(d, rows, DType::F32, kv, sg, u, n % 2 == 0) {
+                    push(s.key(), s.source(), true);
                 }
             }
         }
@@ -900,6 +1027,18 @@ mod tests {
     }
 
     #[test]
+    fn unroll_repeats_marked_loops() {
+        let src = "a\n    // @unroll\n    for (var u = 0u; u < N * 2u; u = u + 1u) {\n        \
+                   // @unroll\n        for (var r = 0u; r < M; r = r + 1u) {\n            \
+                   x[u * M + r] = u32(u) + ku;\n        }\n    }\nb";
+        let out = unroll(src, &[("N", 2), ("M", 2)]);
+        assert_eq!(out.matches("x[").count(), 8);
+        assert!(out.contains("x[3u * M + 1u] = u32(3u) + ku;"), "{out}");
+        assert!(out.starts_with("a\n") && out.ends_with("b\n"));
+        assert!(!out.contains("for ("));
+    }
+
+    #[test]
     fn keys_name_every_field() {
         let a = AttentionShader {
             head_size: 64,
@@ -909,10 +1048,11 @@ mod tests {
             kv_dtype: DType::Fp8E5m2,
             paged: true,
             subgroups: true,
+            unrolled: true,
         };
         assert_eq!(
             a.key(),
-            "attention d64 m16 n32 qbf16 kve5m2 paged subgroups"
+            "attention d64 m16 n32 qbf16 kve5m2 paged subgroups unrolled"
         );
         assert!(a.source().contains("const D4: u32 = 16u;"));
     }
