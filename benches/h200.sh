@@ -4,7 +4,10 @@
 #   ../shared/gpu/pack.sh --test attention_correctness --test kv_cache --test merge_states \
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
-# Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests bench). Logs go to $OUT.
+# Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests
+# bench); mma2 / sanitize-mma2: the double-buffered tensor-core prefill kernel
+# (POLYATTN_CUDA_MMA_STAGES=2: tests, P2 rows, racecheck / synccheck); wgpu-unroll: WGPU rows
+# with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0. Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -38,6 +41,12 @@ for p in "${phases[@]}"; do
   run racecheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
   run synccheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool synccheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
 done
+for p in "${phases[@]}"; do
+  [ "$p" = sanitize-mma2 ] || continue
+  for tool in memcheck racecheck synccheck; do
+    run $tool-mma2 150 env POLYATTN_CUDA_MMA_STAGES=2 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
+  done
+done
 . $B/on-device.sh
 export WGPU_BACKEND=vulkan
 for p in "${phases[@]}"; do
@@ -55,6 +64,17 @@ for p in "${phases[@]}"; do
       run mma-attention 60 env POLYATTN_CUDA_MMA=1 $B/test-attention_correctness --nocapture
       run mma-bench 90 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16,P2.b8s4k.p16 \
         --budget 0.3 --json "$OUT/cuda-mma.json" --no-svg ;;
+    mma2)
+      run mma2-cuda_gpu 100 env POLYATTN_CUDA_MMA_STAGES=2 $B/test-cuda_gpu --test-threads=1 --nocapture
+      run mma2-attention 60 env POLYATTN_CUDA_MMA_STAGES=2 $B/test-attention_correctness --nocapture
+      run mma1-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg
+      run mma2-bench 90 env POLYATTN_CUDA_MMA_STAGES=2 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P \
+        --budget 0.3 --json "$OUT/cuda-mma2.json" --no-svg ;;
+    wgpu-unroll)
+      run wgpu-unrolled 150 $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P,$SHAPES_D --budget 0.3 \
+        --json "$OUT/wgpu-unrolled.json" --no-svg
+      run wgpu-loops 90 env POLYATTN_WGPU_UNROLL=0 $B/bin-polyattn bench --backend wgpu \
+        --shapes P2.b1s4k.p16,D1.b8s4k,D4.b1s32k --budget 0.3 --no-svg ;;
     bench)
       run bench 240 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_D,$SHAPES_KG \
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
