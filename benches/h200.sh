@@ -7,7 +7,9 @@
 # Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests
 # bench); mma2 / sanitize-mma2: the double-buffered tensor-core prefill kernel
 # (POLYATTN_CUDA_MMA_STAGES=2: tests, P2 rows, racecheck / synccheck); wgpu-unroll: WGPU rows
-# with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0. Logs go to $OUT.
+# with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
+# sanitize-fp8: fp8 caches on the tensor-core decode kernel (POLYATTN_CUDA_DECODE_FP8=1: tests,
+# D1 / D4 fp8 rows, memcheck / racecheck). Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -42,6 +44,12 @@ for p in "${phases[@]}"; do
   run synccheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool synccheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
 done
 for p in "${phases[@]}"; do
+  [ "$p" = sanitize-fp8 ] || continue
+  for tool in memcheck racecheck; do
+    run $tool-fp8 150 env POLYATTN_CUDA_DECODE_FP8=1 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu fp8_decode --test-threads=1
+  done
+done
+for p in "${phases[@]}"; do
   [ "$p" = sanitize-mma2 ] || continue
   for tool in memcheck racecheck synccheck; do
     run $tool-mma2 150 env POLYATTN_CUDA_MMA_STAGES=2 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
@@ -70,6 +78,11 @@ for p in "${phases[@]}"; do
       run mma1-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg
       run mma2-bench 90 env POLYATTN_CUDA_MMA_STAGES=2 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P \
         --budget 0.3 --json "$OUT/cuda-mma2.json" --no-svg ;;
+    decode-fp8)
+      run fp8-cuda_gpu 100 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-cuda_gpu --test-threads=1 --nocapture
+      run fp8-attention 60 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-attention_correctness --nocapture
+      run fp8-bench 120 env POLYATTN_CUDA_DECODE_FP8=1 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D \
+        --kv-dtype fp8_e4m3 --budget 0.3 --json "$OUT/cuda-fp8.json" --no-svg ;;
     wgpu-unroll)
       run wgpu-unrolled 150 $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P,$SHAPES_D --budget 0.3 \
         --json "$OUT/wgpu-unrolled.json" --no-svg

@@ -1,5 +1,6 @@
 // Paged decode attention on tensor cores (split-KV "flash-decoding" with an in-CTA merge) for
-// f16 / bf16 activations with a cache of the same dtype and head sizes 64, 96 and 128. The host
+// f16 / bf16 activations with a cache of the same dtype, or an fp8 cache (E4M3 / E5M2, KV = 1 /
+// 2: the `_e4m3` / `_e5m2` entry points), and head sizes 64, 96 and 128. The host
 // uses it for the requests of a batch whose query length is 1 (decodes), when the layer's
 // features allow; everything else runs on paged_attention.cu (the semantic reference) or
 // paged_attention_mma.cu.
@@ -21,6 +22,11 @@
 //     own ring of DEC_STAGES shared-memory stages with cp.async (16-byte copies, DEC_STAGES - 1
 //     chunks in flight per warp, no CTA barrier in the loop: __syncwarp orders each warp's
 //     own copies and reads). Positions outside [lo, hi) are zero-filled, never read.
+//     fp8 caches: the ring holds the raw bytes; once a chunk has landed, the warp converts it
+//     into its own 16-bit K / V tile (every fp8 value is exact in f16 and in bf16: sm_89+
+//     with `cvt.rn.f16x2.e4m3x2`, E5M2 as the high byte of an f16, the f32 decoders of
+//     common.cuh on sm_80), and step 3 reads that tile. The scales are folded: scores use
+//     scale * k_scale, the output is multiplied by v_scale once, in the merge.
 //  3. Per chunk: S = Q K^T (m16n8k16, rows = heads, 2 n-tiles of 8 keys; ldmatrix.x4 on the
 //     K rows), s *= scale, soft cap c*tanh(s/c), ALiBi -slope*|pos - j|, mask (-inf outside
 //     [lo, hi) and for rows >= head_count); online softmax per row with running max m and
@@ -34,12 +40,14 @@
 //     merged by `paged_decode_combine_d{D}` (below), which adds the sink once.
 //
 // Layouts: q [T][num_heads][D] and out [T][num_heads][D] (f16 / bf16; out_dtype may also be
-// f32); cache (num_blocks, 2, block_size, num_kv_heads, D) NHD or HND in the activation dtype;
+// f32); cache (num_blocks, 2, block_size, num_kv_heads, D) NHD or HND in the activation dtype
+// or fp8;
 // lse [num_heads][num_tokens] f32; part_out [num_splits][n_part_tokens][num_heads][D] f32,
 // part_lse [num_splits][n_part_tokens][num_heads] f32; block_table [num_reqs][bt_stride].
 // Shared memory: Q [16][D+8], then per warp DEC_STAGES stages of K [16][D+8] and V [16][D+8]
-// (16-byte aligned rows for cp.async / ldmatrix, conflict-free banks); = decode_smem_bytes(D)
-// in kernels.rs.
+// (16-byte aligned rows for cp.async / ldmatrix, conflict-free banks); fp8: per warp
+// DEC_STAGES stages of raw K [16][D+16] and V [16][D+16] bytes, then per warp one converted
+// K [16][D+8] and V [16][D+8] tile; = decode_smem_bytes(D, cache dtype) in kernels.rs.
 //
 // Bounds relied on (host side): metadata validated (query_start_loc monotonic, query_len <=
 // seq_len, block ids of every position < seq_len in range); every item has q_len == 1,
@@ -57,18 +65,57 @@
 #define DEC_KEYS 16    // keys per chunk
 #define DEC_STAGES 3   // ring stages per warp
 
-template <bool BF16, int D>
+// Four fp8 values (the bytes of `w`, lowest first) as four 16-bit values of the activation
+// type (two f16x2 / bf16x2 words, lowest first). Exact: every E4M3 / E5M2 value is an f16 and
+// a bf16. KV: 1 = E4M3, 2 = E5M2.
+template <bool BF16, int KV>
+__device__ __forceinline__ uint2 pd_fp8x4(pa_u32 w) {
+    pa_u32 h[2];  // f16x2
+    if (KV == 2) {
+        h[0] = __byte_perm(w, 0, 0x1404);  // bytes 0, 1 as the high bytes of two f16
+        h[1] = __byte_perm(w, 0, 0x3424);  // bytes 2, 3
+    } else {
+#if __CUDA_ARCH__ >= 890
+        const pa_u16 lo = (pa_u16)(w & 0xffffu);
+        const pa_u16 hi = (pa_u16)(w >> 16);
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[0]) : "h"(lo));
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[1]) : "h"(hi));
+#else
+        float f[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) f[k] = pa_e4m3_to_f32((pa_u8)((w >> (8 * k)) & 0xffu));
+        return make_uint2(ptx_pack2<BF16>(f[0], f[1]), ptx_pack2<BF16>(f[2], f[3]));
+#endif
+    }
+    if (!BF16) return make_uint2(h[0], h[1]);
+    uint2 r;
+    r.x = ptx_pack2<true>(pa_f16_to_f32((pa_u16)(h[0] & 0xffffu)), pa_f16_to_f32((pa_u16)(h[0] >> 16)));
+    r.y = ptx_pack2<true>(pa_f16_to_f32((pa_u16)(h[1] & 0xffffu)), pa_f16_to_f32((pa_u16)(h[1] >> 16)));
+    return r;
+}
+
+template <bool BF16, int D, int KV>
 __device__ __forceinline__ void pd_decode(const AttnParams& p) {
+    constexpr bool FP8 = KV != 0;
     constexpr int S = D + 8;                 // shared row stride in elements
     constexpr int KT = D / 16;               // k16 steps of Q K^T
     constexpr int NT = D / 8;                // n8 tiles of O
     constexpr int CH = D / 8;                // 16-byte pieces per row
     constexpr int TILE = DEC_KEYS * S;       // elements of one K (or V) stage
     constexpr int PIECES = DEC_KEYS * CH / 32;  // 16-byte pieces per lane per K (or V) chunk
+    constexpr int RS = D + 16;               // fp8: raw row stride in bytes
+    constexpr int CH8 = D / 16;              // fp8: 16-byte pieces per row
+    constexpr int PIECES8 = DEC_KEYS * CH8 / 32;
+    constexpr int RAW = DEC_KEYS * RS;       // fp8: bytes of one raw K (or V) stage
+    constexpr int STAGE_BYTES = FP8 ? 2 * RAW : 2 * TILE * 2;
     static_assert(D % 16 == 0 && (DEC_KEYS * CH) % 32 == 0, "head size");
+    static_assert((DEC_KEYS * CH8) % 32 == 0, "head size (fp8)");
     extern __shared__ uint4 pd_smem[];
     pa_u16* q_s = (pa_u16*)pd_smem;          // [16][S]
-    pa_u16* ring = q_s + 16 * S;             // [DEC_WARPS][DEC_STAGES][2][DEC_KEYS][S]
+    pa_u8* ring = (pa_u8*)(q_s + 16 * S);    // [DEC_WARPS][DEC_STAGES] stages of STAGE_BYTES
+    // fp8: this warp's converted K and V tiles, after every warp's ring.
+    pa_u16* conv = (pa_u16*)(ring + DEC_WARPS * DEC_STAGES * STAGE_BYTES) +
+                   (threadIdx.x >> 5) * 2 * TILE;
 
     const WorkItem it = p.items[blockIdx.x];
     const int tid = threadIdx.x;
@@ -82,8 +129,8 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     const int pos = p.seq_lens[it.req] - req_q_len + (it.q_start - qsl0);
     const int head0 = it.kv_head * p.group + it.head_start;
     const pa_u16* q = (const pa_u16*)p.q;
-    const pa_u16* cache = (const pa_u16*)p.cache;
     const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
+    const float qk_scale = FP8 ? p.scale * p.k_scale : p.scale;
 
     int lo, hi;
     pa_visible(p, pos, it.kv_lo, it.kv_hi, &lo, &hi);
@@ -91,7 +138,7 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     const int nch = lo < hi ? (hi - c_begin + DEC_KEYS - 1) / DEC_KEYS : 0;
     const int my_n = nch > warp ? (nch - warp + DEC_WARPS - 1) / DEC_WARPS : 0;
     const pa_i64 row_stride = p.layout_hnd ? (pa_i64)D : (pa_i64)p.num_kv_heads * D;
-    pa_u16* my_ring = ring + warp * DEC_STAGES * 2 * TILE;
+    pa_u8* my_ring = ring + warp * DEC_STAGES * STAGE_BYTES;
 
     // Block id of this warp's i-th chunk (one of a position in [lo, hi), so < seq_len).
     auto block_of = [&](int i) -> pa_i64 {
@@ -103,11 +150,32 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     auto issue = [&](int i, int stage, pa_i64 block) {
         const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
         const int off = c0 % p.block_size;
-        const pa_u16* kb = cache + pa_cache_offset(block, 0, off, it.kv_head, p.block_size,
-                                                   p.num_kv_heads, D, p.layout_hnd);
-        const pa_u16* vb = cache + pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
-                                                   p.num_kv_heads, D, p.layout_hnd);
-        pa_u16* ks = my_ring + stage * 2 * TILE;
+        const pa_i64 k_off = pa_cache_offset(block, 0, off, it.kv_head, p.block_size,
+                                             p.num_kv_heads, D, p.layout_hnd);
+        const pa_i64 v_off = pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
+                                             p.num_kv_heads, D, p.layout_hnd);
+        if (FP8) {
+            // Element offsets are byte offsets; rows of D bytes, D a multiple of 16.
+            const pa_u8* kb = (const pa_u8*)p.cache + k_off;
+            const pa_u8* vb = (const pa_u8*)p.cache + v_off;
+            pa_u8* ks = my_ring + stage * STAGE_BYTES;
+            pa_u8* vs = ks + RAW;
+#pragma unroll
+            for (int u = 0; u < PIECES8; ++u) {
+                const int piece = lane + 32 * u;
+                const int j = piece / CH8;
+                const int c = piece - j * CH8;
+                const int kp = c0 + j;
+                const int bytes = (kp >= lo && kp < hi) ? 16 : 0;
+                const pa_i64 o = j * row_stride + c * 16;
+                ptx_cp_async16(ptx_smem_addr(ks + j * RS + c * 16), kb + o, bytes);
+                ptx_cp_async16(ptx_smem_addr(vs + j * RS + c * 16), vb + o, bytes);
+            }
+            return;
+        }
+        const pa_u16* kb = (const pa_u16*)p.cache + k_off;
+        const pa_u16* vb = (const pa_u16*)p.cache + v_off;
+        pa_u16* ks = (pa_u16*)(my_ring + stage * STAGE_BYTES);
         pa_u16* vs = ks + TILE;
 #pragma unroll
         for (int u = 0; u < PIECES; ++u) {
@@ -182,8 +250,31 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
         ptx_cp_async_wait<DEC_STAGES - 2>();
         __syncwarp();  // every lane's copies of chunk i are visible to the warp
         const int stage = i % DEC_STAGES;
-        const pa_u16* ks = my_ring + stage * 2 * TILE;
+        const pa_u16* ks = (const pa_u16*)(my_ring + stage * STAGE_BYTES);
         const pa_u16* vs = ks + TILE;
+        if (FP8) {
+            // Raw chunk -> this warp's 16-bit tiles. The previous chunk's reads of `conv`
+            // ended at the __syncwarp before the last refill.
+            const pa_u8* rk = my_ring + stage * STAGE_BYTES;
+#pragma unroll
+            for (int u = 0; u < 2 * PIECES8; ++u) {
+                const int kv = u / PIECES8;  // 0: K, 1: V
+                const int piece = lane + 32 * (u - kv * PIECES8);
+                const int j = piece / CH8;
+                const int c = piece - j * CH8;
+                const uint4 raw = *(const uint4*)(rk + kv * RAW + j * RS + c * 16);
+                const uint2 a = pd_fp8x4<BF16, KV>(raw.x);
+                const uint2 b = pd_fp8x4<BF16, KV>(raw.y);
+                const uint2 e = pd_fp8x4<BF16, KV>(raw.z);
+                const uint2 f = pd_fp8x4<BF16, KV>(raw.w);
+                uint4* dst = (uint4*)(conv + kv * TILE + j * S + c * 16);
+                dst[0] = make_uint4(a.x, a.y, b.x, b.y);
+                dst[1] = make_uint4(e.x, e.y, f.x, f.y);
+            }
+            __syncwarp();
+            ks = conv;
+            vs = conv + TILE;
+        }
         const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
 
         float s[2][4];
@@ -204,7 +295,7 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1;
                 const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
-                float x = s[j][e] * p.scale;
+                float x = s[j][e] * qk_scale;
                 if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
                 if (p.alibi != 0) x -= slope[r] * fabsf((float)(pos - kp));
                 x = (act[r] && kp >= lo && kp < hi) ? x : -PA_INF;
@@ -306,7 +397,8 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             wt[w] = mw == -PA_INF ? 0.0f : expf(mw - mm);
             z += wt[w] * red_l[w * 16 + r];
         }
-        const float inv = z > 0.0f ? 1.0f / z : 0.0f;
+        // fp8: v_scale, folded out of the values, applied here once.
+        const float inv = z > 0.0f ? (FP8 ? p.v_scale : 1.0f) / z : 0.0f;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; ++w) fac[w * 16 + r] = wt[w] * inv;
         row_lse[r] = z > 0.0f ? mm + logf(z) : -PA_INF;
@@ -438,9 +530,9 @@ __device__ __forceinline__ void pd_combine(const AttnParams& p, const int4* list
     }
 }
 
-#define PD_DEFINE(NAME, BF16, D)                                                          \
+#define PD_DEFINE(NAME, BF16, D, KV)                                                      \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(const AttnParams p) { \
-        pd_decode<BF16, D>(p);                                                            \
+        pd_decode<BF16, D, KV>(p);                                                        \
     }
 
 #define PD_COMBINE_DEFINE(D)                                                              \
@@ -449,16 +541,18 @@ __device__ __forceinline__ void pd_combine(const AttnParams& p, const int4* list
         pd_combine<D>(p, list);                                                           \
     }
 
-// The host compiles only the variant it needs (-DPD_D=128 -DPD_BF16=1); without the defines
-// every variant is built (the CI compile check).
+// The host compiles only the variant it needs (-DPD_D=128 -DPD_BF16=1 -DPD_KV=1); without
+// the defines every variant is built (the CI compile check). PD_KV: 0 = the activation dtype,
+// 1 = E4M3, 2 = E5M2.
 #ifdef PD_D
 #define PD_ALL 0
 #else
 #define PD_ALL 1
 #define PD_D 0
 #define PD_BF16 0
+#define PD_KV 0
 #endif
-#define PD_WANT(BF, D) (PD_ALL || (PD_D == (D) && PD_BF16 == (BF)))
+#define PD_WANT(BF, D, KV) (PD_ALL || (PD_D == (D) && PD_BF16 == (BF) && PD_KV == (KV)))
 #if PD_ALL || PD_D == 64
 PD_COMBINE_DEFINE(64)
 #endif
@@ -468,21 +562,58 @@ PD_COMBINE_DEFINE(96)
 #if PD_ALL || PD_D == 128
 PD_COMBINE_DEFINE(128)
 #endif
-#if PD_WANT(0, 64)
-PD_DEFINE(paged_decode_f16_d64, false, 64)
+// One entry point per (activation dtype, cache dtype, head size).
+#if PD_WANT(0, 64, 0)
+PD_DEFINE(paged_decode_f16_d64, false, 64, 0)
 #endif
-#if PD_WANT(0, 96)
-PD_DEFINE(paged_decode_f16_d96, false, 96)
+#if PD_WANT(0, 96, 0)
+PD_DEFINE(paged_decode_f16_d96, false, 96, 0)
 #endif
-#if PD_WANT(0, 128)
-PD_DEFINE(paged_decode_f16_d128, false, 128)
+#if PD_WANT(0, 128, 0)
+PD_DEFINE(paged_decode_f16_d128, false, 128, 0)
 #endif
-#if PD_WANT(1, 64)
-PD_DEFINE(paged_decode_bf16_d64, true, 64)
+#if PD_WANT(0, 64, 1)
+PD_DEFINE(paged_decode_f16_e4m3_d64, false, 64, 1)
 #endif
-#if PD_WANT(1, 96)
-PD_DEFINE(paged_decode_bf16_d96, true, 96)
+#if PD_WANT(0, 96, 1)
+PD_DEFINE(paged_decode_f16_e4m3_d96, false, 96, 1)
 #endif
-#if PD_WANT(1, 128)
-PD_DEFINE(paged_decode_bf16_d128, true, 128)
+#if PD_WANT(0, 128, 1)
+PD_DEFINE(paged_decode_f16_e4m3_d128, false, 128, 1)
+#endif
+#if PD_WANT(0, 64, 2)
+PD_DEFINE(paged_decode_f16_e5m2_d64, false, 64, 2)
+#endif
+#if PD_WANT(0, 96, 2)
+PD_DEFINE(paged_decode_f16_e5m2_d96, false, 96, 2)
+#endif
+#if PD_WANT(0, 128, 2)
+PD_DEFINE(paged_decode_f16_e5m2_d128, false, 128, 2)
+#endif
+#if PD_WANT(1, 64, 0)
+PD_DEFINE(paged_decode_bf16_d64, true, 64, 0)
+#endif
+#if PD_WANT(1, 96, 0)
+PD_DEFINE(paged_decode_bf16_d96, true, 96, 0)
+#endif
+#if PD_WANT(1, 128, 0)
+PD_DEFINE(paged_decode_bf16_d128, true, 128, 0)
+#endif
+#if PD_WANT(1, 64, 1)
+PD_DEFINE(paged_decode_bf16_e4m3_d64, true, 64, 1)
+#endif
+#if PD_WANT(1, 96, 1)
+PD_DEFINE(paged_decode_bf16_e4m3_d96, true, 96, 1)
+#endif
+#if PD_WANT(1, 128, 1)
+PD_DEFINE(paged_decode_bf16_e4m3_d128, true, 128, 1)
+#endif
+#if PD_WANT(1, 64, 2)
+PD_DEFINE(paged_decode_bf16_e5m2_d64, true, 64, 2)
+#endif
+#if PD_WANT(1, 96, 2)
+PD_DEFINE(paged_decode_bf16_e5m2_d96, true, 96, 2)
+#endif
+#if PD_WANT(1, 128, 2)
+PD_DEFINE(paged_decode_bf16_e5m2_d128, true, 128, 2)
 #endif

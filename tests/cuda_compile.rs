@@ -112,17 +112,20 @@ fn run_time_variants_select_their_entry_points() {
             &[name, "combine_splits"],
         );
     }
-    for (dtype, head_size) in [
-        (polyattn::DType::F16, 64),
-        (polyattn::DType::Bf16, 96),
-        (polyattn::DType::Bf16, 128),
+    use polyattn::DType::{Bf16, Fp8E4m3, Fp8E5m2, F16};
+    for (dtype, cache, head_size) in [
+        (F16, F16, 64),
+        (Bf16, Bf16, 96),
+        (Bf16, Bf16, 128),
+        (Bf16, Fp8E4m3, 128),
+        (F16, Fp8E5m2, 96),
     ] {
-        let [a, b] = kernels::decode_variant(dtype, head_size);
-        let name = kernels::decode_function_name(dtype, head_size).expect("variant");
+        let [a, b, c] = kernels::decode_variant(dtype, cache, head_size);
+        let name = kernels::decode_function_name(dtype, cache, head_size).expect("variant");
         let combine = kernels::decode_combine_name(head_size).expect("combine");
         check(
             &kernels::PAGED_DECODE,
-            &[a.as_str(), b.as_str()],
+            &[a.as_str(), b.as_str(), c.as_str()],
             &[name, combine],
         );
     }

@@ -298,6 +298,45 @@ fn decode_kernel_matches_reference() {
     }
 }
 
+/// fp8 caches (E4M3 / E5M2, with the non-unit k / v scales of the shared cases) against the
+/// reference: on the tensor-core decode kernel when `POLYATTN_CUDA_DECODE_FP8=1`, on the
+/// CUDA-core split-KV kernel otherwise (benches/h200.sh runs both).
+#[test]
+fn fp8_decode_matches_reference() {
+    let Some(b) = cuda("fp8_decode") else {
+        return;
+    };
+    let long = BatchSpec::new(&[(1, 3000), (1, 1), (1, 37), (1, 900)]);
+    let mixed = BatchSpec::new(&[(1, 300), (20, 500), (1, 1000), (3, 40), (1, 17)]);
+    let mut seed = 700;
+    for (dtype, cache, d, (h, hkv), bs) in [
+        (DType::Bf16, CacheDType::Fp8E4m3, 128, (32, 8), 16),
+        (DType::F16, CacheDType::Fp8E4m3, 128, (8, 1), 32),
+        (DType::F16, CacheDType::Fp8E5m2, 96, (6, 1), 32),
+        (DType::Bf16, CacheDType::Fp8E5m2, 64, (16, 1), 16),
+    ] {
+        for variant in ["plain", "sinks+alibi", "nhd"] {
+            let mut p = params(h, hkv, d, cache);
+            if variant == "sinks+alibi" {
+                p.sinks = Some((0..h).map(|i| 0.3 + (i % 7) as f32 * 0.4).collect());
+                p.alibi_slopes = Some((0..h).map(|i| 0.5f32.powi(i as i32 % 8 + 1)).collect());
+            }
+            let case = CaseConfig::new(p, dtype, bs);
+            for (name, spec) in [("long", &long), ("mixed", &mixed)] {
+                seed += 1;
+                check_layout(
+                    &b,
+                    &format!("fp8 decode {dtype} {cache} d{d} ({h},{hkv}) bs{bs} {variant} {name}"),
+                    &case,
+                    spec,
+                    seed,
+                    variant == "nhd",
+                );
+            }
+        }
+    }
+}
+
 /// A few decode-kernel cases (split with sinks and the combine, head chunks on an NHD cache,
 /// many unsplit decodes with a window), small enough for compute-sanitizer's racecheck.
 #[test]

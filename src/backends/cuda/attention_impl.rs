@@ -83,6 +83,21 @@ fn decode_enabled() -> bool {
     *ON.get_or_init(|| env_switch(DECODE_ENV, DECODE_DEFAULT))
 }
 
+/// The environment variable that lets the tensor-core decode kernel read fp8 caches (E4M3 /
+/// E5M2, converted to 16 bits in shared memory): `1|true|on|yes`; see [`DECODE_FP8_DEFAULT`].
+pub const DECODE_FP8_ENV: &str = "POLYATTN_CUDA_DECODE_FP8";
+
+/// Whether fp8 caches go to the tensor-core decode kernel when `POLYATTN_CUDA_DECODE_FP8` is
+/// unset: off. Its fp8 variants compile for sm_80 / sm_90 without spills (CI) but have not
+/// run on a GPU yet; fp8 decodes stay on the CUDA-core split-KV kernel until they pass
+/// tests/cuda_gpu.rs and the shared suite on the H200.
+pub const DECODE_FP8_DEFAULT: bool = false;
+
+fn decode_fp8_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_switch(DECODE_FP8_ENV, DECODE_FP8_DEFAULT))
+}
+
 /// `default` unless the variable `name` says `0|false|off|no` or `1|true|on|yes`.
 fn env_switch(name: &str, default: bool) -> bool {
     match std::env::var(name) {
@@ -224,12 +239,14 @@ impl CudaAttentionImpl {
     }
 
     /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations
-    /// with a cache of the same dtype, head size 64, 96 or 128, sm_80+.
+    /// with a cache of the same dtype (or an fp8 cache when `POLYATTN_CUDA_DECODE_FP8` allows
+    /// it), head size 64, 96 or 128, sm_80+.
     fn decode_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<&'static str> {
-        if !decode_enabled() || dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
+        let cache_ok = cache_dtype == dtype || (cache_dtype.is_fp8() && decode_fp8_enabled());
+        if !decode_enabled() || !cache_ok || self.device.compute_capability() < (8, 0) {
             return None;
         }
-        decode_function_name(dtype, self.params.head_size)
+        decode_function_name(dtype, cache_dtype, self.params.head_size)
     }
 
     /// The decode kernel `name` (variant of `dtype`), its shared-memory limit raised and its
@@ -238,11 +255,12 @@ impl CudaAttentionImpl {
         &self,
         name: &str,
         dtype: DType,
+        cache_dtype: DType,
     ) -> Result<(cudarc::driver::CudaFunction, usize)> {
         let d = self.params.head_size;
-        let [a, b] = decode_variant(dtype, d);
-        let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b], name)?;
-        let smem = decode_smem_bytes(d);
+        let [a, b, c] = decode_variant(dtype, cache_dtype, d);
+        let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b, &c], name)?;
+        let smem = decode_smem_bytes(d, cache_dtype);
         let slots = *self.decode_slots.get_or_init(|| {
             let sms = self.device.sm_count().max(1) as usize;
             let _ = f.set_attribute(
@@ -272,6 +290,7 @@ impl CudaAttentionImpl {
         md: &CudaAttentionMetadata,
         f: &cudarc::driver::CudaFunction,
         dtype: DType,
+        cache_dtype: DType,
     ) -> Result<()> {
         let items = match &plan.items_dev {
             Some(i) if !plan.items.is_empty() => i,
@@ -295,14 +314,14 @@ impl CudaAttentionImpl {
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
             block_dim: (DECODE_THREADS, 1, 1),
-            shared_mem_bytes: decode_smem_bytes(d),
+            shared_mem_bytes: decode_smem_bytes(d, cache_dtype),
         };
         kernels::launch(&self.device, f, cfg, &params, None)?;
         if let Some(list) = &plan.split_dev {
             let name = decode_combine_name(d)
                 .ok_or_else(|| Error::config(format!("no decode combine for head size {d}")))?;
-            let [a, b] = decode_variant(dtype, d);
-            let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b], name)?;
+            let [a, b, c] = decode_variant(dtype, cache_dtype, d);
+            let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b, &c], name)?;
             let cfg = LaunchConfig {
                 grid_dim: (n_split as u32, h as u32, 1),
                 block_dim: (DECODE_THREADS, 1, 1),
@@ -703,7 +722,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     usize::MAX
                 };
                 if let Some(name) = decode {
-                    let (f, slots) = self.decode_function(name, dtype)?;
+                    let (f, slots) = self.decode_function(name, dtype, cache_dtype)?;
                     let key = PlanKey {
                         max_q: decode_end,
                         rows: DECODE_ROWS_PER_ITEM,
@@ -711,7 +730,7 @@ impl AttentionImpl for CudaAttentionImpl {
                         ..key_for(Pass::Full, causal, false, true)
                     };
                     let plan = md.plan(&key)?;
-                    self.launch_decode(&plan, &base, md, &f, dtype)?;
+                    self.launch_decode(&plan, &base, md, &f, dtype, cache_dtype)?;
                 }
                 let short = PlanKey {
                     min_q: decode_end,

@@ -84,8 +84,8 @@ pub const PAGED_ATTENTION_MMA: KernelSource = KernelSource {
     ],
 };
 
-/// `paged_decode.cu` (split-KV decode on tensor cores; f16 / bf16 with a same-dtype cache,
-/// head sizes 64, 96, 128).
+/// `paged_decode.cu` (split-KV decode on tensor cores; f16 / bf16 with a same-dtype, E4M3 or
+/// E5M2 cache, head sizes 64, 96, 128).
 pub const PAGED_DECODE: KernelSource = KernelSource {
     name: "paged_decode",
     source: include_str!("../../../kernels-cuda/paged_decode.cu"),
@@ -93,9 +93,21 @@ pub const PAGED_DECODE: KernelSource = KernelSource {
         "paged_decode_f16_d64",
         "paged_decode_f16_d96",
         "paged_decode_f16_d128",
+        "paged_decode_f16_e4m3_d64",
+        "paged_decode_f16_e4m3_d96",
+        "paged_decode_f16_e4m3_d128",
+        "paged_decode_f16_e5m2_d64",
+        "paged_decode_f16_e5m2_d96",
+        "paged_decode_f16_e5m2_d128",
         "paged_decode_bf16_d64",
         "paged_decode_bf16_d96",
         "paged_decode_bf16_d128",
+        "paged_decode_bf16_e4m3_d64",
+        "paged_decode_bf16_e4m3_d96",
+        "paged_decode_bf16_e4m3_d128",
+        "paged_decode_bf16_e5m2_d64",
+        "paged_decode_bf16_e5m2_d96",
+        "paged_decode_bf16_e5m2_d128",
         "paged_decode_combine_d64",
         "paged_decode_combine_d96",
         "paged_decode_combine_d128",
@@ -117,10 +129,11 @@ pub const PROBES: KernelSource = KernelSource {
 };
 
 /// Every kernel source, for compile checks.
-pub const ALL_SOURCES: [KernelSource; 6] = [
+pub const ALL_SOURCES: [KernelSource; 7] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
+    PAGED_DECODE,
     MERGE_STATES,
     PROBES,
     crate::compute::CUDA_MODEL_OPS,
@@ -425,12 +438,23 @@ pub fn mma_variant(dtype: DType, head_size: usize) -> [String; 2] {
     ]
 }
 
-/// The `-D` options that build only the decode variant for `dtype` and `head_size` (see
-/// paged_decode.cu).
-pub fn decode_variant(dtype: DType, head_size: usize) -> [String; 2] {
+/// The decode kernel's code for a cache dtype (`PD_KV`): 0 for a cache of the activation
+/// dtype, 1 for E4M3, 2 for E5M2.
+fn decode_kv_code(cache_dtype: DType) -> u32 {
+    match cache_dtype {
+        DType::Fp8E4m3 => 1,
+        DType::Fp8E5m2 => 2,
+        _ => 0,
+    }
+}
+
+/// The `-D` options that build only the decode variant for `dtype`, `cache_dtype` and
+/// `head_size` (see paged_decode.cu).
+pub fn decode_variant(dtype: DType, cache_dtype: DType, head_size: usize) -> [String; 3] {
     [
         format!("-DPD_D={head_size}"),
         format!("-DPD_BF16={}", i32::from(dtype == DType::Bf16)),
+        format!("-DPD_KV={}", decode_kv_code(cache_dtype)),
     ]
 }
 
@@ -713,11 +737,19 @@ pub const DECODE_STAGES: usize = 3;
 pub const DECODE_KEYS_PER_CHUNK: usize = 16;
 
 /// Dynamic shared memory of the decode kernel: Q `[16][D+8]` and, per warp, `DECODE_STAGES`
-/// stages of K and V `[16][D+8]`, 16-bit elements.
-pub fn decode_smem_bytes(head_size: usize) -> u32 {
+/// stages of K and V `[16][D+8]`, 16-bit elements; for an fp8 `cache_dtype`, per warp
+/// `DECODE_STAGES` stages of raw K and V `[16][D+16]` bytes and one converted K and V
+/// `[16][D+8]` tile.
+pub fn decode_smem_bytes(head_size: usize, cache_dtype: DType) -> u32 {
     let row = (head_size + 8) * 2;
-    (16 * row + (DECODE_THREADS as usize / 32) * DECODE_STAGES * 2 * DECODE_KEYS_PER_CHUNK * row)
-        as u32
+    let warps = DECODE_THREADS as usize / 32;
+    let tile = DECODE_KEYS_PER_CHUNK * row;
+    let per_warp = if cache_dtype.is_fp8() {
+        DECODE_STAGES * 2 * DECODE_KEYS_PER_CHUNK * (head_size + 16) + 2 * tile
+    } else {
+        DECODE_STAGES * 2 * tile
+    };
+    (16 * row + warps * per_warp) as u32
 }
 
 /// The decode kernel's split combine for `head_size` (in the module of every decode variant
@@ -727,14 +759,25 @@ pub fn decode_combine_name(head_size: usize) -> Option<&'static str> {
     PAGED_DECODE.functions.iter().find(|f| **f == want).copied()
 }
 
-/// The decode entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
-pub fn decode_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+/// The decode entry point for `dtype` (f16 / bf16), `cache_dtype` (`dtype`, E4M3 or E5M2)
+/// and `head_size` (64, 96, 128).
+pub fn decode_function_name(
+    dtype: DType,
+    cache_dtype: DType,
+    head_size: usize,
+) -> Option<&'static str> {
     let t = match dtype {
         DType::F16 => "f16",
         DType::Bf16 => "bf16",
         _ => return None,
     };
-    let want = format!("paged_decode_{t}_d{head_size}");
+    let kv = match cache_dtype {
+        c if c == dtype => "",
+        DType::Fp8E4m3 => "_e4m3",
+        DType::Fp8E5m2 => "_e5m2",
+        _ => return None,
+    };
+    let want = format!("paged_decode_{t}{kv}_d{head_size}");
     PAGED_DECODE.functions.iter().find(|f| **f == want).copied()
 }
 
@@ -883,14 +926,28 @@ mod tests {
         );
         // Q [16][136] + 4 warps x 3 stages x (K + V) [16][136], 2 bytes each.
         assert_eq!(
-            decode_smem_bytes(128),
+            decode_smem_bytes(128, DType::Bf16),
             16 * 136 * 2 + 4 * 3 * 2 * 16 * 136 * 2
         );
+        // fp8: Q, then 4 warps x (3 stages x raw K + V [16][144] bytes + K, V [16][136] x 2).
         assert_eq!(
-            decode_function_name(DType::Bf16, 128),
+            decode_smem_bytes(128, DType::Fp8E4m3),
+            16 * 136 * 2 + 4 * (3 * 2 * 16 * 144 + 2 * 16 * 136 * 2)
+        );
+        assert_eq!(
+            decode_function_name(DType::Bf16, DType::Bf16, 128),
             Some("paged_decode_bf16_d128")
         );
-        assert_eq!(decode_function_name(DType::F32, 128), None);
-        assert_eq!(decode_function_name(DType::F16, 256), None);
+        assert_eq!(
+            decode_function_name(DType::F16, DType::Fp8E5m2, 96),
+            Some("paged_decode_f16_e5m2_d96")
+        );
+        assert_eq!(
+            decode_variant(DType::Bf16, DType::Fp8E4m3, 64),
+            ["-DPD_D=64", "-DPD_BF16=1", "-DPD_KV=1"]
+        );
+        assert_eq!(decode_function_name(DType::F16, DType::Bf16, 128), None);
+        assert_eq!(decode_function_name(DType::F32, DType::F32, 128), None);
+        assert_eq!(decode_function_name(DType::F16, DType::F16, 256), None);
     }
 }
