@@ -1,11 +1,13 @@
 // paged_attention.wgsl — attention of one tile of query rows against one KV head, with
 // online softmax (FlashAttention's algorithm), for mixed prefill / decode batches.
 //
-// Specialisation (a generated header, see src/backends/wgpu/shader_gen.rs): head size D
+// Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
 // (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
-// Loops marked `// @unroll` (over RPT_A / RPT_C) are unrolled by the generator
+// Register blocking: KPT keys per thread (KL key lanes, RGA row groups, RPT_A rows each) in
+// phase A; CPT vec4 columns per thread (CL column lanes, RGC row groups, RPT_C rows each) in
+// phase C. Loops marked `// @unroll` (over those counts) are unrolled by the generator
 // (`shaders::unroll`), so the per-thread score and accumulator arrays live in registers.
 // The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4` and `key_base`;
 // `softmax_rows` and the `Inputs` struct come from softmax_serial.wgsl or
@@ -114,15 +116,19 @@ fn main(inp: Inputs) {
     let lo = range.x;
     let hi = range.y;
 
-    // Phase A mapping: key a_j, rows a_rg + k·RGA. Phase C: column c_col, rows c_rg + k·RGC.
-    let a_j = t % BN;
-    let a_rg = t / BN;
-    let c_col = t % D4;
-    let c_rg = t / D4;
-    var acc: array<vec4<f32>, RPT_C>;
+    // Register blocks. Phase A: keys a_j + i·KL (i < KPT) of rows a_rg + k·RGA (k < RPT_A).
+    // Phase C: vec4 columns c_col + i·CL (i < CPT) of rows c_rg + k·RGC (k < RPT_C). Each
+    // shared-memory load then feeds KPT (or RPT_A, RPT_C, CPT) dot products instead of one;
+    // lanes of one warp read distinct K / V rows (A) or adjacent vec4s (C) and share the
+    // Q / probability rows (broadcast).
+    let a_j = t % KL;
+    let a_rg = t / KL;
+    let c_col = t % CL;
+    let c_rg = t / CL;
+    var acc: array<vec4<f32>, RPT_C * CPT>;
     // @unroll
-    for (var k = 0u; k < RPT_C; k = k + 1u) {
-        acc[k] = vec4<f32>(0.0);
+    for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
+        acc[e] = vec4<f32>(0.0);
     }
     workgroupBarrier();
 
@@ -143,20 +149,26 @@ fn main(inp: Inputs) {
         }
         workgroupBarrier();
 
-        // Phase A: S = Q·K^T.
+        // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
+        // discarded by phase B); rows past BM are clamped and not stored.
         if a_rg < RGA {
-            var s: array<f32, RPT_A>;
+            var s: array<f32, RPT_A * KPT>;
             // @unroll
-            for (var k = 0u; k < RPT_A; k = k + 1u) {
-                s[k] = 0.0;
+            for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
+                s[e] = 0.0;
             }
             for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
-                let kk = kv_s[a_j * KV_ROW + d4];
+                var kk: array<vec4<f32>, KPT>;
+                // @unroll
+                for (var i = 0u; i < KPT; i = i + 1u) {
+                    kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
+                }
                 // @unroll
                 for (var k = 0u; k < RPT_A; k = k + 1u) {
-                    let r = a_rg + k * RGA;
-                    if r < n_rows {
-                        s[k] = s[k] + dot(q_s[r * D4 + d4], kk);
+                    let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];
+                    // @unroll
+                    for (var i = 0u; i < KPT; i = i + 1u) {
+                        s[k * KPT + i] = s[k * KPT + i] + dot(qq, kk[i]);
                     }
                 }
             }
@@ -164,7 +176,10 @@ fn main(inp: Inputs) {
             for (var k = 0u; k < RPT_A; k = k + 1u) {
                 let r = a_rg + k * RGA;
                 if r < BM {
-                    s_s[r * S_ROW + a_j] = s[k];
+                    // @unroll
+                    for (var i = 0u; i < KPT; i = i + 1u) {
+                        s_s[r * S_ROW + a_j + i * KL] = s[k * KPT + i];
+                    }
                 }
             }
         }
@@ -183,22 +198,29 @@ fn main(inp: Inputs) {
         }
         workgroupBarrier();
 
-        // Phase C: acc = acc·α + P·V.
+        // Phase C: acc = acc·α + P·V. Rows past n_rows have zero probabilities and are
+        // never stored; rows past BM are clamped.
         if c_rg < RGC {
             // @unroll
             for (var k = 0u; k < RPT_C; k = k + 1u) {
-                let r = c_rg + k * RGC;
-                if r < n_rows {
-                    acc[k] = acc[k] * a_s[r];
+                let alpha = a_s[min(c_rg + k * RGC, BM - 1u)];
+                // @unroll
+                for (var i = 0u; i < CPT; i = i + 1u) {
+                    acc[k * CPT + i] = acc[k * CPT + i] * alpha;
                 }
             }
             for (var j = 0u; j < cn; j = j + 1u) {
-                let vv = kv_s[j * KV_ROW + c_col];
+                var vv: array<vec4<f32>, CPT>;
+                // @unroll
+                for (var i = 0u; i < CPT; i = i + 1u) {
+                    vv[i] = kv_s[j * KV_ROW + c_col + i * CL];
+                }
                 // @unroll
                 for (var k = 0u; k < RPT_C; k = k + 1u) {
-                    let r = c_rg + k * RGC;
-                    if r < n_rows {
-                        acc[k] = acc[k] + s_s[r * S_ROW + j] * vv;
+                    let pk = s_s[min(c_rg + k * RGC, BM - 1u) * S_ROW + j];
+                    // @unroll
+                    for (var i = 0u; i < CPT; i = i + 1u) {
+                        acc[k * CPT + i] = acc[k * CPT + i] + pk * vv[i];
                     }
                 }
             }
@@ -217,11 +239,14 @@ fn main(inp: Inputs) {
                 let head = head_s[r];
                 let tok = tok_start + (row_start + r) / g;
                 if slot == DIRECT {
-                    var o = vec4<f32>(0.0);
-                    if l > 0.0 {
-                        o = acc[k] / l;
+                    // @unroll
+                    for (var i = 0u; i < CPT; i = i + 1u) {
+                        var o = vec4<f32>(0.0);
+                        if l > 0.0 {
+                            o = acc[k * CPT + i] / l;
+                        }
+                        out_store4((tok * H + head) * D + (c_col + i * CL) * 4u, o);
                     }
-                    out_store4((tok * H + head) * D + c_col * 4u, o);
                     if c_col == 0u && (params.flags & WRITE_LSE) != 0u {
                         var bits = NEG_INF_BITS;
                         if l > 0.0 {
@@ -231,7 +256,10 @@ fn main(inp: Inputs) {
                     }
                 } else {
                     let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
-                    scratch[prow * D4 + c_col] = acc[k];
+                    // @unroll
+                    for (var i = 0u; i < CPT; i = i + 1u) {
+                        scratch[prow * D4 + c_col + i * CL] = acc[k * CPT + i];
+                    }
                     if c_col == 0u {
                         scratch[params.ml_offset + prow] = vec4<f32>(m, l, 0.0, 0.0);
                     }

@@ -312,6 +312,48 @@ pub fn choose_tile(head_size: u32, max_shared_bytes: u32, kind: TileKind) -> Opt
         .find(|&(m, n)| attention_shared_bytes(head_size, m, n) <= max_shared_bytes)
 }
 
+/// How `paged_attention.wgsl` spreads a tile over its [`ATTENTION_WORKGROUP`] threads: in
+/// phase A (scores) each thread computes `keys_per_thread` keys of `ceil(BM /
+/// score_row_groups)` rows, in phase C (P·V) `cols_per_thread` vec4 columns of `ceil(BM /
+/// out_row_groups)` rows. Why blocks: every shared-memory load then feeds several dot
+/// products (a 4 × 4 block of a 64 × 32 tile loads 8 vec4s for 16 dot products, where one
+/// key per thread loaded 17).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionBlocking {
+    /// Keys per thread in phase A (divides BN).
+    pub keys_per_thread: u32,
+    /// Threads sharing a row group in phase A: BN / keys_per_thread.
+    pub key_lanes: u32,
+    /// Row groups in phase A: WG / key_lanes.
+    pub score_row_groups: u32,
+    /// vec4 output columns per thread in phase C (divides D / 4).
+    pub cols_per_thread: u32,
+    /// Threads sharing a row group in phase C: (D / 4) / cols_per_thread.
+    pub col_lanes: u32,
+    /// Row groups in phase C: WG / col_lanes.
+    pub out_row_groups: u32,
+}
+
+impl AttentionBlocking {
+    /// The blocking for `d4` vec4 columns and tiles of `block_n` keys.
+    pub fn new(d4: u32, block_n: u32) -> Self {
+        let wg = ATTENTION_WORKGROUP;
+        let divisor = |n: u32| [4u32, 2, 1].into_iter().find(|k| n % k == 0).unwrap_or(1);
+        let keys_per_thread = divisor(block_n);
+        let key_lanes = block_n / keys_per_thread;
+        let cols_per_thread = divisor(d4);
+        let col_lanes = d4 / cols_per_thread;
+        AttentionBlocking {
+            keys_per_thread,
+            key_lanes,
+            score_row_groups: (wg / key_lanes).max(1),
+            cols_per_thread,
+            col_lanes,
+            out_row_groups: (wg / col_lanes).max(1),
+        }
+    }
+}
+
 /// One specialisation of `paged_attention.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionShader {
@@ -364,8 +406,7 @@ impl AttentionShader {
     pub fn source(&self) -> String {
         let wg = ATTENTION_WORKGROUP;
         let d4 = self.head_size / 4;
-        let rga = (wg / self.block_n).max(1);
-        let rgc = (wg / d4).max(1);
+        let b = AttentionBlocking::new(d4, self.block_n);
         let mut s = format!("// generated: {}\n", self.key());
         let c = [
             ("D", self.head_size),
@@ -375,10 +416,14 @@ impl AttentionShader {
             ("WG", wg),
             ("KV_ROW", d4 + 1),
             ("S_ROW", self.block_n + 1),
-            ("RGA", rga),
-            ("RPT_A", self.block_m.div_ceil(rga)),
-            ("RGC", rgc),
-            ("RPT_C", self.block_m.div_ceil(rgc)),
+            ("KPT", b.keys_per_thread),
+            ("KL", b.key_lanes),
+            ("RGA", b.score_row_groups),
+            ("RPT_A", self.block_m.div_ceil(b.score_row_groups)),
+            ("CPT", b.cols_per_thread),
+            ("CL", b.col_lanes),
+            ("RGC", b.out_row_groups),
+            ("RPT_C", self.block_m.div_ceil(b.out_row_groups)),
         ];
         s += &consts(&c);
         s += &buffer("q", 1, self.q_dtype, Access::Read);
