@@ -9,7 +9,7 @@
 
 use crate::backend::{AttentionBackend, AttentionType, BackendRef, SelectorConfig};
 use crate::device::Tensor;
-use crate::dtype::CacheDType;
+use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::metadata::{AttentionMetadata, AttentionMetadataBuilder};
@@ -200,6 +200,23 @@ impl AttentionParams {
             )));
         }
         Ok(())
+    }
+
+    /// Checks the inputs of a KV-cache update (`do_kv_cache_update`) and returns their dtype:
+    /// the key's, which must be an activation dtype (f32, f16, bf16); key and value must both
+    /// be `[≥rows, num_kv_heads, head_size]` of it.
+    pub fn check_kv_update(&self, key: &Tensor, value: &Tensor, rows: usize) -> Result<DType> {
+        let dtype = key.dtype();
+        if !dtype.is_activation() {
+            return Err(Error::DType {
+                what: "key",
+                got: dtype.to_string(),
+                expected: "f32, f16 or bf16".into(),
+            });
+        }
+        self.check_kv_input("key", key, rows, dtype)?;
+        self.check_kv_input("value", value, rows, dtype)?;
+        Ok(dtype)
     }
 
     /// Checks a key or value input: `[≥rows, num_kv_heads, head_size]` of `dtype`.

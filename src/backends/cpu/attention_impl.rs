@@ -158,18 +158,8 @@ impl AttentionImpl for CpuAttentionImpl {
         metadata: &dyn AttentionMetadata,
     ) -> Result<()> {
         let md = self.metadata(metadata)?;
-        let dtype = key.dtype();
-        if !dtype.is_activation() {
-            return Err(Error::DType {
-                what: "key",
-                got: dtype.to_string(),
-                expected: "f32, f16 or bf16".into(),
-            });
-        }
         let slots = md.common.slot_mapping_cpu();
-        self.params.check_kv_input("key", key, slots.len(), dtype)?;
-        self.params
-            .check_kv_input("value", value, slots.len(), dtype)?;
+        let dtype = self.params.check_kv_update(key, value, slots.len())?;
         self.check_cache(kv_cache, dtype, md)?;
         let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, dtype)?;
         let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, dtype)?;

@@ -536,17 +536,10 @@ impl AttentionImpl for CudaAttentionImpl {
     ) -> Result<()> {
         let md = self.metadata(metadata)?;
         let p = &self.params;
-        let dtype = key.dtype();
-        if !dtype.is_activation() {
-            return Err(Error::DType {
-                what: "key",
-                got: dtype.to_string(),
-                expected: "f32, f16 or bf16".into(),
-            });
-        }
         let n = md.common.slot_mapping_cpu().len();
-        let k = self.check_kv_input("key", key, n, dtype)?;
-        let v = self.check_kv_input("value", value, n, dtype)?;
+        let dtype = p.check_kv_update(key, value, n)?;
+        let k = tensor_ptr(&self.device, key, "key")?;
+        let v = tensor_ptr(&self.device, value, "value")?;
         let cache = self.check_cache(kv_cache, dtype, md)?;
         if n == 0 {
             return Ok(());

@@ -326,17 +326,8 @@ impl WgpuAttentionImpl {
         kv_cache: &KvCache,
         md: &WgpuAttentionMetadata,
     ) -> Result<()> {
-        let dtype = key.dtype();
-        if !dtype.is_activation() {
-            return Err(Error::DType {
-                what: "key",
-                got: dtype.to_string(),
-                expected: "f32, f16 or bf16".into(),
-            });
-        }
         let rows = md.common.slot_mapping_cpu().len();
-        self.params.check_kv_input("key", key, rows, dtype)?;
-        self.params.check_kv_input("value", value, rows, dtype)?;
+        let dtype = self.params.check_kv_update(key, value, rows)?;
         self.check_cache(kv_cache, dtype, md)
     }
 
