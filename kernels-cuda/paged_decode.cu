@@ -88,10 +88,14 @@ __device__ __forceinline__ uint2 pd_fp8x4(pa_u32 w) {
 #endif
     }
     if (!BF16) return make_uint2(h[0], h[1]);
-    uint2 r;
-    r.x = ptx_pack2<true>(pa_f16_to_f32((pa_u16)(h[0] & 0xffffu)), pa_f16_to_f32((pa_u16)(h[0] >> 16)));
-    r.y = ptx_pack2<true>(pa_f16_to_f32((pa_u16)(h[1] & 0xffffu)), pa_f16_to_f32((pa_u16)(h[1] >> 16)));
-    return r;
+    pa_u32 r[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const float lo = pa_f16_to_f32((pa_u16)(h[k] & 0xffffu));
+        const float hi = pa_f16_to_f32((pa_u16)(h[k] >> 16));
+        r[k] = ptx_pack2<true>(lo, hi);
+    }
+    return make_uint2(r[0], r[1]);
 }
 
 template <bool BF16, int D, int KV>
