@@ -1084,6 +1084,46 @@ mod tests {
     }
 
     #[test]
+    fn blocking_divides_the_tile_and_fits_the_workgroup() {
+        let wg = ATTENTION_WORKGROUP;
+        // The main GPU tile: 4 x 4 score blocks and 4 x 4 output blocks for D = 128, 64 x 32.
+        let b = AttentionBlocking::new(32, 32);
+        assert_eq!(
+            (b.keys_per_thread, b.key_lanes, b.score_row_groups),
+            (4, 8, 16)
+        );
+        assert_eq!(
+            (b.cols_per_thread, b.col_lanes, b.out_row_groups),
+            (4, 8, 16)
+        );
+        // Every tile choose_tile can pick (workgroup memory of lavapipe, most GPUs, NVIDIA).
+        let limits = [16 * 1024, 32 * 1024, 48 * 1024];
+        for d in (4..=512).step_by(4) {
+            let d4 = d / 4;
+            let tiles = limits.iter().flat_map(|&limit| {
+                [TileKind::Prefill, TileKind::Decode]
+                    .into_iter()
+                    .filter_map(move |k| choose_tile(d, limit, k))
+            });
+            for (m, n) in tiles {
+                let b = AttentionBlocking::new(d4, n);
+                assert_eq!(b.keys_per_thread * b.key_lanes, n, "d{d} {m}x{n}");
+                assert_eq!(b.cols_per_thread * b.col_lanes, d4, "d{d} {m}x{n}");
+                assert!(b.key_lanes * b.score_row_groups <= wg, "d{d} {m}x{n}");
+                assert!(b.col_lanes * b.out_row_groups <= wg, "d{d} {m}x{n}");
+                // Per-thread blocks stay register-sized: at most 16 scores and 16 vec4
+                // accumulators (what the 64 x 32 tile at D = 128 uses).
+                let scores = m.div_ceil(b.score_row_groups) * b.keys_per_thread;
+                let accs = m.div_ceil(b.out_row_groups) * b.cols_per_thread;
+                assert!(
+                    scores <= 16 && accs <= 16,
+                    "d{d} {m}x{n}: {scores} scores, {accs} accs"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn keys_name_every_field() {
         let a = AttentionShader {
             head_size: 64,
