@@ -104,16 +104,18 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     constexpr int S = D + 8;                 // shared row stride in elements
     constexpr int KT = D / 16;               // k16 steps of Q K^T
     constexpr int NT = D / 8;                // n8 tiles of O
-    constexpr int CH = D / 8;                // 16-byte pieces per row
+    constexpr int CH = D / 8;                // 16-byte pieces per 16-bit row
     constexpr int TILE = DEC_KEYS * S;       // elements of one K (or V) stage
-    constexpr int PIECES = DEC_KEYS * CH / 32;  // 16-byte pieces per lane per K (or V) chunk
-    constexpr int RS = D + 16;               // fp8: raw row stride in bytes
-    constexpr int CH8 = D / 16;              // fp8: 16-byte pieces per row
-    constexpr int PIECES8 = DEC_KEYS * CH8 / 32;
-    constexpr int RAW = DEC_KEYS * RS;       // fp8: bytes of one raw K (or V) stage
-    constexpr int STAGE_BYTES = FP8 ? 2 * RAW : 2 * TILE * 2;
-    static_assert(D % 16 == 0 && (DEC_KEYS * CH) % 32 == 0, "head size");
-    static_assert((DEC_KEYS * CH8) % 32 == 0, "head size (fp8)");
+    // The ring as the cache stores it: EB bytes per element, rows of RS bytes (16-byte
+    // aligned, padded against bank conflicts), CHB 16-byte pieces per row, PIECES per lane
+    // per K (or V) chunk, RAW bytes per K (or V) stage.
+    constexpr int EB = FP8 ? 1 : 2;
+    constexpr int RS = FP8 ? D + 16 : S * 2;
+    constexpr int CHB = D * EB / 16;
+    constexpr int PIECES = DEC_KEYS * CHB / 32;
+    constexpr int RAW = DEC_KEYS * RS;
+    constexpr int STAGE_BYTES = 2 * RAW;
+    static_assert(D % 16 == 0 && (DEC_KEYS * (D / 16)) % 32 == 0, "head size");
     extern __shared__ uint4 pd_smem[];
     pa_u16* q_s = (pa_u16*)pd_smem;          // [16][S]
     pa_u8* ring = (pa_u8*)(q_s + 16 * S);    // [DEC_WARPS][DEC_STAGES] stages of STAGE_BYTES
@@ -158,39 +160,21 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
                                              p.num_kv_heads, D, p.layout_hnd);
         const pa_i64 v_off = pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
                                              p.num_kv_heads, D, p.layout_hnd);
-        if (FP8) {
-            // Element offsets are byte offsets; rows of D bytes, D a multiple of 16.
-            const pa_u8* kb = (const pa_u8*)p.cache + k_off;
-            const pa_u8* vb = (const pa_u8*)p.cache + v_off;
-            pa_u8* ks = my_ring + stage * STAGE_BYTES;
-            pa_u8* vs = ks + RAW;
-#pragma unroll
-            for (int u = 0; u < PIECES8; ++u) {
-                const int piece = lane + 32 * u;
-                const int j = piece / CH8;
-                const int c = piece - j * CH8;
-                const int kp = c0 + j;
-                const int bytes = (kp >= lo && kp < hi) ? 16 : 0;
-                const pa_i64 o = j * row_stride + c * 16;
-                ptx_cp_async16(ptx_smem_addr(ks + j * RS + c * 16), kb + o, bytes);
-                ptx_cp_async16(ptx_smem_addr(vs + j * RS + c * 16), vb + o, bytes);
-            }
-            return;
-        }
-        const pa_u16* kb = (const pa_u16*)p.cache + k_off;
-        const pa_u16* vb = (const pa_u16*)p.cache + v_off;
-        pa_u16* ks = (pa_u16*)(my_ring + stage * STAGE_BYTES);
-        pa_u16* vs = ks + TILE;
+        // Element offsets times EB are byte offsets; rows of D * EB bytes, a multiple of 16.
+        const pa_u8* kb = (const pa_u8*)p.cache + k_off * EB;
+        const pa_u8* vb = (const pa_u8*)p.cache + v_off * EB;
+        pa_u8* ks = my_ring + stage * STAGE_BYTES;
+        pa_u8* vs = ks + RAW;
 #pragma unroll
         for (int u = 0; u < PIECES; ++u) {
             const int piece = lane + 32 * u;
-            const int j = piece / CH;
-            const int c = piece - j * CH;
+            const int j = piece / CHB;
+            const int c = piece - j * CHB;
             const int kp = c0 + j;
             const int bytes = (kp >= lo && kp < hi) ? 16 : 0;
-            const pa_i64 o = j * row_stride + c * 8;
-            ptx_cp_async16(ptx_smem_addr(ks + j * S + c * 8), kb + o, bytes);
-            ptx_cp_async16(ptx_smem_addr(vs + j * S + c * 8), vb + o, bytes);
+            const pa_i64 o = (j * row_stride) * EB + c * 16;
+            ptx_cp_async16(ptx_smem_addr(ks + j * RS + c * 16), kb + o, bytes);
+            ptx_cp_async16(ptx_smem_addr(vs + j * RS + c * 16), vb + o, bytes);
         }
     };
 
@@ -249,6 +233,17 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
     const int v_col = 8 * (lane >> 4);
 
+    // Issues chunk i + DEC_STAGES - 1 into the stage chunk i - 1 used (one commit group per
+    // chunk, empty past the end, so that wait<DEC_STAGES - 2> always means "chunk i landed").
+    auto refill = [&](int i) {
+        const int nx = i + DEC_STAGES - 1;
+        if (nx < my_n) {
+            issue(nx, nx % DEC_STAGES, next_block);
+            if (nx + 1 < my_n) next_block = block_of(nx + 1);
+        }
+        ptx_cp_async_commit();
+    };
+
     // 2-3. This warp's chunks through its ring.
     for (int i = 0; i < my_n; ++i) {
         ptx_cp_async_wait<DEC_STAGES - 2>();
@@ -261,11 +256,11 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             // ended at the __syncwarp before the last refill.
             const pa_u8* rk = my_ring + stage * STAGE_BYTES;
 #pragma unroll
-            for (int u = 0; u < 2 * PIECES8; ++u) {
-                const int kv = u / PIECES8;  // 0: K, 1: V
-                const int piece = lane + 32 * (u - kv * PIECES8);
-                const int j = piece / CH8;
-                const int c = piece - j * CH8;
+            for (int u = 0; u < 2 * PIECES; ++u) {
+                const int kv = u / PIECES;  // 0: K, 1: V
+                const int piece = lane + 32 * (u - kv * PIECES);
+                const int j = piece / CHB;
+                const int c = piece - j * CHB;
                 const uint4 raw = *(const uint4*)(rk + kv * RAW + j * RS + c * 16);
                 const uint2 a = pd_fp8x4<BF16, KV>(raw.x);
                 const uint2 b = pd_fp8x4<BF16, KV>(raw.y);
@@ -278,6 +273,9 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             __syncwarp();
             ks = conv;
             vs = conv + TILE;
+            // This raw stage is converted (and stage (i - 1) % DEC_STAGES long since): the
+            // next copies can fly while this chunk's mma work runs.
+            refill(i);
         }
         const int c0 = c_begin + DEC_KEYS * (warp + DEC_WARPS * i);
 
@@ -348,13 +346,8 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             ptx_mma<BF16>(o[n + 1], a, b2, b3);
         }
 
-        __syncwarp();  // every lane is done reading the stage refilled below
-        const int nx = i + DEC_STAGES - 1;
-        if (nx < my_n) {
-            issue(nx, nx % DEC_STAGES, next_block);
-            if (nx + 1 < my_n) next_block = block_of(nx + 1);
-        }
-        ptx_cp_async_commit();
+        __syncwarp();  // every lane is done reading the stage (fp8: the conv tile)
+        if (!FP8) refill(i);
     }
 
     // 4. In-CTA merge of the warps' states, through shared memory (the rings are free once
