@@ -360,6 +360,30 @@ fn relative_to(svg: &std::path::Path, md: &std::path::Path) -> String {
 
 /// The command line, with the program's folder dropped and a `cargo bench` binary
 /// (`cpu_attention-<hash>`) named as cargo runs it.
+/// Appends to a timed row's note the kernel switches of its backend that were set for the
+/// run (`POLYATTN_CUDA_*` for `CUDA` rows, `POLYATTN_WGPU_*` for `WGPU` rows, …). Why: tuning
+/// runs set these variables, and a row measured with a non-default kernel must say so in
+/// RESULTS.md instead of passing for the default.
+fn label_kernel_switches(row: &mut report::Row, vars: impl Iterator<Item = (String, String)>) {
+    if row.status != report::Status::Ok {
+        return;
+    }
+    let prefix = format!("POLYATTN_{}_", row.backend.to_ascii_uppercase());
+    let mut set: Vec<String> = vars
+        .filter(|(k, _)| k.starts_with(&prefix) && k != "POLYATTN_CUDA_DEVICE")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if set.is_empty() {
+        return;
+    }
+    set.sort();
+    let with = format!("with {}", set.join(" "));
+    row.note = Some(match row.note.take() {
+        Some(n) => format!("{n}; {with}"),
+        None => with,
+    });
+}
+
 fn command_line() -> String {
     let mut args: Vec<String> = std::env::args().collect();
     if let Some(first) = args.first_mut() {
@@ -812,6 +836,9 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
     progress.show("done");
     progress.finish();
     machine.finish();
+    for row in &mut rows {
+        label_kernel_switches(row, std::env::vars());
+    }
     Ok(BenchFile {
         schema: SCHEMA.into(),
         generator: format!("polyattn bench {}", env!("CARGO_PKG_VERSION")),
@@ -912,4 +939,61 @@ fn check_finite(t: &crate::device::Tensor) -> Result<()> {
         return Err(Error::config("the kernel left its output all zeros"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(backend: &str, status: &str, note: Option<&str>) -> report::Row {
+        let mut v = serde_json::json!({
+            "id": "P2.b1s1k.p16", "group": "P2", "family": "prefill", "shape": "s",
+            "backend": backend, "device": "d", "dtype": "bf16", "kv_dtype": "auto",
+            "status": status, "flops": 1.0, "bytes": 1.0,
+        });
+        if let Some(n) = note {
+            v["note"] = n.into();
+        }
+        serde_json::from_value(v).expect("row")
+    }
+
+    fn vars(v: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn rows_name_the_kernel_switches_of_their_backend() {
+        let env = [
+            ("POLYATTN_WGPU_UNROLL", "0"),
+            ("POLYATTN_CUDA_MMA_STAGES", "2"),
+            ("POLYATTN_CUDA_DECODE_FP8", "1"),
+            ("POLYATTN_CUDA_DEVICE", "0"),
+            ("PATH", "/bin"),
+        ];
+        let mut cuda = row("CUDA", "ok", None);
+        label_kernel_switches(&mut cuda, vars(&env));
+        assert_eq!(
+            cuda.note.as_deref(),
+            Some("with POLYATTN_CUDA_DECODE_FP8=1 POLYATTN_CUDA_MMA_STAGES=2")
+        );
+        let mut wgpu = row("WGPU", "ok", Some("split-KV"));
+        label_kernel_switches(&mut wgpu, vars(&env));
+        assert_eq!(
+            wgpu.note.as_deref(),
+            Some("split-KV; with POLYATTN_WGPU_UNROLL=0")
+        );
+        // Other backends, untimed rows and runs without switches keep their notes.
+        let mut cpu = row("CPU", "ok", None);
+        label_kernel_switches(&mut cpu, vars(&env));
+        assert_eq!(cpu.note, None);
+        let mut skipped = row("CUDA", "skipped", Some("too large"));
+        label_kernel_switches(&mut skipped, vars(&env));
+        assert_eq!(skipped.note.as_deref(), Some("too large"));
+        let mut plain = row("CUDA", "ok", None);
+        label_kernel_switches(&mut plain, vars(&[("PATH", "/bin")]));
+        assert_eq!(plain.note, None);
+    }
 }
