@@ -66,15 +66,7 @@ fn load_body(name: &str, dtype: DType) -> String {
              bitcast<f32>(w.y & 0xffff0000u));\n"
         ),
         DType::Fp8E4m3 | DType::Fp8E5m2 => {
-            let f = if dtype == DType::Fp8E4m3 {
-                "e4m3_to_f32"
-            } else {
-                "e5m2_to_f32"
-            };
-            format!(
-                "    let w = {buf};\n    return vec4<f32>({f}(w & 0xffu), {f}((w >> 8u) & 0xffu), \
-                 {f}((w >> 16u) & 0xffu), {f}(w >> 24u));\n"
-            )
+            format!("    let w = {buf};\n    return {};\n", fp8x4(dtype, "w"))
         }
         DType::I32 | DType::I64 => "    return vec4<f32>(0.0);\n".into(),
     }
@@ -247,6 +239,20 @@ fn replace_ident(line: &str, var: &str, with: &str) -> String {
     }
     flush(&mut tok, &mut out);
     out
+}
+
+/// WGSL for the four fp8 values (`dtype` E4M3 or E5M2) packed in the u32 `word`, lowest byte
+/// first, as a `vec4<f32>` (not yet multiplied by the scale).
+fn fp8x4(dtype: DType, word: &str) -> String {
+    let f = if dtype == DType::Fp8E4m3 {
+        "e4m3_to_f32"
+    } else {
+        "e5m2_to_f32"
+    };
+    format!(
+        "vec4<f32>({f}({word} & 0xffu), {f}(({word} >> 8u) & 0xffu), \
+         {f}(({word} >> 16u) & 0xffu), {f}({word} >> 24u))"
+    )
 }
 
 fn consts(pairs: &[(&str, u32)]) -> String {
@@ -629,15 +635,7 @@ fn unpack_body(dtype: DType) -> String {
                        f16_bits_to_f32(b), f16_bits_to_f32(b >> 16u));\n"
             .into(),
         DType::Fp8E4m3 | DType::Fp8E5m2 => {
-            let f = if dtype == DType::Fp8E4m3 {
-                "e4m3_to_f32"
-            } else {
-                "e5m2_to_f32"
-            };
-            format!(
-                "    let x = w[i];\n    return vec4<f32>({f}(x & 0xffu), {f}((x >> 8u) & 0xffu), \
-                 {f}((x >> 16u) & 0xffu), {f}(x >> 24u));\n"
-            )
+            format!("    let x = w[i];\n    return {};\n", fp8x4(dtype, "x"))
         }
         DType::I32 | DType::I64 => "    return vec4<f32>(0.0);\n".into(),
     }
