@@ -5,8 +5,9 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests
-# bench); mma2 / sanitize-mma2: the double-buffered tensor-core prefill kernel
-# (POLYATTN_CUDA_MMA_STAGES=2: tests, P2 rows, racecheck / synccheck); wgpu-unroll: WGPU rows
+# bench); prefill: P2 rows of the tensor-core prefill kernel alone; ncu: one launch of that
+# kernel (P2.b1s4k) through Nsight Compute (speed of light, warp states, occupancy, source
+# counters) into $OUT/ncu-prefill.log; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
 # sanitize-fp8: fp8 caches on the tensor-core decode kernel (POLYATTN_CUDA_DECODE_FP8=1: tests,
 # D1 / D4 fp8 rows, memcheck / racecheck). Logs go to $OUT.
@@ -49,12 +50,6 @@ for p in "${phases[@]}"; do
     run $tool-fp8 150 env POLYATTN_CUDA_DECODE_FP8=1 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu fp8_decode --test-threads=1
   done
 done
-for p in "${phases[@]}"; do
-  [ "$p" = sanitize-mma2 ] || continue
-  for tool in memcheck racecheck synccheck; do
-    run $tool-mma2 150 env POLYATTN_CUDA_MMA_STAGES=2 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
-  done
-done
 . $B/on-device.sh
 export WGPU_BACKEND=vulkan
 for p in "${phases[@]}"; do
@@ -72,12 +67,15 @@ for p in "${phases[@]}"; do
       run mma-attention 60 env POLYATTN_CUDA_MMA=1 $B/test-attention_correctness --nocapture
       run mma-bench 90 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16,P2.b8s4k.p16 \
         --budget 0.3 --json "$OUT/cuda-mma.json" --no-svg ;;
-    mma2)
-      run mma2-cuda_gpu 100 env POLYATTN_CUDA_MMA_STAGES=2 $B/test-cuda_gpu --test-threads=1 --nocapture
-      run mma2-attention 60 env POLYATTN_CUDA_MMA_STAGES=2 $B/test-attention_correctness --nocapture
-      run mma1-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg
-      run mma2-bench 90 env POLYATTN_CUDA_MMA_STAGES=2 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P \
-        --budget 0.3 --json "$OUT/cuda-mma2.json" --no-svg ;;
+    prefill)
+      run prefill-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 \
+        --json "$OUT/cuda-prefill.json" --no-svg ;;
+    ncu)
+      run ncu-prefill 240 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 20 \
+        --launch-count 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section InstructionStats --section SchedulerStats \
+        $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16 --budget 0.05 --no-svg ;;
     decode-fp8)
       run fp8-cuda_gpu 100 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-cuda_gpu --test-threads=1 --nocapture
       run fp8-attention 60 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-attention_correctness --nocapture

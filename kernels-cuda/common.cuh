@@ -337,6 +337,15 @@ __device__ __forceinline__ void ptx_mma(float* d, const pa_u32* a, pa_u32 b0, pa
     }
 }
 
+// 2^x with the special-function unit (ex2.approx.ftz: about 2 ulp, -inf -> +0, subnormal
+// results flushed to 0). The tensor-core kernels keep their softmax in base 2 so that every
+// exponential is one FFMA (x * scale*log2(e) - m) and one MUFU op.
+__device__ __forceinline__ float ptx_ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
 // Packs (lo, hi) into one register of two 16-bit values, lo in the low half.
 template <bool BF16>
 __device__ __forceinline__ pa_u32 ptx_pack2(float lo, float hi) {

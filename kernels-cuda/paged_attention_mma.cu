@@ -17,78 +17,111 @@
 //     path, which reloads them from shared memory every tile, is kept for larger D).
 //  2. Keys are visited in tiles of 64 positions starting at the union of the rows' visible
 //     ranges (aligned down to 16). K and V tiles [64][D] are gathered from the paged cache with
-//     cp.async, 16 bytes at a time (block-table lookup per key); positions outside the
-//     visible union are zero-filled, so masked V rows hold zeros, never stale NaNs.
-//     STAGES = 1: each tile is loaded, waited for, then computed. STAGES = 2 (the `_s2`
-//     entry points): K/V tiles are double-buffered, the copy of tile i+1 is issued before
-//     tile i is computed (one barrier after the wait makes tile i visible, one after the
-//     compute frees its buffer for tile i+2), so the gather overlaps the tensor-core work.
+//     cp.async, 16 bytes at a time; positions outside the visible union are zero-filled, so
+//     masked V rows hold zeros, never stale NaNs. The tiles are double-buffered and the
+//     gather is pipelined two deep: while tile i is computed, the copy of tile i+1 is in
+//     flight and threads 0..63 read the block-table entries of tile i+2 (one key row each)
+//     into registers; after the compute they store the rows' element offsets to a small
+//     shared table, which the copies of tile i+2 read a tile later. So no thread waits on
+//     the block table before issuing copies, and the division by the block size happens once
+//     per key row, not once per 16-byte chunk. One barrier after the wait makes tile i
+//     visible, one after the compute frees its buffer and publishes the offsets.
 //  3. S = Q K^T: per warp 16 x 64 scores in 8 n-tiles (ldmatrix.x4 on K rows gives the B
 //     fragments of two n-tiles). A warp whose rows see no key of the tile skips it.
-//  4. Per score: s *= scale, soft cap c*tanh(s/c), ALiBi -slope*|pos - j|, mask (-inf). Each
-//     thread owns two rows (lane/4 and lane/4 + 8); row maxima are reduced over the 4 lanes of
-//     a quad; the running max m, the per-thread partial denominator l and the O accumulators
-//     are rescaled by exp(m_old - m_new); P = exp(s - m_new) is packed to f16x2 / bf16x2
-//     (the C layout of two n-tiles is the A layout of one k16 step) and O += P V with
-//     ldmatrix.x4.trans on the V tile.
-//  5. l is reduced over the quad; out = O / l (0 when l = 0), lse = m + ln l (-inf when the row
-//     saw neither key nor sink). A sink starts a row at m = sink and adds 1 to the partial l of
-//     one lane of the quad.
+//  4. The softmax runs in base 2: scores are scaled by scale * log2(e) (one FMUL; soft cap
+//     c*tanh(s/c) and ALiBi -slope*|pos - j| are applied in natural units first when the
+//     layer has them), masked to -inf outside each row's visible range (skipped when the
+//     tile lies inside every row's range: the interior tiles of a long prefill), and
+//     exponentiated with ex2.approx (one FFMA + one MUFU op per score). Each thread owns two
+//     rows (lane/4 and lane/4 + 8); row maxima are reduced over the 4 lanes of a quad; the
+//     running max m, the per-thread partial denominator l and the O accumulators are
+//     rescaled by 2^(m_old - m_new) (skipped when that is 1 for the whole warp);
+//     P = 2^(s - m_new) is packed to f16x2 / bf16x2 (the C layout of two n-tiles is the A
+//     layout of one k16 step) and O += P V with ldmatrix.x4.trans on the V tile.
+//  5. l is reduced over the quad; out = O / l (0 when l = 0), lse = m ln 2 + ln l (-inf when
+//     the row saw neither key nor sink). A sink starts a row at m = sink * log2(e) and adds 1
+//     to the partial l of one lane of the quad.
 //
 // Layouts: as paged_attention.cu (q [T][H][D], cache NHD or HND, out [T][H][D] in the
-// activation dtype, lse [H][num_tokens]); shared memory: the Q tile, then STAGES K tiles,
-// then STAGES V tiles, 64 rows each with a row stride of D + 8 elements (16-byte aligned
-// rows for ldmatrix, conflict-free banks).
+// activation dtype, lse [H][num_tokens]); dynamic shared memory: the Q tile, then 2 K tiles,
+// then 2 V tiles, 64 rows each with a row stride of D + 8 elements (16-byte aligned rows for
+// ldmatrix, conflict-free banks); static: the key-row offsets of two tiles (1 KiB).
 //
 // Bounds relied on (host side): as paged_attention.cu, plus q_len * head_count <= 64,
 // head_size == D, q and cache 16-byte aligned (allocations are 256-byte aligned and every
-// row offset is a multiple of D elements, D a multiple of 16), dynamic shared memory =
-// (1 + 2 * STAGES) * 64 * (D + 8) * 2 bytes, compute capability >= 8.0 (cp.async, ldmatrix,
-// bf16 mma).
+// row offset is a multiple of D elements, D a multiple of 16), 128 threads, dynamic shared
+// memory = 5 * 64 * (D + 8) * 2 bytes, compute capability >= 8.0 (cp.async, ldmatrix, bf16
+// mma). Block-table entries are read only for keys inside the item's visible union.
 
 #include "common.cuh"
 
 #define MMA_WARPS 4
 #define MMA_ROWS 64
 #define MMA_KEYS 64
+#define PA_LOG2E 1.4426950408889634f
+#define PA_LN2 0.6931471805599453f
 
-// cp.async: all groups issued so far complete.
-__device__ __forceinline__ void pa_cp_async_wait_all() {
-    ptx_cp_async_commit();
-    ptx_cp_async_wait<0>();
+// Element offset of the K row of key `kp` for this item's KV head (the V row is `v_delta`
+// further), or -1 when kp is outside [span_lo, span_hi) (its copies are zero-filled).
+// `block` is the block-table entry of kp's page, loaded beforehand.
+__device__ __forceinline__ pa_i64 pa_mma_key_offset(const AttnParams& p, const WorkItem& it,
+                                                    int kp, int block, int span_lo,
+                                                    int span_hi, int D) {
+    if (kp < span_lo || kp >= span_hi) return -1;
+    return pa_cache_offset(block, 0, kp % p.block_size, it.kv_head, p.block_size,
+                           p.num_kv_heads, D, p.layout_hnd);
 }
 
-// Issues the cp.async copies of the K and V tile of keys [c0, c0 + 64) into k_s / v_s
-// (positions outside [span_lo, span_hi) zero-filled). Not committed or waited for here.
+// Issues the cp.async copies of the K and V tile whose key rows start at the element offsets
+// kofs[0..64) (-1: zero-fill) into k_s / v_s. Not committed or waited for here. The offsets
+// come from shared memory, so no thread waits on the block table here.
 template <int D>
-__device__ __forceinline__ void pa_mma_load_kv(const AttnParams& p, const WorkItem& it,
-                                               const pa_u16* cache, const int* bt, int c0,
-                                               int span_lo, int span_hi, pa_u16* k_s,
-                                               pa_u16* v_s) {
+__device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_i64* kofs,
+                                               pa_i64 v_delta, pa_u16* k_s, pa_u16* v_s) {
     constexpr int S = D + 8;
     constexpr int CH = D / 8;
-    for (int i = threadIdx.x; i < MMA_KEYS * CH; i += blockDim.x) {
+    static_assert(MMA_KEYS * CH % (MMA_WARPS * 32) == 0, "whole copy rounds");
+#pragma unroll
+    for (int k = 0; k < MMA_KEYS * CH / (MMA_WARPS * 32); ++k) {
+        const int i = threadIdx.x + k * MMA_WARPS * 32;
         const int j = i / CH;
         const int c = i - j * CH;
-        const int kp = c0 + j;
-        const pa_u16* ks = cache;
-        const pa_u16* vs = cache;
-        int bytes = 0;
-        if (kp >= span_lo && kp < span_hi) {
-            const pa_i64 block = bt[kp / p.block_size];
-            const int off = kp % p.block_size;
-            ks = cache + pa_cache_offset(block, 0, off, it.kv_head, p.block_size, p.num_kv_heads,
-                                         D, p.layout_hnd) + c * 8;
-            vs = cache + pa_cache_offset(block, 1, off, it.kv_head, p.block_size, p.num_kv_heads,
-                                         D, p.layout_hnd) + c * 8;
-            bytes = 16;
-        }
+        const pa_i64 o = kofs[j];
+        const pa_u16* ks = cache + (o >= 0 ? o : 0) + c * 8;
+        const int bytes = o >= 0 ? 16 : 0;
         ptx_cp_async16(ptx_smem_addr(k_s + j * S + c * 8), ks, bytes);
-        ptx_cp_async16(ptx_smem_addr(v_s + j * S + c * 8), vs, bytes);
+        ptx_cp_async16(ptx_smem_addr(v_s + j * S + c * 8), ks + (o >= 0 ? v_delta : 0), bytes);
     }
 }
 
-template <bool BF16, int D, int STAGES>
+// Scores of one 64-key tile for the two rows a thread owns: s = Q K^T * scale (base-2
+// units: times log2 e), soft cap and ALiBi when the layer has them, the visibility mask when
+// MASK (a tile wholly inside every row's visible range needs none), and the running maxima.
+template <bool MASK>
+__device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[8][4], int c0,
+                                              int t4, const int (&pos)[2], const int (&qh)[2],
+                                              const int (&lo)[2], const int (&hi)[2],
+                                              bool plain, float qk_scale, float (&mx)[2]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1;
+            const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
+            float x = s[j][e] * qk_scale;
+            if (!plain) {
+                if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+                if (p.alibi != 0) x -= p.alibi[qh[i]] * fabsf((float)(pos[i] - kp));
+                x *= PA_LOG2E;
+            }
+            if (MASK) x = (kp >= lo[i] && kp < hi[i]) ? x : -PA_INF;
+            s[j][e] = x;
+            mx[i] = fmaxf(mx[i], x);
+        }
+    }
+}
+
+template <bool BF16, int D>
 __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     constexpr int S = D + 8;       // shared row stride in elements
     constexpr int KT = D / 16;     // k16 steps of Q K^T
@@ -96,10 +129,11 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     constexpr int CH = D / 8;      // 16-byte chunks per row
     constexpr bool Q_REGS = D <= 128;
     extern __shared__ uint4 pa_mma_smem[];
-    static_assert(STAGES == 1 || STAGES == 2, "one or two K/V buffers");
+    // Element offsets of the key rows of the two tiles in flight (see pa_mma_key_offset).
+    __shared__ pa_i64 kofs_s[2][MMA_KEYS];
     pa_u16* q_s = (pa_u16*)pa_mma_smem;
-    pa_u16* k_s0 = q_s + MMA_ROWS * S;           // STAGES K tiles
-    pa_u16* v_s0 = k_s0 + STAGES * MMA_KEYS * S;  // then STAGES V tiles
+    pa_u16* k_s0 = q_s + MMA_ROWS * S;       // 2 K tiles
+    pa_u16* v_s0 = k_s0 + 2 * MMA_KEYS * S;  // then 2 V tiles
 
     const WorkItem it = p.items[blockIdx.x];
     const int tid = threadIdx.x;
@@ -116,8 +150,32 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     const int head0 = it.kv_head * p.group + it.head_start;
     const pa_u16* q = (const pa_u16*)p.q;
     const pa_u16* cache = (const pa_u16*)p.cache;
+    const pa_i64 v_delta = (pa_i64)p.block_size * p.num_kv_heads * D;
 
-    // 1. Q tile.
+    // Key tiles cover the union of the rows' visible ranges, from `first` (aligned down to 16).
+    int span_lo, span_hi, tmp;
+    pa_visible(p, pos0, it.kv_lo, it.kv_hi, &span_lo, &tmp);
+    pa_visible(p, pos0 + it.q_len - 1, it.kv_lo, it.kv_hi, &tmp, &span_hi);
+    span_lo = max(span_lo, it.kv_lo);
+    span_hi = min(span_hi, it.kv_hi);
+    const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
+    const int first = span_lo - span_lo % 16;
+    // Threads 0..63 own one key row of every tile: they read its block-table entry one tile
+    // ahead of the copy that needs it (the read flies during a tile's compute).
+    const bool owner = tid < MMA_KEYS;
+    auto table_entry = [&](int c) -> int {
+        const int kp = c + tid;
+        return (owner && kp >= span_lo && kp < span_hi) ? bt[kp / p.block_size] : 0;
+    };
+    if (owner) {
+        kofs_s[0][tid] = pa_mma_key_offset(p, it, first + tid, table_entry(first), span_lo,
+                                           span_hi, D);
+        const int c1 = first + MMA_KEYS;
+        kofs_s[1][tid] = pa_mma_key_offset(p, it, c1 + tid, table_entry(c1), span_lo, span_hi,
+                                           D);
+    }
+
+    // 1. Q tile (rows past the item's rows zero-filled), in the same copy group as K/V tile 0.
     for (int i = tid; i < MMA_ROWS * CH; i += blockDim.x) {
         const int r = i / CH;
         const int c = i - r * CH;
@@ -131,24 +189,29 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         }
         ptx_cp_async16(ptx_smem_addr(q_s + r * S + c * 8), src, bytes);
     }
-    pa_cp_async_wait_all();
-    __syncthreads();
+    __syncthreads();  // kofs_s of tiles 0 and 1
+    if (first < span_hi) pa_mma_load_kv<D>(cache, kofs_s[0], v_delta, k_s0, v_s0);
+    ptx_cp_async_commit();
 
+    // Per-row state, softmax in base 2: m is in units of log2 (the natural max times log2 e).
     int pos[2], qh[2], lo[2], hi[2];
+    bool act[2];
     float m[2], l[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int r = 16 * warp + g4 + 8 * i;
-        const bool act = r < rows;
-        const int rr = act ? r : 0;
+        act[i] = r < rows;
+        const int rr = act[i] ? r : 0;
         pos[i] = pos0 + rr / hc;
         qh[i] = head0 + rr % hc;
         pa_visible(p, pos[i], it.kv_lo, it.kv_hi, &lo[i], &hi[i]);
-        if (!act) hi[i] = lo[i];
-        const bool sink = p.use_sinks && act;
-        m[i] = sink ? p.sinks[qh[i]] : -PA_INF;
+        if (!act[i]) hi[i] = lo[i];
+        const bool sink = p.use_sinks && act[i];
+        m[i] = sink ? p.sinks[qh[i]] * PA_LOG2E : -PA_INF;
         l[i] = (sink && t4 == 0) ? 1.0f : 0.0f;
     }
+    const bool plain = !(p.soft_cap > 0.0f) && p.alibi == 0;
+    const float qk_scale = plain ? p.scale * PA_LOG2E : p.scale;
     float o[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -157,56 +220,42 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     const int a_row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
     const int a_col = 8 * (lane >> 4);
     pa_u32 qf[Q_REGS ? KT : 1][4];
-    if (Q_REGS) {
-#pragma unroll
-        for (int kk = 0; kk < (Q_REGS ? KT : 1); ++kk) {
-            ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0], qf[kk][1],
-                           qf[kk][2], qf[kk][3]);
-        }
-    }
-
-    // 2. Key tiles over the union of the rows' visible ranges.
-    int span_lo, span_hi, tmp;
-    pa_visible(p, pos0, it.kv_lo, it.kv_hi, &span_lo, &tmp);
-    pa_visible(p, pos0 + it.q_len - 1, it.kv_lo, it.kv_hi, &tmp, &span_hi);
-    span_lo = max(span_lo, it.kv_lo);
-    span_hi = min(span_hi, it.kv_hi);
-    const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
     // ldmatrix lane addressing for K (two n-tiles x k16) and V (k16 x two d-tiles, .trans).
     const int k_row = (lane & 7) + 8 * (lane >> 4);
     const int k_col = 8 * ((lane >> 3) & 1);
     const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
     const int v_col = 8 * (lane >> 4);
 
-    const int first = span_lo - span_lo % 16;
-    if (STAGES == 2 && first < span_hi) {
-        pa_mma_load_kv<D>(p, it, cache, bt, first, span_lo, span_hi, k_s0, v_s0);
-        ptx_cp_async_commit();
-    }
+    // 2. Key tiles, double-buffered: while tile i is computed, the copy of tile i+1 is in
+    // flight and the block-table entries of tile i+2 are being read.
     int stage = 0;
-    for (int c0 = first; c0 < span_hi; c0 += MMA_KEYS, stage ^= (STAGES - 1)) {
+    for (int c0 = first; c0 < span_hi; c0 += MMA_KEYS, stage ^= 1) {
         pa_u16* k_s = k_s0 + stage * MMA_KEYS * S;
         pa_u16* v_s = v_s0 + stage * MMA_KEYS * S;
-        if (STAGES == 1) {
-            __syncthreads();  // the previous tile is consumed
-            pa_mma_load_kv<D>(p, it, cache, bt, c0, span_lo, span_hi, k_s, v_s);
-            pa_cp_async_wait_all();
-        } else if (c0 + MMA_KEYS < span_hi) {
+        if (c0 + MMA_KEYS < span_hi) {
             // The other buffer was freed by the barrier that ended the previous tile.
-            pa_mma_load_kv<D>(p, it, cache, bt, c0 + MMA_KEYS, span_lo, span_hi,
+            pa_mma_load_kv<D>(cache, kofs_s[stage ^ 1], v_delta,
                               k_s0 + (stage ^ 1) * MMA_KEYS * S, v_s0 + (stage ^ 1) * MMA_KEYS * S);
-            ptx_cp_async_commit();
-            ptx_cp_async_wait<1>();  // this tile's group is complete, the next may fly
-        } else {
-            ptx_cp_async_wait<0>();
         }
+        ptx_cp_async_commit();  // possibly empty: keeps one group per tile
+        const int block2 = table_entry(c0 + 2 * MMA_KEYS);
+        ptx_cp_async_wait<1>();  // this tile's group (and Q) is complete, the next may fly
         __syncthreads();
-
-        bool any = false;
+        if (Q_REGS && c0 == first) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) any |= lo[i] < hi[i] && lo[i] < c0 + MMA_KEYS && hi[i] > c0;
-        // Warp-uniform. No early `continue`: with two stages every thread must reach the
-        // barrier at the end of the tile.
+            for (int kk = 0; kk < (Q_REGS ? KT : 1); ++kk) {
+                ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0],
+                                qf[kk][1], qf[kk][2], qf[kk][3]);
+            }
+        }
+
+        bool any = false, inside = true;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            any |= lo[i] < hi[i] && lo[i] < c0 + MMA_KEYS && hi[i] > c0;
+            inside &= !act[i] || (lo[i] <= c0 && hi[i] >= c0 + MMA_KEYS);
+        }
+        // Warp-uniform. No early `continue`: every thread must reach the barriers below.
         if (__any_sync(PA_FULL_MASK, any)) {
             // 3. S = Q K^T.
             float s[8][4];
@@ -234,21 +283,12 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 }
             }
 
-            // 4. Modifiers, mask, online softmax.
+            // 4. Modifiers, mask, online softmax (base 2).
             float mx[2] = {m[0], m[1]};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = e >> 1;
-                    const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
-                    float x = s[j][e] * p.scale;
-                    if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-                    if (p.alibi != 0) x -= p.alibi[qh[i]] * fabsf((float)(pos[i] - kp));
-                    x = (kp >= lo[i] && kp < hi[i]) ? x : -PA_INF;
-                    s[j][e] = x;
-                    mx[i] = fmaxf(mx[i], x);
-                }
+            if (__all_sync(PA_FULL_MASK, inside)) {
+                pa_mma_scores<false>(p, s, c0, t4, pos, qh, lo, hi, plain, qk_scale, mx);
+            } else {
+                pa_mma_scores<true>(p, s, c0, t4, pos, qh, lo, hi, plain, qk_scale, mx);
             }
             float msub[2], alpha[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -256,26 +296,29 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
                 msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
-                alpha[i] = expf(m[i] - msub[i]);
+                alpha[i] = ptx_ex2(m[i] - msub[i]);
                 m[i] = mx[i];
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float x = expf(s[j][e] - msub[e >> 1]);
+                    const float x = ptx_ex2(s[j][e] - msub[e >> 1]);
                     s[j][e] = x;
                     rs[e >> 1] += x;
                 }
             }
 #pragma unroll
             for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+            // Once the running maxima settle (most tiles of a long row) alpha is exactly 1.
+            if (__any_sync(PA_FULL_MASK, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                o[n][0] *= alpha[0];
-                o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
+                for (int n = 0; n < NT; ++n) {
+                    o[n][0] *= alpha[0];
+                    o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
             }
 
             // O += P V.
@@ -296,8 +339,14 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 }
             }
         }  // any
-        if (STAGES == 2) __syncthreads();  // this buffer is consumed before it is refilled
+        // Tile i+2's offsets go where tile i's were (tile i's copies were issued a tile ago).
+        if (owner) {
+            const int c2 = c0 + 2 * MMA_KEYS;
+            kofs_s[stage][tid] = pa_mma_key_offset(p, it, c2 + tid, block2, span_lo, span_hi, D);
+        }
+        __syncthreads();  // this buffer is consumed before it is refilled; kofs_s is written
     }
+    ptx_cp_async_wait<0>();  // no copy outlives the CTA (an item with no key still loaded Q)
 
     // 5. Results.
     const int out_dt = BF16 ? PA_BF16 : PA_F16;
@@ -318,18 +367,15 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             pa_store(p.out, base + d + 1, out_dt, o[n][2 * i + 1] * inv);
         }
         if (t4 == 0 && p.lse != 0) {
-            p.lse[(pa_i64)qh[i] * p.num_tokens + t] = lt > 0.0f ? m[i] + logf(lt) : -PA_INF;
+            p.lse[(pa_i64)qh[i] * p.num_tokens + t] =
+                lt > 0.0f ? m[i] * PA_LN2 + logf(lt) : -PA_INF;
         }
     }
 }
 
 #define PA_MMA_DEFINE(NAME, BF16, D)                                                   \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) NAME(const AttnParams p) { \
-        pa_mma_attend<BF16, D, 1>(p);                                                  \
-    }                                                                                  \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1)                    \
-        NAME##_s2(const AttnParams p) {                                                \
-        pa_mma_attend<BF16, D, 2>(p);                                                  \
+        pa_mma_attend<BF16, D>(p);                                                     \
     }
 
 // The host compiles only the variant it needs (-DPA_MMA_D=128 -DPA_MMA_BF16=1); without the

@@ -968,7 +968,7 @@ mod tests {
     fn rows_name_the_kernel_switches_of_their_backend() {
         let env = [
             ("POLYATTN_WGPU_UNROLL", "0"),
-            ("POLYATTN_CUDA_MMA_STAGES", "2"),
+            ("POLYATTN_CUDA_MMA", "0"),
             ("POLYATTN_CUDA_DECODE_FP8", "1"),
             ("POLYATTN_CUDA_DEVICE", "0"),
             ("PATH", "/bin"),
@@ -977,7 +977,7 @@ mod tests {
         label_kernel_switches(&mut cuda, vars(&env));
         assert_eq!(
             cuda.note.as_deref(),
-            Some("with POLYATTN_CUDA_DECODE_FP8=1 POLYATTN_CUDA_MMA_STAGES=2")
+            Some("with POLYATTN_CUDA_DECODE_FP8=1 POLYATTN_CUDA_MMA=0")
         );
         let mut wgpu = row("WGPU", "ok", Some("split-KV"));
         label_kernel_switches(&mut wgpu, vars(&env));

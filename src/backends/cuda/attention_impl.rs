@@ -41,34 +41,6 @@ fn mma_enabled() -> bool {
     *ON.get_or_init(|| env_switch(MMA_ENV, true))
 }
 
-/// The environment variable that chooses the K/V buffers of the tensor-core prefill kernel:
-/// `1` (load a tile, then compute it) or `2` (double-buffered: the next tile's copy overlaps
-/// this tile's compute); see [`MMA_STAGES_DEFAULT`].
-pub const MMA_STAGES_ENV: &str = "POLYATTN_CUDA_MMA_STAGES";
-
-/// K/V buffers of the tensor-core prefill kernel when `POLYATTN_CUDA_MMA_STAGES` is unset: 1.
-/// The two-buffer form compiles for sm_80 / sm_90 without spills (CI) but has not run on a
-/// GPU yet; it becomes the default once it passes tests/cuda_gpu.rs, the shared suite and
-/// racecheck on the H200 and measures faster there.
-pub const MMA_STAGES_DEFAULT: usize = 1;
-
-fn mma_stages() -> usize {
-    static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *STAGES.get_or_init(|| match std::env::var(MMA_STAGES_ENV) {
-        Ok(v) => match v.trim() {
-            "1" => 1,
-            "2" => 2,
-            other => {
-                tracing::warn!(
-                    "{MMA_STAGES_ENV}={other} is not 1 or 2; using {MMA_STAGES_DEFAULT}"
-                );
-                MMA_STAGES_DEFAULT
-            }
-        },
-        Err(_) => MMA_STAGES_DEFAULT,
-    })
-}
-
 /// The environment variable that turns the tensor-core decode kernel on (`1`, `true`, `on`,
 /// `yes`) or off (`0`, `false`, `off`, `no`); see [`DECODE_DEFAULT`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
@@ -235,7 +207,7 @@ impl CudaAttentionImpl {
         if !mma_enabled() || dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
             return None;
         }
-        mma_function_name(dtype, self.params.head_size, mma_stages())
+        mma_function_name(dtype, self.params.head_size)
     }
 
     /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations
@@ -351,7 +323,7 @@ impl CudaAttentionImpl {
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
             block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: mma_smem_bytes(self.params.head_size, mma_stages()),
+            shared_mem_bytes: mma_smem_bytes(self.params.head_size),
         };
         kernels::launch(&self.device, &f, cfg, &params, None)
     }

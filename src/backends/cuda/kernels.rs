@@ -63,24 +63,17 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
     ],
 };
 
-/// `paged_attention_mma.cu` (tensor cores; f16 / bf16, head sizes 64, 96, 128; one K/V
-/// buffer, and `_s2`: two, the next tile's copy overlapping this tile's compute).
+/// `paged_attention_mma.cu` (tensor cores; f16 / bf16, head sizes 64, 96, 128).
 pub const PAGED_ATTENTION_MMA: KernelSource = KernelSource {
     name: "paged_attention_mma",
     source: include_str!("../../../kernels-cuda/paged_attention_mma.cu"),
     functions: &[
         "paged_attention_mma_f16_d64",
-        "paged_attention_mma_f16_d64_s2",
         "paged_attention_mma_f16_d96",
-        "paged_attention_mma_f16_d96_s2",
         "paged_attention_mma_f16_d128",
-        "paged_attention_mma_f16_d128_s2",
         "paged_attention_mma_bf16_d64",
-        "paged_attention_mma_bf16_d64_s2",
         "paged_attention_mma_bf16_d96",
-        "paged_attention_mma_bf16_d96_s2",
         "paged_attention_mma_bf16_d128",
-        "paged_attention_mma_bf16_d128_s2",
     ],
 };
 
@@ -700,26 +693,21 @@ pub fn attention_smem_bytes(head_size: usize) -> u32 {
 /// Rows per work item of the tensor-core kernel (`MMA_ROWS`).
 pub const MMA_ROWS_PER_ITEM: usize = 64;
 
-/// Dynamic shared memory of the tensor-core kernel with `stages` (1 or 2) K/V buffers: the
-/// Q tile and `stages` K and V tiles, each 64 rows of `head_size + 8` 16-bit elements.
-pub fn mma_smem_bytes(head_size: usize, stages: usize) -> u32 {
-    ((1 + 2 * stages) * 64 * (head_size + 8) * 2) as u32
+/// Dynamic shared memory of the tensor-core kernel: the Q tile and two K and two V tiles
+/// (double-buffered), each 64 rows of `head_size + 8` 16-bit elements. (Its 1 KiB table of
+/// key-row offsets is static shared memory.)
+pub fn mma_smem_bytes(head_size: usize) -> u32 {
+    (5 * 64 * (head_size + 8) * 2) as u32
 }
 
-/// The tensor-core entry point for `dtype` (f16 / bf16), `head_size` (64, 96, 128) and
-/// `stages` K/V buffers (1, or 2 for the `_s2` entry points).
-pub fn mma_function_name(dtype: DType, head_size: usize, stages: usize) -> Option<&'static str> {
+/// The tensor-core entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
+pub fn mma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
     let t = match dtype {
         DType::F16 => "f16",
         DType::Bf16 => "bf16",
         _ => return None,
     };
-    let suffix = match stages {
-        1 => "",
-        2 => "_s2",
-        _ => return None,
-    };
-    let want = format!("paged_attention_mma_{t}_d{head_size}{suffix}");
+    let want = format!("paged_attention_mma_{t}_d{head_size}");
     PAGED_ATTENTION_MMA
         .functions
         .iter()
