@@ -5,7 +5,8 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests
-# bench); prefill: P2 rows of the tensor-core prefill kernel alone; ncu: one launch of that
+# bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
+# default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
 # kernel (P2.b1s4k) through Nsight Compute (speed of light, warp states, occupancy, source
 # counters) into $OUT/ncu-prefill.log; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
@@ -69,7 +70,10 @@ for p in "${phases[@]}"; do
         --budget 0.3 --json "$OUT/cuda-mma.json" --no-svg ;;
     prefill)
       run prefill-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 \
-        --json "$OUT/cuda-prefill.json" --no-svg ;;
+        --json "$OUT/cuda-prefill.json" --no-svg
+      run prefill64-cuda_gpu 100 env POLYATTN_CUDA_MMA_ROWS=64 $B/test-cuda_gpu long_prefill --test-threads=1
+      run prefill64-bench 90 env POLYATTN_CUDA_MMA_ROWS=64 $B/bin-polyattn bench --backend cuda \
+        --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     ncu)
       run ncu-prefill 240 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 20 \
         --launch-count 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \

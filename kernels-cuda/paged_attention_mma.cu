@@ -6,15 +6,17 @@
 // everything else runs on the CUDA-core kernel of paged_attention.cu, which is also the
 // reference for the semantics.
 //
-// Work: the same WorkItem list as paged_attention.cu (see common.cuh), planned with up to 64
-// rows per item: query tokens [q_start, q_start + q_len) of request `req` times query heads
+// Work: the same WorkItem list as paged_attention.cu (see common.cuh), planned with up to
+// MMA_ROWS (128, or 64 when built with -DPA_MMA_MT=1) rows per item: query tokens [q_start, q_start + q_len) of request `req` times query heads
 // kv_head*group + [head_start, head_start + head_count), row r = token r / head_count, head
 // r % head_count (the heads of a GQA group share every K/V tile). num_splits is always 1.
 //
-// Algorithm per CTA (4 warps, 64 rows, warp w owns rows 16w..16w+15):
-//  1. The Q tile [64][D] is copied to shared memory with cp.async (rows past the item's rows
-//     zero-filled) and held in registers as mma A fragments (ldmatrix.x4; the Q_REGS = false
-//     path, which reloads them from shared memory every tile, is kept for larger D).
+// Algorithm per CTA (4 warps of MT m16 tiles: warp w owns rows 16 MT w .. 16 MT w + 16 MT - 1;
+// with MT = 2 every K and V fragment read from shared memory feeds two mma instead of one,
+// which halves the ldmatrix traffic per FLOP):
+//  1. The Q tile [MMA_ROWS][D] is copied to shared memory with cp.async (rows past the item's
+//     rows zero-filled). Its mma A fragments (ldmatrix.x4) stay in registers at D = 64 and are
+//     re-read from shared memory per k16 step at larger D (registers go to the accumulators).
 //  2. Keys are visited in tiles of 64 positions starting at the union of the rows' visible
 //     ranges (aligned down to 16). K and V tiles [64][D] are gathered from the paged cache with
 //     cp.async, 16 bytes at a time; positions outside the visible union are zero-filled, so
@@ -26,14 +28,18 @@
 //     the block table before issuing copies, and the division by the block size happens once
 //     per key row, not once per 16-byte chunk. One barrier after the wait makes tile i
 //     visible, one after the compute frees its buffer and publishes the offsets.
-//  3. S = Q K^T: per warp 16 x 64 scores in 8 n-tiles (ldmatrix.x4 on K rows gives the B
-//     fragments of two n-tiles). A warp whose rows see no key of the tile skips it.
+//  3. Each 64-key tile is computed in sub-tiles of SUBK keys (64 at MT = 1, 32 at MT = 2, so
+//     that the live scores fit in registers beside the MT * D / 2 accumulators), each one
+//     online-softmax step. S = Q K^T: per warp MT x 16 x SUBK scores (ldmatrix.x4 on K rows
+//     gives the B fragments of two n-tiles). A warp whose rows see no key of a sub-tile
+//     skips it.
 //  4. The softmax runs in base 2: scores are scaled by scale * log2(e) (one FMUL; soft cap
 //     c*tanh(s/c) and ALiBi -slope*|pos - j| are applied in natural units first when the
 //     layer has them), masked to -inf outside each row's visible range (skipped when the
-//     tile lies inside every row's range: the interior tiles of a long prefill), and
+//     sub-tile lies inside every row's range: the interior tiles of a long prefill), and
 //     exponentiated with ex2.approx (one FFMA + one MUFU op per score). Each thread owns two
-//     rows (lane/4 and lane/4 + 8); row maxima are reduced over the 4 lanes of a quad; the
+//     rows of each m-tile (lane/4 and lane/4 + 8; a row past the item's rows is computed as
+//     if it saw every key, so it never forces the mask, and is never stored); row maxima are reduced over the 4 lanes of a quad; the
 //     running max m, the per-thread partial denominator l and the O accumulators are
 //     rescaled by 2^(m_old - m_new) (skipped when that is 1 for the whole warp);
 //     P = 2^(s - m_new) is packed to f16x2 / bf16x2 (the C layout of two n-tiles is the A
@@ -43,21 +49,31 @@
 //     to the partial l of one lane of the quad.
 //
 // Layouts: as paged_attention.cu (q [T][H][D], cache NHD or HND, out [T][H][D] in the
-// activation dtype, lse [H][num_tokens]); dynamic shared memory: the Q tile, then 2 K tiles,
-// then 2 V tiles, 64 rows each with a row stride of D + 8 elements (16-byte aligned rows for
+// activation dtype, lse [H][num_tokens]); dynamic shared memory: the Q tile (MMA_ROWS
+// rows), then 2 K tiles, then 2 V tiles (64 rows each), row stride D + 8 elements (16-byte aligned rows for
 // ldmatrix, conflict-free banks); static: the key-row offsets of two tiles (1 KiB).
 //
-// Bounds relied on (host side): as paged_attention.cu, plus q_len * head_count <= 64,
+// Bounds relied on (host side): as paged_attention.cu, plus q_len * head_count <= MMA_ROWS,
 // head_size == D, q and cache 16-byte aligned (allocations are 256-byte aligned and every
 // row offset is a multiple of D elements, D a multiple of 16), 128 threads, dynamic shared
-// memory = 5 * 64 * (D + 8) * 2 bytes, compute capability >= 8.0 (cp.async, ldmatrix, bf16
+// memory = (MMA_ROWS + 256) * (D + 8) * 2 bytes, compute capability >= 8.0 (cp.async, ldmatrix, bf16
 // mma). Block-table entries are read only for keys inside the item's visible union.
 
 #include "common.cuh"
 
+// m16 tiles per warp: 2 (128 rows per CTA, the default) or 1 (64 rows); the host passes
+// -DPA_MMA_MT, and the CI compile check builds the default.
+#ifndef PA_MMA_MT
+#define PA_MMA_MT 2
+#endif
 #define MMA_WARPS 4
-#define MMA_ROWS 64
+#define MMA_MT PA_MMA_MT
+#define MMA_ROWS (16 * MMA_MT * MMA_WARPS)
 #define MMA_KEYS 64
+// Keys per online-softmax step: two m16 tiles hold their scores for 32 keys at a time (64
+// would not fit in 255 registers beside the 2 x D/2 accumulators at D = 128).
+#define MMA_SUBK (MMA_MT == 1 ? 64 : 32)
+static_assert(MMA_MT == 1 || MMA_MT == 2, "one or two m16 tiles per warp");
 #define PA_LOG2E 1.4426950408889634f
 #define PA_LN2 0.6931471805599453f
 
@@ -73,11 +89,12 @@ __device__ __forceinline__ pa_i64 pa_mma_key_offset(const AttnParams& p, const W
 }
 
 // Issues the cp.async copies of the K and V tile whose key rows start at the element offsets
-// kofs[0..64) (-1: zero-fill) into k_s / v_s. Not committed or waited for here. The offsets
-// come from shared memory, so no thread waits on the block table here.
+// kofs[0..64) (-1: zero-fill) to the shared tiles at k_sa / v_sa (32-bit shared addresses).
+// Not committed or waited for here. The offsets come from shared memory, so no thread waits
+// on the block table here.
 template <int D>
 __device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_i64* kofs,
-                                               pa_i64 v_delta, pa_u16* k_s, pa_u16* v_s) {
+                                               pa_i64 v_delta, pa_u32 k_sa, pa_u32 v_sa) {
     constexpr int S = D + 8;
     constexpr int CH = D / 8;
     static_assert(MMA_KEYS * CH % (MMA_WARPS * 32) == 0, "whole copy rounds");
@@ -89,21 +106,32 @@ __device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_i64
         const pa_i64 o = kofs[j];
         const pa_u16* ks = cache + (o >= 0 ? o : 0) + c * 8;
         const int bytes = o >= 0 ? 16 : 0;
-        ptx_cp_async16(ptx_smem_addr(k_s + j * S + c * 8), ks, bytes);
-        ptx_cp_async16(ptx_smem_addr(v_s + j * S + c * 8), ks + (o >= 0 ? v_delta : 0), bytes);
+        const pa_u32 off = (pa_u32)(j * S + c * 8) * 2;
+        ptx_cp_async16(k_sa + off, ks, bytes);
+        ptx_cp_async16(v_sa + off, ks + (o >= 0 ? v_delta : 0), bytes);
     }
 }
 
-// Scores of one 64-key tile for the two rows a thread owns: s = Q K^T * scale (base-2
-// units: times log2 e), soft cap and ALiBi when the layer has them, the visibility mask when
-// MASK (a tile wholly inside every row's visible range needs none), and the running maxima.
-template <bool MASK>
-__device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[8][4], int c0,
-                                              int t4, const int (&pos)[2], const int (&qh)[2],
+// Scores of one m16 x (8 NJ)-key sub-tile starting at key c0 for the two rows a thread owns (rows r and r + 8 of the
+// item): s = Q K^T * scale in base-2 units (times log2 e), soft cap and ALiBi when the layer
+// has them (`plain` is false), the visibility mask [lo, hi) when MASK (a tile wholly inside
+// every row's visible range needs none), and the running maxima mx.
+template <bool MASK, int NJ>
+__device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ][4], int c0,
+                                              int t4, int r, int hc, int pos0, int head0,
                                               const int (&lo)[2], const int (&hi)[2],
                                               bool plain, float qk_scale, float (&mx)[2]) {
+    float slope[2] = {0.0f, 0.0f};
+    int pos[2] = {0, 0};
+    if (!plain && p.alibi != 0) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+        for (int i = 0; i < 2; ++i) {
+            pos[i] = pos0 + (r + 8 * i) / hc;
+            slope[i] = p.alibi[head0 + (r + 8 * i) % hc];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = e >> 1;
@@ -111,7 +139,7 @@ __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[8]
             float x = s[j][e] * qk_scale;
             if (!plain) {
                 if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-                if (p.alibi != 0) x -= p.alibi[qh[i]] * fabsf((float)(pos[i] - kp));
+                x -= slope[i] * fabsf((float)(pos[i] - kp));
                 x *= PA_LOG2E;
             }
             if (MASK) x = (kp >= lo[i] && kp < hi[i]) ? x : -PA_INF;
@@ -124,16 +152,24 @@ __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[8]
 template <bool BF16, int D>
 __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     constexpr int S = D + 8;       // shared row stride in elements
+    constexpr int SB = 2 * S;      // ... in bytes
     constexpr int KT = D / 16;     // k16 steps of Q K^T
     constexpr int NT = D / 8;      // n8 tiles of O
     constexpr int CH = D / 8;      // 16-byte chunks per row
-    constexpr bool Q_REGS = D <= 128;
+    constexpr int MT = MMA_MT;
+    constexpr int SUBK = MMA_SUBK;  // keys per online-softmax step
+    constexpr int NJ = SUBK / 8;    // n8 tiles of S per step
+    constexpr int TILE_B = MMA_KEYS * SB;  // bytes of one K or V tile
+    // Q fragments stay in registers only where they fit beside the MT * NT * 4 accumulators
+    // and MT * 32 scores (d64); larger heads reload them from shared memory per k16 step.
+    constexpr bool Q_REGS = D <= 64;
     extern __shared__ uint4 pa_mma_smem[];
     // Element offsets of the key rows of the two tiles in flight (see pa_mma_key_offset).
     __shared__ pa_i64 kofs_s[2][MMA_KEYS];
-    pa_u16* q_s = (pa_u16*)pa_mma_smem;
-    pa_u16* k_s0 = q_s + MMA_ROWS * S;       // 2 K tiles
-    pa_u16* v_s0 = k_s0 + 2 * MMA_KEYS * S;  // then 2 V tiles
+    // 32-bit shared addresses: the Q tile, then 2 K tiles, then 2 V tiles.
+    const pa_u32 q_sa = ptx_smem_addr(pa_mma_smem);
+    const pa_u32 k_sa0 = q_sa + MMA_ROWS * SB;
+    const pa_u32 v_sa0 = k_sa0 + 2 * TILE_B;
 
     const WorkItem it = p.items[blockIdx.x];
     const int tid = threadIdx.x;
@@ -187,55 +223,62 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             src = q + ((pa_i64)t * p.num_heads + h) * D + c * 8;
             bytes = 16;
         }
-        ptx_cp_async16(ptx_smem_addr(q_s + r * S + c * 8), src, bytes);
+        ptx_cp_async16(q_sa + (pa_u32)(r * S + c * 8) * 2, src, bytes);
     }
     __syncthreads();  // kofs_s of tiles 0 and 1
-    if (first < span_hi) pa_mma_load_kv<D>(cache, kofs_s[0], v_delta, k_s0, v_s0);
+    if (first < span_hi) pa_mma_load_kv<D>(cache, kofs_s[0], v_delta, k_sa0, v_sa0);
     ptx_cp_async_commit();
 
     // Per-row state, softmax in base 2: m is in units of log2 (the natural max times log2 e).
-    int pos[2], qh[2], lo[2], hi[2];
-    bool act[2];
-    float m[2], l[2];
+    // Thread rows: m-tile t, half i -> row rbase + 16 t + 8 i. A row past the item's rows
+    // "sees" every key (it is computed, never stored), so it never forces the mask.
+    const int rbase = 16 * MT * warp + g4;
+    int lo[MT][2], hi[MT][2];
+    float m[MT][2], l[MT][2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = 16 * warp + g4 + 8 * i;
-        act[i] = r < rows;
-        const int rr = act[i] ? r : 0;
-        pos[i] = pos0 + rr / hc;
-        qh[i] = head0 + rr % hc;
-        pa_visible(p, pos[i], it.kv_lo, it.kv_hi, &lo[i], &hi[i]);
-        if (!act[i]) hi[i] = lo[i];
-        const bool sink = p.use_sinks && act[i];
-        m[i] = sink ? p.sinks[qh[i]] * PA_LOG2E : -PA_INF;
-        l[i] = (sink && t4 == 0) ? 1.0f : 0.0f;
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = rbase + 16 * t + 8 * i;
+            const bool act = r < rows;
+            pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo[t][i], &hi[t][i]);
+            if (!act) {
+                lo[t][i] = -(1 << 30);
+                hi[t][i] = 1 << 30;
+            }
+            const bool sink = p.use_sinks && act;
+            m[t][i] = sink ? p.sinks[head0 + r % hc] * PA_LOG2E : -PA_INF;
+            l[t][i] = (sink && t4 == 0) ? 1.0f : 0.0f;
+        }
     }
     const bool plain = !(p.soft_cap > 0.0f) && p.alibi == 0;
     const float qk_scale = plain ? p.scale * PA_LOG2E : p.scale;
-    float o[NT][4];
+    float o[MT][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) o[t][n][0] = o[t][n][1] = o[t][n][2] = o[t][n][3] = 0.0f;
+    }
 
-    // A fragments of this warp's 16 rows: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
-    const int a_row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int a_col = 8 * (lane >> 4);
-    pa_u32 qf[Q_REGS ? KT : 1][4];
-    // ldmatrix lane addressing for K (two n-tiles x k16) and V (k16 x two d-tiles, .trans).
-    const int k_row = (lane & 7) + 8 * (lane >> 4);
-    const int k_col = 8 * ((lane >> 3) & 1);
-    const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int v_col = 8 * (lane >> 4);
+    // ldmatrix lane addresses (bytes): A fragments of m-tile t of Q at q_la + 16 t rows
+    // (matrices rows 0-7 | 8-15 x k 0-7 | 8-15), K (two n-tiles x k16) and V (k16 x two
+    // d-tiles, .trans) relative to their tile.
+    const pa_u32 q_la =
+        q_sa + ((16 * MT * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * S + 8 * (lane >> 4)) * 2;
+    const pa_u32 k_la = (((lane & 7) + 8 * (lane >> 4)) * S + 8 * ((lane >> 3) & 1)) * 2;
+    const pa_u32 v_la = (((lane & 7) + 8 * ((lane >> 3) & 1)) * S + 8 * (lane >> 4)) * 2;
+    pa_u32 qf[Q_REGS ? MT : 1][Q_REGS ? KT : 1][4];
 
     // 2. Key tiles, double-buffered: while tile i is computed, the copy of tile i+1 is in
     // flight and the block-table entries of tile i+2 are being read.
     int stage = 0;
     for (int c0 = first; c0 < span_hi; c0 += MMA_KEYS, stage ^= 1) {
-        pa_u16* k_s = k_s0 + stage * MMA_KEYS * S;
-        pa_u16* v_s = v_s0 + stage * MMA_KEYS * S;
+        const pa_u32 k_st = k_sa0 + stage * TILE_B;
+        const pa_u32 v_st = v_sa0 + stage * TILE_B;
         if (c0 + MMA_KEYS < span_hi) {
             // The other buffer was freed by the barrier that ended the previous tile.
-            pa_mma_load_kv<D>(cache, kofs_s[stage ^ 1], v_delta,
-                              k_s0 + (stage ^ 1) * MMA_KEYS * S, v_s0 + (stage ^ 1) * MMA_KEYS * S);
+            pa_mma_load_kv<D>(cache, kofs_s[stage ^ 1], v_delta, k_sa0 + (stage ^ 1) * TILE_B,
+                              v_sa0 + (stage ^ 1) * TILE_B);
         }
         ptx_cp_async_commit();  // possibly empty: keeps one group per tile
         const int block2 = table_entry(c0 + 2 * MMA_KEYS);
@@ -243,102 +286,139 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         __syncthreads();
         if (Q_REGS && c0 == first) {
 #pragma unroll
-            for (int kk = 0; kk < (Q_REGS ? KT : 1); ++kk) {
-                ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), qf[kk][0],
-                                qf[kk][1], qf[kk][2], qf[kk][3]);
+            for (int t = 0; t < (Q_REGS ? MT : 1); ++t) {
+#pragma unroll
+                for (int kk = 0; kk < (Q_REGS ? KT : 1); ++kk) {
+                    ptx_ldmatrix_x4(q_la + (16 * t * S + 16 * kk) * 2, qf[t][kk][0], qf[t][kk][1],
+                                    qf[t][kk][2], qf[t][kk][3]);
+                }
             }
         }
 
-        bool any = false, inside = true;
+        // The tile is computed in sub-tiles of SUBK keys (each its own online-softmax step),
+        // which keeps the live scores at MT * SUBK / 2 registers beside the accumulators.
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            any |= lo[i] < hi[i] && lo[i] < c0 + MMA_KEYS && hi[i] > c0;
-            inside &= !act[i] || (lo[i] <= c0 && hi[i] >= c0 + MMA_KEYS);
-        }
-        // Warp-uniform. No early `continue`: every thread must reach the barriers below.
-        if (__any_sync(PA_FULL_MASK, any)) {
-            // 3. S = Q K^T.
-            float s[8][4];
+        for (int hf = 0; hf < MMA_KEYS / SUBK; ++hf) {
+            const int cs = c0 + SUBK * hf;
+            bool any = false, inside = true;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            for (int t = 0; t < MT; ++t) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    any |= lo[t][i] < hi[t][i] && lo[t][i] < cs + SUBK && hi[t][i] > cs;
+                    inside &= lo[t][i] <= cs && hi[t][i] >= cs + SUBK;
+                }
+            }
+            // Warp-uniform; skips this sub-tile only (the barriers lie outside this loop).
+            if (!__any_sync(PA_FULL_MASK, any)) continue;
+            // 3. S = Q K^T: each K fragment pair feeds the MT m-tiles.
+            float s[MT][NJ][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.0f;
+            }
 #pragma unroll
             for (int kk = 0; kk < KT; ++kk) {
-                pa_u32 a[4];
-                if (Q_REGS) {
-                    a[0] = qf[Q_REGS ? kk : 0][0];
-                    a[1] = qf[Q_REGS ? kk : 0][1];
-                    a[2] = qf[Q_REGS ? kk : 0][2];
-                    a[3] = qf[Q_REGS ? kk : 0][3];
-                } else {
-                    ptx_ldmatrix_x4(ptx_smem_addr(q_s + a_row * S + 16 * kk + a_col), a[0], a[1],
-                                    a[2], a[3]);
+                pa_u32 a[MT][4];
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    if (Q_REGS) {
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) a[t][x] = qf[Q_REGS ? t : 0][Q_REGS ? kk : 0][x];
+                    } else {
+                        ptx_ldmatrix_x4(q_la + (16 * t * S + 16 * kk) * 2, a[t][0], a[t][1],
+                                        a[t][2], a[t][3]);
+                    }
                 }
 #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
+                for (int j = 0; j < NJ; j += 2) {
                     pa_u32 b0, b1, b2, b3;
-                    ptx_ldmatrix_x4(ptx_smem_addr(k_s + (8 * j + k_row) * S + 16 * kk + k_col),
-                                    b0, b1, b2, b3);
-                    ptx_mma<BF16>(s[j], a, b0, b1);
-                    ptx_mma<BF16>(s[j + 1], a, b2, b3);
+                    ptx_ldmatrix_x4(k_st + k_la + ((SUBK * hf + 8 * j) * S + 16 * kk) * 2, b0, b1,
+                                    b2, b3);
+#pragma unroll
+                    for (int t = 0; t < MT; ++t) {
+                        ptx_mma<BF16>(s[t][j], a[t], b0, b1);
+                        ptx_mma<BF16>(s[t][j + 1], a[t], b2, b3);
+                    }
                 }
             }
 
             // 4. Modifiers, mask, online softmax (base 2).
-            float mx[2] = {m[0], m[1]};
-            if (__all_sync(PA_FULL_MASK, inside)) {
-                pa_mma_scores<false>(p, s, c0, t4, pos, qh, lo, hi, plain, qk_scale, mx);
-            } else {
-                pa_mma_scores<true>(p, s, c0, t4, pos, qh, lo, hi, plain, qk_scale, mx);
-            }
-            float msub[2], alpha[2], rs[2] = {0.0f, 0.0f};
+            const bool all_inside = __all_sync(PA_FULL_MASK, inside);
+            float alpha[MT][2];
+            bool moved = false;
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
-                msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
-                alpha[i] = ptx_ex2(m[i] - msub[i]);
-                m[i] = mx[i];
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float x = ptx_ex2(s[j][e] - msub[e >> 1]);
-                    s[j][e] = x;
-                    rs[e >> 1] += x;
+            for (int t = 0; t < MT; ++t) {
+                float mx[2] = {m[t][0], m[t][1]};
+                const int r = rbase + 16 * t;
+                if (all_inside) {
+                    pa_mma_scores<false, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t], hi[t],
+                                             plain, qk_scale, mx);
+                } else {
+                    pa_mma_scores<true, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t], hi[t],
+                                            plain, qk_scale, mx);
                 }
+                float msub[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
+                    msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
+                    alpha[t][i] = ptx_ex2(m[t][i] - msub[i]);
+                    moved |= alpha[t][i] != 1.0f;
+                    m[t][i] = mx[i];
+                }
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float x = ptx_ex2(s[t][j][e] - msub[e >> 1]);
+                        s[t][j][e] = x;
+                        rs[e >> 1] += x;
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 2; ++i) l[t][i] = l[t][i] * alpha[t][i] + rs[i];
             }
-#pragma unroll
-            for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
             // Once the running maxima settle (most tiles of a long row) alpha is exactly 1.
-            if (__any_sync(PA_FULL_MASK, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+            if (__any_sync(PA_FULL_MASK, moved)) {
 #pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    o[n][0] *= alpha[0];
-                    o[n][1] *= alpha[0];
-                    o[n][2] *= alpha[1];
-                    o[n][3] *= alpha[1];
+                for (int t = 0; t < MT; ++t) {
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) {
+                        o[t][n][0] *= alpha[t][0];
+                        o[t][n][1] *= alpha[t][0];
+                        o[t][n][2] *= alpha[t][1];
+                        o[t][n][3] *= alpha[t][1];
+                    }
                 }
             }
 
-            // O += P V.
+            // O += P V: each V fragment pair feeds the MT m-tiles.
 #pragma unroll
-            for (int kk = 0; kk < MMA_KEYS / 16; ++kk) {
-                pa_u32 a[4];
-                a[0] = ptx_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-                a[1] = ptx_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-                a[2] = ptx_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                a[3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            for (int kk = 0; kk < SUBK / 16; ++kk) {
+                pa_u32 a[MT][4];
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    a[t][0] = ptx_pack2<BF16>(s[t][2 * kk][0], s[t][2 * kk][1]);
+                    a[t][1] = ptx_pack2<BF16>(s[t][2 * kk][2], s[t][2 * kk][3]);
+                    a[t][2] = ptx_pack2<BF16>(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+                    a[t][3] = ptx_pack2<BF16>(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+                }
 #pragma unroll
                 for (int n = 0; n < NT; n += 2) {
                     pa_u32 b0, b1, b2, b3;
-                    ptx_ldmatrix_x4_trans(
-                        ptx_smem_addr(v_s + (16 * kk + v_row) * S + 8 * n + v_col), b0, b1, b2, b3);
-                    ptx_mma<BF16>(o[n], a, b0, b1);
-                    ptx_mma<BF16>(o[n + 1], a, b2, b3);
+                    ptx_ldmatrix_x4_trans(v_st + v_la + ((SUBK * hf + 16 * kk) * S + 8 * n) * 2,
+                                          b0, b1, b2, b3);
+#pragma unroll
+                    for (int t = 0; t < MT; ++t) {
+                        ptx_mma<BF16>(o[t][n], a[t], b0, b1);
+                        ptx_mma<BF16>(o[t][n + 1], a[t], b2, b3);
+                    }
                 }
             }
-        }  // any
+        }  // sub-tiles
         // Tile i+2's offsets go where tile i's were (tile i's copies were issued a tile ago).
         if (owner) {
             const int c2 = c0 + 2 * MMA_KEYS;
@@ -351,24 +431,28 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     // 5. Results.
     const int out_dt = BF16 ? PA_BF16 : PA_F16;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float lt = l[i];
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
-        const int r = 16 * warp + g4 + 8 * i;
-        if (r >= rows) continue;
-        const int t = it.q_start + r / hc;
-        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-        const pa_i64 base = ((pa_i64)t * p.num_heads + qh[i]) * D;
+    for (int t = 0; t < MT; ++t) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int d = 8 * n + 2 * t4;
-            pa_store(p.out, base + d, out_dt, o[n][2 * i] * inv);
-            pa_store(p.out, base + d + 1, out_dt, o[n][2 * i + 1] * inv);
-        }
-        if (t4 == 0 && p.lse != 0) {
-            p.lse[(pa_i64)qh[i] * p.num_tokens + t] =
-                lt > 0.0f ? m[i] * PA_LN2 + logf(lt) : -PA_INF;
+        for (int i = 0; i < 2; ++i) {
+            float lt = l[t][i];
+            lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
+            lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
+            const int r = rbase + 16 * t + 8 * i;
+            if (r >= rows) continue;
+            const int tok = it.q_start + r / hc;
+            const int h = head0 + r % hc;
+            const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+            const pa_i64 base = ((pa_i64)tok * p.num_heads + h) * D;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int d = 8 * n + 2 * t4;
+                pa_store(p.out, base + d, out_dt, o[t][n][2 * i] * inv);
+                pa_store(p.out, base + d + 1, out_dt, o[t][n][2 * i + 1] * inv);
+            }
+            if (t4 == 0 && p.lse != 0) {
+                p.lse[(pa_i64)h * p.num_tokens + tok] =
+                    lt > 0.0f ? m[t][i] * PA_LN2 + logf(lt) : -PA_INF;
+            }
         }
     }
 }

@@ -23,7 +23,7 @@ use super::kernels::{
     self, attention_function_name, attention_smem_bytes, attention_variant, code,
     decode_combine_name, decode_function_name, decode_smem_bytes, decode_variant,
     mma_function_name, mma_smem_bytes, mma_variant, AttnParams, MergeParams, ReshapeParams,
-    ATTN_THREADS, DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, MMA_ROWS_PER_ITEM,
+    ATTN_THREADS, DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, MMA_ROWS_CHOICES,
     PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_DECODE, RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
@@ -41,6 +41,31 @@ fn mma_enabled() -> bool {
     *ON.get_or_init(|| env_switch(MMA_ENV, true))
 }
 
+/// The environment variable that chooses the query rows per CTA of the tensor-core prefill
+/// kernel: `128` (default: 4 warps of two m16 tiles each, every K/V fragment loaded from
+/// shared memory feeds both) or `64` (one m16 tile per warp: twice the CTAs, half the work
+/// per fragment; kept for comparison and for GPUs where 128 rows do not fit as well).
+pub const MMA_ROWS_ENV: &str = "POLYATTN_CUDA_MMA_ROWS";
+
+/// Query rows per CTA of the tensor-core prefill kernel when `POLYATTN_CUDA_MMA_ROWS` is unset.
+pub const MMA_ROWS_DEFAULT: usize = 128;
+
+fn mma_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| match std::env::var(MMA_ROWS_ENV) {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(r) if MMA_ROWS_CHOICES.contains(&r) => r,
+            _ => {
+                tracing::warn!(
+                    "{MMA_ROWS_ENV}={v} is not one of {MMA_ROWS_CHOICES:?}; using {MMA_ROWS_DEFAULT}"
+                );
+                MMA_ROWS_DEFAULT
+            }
+        },
+        Err(_) => MMA_ROWS_DEFAULT,
+    })
+}
+
 /// The environment variable that turns the tensor-core decode kernel on (`1`, `true`, `on`,
 /// `yes`) or off (`0`, `false`, `off`, `no`); see [`DECODE_DEFAULT`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
@@ -55,15 +80,16 @@ fn decode_enabled() -> bool {
     *ON.get_or_init(|| env_switch(DECODE_ENV, DECODE_DEFAULT))
 }
 
-/// The environment variable that lets the tensor-core decode kernel read fp8 caches (E4M3 /
-/// E5M2, converted to 16 bits in shared memory): `1|true|on|yes`; see [`DECODE_FP8_DEFAULT`].
+/// The environment variable that decides whether the tensor-core decode kernel reads fp8
+/// caches (E4M3 / E5M2, converted to 16 bits in shared memory): `0|false|off|no` sends fp8
+/// decodes to the CUDA-core split-KV kernel; see [`DECODE_FP8_DEFAULT`].
 pub const DECODE_FP8_ENV: &str = "POLYATTN_CUDA_DECODE_FP8";
 
 /// Whether fp8 caches go to the tensor-core decode kernel when `POLYATTN_CUDA_DECODE_FP8` is
-/// unset: off. Its fp8 variants compile for sm_80 / sm_90 without spills (CI) but have not
-/// run on a GPU yet; fp8 decodes stay on the CUDA-core split-KV kernel until they pass
-/// tests/cuda_gpu.rs and the shared suite on the H200.
-pub const DECODE_FP8_DEFAULT: bool = false;
+/// unset: on. Its fp8 variants passed tests/cuda_gpu.rs (graph replay included), the shared
+/// suite and compute-sanitizer memcheck / racecheck on the H200 (2026-11-30), and read fp8
+/// caches 3.5-9x faster there than the CUDA-core kernel (benches/RESULTS.md).
+pub const DECODE_FP8_DEFAULT: bool = true;
 
 fn decode_fp8_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -318,12 +344,17 @@ impl CudaAttentionImpl {
         };
         let mut params = *base;
         params.items = items.device_ptr();
-        let [d_opt, t_opt] = mma_variant(dtype, self.params.head_size);
-        let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &[&d_opt, &t_opt], name)?;
+        let [d_opt, t_opt, m_opt] = mma_variant(dtype, self.params.head_size, mma_rows());
+        let f = kernels::function(
+            &self.device,
+            &PAGED_ATTENTION_MMA,
+            &[&d_opt, &t_opt, &m_opt],
+            name,
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
             block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: mma_smem_bytes(self.params.head_size),
+            shared_mem_bytes: mma_smem_bytes(self.params.head_size, mma_rows()),
         };
         kernels::launch(&self.device, &f, cfg, &params, None)
     }
@@ -707,7 +738,7 @@ impl AttentionImpl for CudaAttentionImpl {
                 if let Some(name) = mma {
                     let long = PlanKey {
                         min_q: mma_start,
-                        rows: MMA_ROWS_PER_ITEM,
+                        rows: mma_rows(),
                         ..key_for(Pass::Full, causal, false, false)
                     };
                     let plan = md.plan(&long)?;

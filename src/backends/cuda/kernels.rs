@@ -422,12 +422,14 @@ pub fn attention_variant(head_size: usize) -> String {
     format!("-DPA_ONLY_DPL={}", head_size.div_ceil(32))
 }
 
-/// The `-D` options that build only the tensor-core variant for `dtype` and `head_size`
-/// (see paged_attention_mma.cu).
-pub fn mma_variant(dtype: DType, head_size: usize) -> [String; 2] {
+/// The `-D` options that build only the tensor-core variant for `dtype`, `head_size` and
+/// `rows` query rows per CTA (64 or 128: `PA_MMA_MT` = rows / 64 m16 tiles per warp; see
+/// paged_attention_mma.cu).
+pub fn mma_variant(dtype: DType, head_size: usize, rows: usize) -> [String; 3] {
     [
         format!("-DPA_MMA_D={head_size}"),
         format!("-DPA_MMA_BF16={}", i32::from(dtype == DType::Bf16)),
+        format!("-DPA_MMA_MT={}", rows / 64),
     ]
 }
 
@@ -690,14 +692,15 @@ pub fn attention_smem_bytes(head_size: usize) -> u32 {
     ((ROWS_PER_ITEM * d + KEYS_PER_CHUNK * (d + 2) + KEYS_PER_CHUNK * d) * 4) as u32
 }
 
-/// Rows per work item of the tensor-core kernel (`MMA_ROWS`).
-pub const MMA_ROWS_PER_ITEM: usize = 64;
+/// Query rows per CTA (and per work item) the tensor-core kernel can be built for
+/// (`MMA_ROWS`): 64 (one m16 tile per warp) or 128 (two, sharing every K/V fragment).
+pub const MMA_ROWS_CHOICES: [usize; 2] = [64, 128];
 
-/// Dynamic shared memory of the tensor-core kernel: the Q tile and two K and two V tiles
-/// (double-buffered), each 64 rows of `head_size + 8` 16-bit elements. (Its 1 KiB table of
-/// key-row offsets is static shared memory.)
-pub fn mma_smem_bytes(head_size: usize) -> u32 {
-    (5 * 64 * (head_size + 8) * 2) as u32
+/// Dynamic shared memory of the tensor-core kernel built for `rows` query rows: the Q tile
+/// and two K and two V tiles (double-buffered, 64 keys each), rows of `head_size + 8` 16-bit
+/// elements. (Its 1 KiB table of key-row offsets is static shared memory.)
+pub fn mma_smem_bytes(head_size: usize, rows: usize) -> u32 {
+    ((rows + 4 * 64) * (head_size + 8) * 2) as u32
 }
 
 /// The tensor-core entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
