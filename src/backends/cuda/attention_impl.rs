@@ -115,8 +115,9 @@ pub struct CudaAttentionImpl {
     device: CudaDevice,
     alibi: Option<CudaStorage>,
     sinks: Option<CudaStorage>,
-    /// Decode CTAs the GPU runs at once (SMs x CTAs per SM), measured on first use.
-    decode_slots: OnceLock<usize>,
+    /// Decode CTAs the GPU runs at once (SMs x CTAs per SM), measured on first use, for a
+    /// 16-bit cache [0] and an fp8 cache [1] (their shared memory, hence occupancy, differ).
+    decode_slots: [OnceLock<usize>; 2],
 }
 
 fn not_here(what: &str) -> Error {
@@ -165,7 +166,7 @@ impl CudaAttentionImpl {
             device,
             alibi,
             sinks,
-            decode_slots: OnceLock::new(),
+            decode_slots: [OnceLock::new(), OnceLock::new()],
         })
     }
 
@@ -259,7 +260,7 @@ impl CudaAttentionImpl {
         let [a, b, c] = decode_variant(dtype, cache_dtype, d);
         let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b, &c], name)?;
         let smem = decode_smem_bytes(d, cache_dtype);
-        let slots = *self.decode_slots.get_or_init(|| {
+        let slots = *self.decode_slots[usize::from(cache_dtype.is_fp8())].get_or_init(|| {
             let sms = self.device.sm_count().max(1) as usize;
             let _ = f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
