@@ -463,6 +463,70 @@ fn split_kv_decode_kernel_is_used() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The kernels' fp8 decoding (`e4m3x4_to_f32` / `e5m2x4_to_f32` of common.wgsl, branch-free)
+/// is bit for bit `src/fp8.rs` on all 256 codes (NaN codes: a NaN of the code's sign).
+#[test]
+fn fp8_decoding_is_exact() {
+    let Some(dev) = device("fp8_decoding_is_exact") else {
+        return;
+    };
+    let common = include_str!("../shaders/common.wgsl");
+    for (name, f, table) in [
+        ("e4m3", "e4m3x4_to_f32", &fp8::E4M3_TABLE),
+        ("e5m2", "e5m2x4_to_f32", &fp8::E5M2_TABLE),
+    ] {
+        let src = format!(
+            "{common}\n\
+             @group(0) @binding(0) var<uniform> unused: vec4<u32>;\n\
+             @group(0) @binding(1) var<storage, read> src: array<u32>;\n\
+             @group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;\n\
+             @compute @workgroup_size(64)\n\
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
+             \x20   dst[id.x] = {f}(src[id.x]);\n}}\n"
+        );
+        let pipe = kernels::pipeline(
+            &dev,
+            &format!("test fp8 decode {name}"),
+            || src,
+            kernels::Bindings::Probe,
+            false,
+        )
+        .unwrap();
+        let codes: Vec<u32> = (0..64u32)
+            .map(|w| (0..4).map(|b| (4 * w + b) << (8 * b)).sum())
+            .collect();
+        let src_buf = kernels::upload_words(&dev, "fp8 codes", &codes).unwrap();
+        let dst = dev
+            .create_storage_buffer("fp8 decoded", 1024, wgpu::BufferUsages::empty(), false)
+            .unwrap();
+        let params = kernels::ParamBlock::new(&dev, 1);
+        let group = kernels::bind_group(
+            &dev,
+            &pipe,
+            vec![
+                (0, params.binding(0)),
+                (1, kernels::whole(&src_buf)),
+                (2, kernels::whole(&dst)),
+            ],
+        );
+        let mut enc = dev
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        kernels::dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+        dev.queue().submit([enc.finish()]);
+        let bytes = dev.read_bytes(&dst, 0, 1024).unwrap();
+        for (code, want) in table.iter().enumerate() {
+            let got = f32::from_le_bytes(bytes[4 * code..4 * code + 4].try_into().unwrap());
+            let same = if want.is_nan() {
+                got.is_nan() && got.is_sign_negative() == (code >= 128)
+            } else {
+                got.to_bits() == want.to_bits()
+            };
+            assert!(same, "{name} code {code:#04x}: got {got:e}, want {want:e}");
+        }
+    }
+}
+
 #[test]
 fn unusual_head_sizes() {
     let Some(dev) = device("unusual_head_sizes") else {

@@ -242,17 +242,15 @@ fn replace_ident(line: &str, var: &str, with: &str) -> String {
 }
 
 /// WGSL for the four fp8 values (`dtype` E4M3 or E5M2) packed in the u32 `word`, lowest byte
-/// first, as a `vec4<f32>` (not yet multiplied by the scale).
+/// first, as a `vec4<f32>` (not yet multiplied by the scale; `e4m3x4_to_f32` /
+/// `e5m2x4_to_f32` of common.wgsl, exact and branch-free).
 fn fp8x4(dtype: DType, word: &str) -> String {
     let f = if dtype == DType::Fp8E4m3 {
-        "e4m3_to_f32"
+        "e4m3x4_to_f32"
     } else {
-        "e5m2_to_f32"
+        "e5m2x4_to_f32"
     };
-    format!(
-        "vec4<f32>({f}({word} & 0xffu), {f}(({word} >> 8u) & 0xffu), \
-         {f}(({word} >> 16u) & 0xffu), {f}({word} >> 24u))"
-    )
+    format!("{f}({word})")
 }
 
 fn consts(pairs: &[(&str, u32)]) -> String {
