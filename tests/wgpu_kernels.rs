@@ -421,6 +421,13 @@ fn split_kv_decode_kernel_is_used() {
         );
         return;
     }
+    let failures = check_decode_kernel(&dev);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The body of `split_kv_decode_kernel_is_used` (and of its child runs with other kernel
+/// switches): failures, one line each.
+fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
     let tuning = WgpuTuning {
         split_min_keys: 16,
         target_workgroups: 64,
@@ -433,6 +440,7 @@ fn split_kv_decode_kernel_is_used() {
     for (dtype, cache, d) in [
         (DType::Bf16, CacheDType::Auto, 128),
         (DType::F16, CacheDType::Fp8E4m3, 64),
+        (DType::Bf16, CacheDType::Fp8E5m2, 128),
         (DType::F32, CacheDType::Auto, 32),
     ] {
         let mut p = AttentionParams::new(8, d, 2);
@@ -448,7 +456,7 @@ fn split_kv_decode_kernel_is_used() {
         };
         let lanes = dev.adapter_info().subgroup_min_size;
         assert!(shader.lanes_per_key <= lanes.max(1), "{shader:?}");
-        if let Err(e) = check_batch(&dev, &case, &spec, tuning, 3) {
+        if let Err(e) = check_batch(dev, &case, &spec, tuning, 3) {
             failures.push(format!("{dtype}/{cache} d{d}: {e}"));
         }
         let compiled = dev
@@ -460,7 +468,62 @@ fn split_kv_decode_kernel_is_used() {
             failures.push(format!("{}: not compiled by the run", shader.key()));
         }
     }
+    failures
+}
+
+/// The split-KV decode kernel's A/B switches (README's environment table) keep it correct:
+/// child processes run `check_decode_kernel` with prefetching off and the work items on the
+/// fastest dispatch dimension, and with odd keys per step.
+#[test]
+fn decode_kernel_switches() {
+    if std::env::var_os("POLYATTN_WGPU_DECODE_CHILD").is_some() {
+        return;
+    }
+    let Some(dev) = device("decode_kernel_switches") else {
+        return;
+    };
+    if !dev.has_subgroups() {
+        report!("[decode switches] skipped: no subgroups");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let runs: [&[(&str, &str)]; 2] = [
+        &[
+            ("POLYATTN_WGPU_DECODE_PREFETCH", "0"),
+            ("POLYATTN_WGPU_DECODE_HEADS_INNER", "0"),
+        ],
+        &[("POLYATTN_WGPU_DECODE_KEYS", "3")],
+    ];
+    for vars in runs {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args([
+            "--exact",
+            "decode_switch_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("POLYATTN_WGPU_DECODE_CHILD", "1");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run the test binary");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{vars:?}:\n{text}");
+        assert!(text.contains("[decode child] ok"), "{vars:?}:\n{text}");
+    }
+}
+
+/// The child of `decode_kernel_switches` (does nothing in a normal run).
+#[test]
+fn decode_switch_child() {
+    if std::env::var_os("POLYATTN_WGPU_DECODE_CHILD").is_none() {
+        return;
+    }
+    let dev = WgpuDevice::open().expect("device in child");
+    let failures = check_decode_kernel(&dev);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    report!("[decode child] ok");
 }
 
 /// The kernels' fp8 decoding (`e4m3x4_to_f32` / `e5m2x4_to_f32` of common.wgsl, branch-free)

@@ -35,6 +35,7 @@ const SOFT_CAP: u32 = 4;
 const ALIBI: u32 = 8;
 const SINKS: u32 = 16;
 const WRITE_LSE: u32 = 32;
+const HEADS_INNER: u32 = 64;
 
 /// Parameter slots: reshape, decode attention, prefill attention, combine, split-KV decode.
 const SLOT_RESHAPE: usize = 0;
@@ -57,12 +58,17 @@ type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
 /// `paged_attention.wgsl`. For tuning runs: `POLYATTN_WGPU_DECODE_KERNEL=0` turns it off,
 /// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16)
 /// and `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two). Whether its loops are
-/// unrolled follows [`WgpuTuning::unrolled`].
+/// unrolled follows [`WgpuTuning::unrolled`]. `POLYATTN_WGPU_DECODE_PREFETCH=0` turns off its
+/// software pipelining ([`DecodeShader::prefetch`]) and `POLYATTN_WGPU_DECODE_HEADS_INNER=0`
+/// puts the work items back on the fastest dispatch dimension (the order before the KV heads
+/// became the inner one), for A/B runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct DecodeKernelConfig {
     enabled: bool,
     keys_per_step: u32,
     workgroup: u32,
+    prefetch: bool,
+    heads_inner: bool,
 }
 
 impl DecodeKernelConfig {
@@ -80,6 +86,8 @@ impl DecodeKernelConfig {
             enabled: var("POLYATTN_WGPU_DECODE_KERNEL", 1) != 0,
             keys_per_step: var("POLYATTN_WGPU_DECODE_KEYS", DECODE_KEYS_PER_STEP),
             workgroup: var("POLYATTN_WGPU_DECODE_WG", DECODE_WORKGROUP),
+            prefetch: var("POLYATTN_WGPU_DECODE_PREFETCH", 1) != 0,
+            heads_inner: var("POLYATTN_WGPU_DECODE_HEADS_INNER", 1) != 0,
         }
     }
 }
@@ -179,7 +187,8 @@ impl WgpuAttentionImpl {
     /// The split-KV decode kernel for items of up to `rows` rows reading `cache` with
     /// queries of `q_dtype`, or `None` when it cannot run them: the tuning does not use
     /// subgroups (or the adapter has none), the head size or an element stride of the cache
-    /// is not a whole number of 16-byte granules, the cache buffer is not, or the kernel's
+    /// is not a whole number of granules ([`DecodeShader::granule`]), the cache buffer is
+    /// not, or the kernel's
     /// workgroup memory does not fit (see [`DecodeShader::choose`]).
     pub fn decode_shader(
         &self,
@@ -200,7 +209,7 @@ impl WgpuAttentionImpl {
             crate::device::Storage::Wgpu(s) => s.buffer().size(),
             _ => return None,
         };
-        if bytes % 16 != 0 {
+        if bytes % DecodeShader::granule_bytes(kv_dtype) as u64 != 0 {
             return None;
         }
         let info = self.dev.adapter_info();
@@ -216,6 +225,7 @@ impl WgpuAttentionImpl {
         )
         .map(|s| DecodeShader {
             unrolled: self.tuning.unrolled,
+            prefetch: cfg.prefetch,
             ..s
         })
     }
@@ -548,7 +558,7 @@ impl AttentionImpl for WgpuAttentionImpl {
         } else {
             u32::MAX
         };
-        let attn_words = |num_items: u32| {
+        let attn_words = |num_items: u32, flags: u32| {
             Words::new()
                 .u(n as u32)
                 .u(p.num_heads as u32)
@@ -616,7 +626,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 shader.subgroups,
                 LoopBounding::Off,
             )?;
-            slots[slot] = attn_words(list.count);
+            slots[slot] = attn_words(list.count, flags);
             let group = attention_group(&pipe, slot, &list.buffer);
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
@@ -635,10 +645,18 @@ impl AttentionImpl for WgpuAttentionImpl {
                 true,
                 LoopBounding::Off,
             )?;
-            slots[SLOT_DECODE_FAST] = attn_words(list.count);
+            let hkv = p.num_kv_heads as u32;
+            let heads_inner = self.decode_kernel.heads_inner;
+            let order = if heads_inner { HEADS_INNER } else { 0 };
+            slots[SLOT_DECODE_FAST] = attn_words(list.count, flags | order);
             let group = attention_group(&pipe, SLOT_DECODE_FAST, &list.buffer);
-            let (x, z) = grid(dev, list.count as u64)?;
-            passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
+            let (a, b) = grid(dev, list.count as u64)?;
+            let dims = if heads_inner {
+                (hkv, a, b)
+            } else {
+                (a, hkv, b)
+            };
+            passes.push((pipe, group, dims));
         }
         if let Some(list) = &plan.combine {
             let shader = CombineShader { out_dtype: dtype };
