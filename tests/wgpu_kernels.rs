@@ -436,6 +436,14 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_tiles: false,
         unrolled: false,
     };
+    // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
+    // of the combine's split lanes (4 lanes × 4 partials at head size 128).
+    let many = WgpuTuning {
+        split_min_keys: 8,
+        target_workgroups: 4096,
+        max_splits: 64,
+        ..tuning
+    };
     let mut failures = Vec::new();
     for (dtype, cache, d) in [
         (DType::Bf16, CacheDType::Auto, 128),
@@ -456,8 +464,10 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         };
         let lanes = dev.adapter_info().subgroup_min_size;
         assert!(shader.lanes_per_key <= lanes.max(1), "{shader:?}");
-        if let Err(e) = check_batch(dev, &case, &spec, tuning, 3) {
-            failures.push(format!("{dtype}/{cache} d{d}: {e}"));
+        for (label, t) in [("", tuning), (", 38 splits", many)] {
+            if let Err(e) = check_batch(dev, &case, &spec, t, 3) {
+                failures.push(format!("{dtype}/{cache} d{d}{label}: {e}"));
+            }
         }
         let compiled = dev
             .cached_pipeline(&shader.key(), |_| {

@@ -675,6 +675,8 @@ pub struct CombineShader {
 /// Threads per workgroup of the split-KV combine (at least a quarter of the largest head
 /// size: one column of four elements per thread and split lane).
 pub const COMBINE_WORKGROUP: u32 = 128;
+/// Partials a split lane of the combine loads before it merges them (loads in flight).
+pub const COMBINE_BATCH: u32 = 4;
 
 impl CombineShader {
     /// The pipeline-cache key.
@@ -685,10 +687,11 @@ impl CombineShader {
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[("WG", COMBINE_WORKGROUP)]);
+        let c = [("WG", COMBINE_WORKGROUP), ("BATCH", COMBINE_BATCH)];
+        s += &consts(&c);
         s += &buffer("out", 3, self.out_dtype, Access::Write);
         s += COMMON;
-        s += COMBINE_SPLITS;
+        s += &unroll(COMBINE_SPLITS, &c);
         s
     }
 }
