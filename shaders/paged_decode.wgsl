@@ -21,15 +21,21 @@
 // both have the same lanes per key and registers per lane) or 4 f32 (a vec4<u32>), loaded
 // whole. Per step a lane
 //   1. issues the 2·U·GPT granule loads of its keys' K and V, then the block-table reads of
-//      the keys it loads next (they overlap the loads in flight); with PREFETCH (the
-//      default) those loads are the next step's, issued before this step's granules (loaded
-//      one step earlier) are used, so two steps of loads are in flight while it computes;
+//      the keys it loads next (they overlap the loads in flight; one read for all U keys when
+//      they share a block: the range starts at a multiple of U and U divides the block
+//      size); with PREFETCH (the default) those loads are the next step's, issued before
+//      this step's granules (loaded one step earlier) are used, so two steps of loads are in
+//      flight while it computes;
 //   2. forms partial dot products of its query granules (registers, pre-scaled by
 //      scale·k_scale) with each key, and sums them over the TPK lanes with
 //      subgroupShuffleXor (log2 TPK steps);
 //   3. updates its key group's own online softmax per row — soft cap, ALiBi, mask, running
 //      max m, denominator l, acc = acc·exp(m_old − m) + Σ p·V — all in registers, with no
-//      barrier and no workgroup memory in the loop.
+//      barrier and no workgroup memory in the loop. A step whose keys every row sees
+//      (`unmasked_range`) with neither soft cap nor ALiBi skips the per-key range, mask and
+//      modifier code (most steps of a decode).
+// The TPK lanes of a key group all run the same softmax (the all-reduce leaves every score
+// in every lane): redundant work, which is why the short form matters.
 // Key group 0 of the item that carries the sink flag starts its rows at m = sink, l = 1.
 // At the end the NKG states merge through workgroup memory (M = max m, L = Σ l·e^(m − M),
 // acc = Σ acc·e^(m − M), times v_scale), row by row; then out = acc / L and LSE = M + ln L
@@ -38,7 +44,8 @@
 //
 // Specialisation (generated header, see `DecodeShader` in src/backends/wgpu/shaders.rs):
 // D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, LOG_TPK, GPT = ceil(NG / TPK),
-// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS, PREFETCH (0 / 1); the granule type `Gran`;
+// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS, PREFETCH (0 / 1), FULL (1 when TPK divides NG:
+// no lane is ever past the last granule, the masks fold away); the granule type `Gran`;
 // `q_load4` / `out_store4` for the query dtype; `unpack4(w, i)`, the i-th four elements of a
 // granule as f32 (exact integer unpacking, common.wgsl). Loops marked `// @unroll` (all over
 // those constants) are unrolled by the generator (`shaders::unroll`): every per-thread array
@@ -85,9 +92,22 @@ fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
     return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
 }
 
-// Element bases of keys j0 .. j0 + U − 1 (0 for keys at or past `hi`).
-fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32) -> array<u32, U> {
+// Element bases of keys j0 .. j0 + U − 1 (0 for keys at or past `hi`). With `one_block`
+// (j0 is a multiple of U and U divides the block size, so the U keys share a block) one
+// block-table read serves all of them.
+fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32, one_block: bool) -> array<u32, U> {
     var kb: array<u32, U>;
+    if one_block {
+        var b0 = 0u;
+        if j0 < hi {
+            b0 = key_base(j0, kv_head, kv_row);
+        }
+        // @unroll
+        for (var u = 0u; u < U; u = u + 1u) {
+            kb[u] = select(0u, b0 + u * params.tok_stride, j0 + u < hi);
+        }
+        return kb;
+    }
     // @unroll
     for (var u = 0u; u < U; u = u + 1u) {
         var b = 0u;
@@ -97,6 +117,25 @@ fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32) -> array<u32, U> {
         kb[u] = b;
     }
     return kb;
+}
+
+// The keys of [lo, hi) that every query at positions p_min..=p_max sees (no mask needed
+// there): the complement of what `visible` can hide. Returns hi <= lo when none.
+fn unmasked_range(lo: u32, hi: u32, p_min: u32, p_max: u32) -> vec2<u32> {
+    var a = lo;
+    var b = hi;
+    if (params.flags & CAUSAL) != 0u {
+        b = min(b, p_min + 1u);
+    }
+    if (params.flags & WINDOW) != 0u {
+        if p_max + 1u > params.window {
+            a = max(a, p_max + 1u - params.window);
+        }
+        if (params.flags & CAUSAL) == 0u {
+            b = min(b, p_min + params.window);
+        }
+    }
+    return vec2<u32>(a, b);
 }
 
 // Lane c's granules of the keys at element bases `kb` (lanes past the last granule re-read
@@ -187,23 +226,24 @@ fn main(
         }
     }
 
-    let range = key_range(
-        kv_lo,
-        kv_hi,
-        ctx + row_start / g,
-        ctx + (row_start + n_rows - 1u) / g,
-    );
+    let p_min = ctx + row_start / g;
+    let p_max = ctx + (row_start + n_rows - 1u) / g;
+    let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
     let STEP = NKG * U;
+    // Steps inside `plain` need no mask and no logit modifier: their softmax skips both.
+    let plain = unmasked_range(lo, hi, p_min, p_max);
+    let no_modifier = (params.flags & (SOFT_CAP | ALIBI)) == 0u;
+    let one_block = lo % U == 0u && params.block_size % U == 0u;
 
     // Element bases of the keys whose granules load next. With PREFETCH the granules of
     // step `it` + STEP load while step `it` is computed (two steps of loads in flight).
-    var kb = key_bases(lo + kg * U, hi, kv_head, kv_row);
+    var kb = key_bases(lo + kg * U, hi, kv_head, kv_row, one_block);
     var nxt: Granules;
     if PREFETCH != 0u && lo < hi {
         nxt = load_step(kb, c);
-        kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row);
+        kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row, one_block);
     }
 
     for (var it = lo; it < hi; it = it + STEP) {
@@ -214,10 +254,10 @@ fn main(
             if it + STEP < hi {
                 nxt = load_step(kb, c);
             }
-            kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row);
+            kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block);
         } else {
             cur = load_step(kb, c);
-            kb = key_bases(it + STEP + kg * U, hi, kv_head, kv_row);
+            kb = key_bases(it + STEP + kg * U, hi, kv_head, kv_row, one_block);
         }
 
         // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
@@ -227,7 +267,7 @@ fn main(
             var kf: array<vec4<f32>, QV>;
             // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
-                let live = c + k * TPK < NG;
+                let live = FULL == 1u || c + k * TPK < NG;
                 // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
                     kf[k * V4G + i] = select(vec4<f32>(0.0), unpack4(cur.kgr[u * GPT + k], i), live);
@@ -252,44 +292,78 @@ fn main(
             }
         }
 
-        // 3. Online softmax per row, then acc += P·V.
-        // @unroll
-        for (var r = 0u; r < ROWS; r = r + 1u) {
-            if r < n_rows {
-                let m_old = m[r];
-                var mx = m_old;
-                var live = 0u;
-                // @unroll
-                for (var u = 0u; u < U; u = u + 1u) {
-                    let j = it + kg * U + u;
-                    if j < hi && visible(pos[r], j) {
-                        let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
-                        s[u * ROWS + r] = sv;
-                        mx = max(mx, sv);
-                        live = live | (1u << u);
+        // 3. Online softmax per row, then acc += P·V. A step whose keys are all in range,
+        //    visible to every row and unmodified (the common case) takes the short form.
+        if no_modifier && it >= plain.x && it + STEP <= plain.y {
+            // @unroll
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                if r < n_rows {
+                    let m_old = m[r];
+                    var mx = m_old;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        mx = max(mx, s[u * ROWS + r]);
+                    }
+                    var sum = 0.0;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        let p = exp(s[u * ROWS + r] - mx);
+                        s[u * ROWS + r] = p;
+                        sum = sum + p;
+                    }
+                    let alpha = exp(m_old - mx);
+                    m[r] = mx;
+                    l[r] = l[r] * alpha + sum;
+                    // @unroll
+                    for (var x = 0u; x < QV; x = x + 1u) {
+                        acc[r * QV + x] = acc[r * QV + x] * alpha;
+                    }
+                } else {
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        s[u * ROWS + r] = 0.0;
                     }
                 }
-                var sum = 0.0;
-                // @unroll
-                for (var u = 0u; u < U; u = u + 1u) {
-                    var p = 0.0;
-                    if (live & (1u << u)) != 0u {
-                        p = exp(s[u * ROWS + r] - mx);
+            }
+        } else {
+            // @unroll
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                if r < n_rows {
+                    let m_old = m[r];
+                    var mx = m_old;
+                    var live = 0u;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        let j = it + kg * U + u;
+                        if j < hi && visible(pos[r], j) {
+                            let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
+                            s[u * ROWS + r] = sv;
+                            mx = max(mx, sv);
+                            live = live | (1u << u);
+                        }
                     }
-                    s[u * ROWS + r] = p;
-                    sum = sum + p;
-                }
-                let alpha = exp(m_old - mx);
-                m[r] = mx;
-                l[r] = l[r] * alpha + sum;
-                // @unroll
-                for (var x = 0u; x < QV; x = x + 1u) {
-                    acc[r * QV + x] = acc[r * QV + x] * alpha;
-                }
-            } else {
-                // @unroll
-                for (var u = 0u; u < U; u = u + 1u) {
-                    s[u * ROWS + r] = 0.0;
+                    var sum = 0.0;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        var p = 0.0;
+                        if (live & (1u << u)) != 0u {
+                            p = exp(s[u * ROWS + r] - mx);
+                        }
+                        s[u * ROWS + r] = p;
+                        sum = sum + p;
+                    }
+                    let alpha = exp(m_old - mx);
+                    m[r] = mx;
+                    l[r] = l[r] * alpha + sum;
+                    // @unroll
+                    for (var x = 0u; x < QV; x = x + 1u) {
+                        acc[r * QV + x] = acc[r * QV + x] * alpha;
+                    }
+                } else {
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        s[u * ROWS + r] = 0.0;
+                    }
                 }
             }
         }
@@ -297,7 +371,7 @@ fn main(
         for (var u = 0u; u < U; u = u + 1u) {
             // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
-                let live = c + k * TPK < NG;
+                let live = FULL == 1u || c + k * TPK < NG;
                 // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
                     let vv = select(vec4<f32>(0.0), unpack4(cur.vgr[u * GPT + k], i), live);

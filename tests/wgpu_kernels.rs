@@ -444,18 +444,31 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         max_splits: 64,
         ..tuning
     };
+    // One pass: the 300-key decode in one item, so most of its steps take the kernel's
+    // unmasked short form (a step is 64 keys at 8 lanes a key, 128 at 4).
+    let one = WgpuTuning {
+        max_splits: 1,
+        ..tuning
+    };
     let mut failures = Vec::new();
-    for (dtype, cache, d) in [
-        (DType::Bf16, CacheDType::Auto, 128),
-        (DType::F16, CacheDType::Fp8E4m3, 64),
-        (DType::Bf16, CacheDType::Fp8E5m2, 128),
-        (DType::F32, CacheDType::Auto, 32),
+    // The last layer has a window shorter than its 2-token decode's context: its steps
+    // start masked (the first query sees one key fewer) and end unmasked.
+    for (dtype, cache, d, window) in [
+        (DType::Bf16, CacheDType::Auto, 128, None),
+        (DType::F16, CacheDType::Fp8E4m3, 64, None),
+        (DType::Bf16, CacheDType::Fp8E5m2, 128, None),
+        (DType::F32, CacheDType::Auto, 32, None),
+        (DType::F32, CacheDType::Auto, 64, Some(230)),
     ] {
         let mut p = AttentionParams::new(8, d, 2);
         p.kv_cache_dtype = cache;
         p.sinks = Some((0..8).map(|i| i as f32 * 0.2 - 0.5).collect());
+        p.sliding_window = window;
         let case = CaseConfig::new(p.clone(), dtype, 16);
-        let spec = BatchSpec::new(&[(1, 300), (1, 17), (2, 64)]);
+        let spec = match window {
+            None => BatchSpec::new(&[(1, 300), (1, 17), (2, 64)]),
+            Some(_) => BatchSpec::new(&[(2, 600), (1, 17)]),
+        };
         let batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 3).unwrap();
         let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p, tuning).unwrap();
         let Some(shader) = imp.decode_shader(8, dtype, &batch.kv_cache) else {
@@ -464,9 +477,11 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         };
         let lanes = dev.adapter_info().subgroup_min_size;
         assert!(shader.lanes_per_key <= lanes.max(1), "{shader:?}");
-        for (label, t) in [("", tuning), (", 38 splits", many)] {
+        for (label, t) in [("", tuning), (", 38 splits", many), (", one pass", one)] {
             if let Err(e) = check_batch(dev, &case, &spec, t, 3) {
-                failures.push(format!("{dtype}/{cache} d{d}{label}: {e}"));
+                failures.push(format!(
+                    "{dtype}/{cache} d{d} window {window:?}{label}: {e}"
+                ));
             }
         }
         let compiled = dev

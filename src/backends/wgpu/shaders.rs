@@ -621,6 +621,7 @@ impl DecodeShader {
             ("U", self.keys_per_step),
             ("ROWS", self.rows),
             ("PREFETCH", self.prefetch as u32),
+            ("FULL", (ng % self.lanes_per_key == 0) as u32),
         ];
         s += &consts(&c);
         s += if Self::granule_bytes(self.kv_dtype) == 8 {
