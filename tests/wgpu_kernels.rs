@@ -444,10 +444,12 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         max_splits: 64,
         ..tuning
     };
-    // One pass: the 300-key decode in one item, so most of its steps take the kernel's
-    // unmasked short form (a step is 64 keys at 8 lanes a key, 128 at 4).
+    // One pass, in the GPU form (unrolled): the 300-key decode in one item, so most of its
+    // steps take the kernel's unmasked short form (a step is 64 keys at 8 lanes a key, 128
+    // at 4).
     let one = WgpuTuning {
         max_splits: 1,
+        unrolled: true,
         ..tuning
     };
     let mut failures = Vec::new();
