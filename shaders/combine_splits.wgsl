@@ -8,13 +8,14 @@
 //
 // Algorithm: the WG threads of a workgroup form SL = WG / D4 split lanes of D4 columns
 // (thread t: column t % D4, split lane t / D4). Split lane k walks partials k, k + SL, …
-// once, merging each into its own (m, l, acc) online (rescaling by exp(m_old − m_new)), so a
-// long split list costs n_splits / SL dependent steps; then the SL states merge through
-// workgroup memory and the first D4 threads write the row.
+// once, BATCH at a time: it issues the loads of BATCH partials before merging any of them
+// into its own (m, l, acc) online (rescaling by exp(m_old − m_new)), so a long split list
+// costs n_splits / (SL·BATCH) load latencies, not n_splits / SL; then the SL states merge
+// through workgroup memory and the first D4 threads write the row.
 //
-// Specialisation (generated header): WG (≥ D4: the host takes head sizes ≤ 4·WG) and
-// `out_store4` for the output dtype. The head size D and the rows of a decode partial (BMD)
-// are run-time parameters.
+// Specialisation (generated header): WG (≥ D4: the host takes head sizes ≤ 4·WG), BATCH (the
+// loops over it are unrolled, `// @unroll`) and `out_store4` for the output dtype. The head
+// size D and the rows of a decode partial (BMD) are run-time parameters.
 //
 // Work: workgroup (x + z·65535, y) merges group x+z·65535 for query head y; a group is 4 u32:
 // first batch token, number of tokens, first partial slot, number of splits. Its tokens are
@@ -78,16 +79,30 @@ fn main(
         var l = 0.0;
         var o = vec4<f32>(0.0);
         if sl < lanes {
-            for (var s = sl; s < n_splits; s = s + lanes) {
-                let prow = ((split_base + s) * params.num_kv_heads + kv_head) * BMD + r;
-                let ml = scratch[params.ml_offset + prow];
-                let part = scratch[prow * D4 + col];
-                let m_new = max(m, ml.x);
-                let a = exp(m - m_new);
-                let b = exp(ml.x - m_new);
-                l = l * a + ml.y * b;
-                o = o * a + part * b;
-                m = m_new;
+            for (var s0 = sl; s0 < n_splits; s0 = s0 + lanes * BATCH) {
+                var mls: array<vec4<f32>, BATCH>;
+                var parts: array<vec4<f32>, BATCH>;
+                // @unroll
+                for (var j = 0u; j < BATCH; j = j + 1u) {
+                    let s = s0 + j * lanes;
+                    // Past the list: a neutral partial (m = NO_MAX, l = 0, acc = 0).
+                    mls[j] = vec4<f32>(NO_MAX, 0.0, 0.0, 0.0);
+                    parts[j] = vec4<f32>(0.0);
+                    if s < n_splits {
+                        let prow = ((split_base + s) * params.num_kv_heads + kv_head) * BMD + r;
+                        mls[j] = scratch[params.ml_offset + prow];
+                        parts[j] = scratch[prow * D4 + col];
+                    }
+                }
+                // @unroll
+                for (var j = 0u; j < BATCH; j = j + 1u) {
+                    let m_new = max(m, mls[j].x);
+                    let a = exp(m - m_new);
+                    let b = exp(mls[j].x - m_new);
+                    l = l * a + mls[j].y * b;
+                    o = o * a + parts[j] * b;
+                    m = m_new;
+                }
             }
         }
         acc_s[t] = o;

@@ -94,28 +94,37 @@ fn f32_to_bf16_bits(v: f32) -> u32 {
     return x >> 16u;
 }
 
-// One fp8 byte -> f32. `mant`: mantissa bits (3 or 2); `bias`: 7 or 15; `ieee_top`: the
-// top exponent encodes inf/NaN (E5M2) rather than only S.1111.111 being NaN (E4M3fn).
-fn fp8_to_f32(b: u32, mant: u32, bias: i32, ieee_top: bool) -> f32 {
-    let sign = (b & 0x80u) << 24u;
-    let exp_bits = 7u - mant;
-    let top = (1u << exp_bits) - 1u;
-    let e = (b >> mant) & top;
-    let m = b & ((1u << mant) - 1u);
-    if ieee_top && e == top {
-        if m == 0u {
-            return bitcast<f32>(sign | POS_INF_BITS);
-        }
-        return bitcast<f32>(sign | 0x7fc00000u);
-    }
-    if !ieee_top && e == top && m == (1u << mant) - 1u {
-        return bitcast<f32>(sign | 0x7fc00000u);
-    }
-    if e == 0u {
-        let mag = ldexp(f32(m), 1 - bias - i32(mant));
-        return select(mag, -mag, sign != 0u);
-    }
-    return bitcast<f32>(sign | (u32(i32(e) - bias + 127) << 23u) | (m << (23u - mant)));
+// Four fp8 bytes of `w` (lowest first) -> f32, exactly, with no branch: a code's magnitude
+// bits are shifted into the f32 exponent and mantissa fields (`mag`, at bit 20 for E4M3, 21
+// for E5M2) and rebiased by an integer add (exponent + 127 − bias); subnormal codes
+// (exponent 0) are the mantissa times 2^(1 − bias − mant), computed as f32(mag) times a
+// power of two (exact: mag < 2^23); E4M3 S.1111.111 is NaN, E5M2 exponent 31 is inf (mantissa
+// 0) or NaN; the sign bit is or-ed in last (so −0 stays −0).
+fn e4m3x4_to_f32(w: u32) -> vec4<f32> {
+    let mag = vec4<u32>(w << 20u, w << 12u, w << 4u, w >> 4u) & vec4<u32>(0x07f00000u);
+    let sign = vec4<u32>(w << 24u, w << 16u, w << 8u, w) & vec4<u32>(0x80000000u);
+    let normal = bitcast<vec4<f32>>(mag + vec4<u32>(0x3c000000u));
+    // 2^-29 = 2^-9 (the subnormal quantum) / 2^20 (the shift of mag).
+    let sub = vec4<f32>(mag) * 1.86264514923095703125e-9;
+    var v = select(normal, sub, mag < vec4<u32>(0x00800000u));
+    v = select(v, bitcast<vec4<f32>>(vec4<u32>(0x7fc00000u)), mag == vec4<u32>(0x07f00000u));
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | sign);
+}
+
+fn e5m2x4_to_f32(w: u32) -> vec4<f32> {
+    let mag = vec4<u32>(w << 21u, w << 13u, w << 5u, w >> 3u) & vec4<u32>(0x0fe00000u);
+    let sign = vec4<u32>(w << 24u, w << 16u, w << 8u, w) & vec4<u32>(0x80000000u);
+    let normal = bitcast<vec4<f32>>(mag + vec4<u32>(0x38000000u));
+    // 2^-37 = 2^-16 (the subnormal quantum) / 2^21 (the shift of mag).
+    let sub = vec4<f32>(mag) * 7.2759576141834259033203125e-12;
+    var v = select(normal, sub, mag < vec4<u32>(0x00800000u));
+    let top = select(
+        vec4<u32>(0x7fc00000u),
+        vec4<u32>(POS_INF_BITS),
+        mag == vec4<u32>(0x0f800000u),
+    );
+    v = select(v, bitcast<vec4<f32>>(top), mag >= vec4<u32>(0x0f800000u));
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) | sign);
 }
 
 // Correctly rounded x / s for a positive normal finite s (the fp8 scales); other inputs
@@ -205,14 +214,6 @@ fn f32_to_fp8(y: f32, mant: u32, bias: i32, max_bits: u32) -> u32 {
         return sign;
     }
     return sign | ((u32(qe + i32(mant) + bias - 1) << mant) + q);
-}
-
-fn e4m3_to_f32(b: u32) -> f32 {
-    return fp8_to_f32(b, 3u, 7, false);
-}
-
-fn e5m2_to_f32(b: u32) -> f32 {
-    return fp8_to_f32(b, 2u, 15, true);
 }
 
 fn f32_to_e4m3(x: f32, scale: f32) -> u32 {

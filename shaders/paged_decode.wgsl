@@ -4,24 +4,38 @@
 // pass (combine_splits.wgsl) as paged_attention.wgsl; it differs in how one workgroup
 // walks its keys.
 //
-// Algorithm: workgroup (x + z·65535, y) runs item x+z·65535 for KV head y: the item's
-// n_rows ≤ ROWS query rows (the GQA group of each of its tokens, row rr = row_start + r is
-// token rr / g, query head kv_head·g + rr % g) against its key range, so every key and value
-// is read once for all the query heads that share it. The WG invocations form NKG = WG / TPK
-// key groups of TPK lanes; lanes of a key group lie in one subgroup (TPK divides the
-// subgroup size, both powers of two; kg and the lane come from subgroup_id and
+// Algorithm: a workgroup runs one item for one KV head: with the HEADS_INNER flag (the
+// default) workgroup (h, y + z·65535) runs item y + z·65535 for KV head h, so the Hkv
+// workgroups of an item are dispatched together and read the same cache blocks at the same
+// time (one block holds every head's keys: the pages and DRAM rows it touches serve all of
+// them); without it workgroup (x + z·65535, y) runs item x + z·65535 for KV head y. The
+// item's n_rows ≤ ROWS query rows (the GQA group of each of its tokens, row rr = row_start + r
+// is token rr / g, query head kv_head·g + rr % g) run against its key range, so every key and
+// value is read once for all the query heads that share it. The WG invocations form
+// NKG = WG / TPK key groups of TPK lanes; lanes of a key group lie in one subgroup (TPK
+// divides the subgroup size, both powers of two; kg and the lane come from subgroup_id and
 // subgroup_invocation_id, not from the local index). Key group kg takes keys
 // it + kg·U .. it + kg·U + U − 1 of every step of NKG·U keys. Lane c of a key group owns
-// granules c, c + TPK, … (GPT of them) of a K or V row: a granule is one 16-byte vec4<u32>
-// of G elements (4 f32, 8 f16/bf16, 16 fp8), loaded whole. Per step a lane
-//   1. issues the 2·U·GPT 16-byte loads of its keys' K and V granules, then the block-table
-//      reads of the next step's keys (they overlap the loads in flight);
+// granules c, c + TPK, … (GPT of them) of a K or V row: a granule (`Gran`) is G = 8 elements
+// of a 16- or 8-bit cache (a 16-byte vec4<u32> for f16/bf16, an 8-byte vec2<u32> for fp8, so
+// both have the same lanes per key and registers per lane) or 4 f32 (a vec4<u32>), loaded
+// whole. Per step a lane
+//   1. issues the 2·U·GPT granule loads of its keys' K and V, then the block-table reads of
+//      the keys it loads next (they overlap the loads in flight; one read for all U keys when
+//      they share a block: the range starts at a multiple of U and U divides the block
+//      size); with PREFETCH (the default) those loads are the next step's, issued before
+//      this step's granules (loaded one step earlier) are used, so two steps of loads are in
+//      flight while it computes;
 //   2. forms partial dot products of its query granules (registers, pre-scaled by
 //      scale·k_scale) with each key, and sums them over the TPK lanes with
 //      subgroupShuffleXor (log2 TPK steps);
 //   3. updates its key group's own online softmax per row — soft cap, ALiBi, mask, running
 //      max m, denominator l, acc = acc·exp(m_old − m) + Σ p·V — all in registers, with no
-//      barrier and no workgroup memory in the loop.
+//      barrier and no workgroup memory in the loop. A step whose keys every row sees
+//      (`unmasked_range`) with neither soft cap nor ALiBi skips the per-key range, mask and
+//      modifier code (most steps of a decode).
+// The TPK lanes of a key group all run the same softmax (the all-reduce leaves every score
+// in every lane): redundant work, which is why the short form matters.
 // Key group 0 of the item that carries the sink flag starts its rows at m = sink, l = 1.
 // At the end the NKG states merge through workgroup memory (M = max m, L = Σ l·e^(m − M),
 // acc = Σ acc·e^(m − M), times v_scale), row by row; then out = acc / L and LSE = M + ln L
@@ -30,13 +44,15 @@
 //
 // Specialisation (generated header, see `DecodeShader` in src/backends/wgpu/shaders.rs):
 // D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, LOG_TPK, GPT = ceil(NG / TPK),
-// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS; `q_load4` / `out_store4` for the query dtype;
-// `unpack4(w, i)`, the i-th four elements of a granule as f32 (exact integer unpacking,
-// common.wgsl). Loops marked `// @unroll` (all over those constants) are unrolled by the
-// generator (`shaders::unroll`): every per-thread array (queries, accumulators, loaded
-// granules, scores) is then indexed by constants only and lives in registers.
+// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS, PREFETCH (0 / 1), FULL (1 when TPK divides NG:
+// no lane is ever past the last granule, the masks fold away); the granule type `Gran`;
+// `q_load4` / `out_store4` for the query dtype; `unpack4(w, i)`, the i-th four elements of a
+// granule as f32 (exact integer unpacking, common.wgsl). Loops marked `// @unroll` (all over
+// those constants) are unrolled by the generator (`shaders::unroll`): every per-thread array
+// (queries, accumulators, loaded granules, scores) is then indexed by constants only and
+// lives in registers.
 //
-// Layout: as paged_attention.wgsl; the cache is bound as array<vec4<u32>> (granules).
+// Layout: as paged_attention.wgsl; the cache is bound as array<Gran> (granules).
 // Partial row of (slot, kv_head, r) at ((slot·Hkv + kv_head)·decode_rows + r)·D4 vec4,
 // its (m, l) at ml_offset + that row.
 //
@@ -48,8 +64,14 @@
 // block 0 (inside the buffer) and are masked; lanes past the last granule (NG not a multiple
 // of TPK) re-read granule NG − 1 and are masked; rows ≥ n_rows are never loaded or stored.
 
-@group(0) @binding(2) var<storage, read> kv_buf: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> kv_buf: array<Gran>;
 @group(0) @binding(3) var<storage, read> block_table: array<i32>;
+
+// The K and V granules of one step's U keys (this lane's GPT granules of each).
+struct Granules {
+    kgr: array<Gran, U * GPT>,
+    vgr: array<Gran, U * GPT>,
+}
 
 var<workgroup> red_s: array<vec4<f32>, NKG * D4>;
 var<workgroup> ml_s: array<vec2<f32>, NKG * ROWS>;
@@ -70,6 +92,68 @@ fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
     return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
 }
 
+// Element bases of keys j0 .. j0 + U − 1 (0 for keys at or past `hi`). With `one_block`
+// (j0 is a multiple of U and U divides the block size, so the U keys share a block) one
+// block-table read serves all of them.
+fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32, one_block: bool) -> array<u32, U> {
+    var kb: array<u32, U>;
+    if one_block {
+        var b0 = 0u;
+        if j0 < hi {
+            b0 = key_base(j0, kv_head, kv_row);
+        }
+        // @unroll
+        for (var u = 0u; u < U; u = u + 1u) {
+            kb[u] = select(0u, b0 + u * params.tok_stride, j0 + u < hi);
+        }
+        return kb;
+    }
+    // @unroll
+    for (var u = 0u; u < U; u = u + 1u) {
+        var b = 0u;
+        if j0 + u < hi {
+            b = key_base(j0 + u, kv_head, kv_row);
+        }
+        kb[u] = b;
+    }
+    return kb;
+}
+
+// The keys of [lo, hi) that every query at positions p_min..=p_max sees (no mask needed
+// there): the complement of what `visible` can hide. Returns hi <= lo when none.
+fn unmasked_range(lo: u32, hi: u32, p_min: u32, p_max: u32) -> vec2<u32> {
+    var a = lo;
+    var b = hi;
+    if (params.flags & CAUSAL) != 0u {
+        b = min(b, p_min + 1u);
+    }
+    if (params.flags & WINDOW) != 0u {
+        if p_max + 1u > params.window {
+            a = max(a, p_max + 1u - params.window);
+        }
+        if (params.flags & CAUSAL) == 0u {
+            b = min(b, p_min + params.window);
+        }
+    }
+    return vec2<u32>(a, b);
+}
+
+// Lane c's granules of the keys at element bases `kb` (lanes past the last granule re-read
+// granule NG − 1; the scores and P·V mask them).
+fn load_step(kb: array<u32, U>, c: u32) -> Granules {
+    var g: Granules;
+    // @unroll
+    for (var u = 0u; u < U; u = u + 1u) {
+        // @unroll
+        for (var k = 0u; k < GPT; k = k + 1u) {
+            let gi = min(c + k * TPK, NG - 1u);
+            g.kgr[u * GPT + k] = kv_buf[(kb[u] + gi * G) / G];
+            g.vgr[u * GPT + k] = kv_buf[(kb[u] + params.kv_stride + gi * G) / G];
+        }
+    }
+    return g;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(local_invocation_index) t: u32,
@@ -79,11 +163,17 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
     @builtin(subgroup_id) sg_id: u32,
 ) {
-    let item = flat_group(wid, nwg);
+    // Heads inner (the default): workgroup (h, y + z·nwg.y) runs item y + z·nwg.y for KV
+    // head h, so the Hkv workgroups of one item start together and walk the same blocks.
+    var item = flat_group(wid, nwg);
+    var kv_head = wid.y;
+    if (params.flags & HEADS_INNER) != 0u {
+        item = wid.z * nwg.y + wid.y;
+        kv_head = wid.x;
+    }
     if item >= params.num_items {
         return;
     }
-    let kv_head = wid.y;
     let g = params.group;
     let H = params.num_heads;
     let w = item * 8u;
@@ -136,49 +226,38 @@ fn main(
         }
     }
 
-    let range = key_range(
-        kv_lo,
-        kv_hi,
-        ctx + row_start / g,
-        ctx + (row_start + n_rows - 1u) / g,
-    );
+    let p_min = ctx + row_start / g;
+    let p_max = ctx + (row_start + n_rows - 1u) / g;
+    let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
     let STEP = NKG * U;
+    // Steps inside `plain` need no mask and no logit modifier: their softmax skips both.
+    let plain = unmasked_range(lo, hi, p_min, p_max);
+    let no_modifier = (params.flags & (SOFT_CAP | ALIBI)) == 0u;
+    let one_block = lo % U == 0u && params.block_size % U == 0u;
 
-    // Element bases of this key group's keys of the current step (0 past the range).
-    var kb: array<u32, U>;
-    // @unroll
-    for (var u = 0u; u < U; u = u + 1u) {
-        let j = lo + kg * U + u;
-        var b = 0u;
-        if j < hi {
-            b = key_base(j, kv_head, kv_row);
-        }
-        kb[u] = b;
+    // Element bases of the keys whose granules load next. With PREFETCH the granules of
+    // step `it` + STEP load while step `it` is computed (two steps of loads in flight).
+    var kb = key_bases(lo + kg * U, hi, kv_head, kv_row, one_block);
+    var nxt: Granules;
+    if PREFETCH != 0u && lo < hi {
+        nxt = load_step(kb, c);
+        kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row, one_block);
     }
 
     for (var it = lo; it < hi; it = it + STEP) {
-        // 1. Loads: K and V granules of U keys, then the next step's key addresses.
-        var kw: array<vec4<u32>, U * GPT>;
-        var vw: array<vec4<u32>, U * GPT>;
-        // @unroll
-        for (var u = 0u; u < U; u = u + 1u) {
-            // @unroll
-            for (var k = 0u; k < GPT; k = k + 1u) {
-                let gi = min(c + k * TPK, NG - 1u);
-                kw[u * GPT + k] = kv_buf[(kb[u] + gi * G) / G];
-                vw[u * GPT + k] = kv_buf[(kb[u] + params.kv_stride + gi * G) / G];
+        // 1. Loads: this step's K and V granules (or the next step's, with PREFETCH), then
+        //    the addresses of the step after (their block-table reads overlap the loads).
+        var cur = nxt;
+        if PREFETCH != 0u {
+            if it + STEP < hi {
+                nxt = load_step(kb, c);
             }
-        }
-        // @unroll
-        for (var u = 0u; u < U; u = u + 1u) {
-            let j = it + STEP + kg * U + u;
-            var b = 0u;
-            if j < hi {
-                b = key_base(j, kv_head, kv_row);
-            }
-            kb[u] = b;
+            kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block);
+        } else {
+            cur = load_step(kb, c);
+            kb = key_bases(it + STEP + kg * U, hi, kv_head, kv_row, one_block);
         }
 
         // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
@@ -188,10 +267,10 @@ fn main(
             var kf: array<vec4<f32>, QV>;
             // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
-                let live = c + k * TPK < NG;
+                let live = FULL == 1u || c + k * TPK < NG;
                 // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
-                    kf[k * V4G + i] = select(vec4<f32>(0.0), unpack4(kw[u * GPT + k], i), live);
+                    kf[k * V4G + i] = select(vec4<f32>(0.0), unpack4(cur.kgr[u * GPT + k], i), live);
                 }
             }
             // @unroll
@@ -213,44 +292,78 @@ fn main(
             }
         }
 
-        // 3. Online softmax per row, then acc += P·V.
-        // @unroll
-        for (var r = 0u; r < ROWS; r = r + 1u) {
-            if r < n_rows {
-                let m_old = m[r];
-                var mx = m_old;
-                var live = 0u;
-                // @unroll
-                for (var u = 0u; u < U; u = u + 1u) {
-                    let j = it + kg * U + u;
-                    if j < hi && visible(pos[r], j) {
-                        let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
-                        s[u * ROWS + r] = sv;
-                        mx = max(mx, sv);
-                        live = live | (1u << u);
+        // 3. Online softmax per row, then acc += P·V. A step whose keys are all in range,
+        //    visible to every row and unmodified (the common case) takes the short form.
+        if no_modifier && it >= plain.x && it + STEP <= plain.y {
+            // @unroll
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                if r < n_rows {
+                    let m_old = m[r];
+                    var mx = m_old;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        mx = max(mx, s[u * ROWS + r]);
+                    }
+                    var sum = 0.0;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        let p = exp(s[u * ROWS + r] - mx);
+                        s[u * ROWS + r] = p;
+                        sum = sum + p;
+                    }
+                    let alpha = exp(m_old - mx);
+                    m[r] = mx;
+                    l[r] = l[r] * alpha + sum;
+                    // @unroll
+                    for (var x = 0u; x < QV; x = x + 1u) {
+                        acc[r * QV + x] = acc[r * QV + x] * alpha;
+                    }
+                } else {
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        s[u * ROWS + r] = 0.0;
                     }
                 }
-                var sum = 0.0;
-                // @unroll
-                for (var u = 0u; u < U; u = u + 1u) {
-                    var p = 0.0;
-                    if (live & (1u << u)) != 0u {
-                        p = exp(s[u * ROWS + r] - mx);
+            }
+        } else {
+            // @unroll
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                if r < n_rows {
+                    let m_old = m[r];
+                    var mx = m_old;
+                    var live = 0u;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        let j = it + kg * U + u;
+                        if j < hi && visible(pos[r], j) {
+                            let sv = modify(s[u * ROWS + r], head[r], pos[r], j);
+                            s[u * ROWS + r] = sv;
+                            mx = max(mx, sv);
+                            live = live | (1u << u);
+                        }
                     }
-                    s[u * ROWS + r] = p;
-                    sum = sum + p;
-                }
-                let alpha = exp(m_old - mx);
-                m[r] = mx;
-                l[r] = l[r] * alpha + sum;
-                // @unroll
-                for (var x = 0u; x < QV; x = x + 1u) {
-                    acc[r * QV + x] = acc[r * QV + x] * alpha;
-                }
-            } else {
-                // @unroll
-                for (var u = 0u; u < U; u = u + 1u) {
-                    s[u * ROWS + r] = 0.0;
+                    var sum = 0.0;
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        var p = 0.0;
+                        if (live & (1u << u)) != 0u {
+                            p = exp(s[u * ROWS + r] - mx);
+                        }
+                        s[u * ROWS + r] = p;
+                        sum = sum + p;
+                    }
+                    let alpha = exp(m_old - mx);
+                    m[r] = mx;
+                    l[r] = l[r] * alpha + sum;
+                    // @unroll
+                    for (var x = 0u; x < QV; x = x + 1u) {
+                        acc[r * QV + x] = acc[r * QV + x] * alpha;
+                    }
+                } else {
+                    // @unroll
+                    for (var u = 0u; u < U; u = u + 1u) {
+                        s[u * ROWS + r] = 0.0;
+                    }
                 }
             }
         }
@@ -258,10 +371,10 @@ fn main(
         for (var u = 0u; u < U; u = u + 1u) {
             // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
-                let live = c + k * TPK < NG;
+                let live = FULL == 1u || c + k * TPK < NG;
                 // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
-                    let vv = select(vec4<f32>(0.0), unpack4(vw[u * GPT + k], i), live);
+                    let vv = select(vec4<f32>(0.0), unpack4(cur.vgr[u * GPT + k], i), live);
                     // @unroll
                     for (var r = 0u; r < ROWS; r = r + 1u) {
                         acc[r * QV + k * V4G + i] = acc[r * QV + k * V4G + i]

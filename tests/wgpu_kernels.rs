@@ -421,6 +421,13 @@ fn split_kv_decode_kernel_is_used() {
         );
         return;
     }
+    let failures = check_decode_kernel(&dev);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The body of `split_kv_decode_kernel_is_used` (and of its child runs with other kernel
+/// switches): failures, one line each.
+fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
     let tuning = WgpuTuning {
         split_min_keys: 16,
         target_workgroups: 64,
@@ -429,17 +436,41 @@ fn split_kv_decode_kernel_is_used() {
         prefill_tiles: false,
         unrolled: false,
     };
+    // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
+    // of the combine's split lanes (4 lanes × 4 partials at head size 128).
+    let many = WgpuTuning {
+        split_min_keys: 8,
+        target_workgroups: 4096,
+        max_splits: 64,
+        ..tuning
+    };
+    // One pass, in the GPU form (unrolled): the 300-key decode in one item, so most of its
+    // steps take the kernel's unmasked short form (a step is 64 keys at 8 lanes a key, 128
+    // at 4).
+    let one = WgpuTuning {
+        max_splits: 1,
+        unrolled: true,
+        ..tuning
+    };
     let mut failures = Vec::new();
-    for (dtype, cache, d) in [
-        (DType::Bf16, CacheDType::Auto, 128),
-        (DType::F16, CacheDType::Fp8E4m3, 64),
-        (DType::F32, CacheDType::Auto, 32),
+    // The last layer has a window shorter than its 2-token decode's context: its steps
+    // start masked (the first query sees one key fewer) and end unmasked.
+    for (dtype, cache, d, window) in [
+        (DType::Bf16, CacheDType::Auto, 128, None),
+        (DType::F16, CacheDType::Fp8E4m3, 64, None),
+        (DType::Bf16, CacheDType::Fp8E5m2, 128, None),
+        (DType::F32, CacheDType::Auto, 32, None),
+        (DType::F32, CacheDType::Auto, 64, Some(230)),
     ] {
         let mut p = AttentionParams::new(8, d, 2);
         p.kv_cache_dtype = cache;
         p.sinks = Some((0..8).map(|i| i as f32 * 0.2 - 0.5).collect());
+        p.sliding_window = window;
         let case = CaseConfig::new(p.clone(), dtype, 16);
-        let spec = BatchSpec::new(&[(1, 300), (1, 17), (2, 64)]);
+        let spec = match window {
+            None => BatchSpec::new(&[(1, 300), (1, 17), (2, 64)]),
+            Some(_) => BatchSpec::new(&[(2, 600), (1, 17)]),
+        };
         let batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 3).unwrap();
         let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p, tuning).unwrap();
         let Some(shader) = imp.decode_shader(8, dtype, &batch.kv_cache) else {
@@ -448,8 +479,12 @@ fn split_kv_decode_kernel_is_used() {
         };
         let lanes = dev.adapter_info().subgroup_min_size;
         assert!(shader.lanes_per_key <= lanes.max(1), "{shader:?}");
-        if let Err(e) = check_batch(&dev, &case, &spec, tuning, 3) {
-            failures.push(format!("{dtype}/{cache} d{d}: {e}"));
+        for (label, t) in [("", tuning), (", 38 splits", many), (", one pass", one)] {
+            if let Err(e) = check_batch(dev, &case, &spec, t, 3) {
+                failures.push(format!(
+                    "{dtype}/{cache} d{d} window {window:?}{label}: {e}"
+                ));
+            }
         }
         let compiled = dev
             .cached_pipeline(&shader.key(), |_| {
@@ -460,7 +495,126 @@ fn split_kv_decode_kernel_is_used() {
             failures.push(format!("{}: not compiled by the run", shader.key()));
         }
     }
+    failures
+}
+
+/// The split-KV decode kernel's A/B switches (README's environment table) keep it correct:
+/// child processes run `check_decode_kernel` with prefetching off and the work items on the
+/// fastest dispatch dimension, and with odd keys per step.
+#[test]
+fn decode_kernel_switches() {
+    if std::env::var_os("POLYATTN_WGPU_DECODE_CHILD").is_some() {
+        return;
+    }
+    let Some(dev) = device("decode_kernel_switches") else {
+        return;
+    };
+    if !dev.has_subgroups() {
+        report!("[decode switches] skipped: no subgroups");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let runs: [&[(&str, &str)]; 2] = [
+        &[
+            ("POLYATTN_WGPU_DECODE_PREFETCH", "0"),
+            ("POLYATTN_WGPU_DECODE_HEADS_INNER", "0"),
+        ],
+        &[("POLYATTN_WGPU_DECODE_KEYS", "3")],
+    ];
+    for vars in runs {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args([
+            "--exact",
+            "decode_switch_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("POLYATTN_WGPU_DECODE_CHILD", "1");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run the test binary");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{vars:?}:\n{text}");
+        assert!(text.contains("[decode child] ok"), "{vars:?}:\n{text}");
+    }
+}
+
+/// The child of `decode_kernel_switches` (does nothing in a normal run).
+#[test]
+fn decode_switch_child() {
+    if std::env::var_os("POLYATTN_WGPU_DECODE_CHILD").is_none() {
+        return;
+    }
+    let dev = WgpuDevice::open().expect("device in child");
+    let failures = check_decode_kernel(&dev);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    report!("[decode child] ok");
+}
+
+/// The kernels' fp8 decoding (`e4m3x4_to_f32` / `e5m2x4_to_f32` of common.wgsl, branch-free)
+/// is bit for bit `src/fp8.rs` on all 256 codes (NaN codes: a NaN of the code's sign).
+#[test]
+fn fp8_decoding_is_exact() {
+    let Some(dev) = device("fp8_decoding_is_exact") else {
+        return;
+    };
+    let common = include_str!("../shaders/common.wgsl");
+    for (name, f, table) in [
+        ("e4m3", "e4m3x4_to_f32", &fp8::E4M3_TABLE),
+        ("e5m2", "e5m2x4_to_f32", &fp8::E5M2_TABLE),
+    ] {
+        let src = format!(
+            "{common}\n\
+             @group(0) @binding(0) var<uniform> unused: vec4<u32>;\n\
+             @group(0) @binding(1) var<storage, read> src: array<u32>;\n\
+             @group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;\n\
+             @compute @workgroup_size(64)\n\
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
+             \x20   dst[id.x] = {f}(src[id.x]);\n}}\n"
+        );
+        let pipe = kernels::pipeline(
+            &dev,
+            &format!("test fp8 decode {name}"),
+            || src,
+            kernels::Bindings::Probe,
+            false,
+        )
+        .unwrap();
+        let codes: Vec<u32> = (0..64u32)
+            .map(|w| (0..4).map(|b| (4 * w + b) << (8 * b)).sum())
+            .collect();
+        let src_buf = kernels::upload_words(&dev, "fp8 codes", &codes).unwrap();
+        let dst = dev
+            .create_storage_buffer("fp8 decoded", 1024, wgpu::BufferUsages::empty(), false)
+            .unwrap();
+        let params = kernels::ParamBlock::new(&dev, 1);
+        let group = kernels::bind_group(
+            &dev,
+            &pipe,
+            vec![
+                (0, params.binding(0)),
+                (1, kernels::whole(&src_buf)),
+                (2, kernels::whole(&dst)),
+            ],
+        );
+        let mut enc = dev
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        kernels::dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+        dev.queue().submit([enc.finish()]);
+        let bytes = dev.read_bytes(&dst, 0, 1024).unwrap();
+        for (code, want) in table.iter().enumerate() {
+            let got = f32::from_le_bytes(bytes[4 * code..4 * code + 4].try_into().unwrap());
+            let same = if want.is_nan() {
+                got.is_nan() && got.is_sign_negative() == (code >= 128)
+            } else {
+                got.to_bits() == want.to_bits()
+            };
+            assert!(same, "{name} code {code:#04x}: got {got:e}, want {want:e}");
+        }
+    }
 }
 
 #[test]

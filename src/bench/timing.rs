@@ -9,7 +9,8 @@
 //! returns when its work is done. GPU backends add their device timer in [`timer_for`] —
 //! CUDA events recorded on the stream around the region, Vulkan / wgpu timestamp queries —
 //! until then a GPU device is timed by the wall clock between two synchronisations, which
-//! includes launch and synchronisation latency.
+//! includes launch and synchronisation latency. `POLYATTN_BENCH_TRACE=1` prints every timed
+//! repetition (device-timed region, host time of the call) to stderr.
 
 use std::time::{Duration, Instant};
 
@@ -134,13 +135,25 @@ where
     let start = Instant::now();
     let min_reps = cfg.min_reps.max(1);
     let floor = min_reps.min(MIN_REPS_FLOOR);
+    let trace = std::env::var_os("POLYATTN_BENCH_TRACE").is_some_and(|v| v != "0");
     while secs.len() < cfg.max_reps.max(min_reps)
         && (secs.len() < min_reps || start.elapsed() < cfg.budget)
         && (secs.len() < floor || start.elapsed() < cfg.cap)
     {
         timer.start()?;
+        let call = Instant::now();
         f(i)?;
-        secs.push(timer.stop()?);
+        let call = call.elapsed().as_secs_f64();
+        let s = timer.stop()?;
+        if trace {
+            eprintln!(
+                "[bench trace] rep {}: region {:.1} µs, host call {:.1} µs",
+                secs.len(),
+                s * 1e6,
+                call * 1e6
+            );
+        }
+        secs.push(s);
         i += 1;
     }
     Ok(Samples::new(secs))

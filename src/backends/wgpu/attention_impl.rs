@@ -1,12 +1,14 @@
 //! The wgpu impl: checks the arguments once, then records one command buffer per call —
-//! the cache write (reshape_and_cache), the decode-tile and prefill-tile attention
-//! dispatches, and the split-KV combine — and submits it without waiting.
+//! one compute pass of the cache write (reshape_and_cache), the decode-tile and prefill-tile
+//! attention dispatches, and the split-KV combine — and submits it without waiting.
 //!
 //! Per layer it owns a uniform block of parameter slots, the layer constants (ALiBi slopes
 //! and sinks) and a scratch buffer for split-KV partials that grows to the largest batch
 //! seen; per step the work items come from the metadata's plan (built by the first layer).
-//! So a steady-state call allocates no device memory: it writes 1 KiB of parameters, creates
-//! a few bind groups and submits.
+//! So a steady-state call allocates no device memory: it writes 1.25 KiB of parameters (only
+//! when they differ from the last call's), creates a few bind groups and submits. Host time
+//! matters: `polyattn bench` hides only ~85 µs of it (its L2-flush clear on an H200) before
+//! it counts as kernel time.
 
 use std::sync::Mutex;
 
@@ -19,8 +21,8 @@ use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
-    bind_group, check_binding, dispatch, grid, pipeline, pipeline_with, storage, upload_words,
-    whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
+    bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
+    upload_words, whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
 use super::metadata_builder::{PlanKey, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
@@ -35,6 +37,7 @@ const SOFT_CAP: u32 = 4;
 const ALIBI: u32 = 8;
 const SINKS: u32 = 16;
 const WRITE_LSE: u32 = 32;
+const HEADS_INNER: u32 = 64;
 
 /// Parameter slots: reshape, decode attention, prefill attention, combine, split-KV decode.
 const SLOT_RESHAPE: usize = 0;
@@ -57,12 +60,17 @@ type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
 /// `paged_attention.wgsl`. For tuning runs: `POLYATTN_WGPU_DECODE_KERNEL=0` turns it off,
 /// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16)
 /// and `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two). Whether its loops are
-/// unrolled follows [`WgpuTuning::unrolled`].
+/// unrolled follows [`WgpuTuning::unrolled`]. `POLYATTN_WGPU_DECODE_PREFETCH=0` turns off its
+/// software pipelining ([`DecodeShader::prefetch`]) and `POLYATTN_WGPU_DECODE_HEADS_INNER=0`
+/// puts the work items back on the fastest dispatch dimension (the order before the KV heads
+/// became the inner one), for A/B runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct DecodeKernelConfig {
     enabled: bool,
     keys_per_step: u32,
     workgroup: u32,
+    prefetch: bool,
+    heads_inner: bool,
 }
 
 impl DecodeKernelConfig {
@@ -80,6 +88,8 @@ impl DecodeKernelConfig {
             enabled: var("POLYATTN_WGPU_DECODE_KERNEL", 1) != 0,
             keys_per_step: var("POLYATTN_WGPU_DECODE_KEYS", DECODE_KEYS_PER_STEP),
             workgroup: var("POLYATTN_WGPU_DECODE_WG", DECODE_WORKGROUP),
+            prefetch: var("POLYATTN_WGPU_DECODE_PREFETCH", 1) != 0,
+            heads_inner: var("POLYATTN_WGPU_DECODE_HEADS_INNER", 1) != 0,
         }
     }
 }
@@ -179,7 +189,8 @@ impl WgpuAttentionImpl {
     /// The split-KV decode kernel for items of up to `rows` rows reading `cache` with
     /// queries of `q_dtype`, or `None` when it cannot run them: the tuning does not use
     /// subgroups (or the adapter has none), the head size or an element stride of the cache
-    /// is not a whole number of 16-byte granules, the cache buffer is not, or the kernel's
+    /// is not a whole number of granules ([`DecodeShader::granule`]), the cache buffer is
+    /// not, or the kernel's
     /// workgroup memory does not fit (see [`DecodeShader::choose`]).
     pub fn decode_shader(
         &self,
@@ -200,7 +211,7 @@ impl WgpuAttentionImpl {
             crate::device::Storage::Wgpu(s) => s.buffer().size(),
             _ => return None,
         };
-        if bytes % 16 != 0 {
+        if bytes % DecodeShader::granule_bytes(kv_dtype) as u64 != 0 {
             return None;
         }
         let info = self.dev.adapter_info();
@@ -216,6 +227,7 @@ impl WgpuAttentionImpl {
         )
         .map(|s| DecodeShader {
             unrolled: self.tuning.unrolled,
+            prefetch: cfg.prefetch,
             ..s
         })
     }
@@ -366,7 +378,7 @@ impl AttentionImpl for WgpuAttentionImpl {
         let rec =
             self.record_reshape(&mut slots, &state.params, layer, key, value, kv_cache, md)?;
         if let Some((pipe, group, dims)) = rec {
-            state.params.write(&self.dev, &slots[..1]);
+            state.params.write_if_changed(&self.dev, &slots[..1]);
             dispatch(&mut enc, &pipe, &group, dims);
             self.dev.queue().submit([enc.finish()]);
         }
@@ -548,7 +560,7 @@ impl AttentionImpl for WgpuAttentionImpl {
         } else {
             u32::MAX
         };
-        let attn_words = |num_items: u32| {
+        let attn_words = |num_items: u32, flags: u32| {
             Words::new()
                 .u(n as u32)
                 .u(p.num_heads as u32)
@@ -616,7 +628,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 shader.subgroups,
                 LoopBounding::Off,
             )?;
-            slots[slot] = attn_words(list.count);
+            slots[slot] = attn_words(list.count, flags);
             let group = attention_group(&pipe, slot, &list.buffer);
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
@@ -635,10 +647,18 @@ impl AttentionImpl for WgpuAttentionImpl {
                 true,
                 LoopBounding::Off,
             )?;
-            slots[SLOT_DECODE_FAST] = attn_words(list.count);
+            let hkv = p.num_kv_heads as u32;
+            let heads_inner = self.decode_kernel.heads_inner;
+            let order = if heads_inner { HEADS_INNER } else { 0 };
+            slots[SLOT_DECODE_FAST] = attn_words(list.count, flags | order);
             let group = attention_group(&pipe, SLOT_DECODE_FAST, &list.buffer);
-            let (x, z) = grid(dev, list.count as u64)?;
-            passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
+            let (a, b) = grid(dev, list.count as u64)?;
+            let dims = if heads_inner {
+                (hkv, a, b)
+            } else {
+                (a, hkv, b)
+            };
+            passes.push((pipe, group, dims));
         }
         if let Some(list) = &plan.combine {
             let shader = CombineShader { out_dtype: dtype };
@@ -675,10 +695,13 @@ impl AttentionImpl for WgpuAttentionImpl {
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_heads as u32, z)));
         }
-        state.params.write(dev, &slots);
-        for (pipe, group, dims) in &passes {
-            dispatch(&mut enc, pipe, group, *dims);
-        }
+        state.params.write_if_changed(dev, &slots);
+        dispatch_all(
+            &mut enc,
+            passes
+                .iter()
+                .map(|(pipe, group, dims)| (pipe, group, *dims)),
+        );
         dev.queue().submit([enc.finish()]);
         Ok(())
     }

@@ -65,9 +65,14 @@ pub struct WgpuTuning {
 }
 
 impl WgpuTuning {
-    /// Defaults for the device: GPUs aim for ~1k decode workgroups with partials of ≥ 256
-    /// keys and use both tile shapes; CPU adapters (lavapipe) split little, but still
-    /// exercise the split path on sequences longer than 32 keys, and use one tile shape.
+    /// Defaults for the device: GPUs aim for ~4k decode workgroups (many waves of a large
+    /// GPU, so the last, partly filled wave costs little) with partials of ≥ 128 keys (a
+    /// batch of one 4k-token request still gets 32 splits × the KV heads, not fewer
+    /// workgroups than an H200 has SMs) and up to 128 splits, and use both tile shapes; CPU
+    /// adapters (lavapipe) split little, but still exercise the split path on sequences
+    /// longer than 32 keys, and use one tile shape. The GPU defaults before 2026-12 were
+    /// 256 keys, 1024 workgroups and 64 splits (`POLYATTN_WGPU_SPLIT_MIN_KEYS=256
+    /// POLYATTN_WGPU_TARGET_WORKGROUPS=1024 POLYATTN_WGPU_MAX_SPLITS=64` restores them).
     ///
     /// For tuning runs each field can be overridden from the environment:
     /// `POLYATTN_WGPU_SPLIT_MIN_KEYS`, `POLYATTN_WGPU_TARGET_WORKGROUPS`,
@@ -76,15 +81,20 @@ impl WgpuTuning {
     /// a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
-        let defaults = WgpuTuning {
-            split_min_keys: if cpu { 32 } else { 256 },
-            target_workgroups: if cpu { 16 } else { 1024 },
-            max_splits: if cpu { 8 } else { 64 },
-            subgroups: dev.has_subgroups(),
+        Self::defaults(cpu, dev.has_subgroups()).with_env()
+    }
+
+    /// The defaults of [`WgpuTuning::for_device`] before the environment overrides, for a
+    /// CPU adapter or a GPU.
+    pub fn defaults(cpu: bool, subgroups: bool) -> Self {
+        WgpuTuning {
+            split_min_keys: if cpu { 32 } else { 128 },
+            target_workgroups: if cpu { 16 } else { 4096 },
+            max_splits: if cpu { 8 } else { 128 },
+            subgroups,
             prefill_tiles: !cpu,
             unrolled: !cpu,
-        };
-        defaults.with_env()
+        }
     }
 
     fn with_env(self) -> Self {
@@ -477,6 +487,23 @@ mod tests {
             &pre[..8],
             &[1, 0, 32, 10, 0, 50, 7, DIRECT_SLOT | SINK_FLAG]
         );
+    }
+
+    /// The GPU defaults on the decode rows of the H200 benchmark (8 KV heads): workgroups =
+    /// requests × 8 × splits, keys per split = sequence / splits.
+    #[test]
+    fn gpu_defaults_fill_a_large_gpu() {
+        let t = WgpuTuning::defaults(false, true);
+        // D1.b1s4k: 32 splits of 128 keys, 256 workgroups (was 16 × 256, 128 workgroups).
+        assert_eq!(t.splits(4096, 1, 8), 32);
+        // D1.b8s4k: 32 × 128, 2048 workgroups.
+        assert_eq!(t.splits(4096, 8, 8), 32);
+        // D1.b16s16k: 32 × 512, 4096 workgroups; D1.b64s4k: 8 × 512, 4096 workgroups.
+        assert_eq!(t.splits(16384, 16, 8), 32);
+        assert_eq!(t.splits(4096, 64, 8), 8);
+        // D4.b1s32k: 128 × 256, 1024 workgroups; D1.b256s4k: 2 × 2048.
+        assert_eq!(t.splits(32768, 1, 8), 128);
+        assert_eq!(t.splits(4096, 256, 8), 2);
     }
 
     #[test]

@@ -242,17 +242,15 @@ fn replace_ident(line: &str, var: &str, with: &str) -> String {
 }
 
 /// WGSL for the four fp8 values (`dtype` E4M3 or E5M2) packed in the u32 `word`, lowest byte
-/// first, as a `vec4<f32>` (not yet multiplied by the scale).
+/// first, as a `vec4<f32>` (not yet multiplied by the scale; `e4m3x4_to_f32` /
+/// `e5m2x4_to_f32` of common.wgsl, exact and branch-free).
 fn fp8x4(dtype: DType, word: &str) -> String {
     let f = if dtype == DType::Fp8E4m3 {
-        "e4m3_to_f32"
+        "e4m3x4_to_f32"
     } else {
-        "e5m2_to_f32"
+        "e5m2x4_to_f32"
     };
-    format!(
-        "vec4<f32>({f}({word} & 0xffu), {f}(({word} >> 8u) & 0xffu), \
-         {f}(({word} >> 16u) & 0xffu), {f}({word} >> 24u))"
-    )
+    format!("{f}({word})")
 }
 
 fn consts(pairs: &[(&str, u32)]) -> String {
@@ -470,7 +468,8 @@ pub const DECODE_WORKGROUP: u32 = 128;
 /// Most query rows one item of the decode kernel takes: queries and accumulators of every
 /// row live in registers.
 pub const DECODE_MAX_ROWS: u32 = 8;
-/// Keys each key group loads per step (`U`): 2·U 16-byte loads in flight per lane.
+/// Keys each key group loads per step (`U`): 2·U granule loads per lane and step (twice
+/// that in flight with [`DecodeShader::prefetch`]).
 pub const DECODE_KEYS_PER_STEP: u32 = 4;
 
 /// One specialisation of `paged_decode.wgsl`, the split-KV decode kernel (needs subgroup
@@ -495,6 +494,10 @@ pub struct DecodeShader {
     /// per-thread arrays in registers. CPU adapters (lavapipe) run the loops as written:
     /// LLVM compiles the unrolled kernel several times slower and runs it no faster.
     pub unrolled: bool,
+    /// Software pipelining: load the next step's granules before computing this step's,
+    /// so each lane keeps two steps of loads in flight (costs one more step of granule
+    /// registers).
+    pub prefetch: bool,
 }
 
 fn prev_pow2(x: u32) -> u32 {
@@ -506,9 +509,21 @@ fn prev_pow2(x: u32) -> u32 {
 }
 
 impl DecodeShader {
-    /// Elements of `kv_dtype` in one 16-byte granule (the unit every load moves).
+    /// Bytes of one granule, the unit every load moves: 16 (a `vec4<u32>`), 8 (a
+    /// `vec2<u32>`) for fp8 caches, so that every cache dtype but f32 has 8 elements per
+    /// granule and the same per-lane register footprint (16-byte fp8 granules would double
+    /// the query and accumulator registers of a lane and halve the lanes per key).
+    pub fn granule_bytes(kv_dtype: DType) -> u32 {
+        if kv_dtype.size_in_bytes() == 1 {
+            8
+        } else {
+            16
+        }
+    }
+
+    /// Elements of `kv_dtype` in one granule.
     pub fn granule(kv_dtype: DType) -> u32 {
-        16 / kv_dtype.size_in_bytes() as u32
+        Self::granule_bytes(kv_dtype) / kv_dtype.size_in_bytes() as u32
     }
 
     /// The specialisation for items of up to `max_rows` rows, or `None` when this kernel
@@ -553,6 +568,7 @@ impl DecodeShader {
             q_dtype,
             kv_dtype,
             unrolled: true,
+            prefetch: true,
         };
         (s.shared_bytes() <= max_shared_bytes).then_some(s)
     }
@@ -570,7 +586,7 @@ impl DecodeShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "decode d{} r{} t{} u{} w{} q{} kv{}{}",
+            "decode d{} r{} t{} u{} w{} q{} kv{}{}{}",
             self.head_size,
             self.rows,
             self.lanes_per_key,
@@ -578,6 +594,7 @@ impl DecodeShader {
             self.workgroup,
             short(self.q_dtype),
             short(self.kv_dtype),
+            if self.prefetch { " prefetch" } else { "" },
             if self.unrolled { " unrolled" } else { "" }
         )
     }
@@ -603,12 +620,19 @@ impl DecodeShader {
             ("NKG", self.key_groups()),
             ("U", self.keys_per_step),
             ("ROWS", self.rows),
+            ("PREFETCH", self.prefetch as u32),
+            ("FULL", (ng % self.lanes_per_key == 0) as u32),
         ];
         s += &consts(&c);
+        s += if Self::granule_bytes(self.kv_dtype) == 8 {
+            "alias Gran = vec2<u32>;\n"
+        } else {
+            "alias Gran = vec4<u32>;\n"
+        };
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
         s += "// Elements 4i..4i+3 of a 16-byte granule of the cache, as f32.\n\
-              fn unpack4(w: vec4<u32>, i: u32) -> vec4<f32> {\n";
+              fn unpack4(w: Gran, i: u32) -> vec4<f32> {\n";
         s += &unpack_body(self.kv_dtype);
         s += "}\n";
         s += COMMON;
@@ -652,6 +676,8 @@ pub struct CombineShader {
 /// Threads per workgroup of the split-KV combine (at least a quarter of the largest head
 /// size: one column of four elements per thread and split lane).
 pub const COMBINE_WORKGROUP: u32 = 128;
+/// Partials a split lane of the combine loads before it merges them (loads in flight).
+pub const COMBINE_BATCH: u32 = 4;
 
 impl CombineShader {
     /// The pipeline-cache key.
@@ -662,10 +688,11 @@ impl CombineShader {
     /// The complete WGSL module.
     pub fn source(&self) -> String {
         let mut s = format!("// generated: {}\n", self.key());
-        s += &consts(&[("WG", COMBINE_WORKGROUP)]);
+        let c = [("WG", COMBINE_WORKGROUP), ("BATCH", COMBINE_BATCH)];
+        s += &consts(&c);
         s += &buffer("out", 3, self.out_dtype, Access::Write);
         s += COMMON;
-        s += COMBINE_SPLITS;
+        s += &unroll(COMBINE_SPLITS, &c);
         s
     }
 }
@@ -994,11 +1021,18 @@ pub fn catalog() -> Vec<(String, String, bool)> {
     // The split-KV decode kernel: every dtype pairing at head size 128, unrolled for
     // subgroups of 32 (NVIDIA) and with loops for 8 (lavapipe); other head sizes, row
     // counts, step lengths and subgroup sizes (4 to 64) in f32 and bf16 caches, alternately
-    // unrolled and not (the unrolled modules are large: naga takes ~1 s for each in debug).
+    // unrolled and not (the unrolled modules are large: naga takes ~1 s for each in debug),
+    // with and without prefetching (it follows the unrolling in the dtype pairings and
+    // alternates against it in the rest).
     let decode = |d: u32, rows: u32, q: DType, kv: DType, sg: u32, u: u32, unrolled: bool| {
         let limit = if sg >= 32 { 48 * 1024 } else { 32 * 1024 };
-        DecodeShader::choose(d, rows, q, kv, (sg, sg), limit, u, DECODE_WORKGROUP)
-            .map(|s| DecodeShader { unrolled, ..s })
+        DecodeShader::choose(d, rows, q, kv, (sg, sg), limit, u, DECODE_WORKGROUP).map(|s| {
+            DecodeShader {
+                unrolled,
+                prefetch: unrolled == (sg != 16),
+                ..s
+            }
+        })
     };
     for (sg, unrolled) in [(32u32, true), (8, false)] {
         for q in ACTIVATION_DTYPES {
