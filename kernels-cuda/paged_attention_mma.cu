@@ -61,8 +61,9 @@
 
 #include "common.cuh"
 
-// m16 tiles per warp: 2 (128 rows per CTA, the default) or 1 (64 rows); the host passes
-// -DPA_MMA_MT, and the CI compile check builds the default.
+// m16 tiles per warp: 1 (64 rows per CTA, the host's default) or 2 (128 rows); the host
+// passes -DPA_MMA_MT; without it the 128-row form is built (the CI whole-file check; the
+// run-time variant check compiles both).
 #ifndef PA_MMA_MT
 #define PA_MMA_MT 2
 #endif

@@ -42,13 +42,16 @@ fn mma_enabled() -> bool {
 }
 
 /// The environment variable that chooses the query rows per CTA of the tensor-core prefill
-/// kernel: `128` (default: 4 warps of two m16 tiles each, every K/V fragment loaded from
-/// shared memory feeds both) or `64` (one m16 tile per warp: twice the CTAs, half the work
-/// per fragment; kept for comparison and for GPUs where 128 rows do not fit as well).
+/// kernel: `64` (default: one m16 tile per warp) or `128` (two m16 tiles per warp, every K/V
+/// fragment read from shared memory feeds both, scores in 32-key steps to fit 255
+/// registers); see [`MMA_ROWS_DEFAULT`].
 pub const MMA_ROWS_ENV: &str = "POLYATTN_CUDA_MMA_ROWS";
 
-/// Query rows per CTA of the tensor-core prefill kernel when `POLYATTN_CUDA_MMA_ROWS` is unset.
-pub const MMA_ROWS_DEFAULT: usize = 128;
+/// Query rows per CTA of the tensor-core prefill kernel when `POLYATTN_CUDA_MMA_ROWS` is
+/// unset: 64. On the H200 (2026-11-30, P2 bf16) the 64-row form ran at 88-189 TFLOP/s and the
+/// 128-row form at 64-152: at 255 registers the two-tile warps lose more to the halved
+/// softmax steps and to the CTAs' tail than they gain from the shared fragments.
+pub const MMA_ROWS_DEFAULT: usize = 64;
 
 fn mma_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
