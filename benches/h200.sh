@@ -8,7 +8,8 @@
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
 # default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
 # kernel (P2.b1s4k) through Nsight Compute (speed of light, warp states, occupancy, source
-# counters) into $OUT/ncu-prefill.log; wgpu-unroll: WGPU rows
+# counters) into $OUT/ncu-prefill.log; wgpu-modes: the large WGPU decode rows in a WGPU-only
+# process and after CUDA, traced per repetition; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
 # sanitize-fp8: fp8 caches on the tensor-core decode kernel (POLYATTN_CUDA_DECODE_FP8=1: tests,
 # D1 / D4 fp8 rows, memcheck / racecheck). Logs go to $OUT.
@@ -90,6 +91,14 @@ for p in "${phases[@]}"; do
         --json "$OUT/wgpu-unrolled.json" --no-svg
       run wgpu-loops 90 env POLYATTN_WGPU_UNROLL=0 $B/bin-polyattn bench --backend wgpu \
         --shapes P2.b1s4k.p16,D1.b8s4k,D4.b1s32k --budget 0.3 --no-svg ;;
+    wgpu-modes)
+      # WGPU-only processes have timed the >= 1 GB decode rows several times slower (and
+      # bimodal) than a process that ran CUDA first (2026-11-30): the same rows both ways,
+      # each repetition traced (device region, host time of the call) to stderr in the log.
+      run wgpu-only 120 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend wgpu \
+        --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg
+      run wgpu-after-cuda 150 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend cuda,wgpu \
+        --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg ;;
     bench)
       run bench 240 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_D,$SHAPES_KG \
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
