@@ -7,7 +7,8 @@
 // reference for the semantics.
 //
 // Work: the same WorkItem list as paged_attention.cu (see common.cuh), planned with up to
-// MMA_ROWS (128, or 64 when built with -DPA_MMA_MT=1) rows per item: query tokens [q_start, q_start + q_len) of request `req` times query heads
+// MMA_ROWS (64, or 128 when built with -DPA_MMA_MT=2) rows per item: query tokens
+// [q_start, q_start + q_len) of request `req` times query heads
 // kv_head*group + [head_start, head_start + head_count), row r = token r / head_count, head
 // r % head_count (the heads of a GQA group share every K/V tile). num_splits is always 1.
 //
@@ -62,10 +63,10 @@
 #include "common.cuh"
 
 // m16 tiles per warp: 1 (64 rows per CTA, the host's default) or 2 (128 rows); the host
-// passes -DPA_MMA_MT; without it the 128-row form is built (the CI whole-file check; the
-// run-time variant check compiles both).
+// passes -DPA_MMA_MT. Without it the default form is built (the CI whole-file check for
+// sm_80 / sm_90; the run-time variant check compiles both forms for sm_90).
 #ifndef PA_MMA_MT
-#define PA_MMA_MT 2
+#define PA_MMA_MT 1
 #endif
 #define MMA_WARPS 4
 #define MMA_MT PA_MMA_MT

@@ -49,8 +49,8 @@ pub const MMA_ROWS_ENV: &str = "POLYATTN_CUDA_MMA_ROWS";
 
 /// Query rows per CTA of the tensor-core prefill kernel when `POLYATTN_CUDA_MMA_ROWS` is
 /// unset: 64. On the H200 (2026-11-30, P2 bf16) the 64-row form ran at 88-189 TFLOP/s and the
-/// 128-row form at 64-152: at 255 registers the two-tile warps lose more to the halved
-/// softmax steps and to the CTAs' tail than they gain from the shared fragments.
+/// 128-row form at 64-152 (not profiled; it runs at 255 registers with 32-key softmax steps
+/// and half as many CTAs).
 pub const MMA_ROWS_DEFAULT: usize = 64;
 
 fn mma_rows() -> usize {
