@@ -12,7 +12,12 @@
 # process and after CUDA, traced per repetition; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
 # sanitize-fp8: fp8 caches on the tensor-core decode kernel (POLYATTN_CUDA_DECODE_FP8=1: tests,
-# D1 / D4 fp8 rows, memcheck / racecheck). Logs go to $OUT.
+# D1 / D4 fp8 rows, memcheck / racecheck); mma-shapes: every CTA shape of the tensor-core
+# prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
+# decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
+# ncu-decode: the decode and combine kernels of D4 through Nsight Compute; subk64: the 128-row
+# prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers).
+# Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -21,6 +26,12 @@ B=.devbin
 SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b8s4k.p16
 SHAPES_D=D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
 SHAPES_KG=K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
+# Warp stall reasons (warps per issue slot) for the ncu phase.
+STALLS=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier \
+  long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected \
+  no_instruction dispatch_stall lg_throttle selected branch_resolving drain membar sleeping \
+  tex_throttle imc_miss misc)
+STALLS=${STALLS%,}
 say() { echo "== $* ($(date +%T))"; }
 run() { # run NAME SECONDS CMD...: logs to $OUT/NAME.log, prints its summary lines
   local name=$1 secs=$2; shift 2
@@ -79,8 +90,33 @@ for p in "${phases[@]}"; do
       run ncu-prefill 240 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 20 \
         --launch-count 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \
         --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-        --section InstructionStats --section SchedulerStats \
+        --section InstructionStats --section SchedulerStats --metrics "$STALLS" \
         $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16 --budget 0.05 --no-svg ;;
+    mma-shapes)
+      for rw in 64:4 128:4 128:8 256:8; do
+        r=${rw%:*} w=${rw#*:}
+        run "mma$r-$w-test" 100 env POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
+          $B/test-cuda_gpu long_prefill --test-threads=1
+        run "mma$r-$w-bench" 90 env POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
+          $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 \
+          --json "$OUT/mma$r-$w.json" --no-svg
+      done ;;
+    decode-splits)
+      for n in 0 16 24 32 48 64 96 128; do
+        if [ $n = 0 ]; then e=(env); else e=(env POLYATTN_CUDA_DECODE_SPLITS=$n); fi
+        run "splits$n" 60 "${e[@]}" $B/bin-polyattn bench --backend cuda \
+          --shapes D4.b1s32k,D1.b1s4k,D1.b8s4k --budget 0.3 --no-svg
+      done ;;
+    ncu-decode)
+      # Both kernels of a D4 step (decode, then the split combine), one launch each.
+      run ncu-decode 120 ncu --clock-control none -k regex:paged_decode --launch-skip 20 \
+        --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
+        $B/bin-polyattn bench --backend cuda --shapes D4.b1s32k --budget 0.05 --no-svg ;;
+    subk64)
+      run subk64-test 100 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
+        $B/test-cuda_gpu long_prefill --test-threads=1
+      run subk64-bench 90 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
+        $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     decode-fp8)
       run fp8-cuda_gpu 100 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-cuda_gpu --test-threads=1 --nocapture
       run fp8-attention 60 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-attention_correctness --nocapture

@@ -239,6 +239,9 @@ struct AttnParams {
     float* lse;           // [num_heads][num_tokens] or null
     float* part_out;
     float* part_lse;
+    // Per (split token, query head) arrival counters of the decode kernel's fused combine
+    // (zero between launches: the last CTA of a token's splits resets its counter).
+    int* split_counters;
     int q_dtype;
     int cache_dtype;
     int out_dtype;
@@ -260,7 +263,7 @@ struct AttnParams {
     float k_scale;        // dequantisation scales (1.0 unless fp8)
     float v_scale;
 };
-static_assert(sizeof(AttnParams) == 192, "AttnParams must match kernels.rs");
+static_assert(sizeof(AttnParams) == 200, "AttnParams must match kernels.rs");
 
 // Visible key range [lo, hi) of a query at `pos` within [kv_lo, kv_hi).
 __device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_lo, int kv_hi,
@@ -294,6 +297,11 @@ __device__ __forceinline__ void ptx_cp_async16(pa_u32 dst, const void* src, int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes)
                  : "memory");
+}
+
+// 16-byte async copy global -> shared, all 16 bytes read (no source-size operand to compute).
+__device__ __forceinline__ void ptx_cp_async16_full(pa_u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void ptx_cp_async_commit() {

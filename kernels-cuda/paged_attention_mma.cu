@@ -7,14 +7,15 @@
 // reference for the semantics.
 //
 // Work: the same WorkItem list as paged_attention.cu (see common.cuh), planned with up to
-// MMA_ROWS (64, or 128 when built with -DPA_MMA_MT=2) rows per item: query tokens
+// MMA_ROWS (16 * PA_MMA_MT * PA_MMA_WARPS: 64, 128 or 256) rows per item: query tokens
 // [q_start, q_start + q_len) of request `req` times query heads
 // kv_head*group + [head_start, head_start + head_count), row r = token r / head_count, head
 // r % head_count (the heads of a GQA group share every K/V tile). num_splits is always 1.
 //
-// Algorithm per CTA (4 warps of MT m16 tiles: warp w owns rows 16 MT w .. 16 MT w + 16 MT - 1;
-// with MT = 2 every K and V fragment read from shared memory feeds two mma instead of one,
-// which halves the ldmatrix traffic per FLOP):
+// Algorithm per CTA (PA_MMA_WARPS = 4 or 8 warps of MT m16 tiles: warp w owns rows
+// 16 MT w .. 16 MT w + 16 MT - 1; with MT = 2 every K and V fragment read from shared memory
+// feeds two mma instead of one, which halves the ldmatrix traffic per FLOP; with more rows per
+// CTA each K/V tile fetched from L2 feeds more rows):
 //  1. The Q tile [MMA_ROWS][D] is copied to shared memory with cp.async (rows past the item's
 //     rows zero-filled). Its mma A fragments (ldmatrix.x4) stay in registers at D = 64 and are
 //     re-read from shared memory per k16 step at larger D (registers go to the accumulators).
@@ -24,24 +25,26 @@
 //     masked V rows hold zeros, never stale NaNs. The tiles are double-buffered and the
 //     gather is pipelined two deep: while tile i is computed, the copy of tile i+1 is in
 //     flight and threads 0..63 read the block-table entries of tile i+2 (one key row each)
-//     into registers; after the compute they store the rows' element offsets to a small
-//     shared table, which the copies of tile i+2 read a tile later. So no thread waits on
-//     the block table before issuing copies, and the division by the block size happens once
-//     per key row, not once per 16-byte chunk. One barrier after the wait makes tile i
-//     visible, one after the compute frees its buffer and publishes the offsets.
-//  3. Each 64-key tile is computed in sub-tiles of SUBK keys (64 at MT = 1, 32 at MT = 2, so
-//     that the live scores fit in registers beside the MT * D / 2 accumulators), each one
+//     into registers; after the compute they store the rows' global addresses (0 outside the
+//     visible union) to a small shared table, which the copies of tile i+2 read a tile later.
+//     So no thread waits on the block table before issuing copies, the division by the block
+//     size happens once per key row, and a 16-byte copy costs a shared load and two adds.
+//     One barrier after the wait makes tile i visible, one after the compute frees its buffer
+//     and publishes the addresses.
+//  3. Each 64-key tile is computed in sub-tiles of SUBK keys (by default 64 at MT = 1, 32 at
+//     MT = 2; -DPA_MMA_SUBK overrides), so that the live scores fit in registers beside the MT * D / 2 accumulators), each one
 //     online-softmax step. S = Q K^T: per warp MT x 16 x SUBK scores (ldmatrix.x4 on K rows
 //     gives the B fragments of two n-tiles). A warp whose rows see no key of a sub-tile
 //     skips it.
-//  4. The softmax runs in base 2: scores are scaled by scale * log2(e) (one FMUL; soft cap
-//     c*tanh(s/c) and ALiBi -slope*|pos - j| are applied in natural units first when the
-//     layer has them), masked to -inf outside each row's visible range (skipped when the
-//     sub-tile lies inside every row's range: the interior tiles of a long prefill), and
-//     exponentiated with ex2.approx (one FFMA + one MUFU op per score). Each thread owns two
-//     rows of each m-tile (lane/4 and lane/4 + 8; a row past the item's rows is computed as
-//     if it saw every key, so it never forces the mask, and is never stored); row maxima are reduced over the 4 lanes of a quad; the
-//     running max m, the per-thread partial denominator l and the O accumulators are
+//  4. The softmax runs in base 2: scores are scaled by scale * log2(e) (without soft cap and
+//     ALiBi -- a separate instantiation, so the common path has no per-score branch -- the
+//     scale is folded into the exponent's FFMA, 2^(s * c - m); with them, c*tanh(s/c) and
+//     -slope*|pos - j| are applied in natural units first), masked to -inf outside each row's
+//     visible range (skipped when the sub-tile lies inside every row's range: the interior
+//     tiles of a long prefill), and exponentiated with ex2.approx (one FFMA + one MUFU op per
+//     score). Each thread owns two rows of each m-tile (lane/4 and lane/4 + 8; a row past
+//     the item's rows is computed as if it saw every key, so it never forces the mask, and
+//     is never stored); row maxima are reduced over the 4 lanes of a quad; the running max m, the per-thread partial denominator l and the O accumulators are
 //     rescaled by 2^(m_old - m_new) (skipped when that is 1 for the whole warp);
 //     P = 2^(s - m_new) is packed to f16x2 / bf16x2 (the C layout of two n-tiles is the A
 //     layout of one k16 step) and O += P V with ldmatrix.x4.trans on the V tile.
@@ -51,14 +54,15 @@
 //
 // Layouts: as paged_attention.cu (q [T][H][D], cache NHD or HND, out [T][H][D] in the
 // activation dtype, lse [H][num_tokens]); dynamic shared memory: the Q tile (MMA_ROWS
-// rows), then 2 K tiles, then 2 V tiles (64 rows each), row stride D + 8 elements (16-byte aligned rows for
-// ldmatrix, conflict-free banks); static: the key-row offsets of two tiles (1 KiB).
+// rows), then 2 K tiles, then 2 V tiles (64 rows each), row stride D + 8 elements (16-byte
+// aligned rows for ldmatrix, conflict-free banks); static: the key-row addresses of two
+// tiles (1 KiB).
 //
 // Bounds relied on (host side): as paged_attention.cu, plus q_len * head_count <= MMA_ROWS,
 // head_size == D, q and cache 16-byte aligned (allocations are 256-byte aligned and every
-// row offset is a multiple of D elements, D a multiple of 16), 128 threads, dynamic shared
-// memory = (MMA_ROWS + 256) * (D + 8) * 2 bytes, compute capability >= 8.0 (cp.async, ldmatrix, bf16
-// mma). Block-table entries are read only for keys inside the item's visible union.
+// row offset is a multiple of D elements, D a multiple of 16), 32 * PA_MMA_WARPS threads,
+// dynamic shared memory = (MMA_ROWS + 256) * (D + 8) * 2 bytes, compute capability >= 8.0
+// (cp.async, ldmatrix, bf16 mma). Block-table entries are read only for keys inside the item's visible union.
 
 #include "common.cuh"
 
@@ -68,14 +72,30 @@
 #ifndef PA_MMA_MT
 #define PA_MMA_MT 1
 #endif
-#define MMA_WARPS 4
+// Warps per CTA (4 or 8; -DPA_MMA_WARPS): every warp owns MT m16 tiles of the CTA's rows and
+// all of them share each K/V tile, so 8 warps halve the K/V traffic per FLOP of 4.
+#ifndef PA_MMA_WARPS
+#define PA_MMA_WARPS 4
+#endif
+// Resident CTAs per SM the register allocation must allow (__launch_bounds__ min blocks).
+#ifndef PA_MMA_MINB
+#define PA_MMA_MINB 1
+#endif
+#define MMA_WARPS PA_MMA_WARPS
+#define MMA_THREADS (MMA_WARPS * 32)
 #define MMA_MT PA_MMA_MT
 #define MMA_ROWS (16 * MMA_MT * MMA_WARPS)
 #define MMA_KEYS 64
-// Keys per online-softmax step: two m16 tiles hold their scores for 32 keys at a time (64
-// would not fit in 255 registers beside the 2 x D/2 accumulators at D = 128).
+// Keys per online-softmax step (-DPA_MMA_SUBK): two m16 tiles hold their scores for 32 keys
+// at a time (64 would not fit in 255 registers beside the 2 x D/2 accumulators at D = 128).
+#ifdef PA_MMA_SUBK
+#define MMA_SUBK PA_MMA_SUBK
+#else
 #define MMA_SUBK (MMA_MT == 1 ? 64 : 32)
+#endif
 static_assert(MMA_MT == 1 || MMA_MT == 2, "one or two m16 tiles per warp");
+static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "4 or 8 warps per CTA");
+static_assert(MMA_SUBK == 32 || MMA_SUBK == 64, "32 or 64 keys per softmax step");
 #define PA_LOG2E 1.4426950408889634f
 #define PA_LN2 0.6931471805599453f
 
@@ -90,42 +110,75 @@ __device__ __forceinline__ pa_i64 pa_mma_key_offset(const AttnParams& p, const W
                            p.num_kv_heads, D, p.layout_hnd);
 }
 
-// Issues the cp.async copies of the K and V tile whose key rows start at the element offsets
-// kofs[0..64) (-1: zero-fill) to the shared tiles at k_sa / v_sa (32-bit shared addresses).
-// Not committed or waited for here. The offsets come from shared memory, so no thread waits
-// on the block table here.
-template <int D>
-__device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_i64* kofs,
-                                               pa_i64 v_delta, pa_u32 k_sa, pa_u32 v_sa) {
-    constexpr int S = D + 8;
-    constexpr int CH = D / 8;
-    static_assert(MMA_KEYS * CH % (MMA_WARPS * 32) == 0, "whole copy rounds");
-#pragma unroll
-    for (int k = 0; k < MMA_KEYS * CH / (MMA_WARPS * 32); ++k) {
-        const int i = threadIdx.x + k * MMA_WARPS * 32;
-        const int j = i / CH;
-        const int c = i - j * CH;
-        const pa_i64 o = kofs[j];
-        const pa_u16* ks = cache + (o >= 0 ? o : 0) + c * 8;
-        const int bytes = o >= 0 ? 16 : 0;
-        const pa_u32 off = (pa_u32)(j * S + c * 8) * 2;
-        ptx_cp_async16(k_sa + off, ks, bytes);
-        ptx_cp_async16(v_sa + off, ks + (o >= 0 ? v_delta : 0), bytes);
+// One 16-byte chunk of a K row and of its V row: `row` is the K row's global byte address
+// (0: the key is outside the item's visible union, both chunks are zero-filled from the valid
+// address `dummy` without reading it), `cb` the chunk's byte offset in the row, `vb` that
+// plus the V row's distance.
+__device__ __forceinline__ void pa_mma_copy_chunk(pa_u32 k_dst, pa_u32 v_dst, pa_u64 row,
+                                                  pa_u64 cb, pa_u64 vb, const void* dummy) {
+    if (row != 0) {
+        ptx_cp_async16_full(k_dst, (const void*)(row + cb));
+        ptx_cp_async16_full(v_dst, (const void*)(row + vb));
+    } else {
+        ptx_cp_async16(k_dst, dummy, 0);
+        ptx_cp_async16(v_dst, dummy, 0);
     }
 }
 
-// Scores of one m16 x (8 NJ)-key sub-tile starting at key c0 for the two rows a thread owns (rows r and r + 8 of the
-// item): s = Q K^T * scale in base-2 units (times log2 e), soft cap and ALiBi when the layer
-// has them (`plain` is false), the visibility mask [lo, hi) when MASK (a tile wholly inside
-// every row's visible range needs none), and the running maxima mx.
-template <bool MASK, int NJ>
+// Issues the cp.async copies of the K and V tile whose key rows start at the global byte
+// addresses krow[0..64) (0: zero-fill) to the shared tiles at k_sa / v_sa (32-bit shared
+// addresses). Not committed or waited for here. The addresses come from shared memory, so no
+// thread waits on the block table here. Why the two forms: where the CTA's threads divide a
+// row's 16-byte chunks evenly (D = 64, 128), each thread copies the same chunk column of
+// every (MMA_THREADS / CH)-th row, so its chunk offsets and shared destinations are constants
+// and a chunk costs one shared load, two 64-bit adds and its copies (a warp still copies whole
+// contiguous rows); otherwise (D = 96) row and column are recomputed per chunk.
+template <int D>
+__device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_u64* krow,
+                                               pa_i64 v_delta_b, pa_u32 k_sa, pa_u32 v_sa) {
+    constexpr int S = D + 8;
+    constexpr int CH = D / 8;
+    static_assert(MMA_KEYS * CH % MMA_THREADS == 0, "whole copy rounds");
+    if constexpr (MMA_THREADS % CH == 0) {
+        constexpr int RSTEP = MMA_THREADS / CH;  // rows per copy round
+        const int c = threadIdx.x % CH;
+        const int j0 = threadIdx.x / CH;
+        const pa_u64 cb = (pa_u64)c * 16;
+        const pa_u64 vb = cb + (pa_u64)v_delta_b;
+        const pa_u32 dst0 = (pa_u32)(j0 * S + c * 8) * 2;
+#pragma unroll
+        for (int k = 0; k < MMA_KEYS / RSTEP; ++k) {
+            const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * S * 2);
+            pa_mma_copy_chunk(k_sa + dst, v_sa + dst, krow[j0 + k * RSTEP], cb, vb, cache);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < MMA_KEYS * CH / MMA_THREADS; ++k) {
+            const int i = threadIdx.x + k * MMA_THREADS;
+            const int j = i / CH;
+            const int c = i - j * CH;
+            const pa_u64 cb = (pa_u64)c * 16;
+            const pa_u32 dst = (pa_u32)(j * S + c * 8) * 2;
+            pa_mma_copy_chunk(k_sa + dst, v_sa + dst, krow[j], cb, cb + (pa_u64)v_delta_b,
+                              cache);
+        }
+    }
+}
+
+// Scores of one m16 x (8 NJ)-key sub-tile starting at key c0 for the two rows a thread owns
+// (rows r and r + 8 of the item), the visibility mask [lo, hi) when MASK (a tile wholly
+// inside every row's visible range needs none), and their maxima mx. PLAIN (no soft cap, no
+// ALiBi): s stays the raw Q K^T (the caller folds scale * log2 e into the exponent's FFMA,
+// which is exact to reorder because scale > 0); otherwise s = (Q K^T * scale, soft-capped,
+// minus the ALiBi bias) * log2 e, in base-2 units.
+template <bool MASK, bool PLAIN, int NJ>
 __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ][4], int c0,
                                               int t4, int r, int hc, int pos0, int head0,
                                               const int (&lo)[2], const int (&hi)[2],
-                                              bool plain, float qk_scale, float (&mx)[2]) {
+                                              float qk_scale, float (&mx)[2]) {
     float slope[2] = {0.0f, 0.0f};
     int pos[2] = {0, 0};
-    if (!plain && p.alibi != 0) {
+    if (!PLAIN && p.alibi != 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             pos[i] = pos0 + (r + 8 * i) / hc;
@@ -138,8 +191,9 @@ __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ
         for (int e = 0; e < 4; ++e) {
             const int i = e >> 1;
             const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
-            float x = s[j][e] * qk_scale;
-            if (!plain) {
+            float x = s[j][e];
+            if (!PLAIN) {
+                x *= qk_scale;
                 if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
                 x -= slope[i] * fabsf((float)(pos[i] - kp));
                 x *= PA_LOG2E;
@@ -151,7 +205,9 @@ __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ
     }
 }
 
-template <bool BF16, int D>
+// PLAIN: the layer has neither soft cap nor ALiBi (the entry point picks the instantiation,
+// so the common path carries no per-score branch on them and its loop stays small).
+template <bool BF16, int D, bool PLAIN>
 __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     constexpr int S = D + 8;       // shared row stride in elements
     constexpr int SB = 2 * S;      // ... in bytes
@@ -166,8 +222,8 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     // and MT * 32 scores (d64); larger heads reload them from shared memory per k16 step.
     constexpr bool Q_REGS = D <= 64;
     extern __shared__ uint4 pa_mma_smem[];
-    // Element offsets of the key rows of the two tiles in flight (see pa_mma_key_offset).
-    __shared__ pa_i64 kofs_s[2][MMA_KEYS];
+    // Global byte addresses of the K rows of the two tiles in flight (0: zero-fill).
+    __shared__ pa_u64 krow_s[2][MMA_KEYS];
     // 32-bit shared addresses: the Q tile, then 2 K tiles, then 2 V tiles.
     const pa_u32 q_sa = ptx_smem_addr(pa_mma_smem);
     const pa_u32 k_sa0 = q_sa + MMA_ROWS * SB;
@@ -188,7 +244,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     const int head0 = it.kv_head * p.group + it.head_start;
     const pa_u16* q = (const pa_u16*)p.q;
     const pa_u16* cache = (const pa_u16*)p.cache;
-    const pa_i64 v_delta = (pa_i64)p.block_size * p.num_kv_heads * D;
+    const pa_i64 v_delta_b = (pa_i64)p.block_size * p.num_kv_heads * D * 2;
 
     // Key tiles cover the union of the rows' visible ranges, from `first` (aligned down to 16).
     int span_lo, span_hi, tmp;
@@ -205,16 +261,18 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         const int kp = c + tid;
         return (owner && kp >= span_lo && kp < span_hi) ? bt[kp / p.block_size] : 0;
     };
+    auto row_address = [&](int kp, int block) -> pa_u64 {
+        const pa_i64 o = pa_mma_key_offset(p, it, kp, block, span_lo, span_hi, D);
+        return o >= 0 ? (pa_u64)(cache + o) : 0;
+    };
     if (owner) {
-        kofs_s[0][tid] = pa_mma_key_offset(p, it, first + tid, table_entry(first), span_lo,
-                                           span_hi, D);
+        krow_s[0][tid] = row_address(first + tid, table_entry(first));
         const int c1 = first + MMA_KEYS;
-        kofs_s[1][tid] = pa_mma_key_offset(p, it, c1 + tid, table_entry(c1), span_lo, span_hi,
-                                           D);
+        krow_s[1][tid] = row_address(c1 + tid, table_entry(c1));
     }
 
     // 1. Q tile (rows past the item's rows zero-filled), in the same copy group as K/V tile 0.
-    for (int i = tid; i < MMA_ROWS * CH; i += blockDim.x) {
+    for (int i = tid; i < MMA_ROWS * CH; i += MMA_THREADS) {
         const int r = i / CH;
         const int c = i - r * CH;
         const pa_u16* src = q;
@@ -227,8 +285,8 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         }
         ptx_cp_async16(q_sa + (pa_u32)(r * S + c * 8) * 2, src, bytes);
     }
-    __syncthreads();  // kofs_s of tiles 0 and 1
-    if (first < span_hi) pa_mma_load_kv<D>(cache, kofs_s[0], v_delta, k_sa0, v_sa0);
+    __syncthreads();  // krow_s of tiles 0 and 1
+    if (first < span_hi) pa_mma_load_kv<D>(cache, krow_s[0], v_delta_b, k_sa0, v_sa0);
     ptx_cp_async_commit();
 
     // Per-row state, softmax in base 2: m is in units of log2 (the natural max times log2 e).
@@ -253,8 +311,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             l[t][i] = (sink && t4 == 0) ? 1.0f : 0.0f;
         }
     }
-    const bool plain = !(p.soft_cap > 0.0f) && p.alibi == 0;
-    const float qk_scale = plain ? p.scale * PA_LOG2E : p.scale;
+    const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
     float o[MT][NT][4];
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
@@ -279,7 +336,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         const pa_u32 v_st = v_sa0 + stage * TILE_B;
         if (c0 + MMA_KEYS < span_hi) {
             // The other buffer was freed by the barrier that ended the previous tile.
-            pa_mma_load_kv<D>(cache, kofs_s[stage ^ 1], v_delta, k_sa0 + (stage ^ 1) * TILE_B,
+            pa_mma_load_kv<D>(cache, krow_s[stage ^ 1], v_delta_b, k_sa0 + (stage ^ 1) * TILE_B,
                               v_sa0 + (stage ^ 1) * TILE_B);
         }
         ptx_cp_async_commit();  // possibly empty: keeps one group per tile
@@ -352,20 +409,22 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             bool moved = false;
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
-                float mx[2] = {m[t][0], m[t][1]};
+                // PLAIN: the sub-tile's raw maxima, scaled after the quad reduction.
+                float mx[2] = {PLAIN ? -PA_INF : m[t][0], PLAIN ? -PA_INF : m[t][1]};
                 const int r = rbase + 16 * t;
                 if (all_inside) {
-                    pa_mma_scores<false, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t], hi[t],
-                                             plain, qk_scale, mx);
+                    pa_mma_scores<false, PLAIN, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t],
+                                                    hi[t], qk_scale, mx);
                 } else {
-                    pa_mma_scores<true, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t], hi[t],
-                                            plain, qk_scale, mx);
+                    pa_mma_scores<true, PLAIN, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t],
+                                                   hi[t], qk_scale, mx);
                 }
                 float msub[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
                     mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
+                    if (PLAIN) mx[i] = fmaxf(m[t][i], mx[i] * qk_scale);
                     msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
                     alpha[t][i] = ptx_ex2(m[t][i] - msub[i]);
                     moved |= alpha[t][i] != 1.0f;
@@ -375,7 +434,8 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 for (int j = 0; j < NJ; ++j) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const float x = ptx_ex2(s[t][j][e] - msub[e >> 1]);
+                        const float x = ptx_ex2(PLAIN ? fmaf(s[t][j][e], qk_scale, -msub[e >> 1])
+                                                      : s[t][j][e] - msub[e >> 1]);
                         s[t][j][e] = x;
                         rs[e >> 1] += x;
                     }
@@ -421,12 +481,9 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 }
             }
         }  // sub-tiles
-        // Tile i+2's offsets go where tile i's were (tile i's copies were issued a tile ago).
-        if (owner) {
-            const int c2 = c0 + 2 * MMA_KEYS;
-            kofs_s[stage][tid] = pa_mma_key_offset(p, it, c2 + tid, block2, span_lo, span_hi, D);
-        }
-        __syncthreads();  // this buffer is consumed before it is refilled; kofs_s is written
+        // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile ago).
+        if (owner) krow_s[stage][tid] = row_address(c0 + 2 * MMA_KEYS + tid, block2);
+        __syncthreads();  // this buffer is consumed before it is refilled; krow_s is written
     }
     ptx_cp_async_wait<0>();  // no copy outlives the CTA (an item with no key still loaded Q)
 
@@ -460,8 +517,12 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
 }
 
 #define PA_MMA_DEFINE(NAME, BF16, D)                                                   \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 1) NAME(const AttnParams p) { \
-        pa_mma_attend<BF16, D>(p);                                                     \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, PA_MMA_MINB) NAME(const AttnParams p) { \
+        if (!(p.soft_cap > 0.0f) && p.alibi == 0) {                                    \
+            pa_mma_attend<BF16, D, true>(p);                                           \
+        } else {                                                                       \
+            pa_mma_attend<BF16, D, false>(p);                                          \
+        }                                                                              \
     }
 
 // The host compiles only the variant it needs (-DPA_MMA_D=128 -DPA_MMA_BF16=1); without the

@@ -36,14 +36,17 @@
 //     barrier); row r's result is O = sum_w e^(m_w - M) O_w / L with M = max_w m_w (and the
 //     sink for unsplit items), L = sum_w e^(m_w - M) l_w (+ e^(sink - M)). Unsplit items write
 //     out = O (0 when L = 0) and lse = M + ln L (natural log, -inf when the row saw neither
-//     key nor sink); split items write f32 partials WITHOUT the sink to part_out / part_lse,
-//     merged by `paged_decode_combine_d{D}` (below), which adds the sink once.
+//     key nor sink); split items write f32 partials WITHOUT the sink to part_out / part_lse.
+//  5. Split items: the last CTA of the token's splits to finish merges the partials and adds
+//     the sink once (pd_merge_if_last, below: arrival counters in split_counters, no
+//     separate combine launch).
 //
 // Layouts: q [T][num_heads][D] and out [T][num_heads][D] (f16 / bf16; out_dtype may also be
 // f32); cache (num_blocks, 2, block_size, num_kv_heads, D) NHD or HND in the activation dtype
 // or fp8;
 // lse [num_heads][num_tokens] f32; part_out [num_splits][n_part_tokens][num_heads][D] f32,
-// part_lse [num_splits][n_part_tokens][num_heads] f32; block_table [num_reqs][bt_stride].
+// part_lse [num_splits][n_part_tokens][num_heads] f32; split_counters
+// [n_part_tokens][num_heads] i32, zero between launches; block_table [num_reqs][bt_stride].
 // Shared memory: Q [16][D+8], then per warp DEC_STAGES stages of K [16][D+8] and V [16][D+8]
 // (16-byte aligned rows for cp.async / ldmatrix, conflict-free banks); fp8: per warp
 // DEC_STAGES stages of raw K [16][D+16] and V [16][D+16] bytes, then per warp one converted
@@ -52,7 +55,9 @@
 // Bounds relied on (host side): metadata validated (query_start_loc monotonic, query_len <=
 // seq_len, block ids of every position < seq_len in range); every item has q_len == 1,
 // q_start inside its request, kv_hi <= seq_len, head_start + head_count <= group,
-// head_count <= 16, kv_head < num_kv_heads; head_size == D; block_size a multiple of 16; q,
+// head_count <= 16, kv_head < num_kv_heads; num_splits <= DEC_MAX_SPLITS, and every split
+// item of a token has the same num_splits, part_tok and head range (the merge counts
+// arrivals per (part_tok, head0)); head_size == D; block_size a multiple of 16; q,
 // cache and part_out 16-byte aligned (allocations are 256-byte aligned, row offsets multiples
 // of D elements, D a multiple of 16); out / lse / part buffers sized as above; dynamic shared
 // memory = decode_smem_bytes(D); compute capability >= 8.0 (cp.async, ldmatrix, bf16 mma).
@@ -64,6 +69,108 @@
 #define DEC_WARPS 4
 #define DEC_KEYS 16    // keys per chunk
 #define DEC_STAGES 3   // ring stages per warp
+#define DEC_MAX_SPLITS 128  // most splits of one token (the planner's DECODE_MAX_SPLITS)
+
+// Fused split combine (step 5 below), run by every CTA of a split token after it has written
+// its partials; only the token's last CTA to arrive merges. Arrival: every thread's partial
+// stores are fenced (release), then thread 0 increments the counter of (part_tok, head0);
+// the CTA that sees num_splits - 1 resets the counter to 0 (no other CTA of this launch
+// touches it again, so every launch starts from zeros) and, after a second fence (acquire),
+// reads the other CTAs' partials through L2 (ld.global.cg: this CTA never cached them in
+// L1). Warp w merges query heads head0 + w, w + 4, ...: M = max(lse_s..., sink), Z = sum
+// exp(lse_s - M) + exp(sink - M), out = sum exp(lse_s - M) / Z * o_s, lse = M + ln Z (out 0
+// and lse -inf when M = -inf); a split of weight 0 (an empty key range, LSE -inf) wrote a
+// zero partial. Why fused: a separate combine launch cost ~5 us on the H200, a tenth of a 32k-token
+// decode step.
+template <int D>
+__device__ __forceinline__ void pd_merge_if_last(const AttnParams& p, const WorkItem& it,
+                                                 int head0) {
+    __shared__ int last_s;
+    __shared__ float w_s[DEC_WARPS][DEC_MAX_SPLITS];
+    const int tid = threadIdx.x;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* cnt = p.split_counters + (pa_i64)it.part_tok * p.num_heads + head0;
+        const int last = atomicAdd(cnt, 1) == it.num_splits - 1;
+        if (last) atomicExch(cnt, 0);
+        last_s = last;
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int ns = min(it.num_splits, DEC_MAX_SPLITS);
+    const int pt = it.part_tok;
+    const int t = it.q_start;
+    constexpr int L = D / 4;  // lanes holding a float4 of the row
+    constexpr int SPL = DEC_MAX_SPLITS / 32;
+    for (int r = warp; r < it.head_count; r += DEC_WARPS) {
+        const int h = head0 + r;
+        const bool sink = p.use_sinks && p.sinks != 0;
+        const float sv = sink ? p.sinks[h] : -PA_INF;
+        float x[SPL];
+        float mx = sv;
+#pragma unroll
+        for (int k = 0; k < SPL; ++k) {
+            const int sp = lane + 32 * k;
+            x[k] = sp < ns ? __ldcg(p.part_lse + ((pa_i64)sp * p.n_part_tokens + pt) * p.num_heads + h)
+                           : -PA_INF;
+            mx = fmaxf(mx, x[k]);
+        }
+        mx = pa_warp_max(mx);
+        float z = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SPL; ++k) {
+            x[k] = (x[k] == -PA_INF || mx == -PA_INF) ? 0.0f : expf(x[k] - mx);
+            z += x[k];
+        }
+        z = pa_warp_sum(z);
+        if (sink && mx != -PA_INF) z += expf(sv - mx);
+        const float inv = z > 0.0f ? 1.0f / z : 0.0f;
+#pragma unroll
+        for (int k = 0; k < SPL; ++k) {
+            const int sp = lane + 32 * k;
+            if (sp < ns) w_s[warp][sp] = x[k] * inv;
+        }
+        __syncwarp();
+        if (lane < L) {
+            // MERGE_BATCH partials in flight per lane (independent, predicated loads: the
+            // merge is a few L2 round trips, not one per split).
+            constexpr int MERGE_BATCH = 16;
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int s0 = 0; s0 < ns; s0 += MERGE_BATCH) {
+                float4 v[MERGE_BATCH];
+#pragma unroll
+                for (int k = 0; k < MERGE_BATCH; ++k) {
+                    const int sp = s0 + k;
+                    const pa_i64 b = ((pa_i64)sp * p.n_part_tokens + pt) * p.num_heads + h;
+                    v[k] = sp < ns ? __ldcg((const float4*)(p.part_out + b * D) + lane)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int k = 0; k < MERGE_BATCH; ++k) {
+                    // A split of weight 0 (empty key range) wrote zeros, never NaN.
+                    const float w = s0 + k < ns ? w_s[warp][s0 + k] : 0.0f;
+                    acc.x += w * v[k].x;
+                    acc.y += w * v[k].y;
+                    acc.z += w * v[k].z;
+                    acc.w += w * v[k].w;
+                }
+            }
+            const pa_i64 ob = ((pa_i64)t * p.num_heads + h) * D + 4 * lane;
+            pa_store(p.out, ob, p.out_dtype, acc.x);
+            pa_store(p.out, ob + 1, p.out_dtype, acc.y);
+            pa_store(p.out, ob + 2, p.out_dtype, acc.z);
+            pa_store(p.out, ob + 3, p.out_dtype, acc.w);
+        }
+        if (lane == 0 && p.lse != 0) {
+            p.lse[(pa_i64)h * p.num_tokens + t] = z > 0.0f ? mx + logf(z) : -PA_INF;
+        }
+        __syncwarp();  // w_s[warp] is rewritten for the warp's next head
+    }
+}
 
 // Four fp8 values (the bytes of `w`, lowest first) as four 16-bit values of the activation
 // type (two f16x2 / bf16x2 words, lowest first). Exact: every E4M3 / E5M2 value is an f16 and
@@ -444,98 +551,12 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
             p.lse[(pa_i64)h * p.num_tokens + t] = row_lse[tid];
         }
     }
-}
-
-// Split-KV combine for the decode kernel. One CTA of 128 threads per (split token, query head):
-// the token's ns <= DEC_MAX_SPLITS partials (out f32 [D], lse) are merged with the sink (if
-// any) in the denominator, as combine_splits in paged_attention.cu: M = max(lse_s..., sink),
-// Z = sum exp(lse_s - M) + exp(sink - M), out = sum exp(lse_s - M)/Z * o_s, lse = M + ln Z
-// (out 0 and lse -inf when M = -inf). All weights are computed at once in shared memory, then
-// warp w sums the partials s = w, w+4, ... with one float4 per lane (D <= 128) and the four
-// warps' sums are added: every load of the CTA is independent, so they overlap.
-//
-// `list` holds (token, part_tok, num_splits, 0) per split token; bounds: token < num_tokens,
-// part_tok < n_part_tokens, num_splits <= DEC_MAX_SPLITS and <= the partial planes allocated,
-// every (split < num_splits, part_tok, head) partial written by the decode kernel.
-#define DEC_MAX_SPLITS 128
-template <int D>
-__device__ __forceinline__ void pd_combine(const AttnParams& p, const int4* list) {
-    __shared__ float w_s[DEC_MAX_SPLITS];
-    __shared__ float sum_s[DEC_WARPS][D];
-    const int4 e = list[blockIdx.x];
-    const int t = e.x;
-    const int pt = e.y;
-    const int ns = min(e.z, DEC_MAX_SPLITS);
-    const int h = blockIdx.y;
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    for (int s = tid; s < ns; s += blockDim.x) {
-        w_s[s] = p.part_lse[((pa_i64)s * p.n_part_tokens + pt) * p.num_heads + h];
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const bool sink = p.use_sinks && p.sinks != 0;
-        const float sv = sink ? p.sinks[h] : -PA_INF;
-        float mx = sv;
-        for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, w_s[s]);
-        mx = pa_warp_max(mx);
-        float z = 0.0f;
-        for (int s = lane; s < ns; s += 32) {
-            const float x = w_s[s];
-            z += (x == -PA_INF || mx == -PA_INF) ? 0.0f : expf(x - mx);
-        }
-        z = pa_warp_sum(z);
-        if (sink && mx != -PA_INF) z += expf(sv - mx);
-        const float inv = z > 0.0f ? 1.0f / z : 0.0f;
-        __syncwarp();
-        for (int s = lane; s < ns; s += 32) {
-            const float x = w_s[s];
-            w_s[s] = (x == -PA_INF || mx == -PA_INF) ? 0.0f : expf(x - mx) * inv;
-        }
-        if (lane == 0 && p.lse != 0) {
-            p.lse[(pa_i64)h * p.num_tokens + t] = z > 0.0f ? mx + logf(z) : -PA_INF;
-        }
-    }
-    __syncthreads();
-    constexpr int L = D / 4;  // lanes with a float4 of the row
-    if (lane < L) {
-        float4 acc;
-        acc.x = acc.y = acc.z = acc.w = 0.0f;
-#pragma unroll 4
-        for (int s = warp; s < ns; s += DEC_WARPS) {
-            const float w = w_s[s];
-            const pa_i64 b = ((pa_i64)s * p.n_part_tokens + pt) * p.num_heads + h;
-            const float4 x = *(const float4*)(p.part_out + b * D + 4 * lane);
-            acc.x += w * x.x;
-            acc.y += w * x.y;
-            acc.z += w * x.z;
-            acc.w += w * x.w;
-        }
-        sum_s[warp][4 * lane] = acc.x;
-        sum_s[warp][4 * lane + 1] = acc.y;
-        sum_s[warp][4 * lane + 2] = acc.z;
-        sum_s[warp][4 * lane + 3] = acc.w;
-    }
-    __syncthreads();
-    const pa_i64 obase = ((pa_i64)t * p.num_heads + h) * D;
-    for (int d = tid; d < D; d += blockDim.x) {
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) v += sum_s[w][d];
-        pa_store(p.out, obase + d, p.out_dtype, v);
-    }
+    if (split) pd_merge_if_last<D>(p, it, head0);
 }
 
 #define PD_DEFINE(NAME, BF16, D, KV)                                                      \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2) NAME(const AttnParams p) { \
         pd_decode<BF16, D, KV>(p);                                                        \
-    }
-
-#define PD_COMBINE_DEFINE(D)                                                              \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                           \
-        paged_decode_combine_d##D(const AttnParams p, const int4* list) {                   \
-        pd_combine<D>(p, list);                                                           \
     }
 
 // The host compiles only the variant it needs (-DPD_D=128 -DPD_BF16=1 -DPD_KV=1); without
@@ -550,15 +571,6 @@ __device__ __forceinline__ void pd_combine(const AttnParams& p, const int4* list
 #define PD_KV 0
 #endif
 #define PD_WANT(BF, D, KV) (PD_ALL || (PD_D == (D) && PD_BF16 == (BF) && PD_KV == (KV)))
-#if PD_ALL || PD_D == 64
-PD_COMBINE_DEFINE(64)
-#endif
-#if PD_ALL || PD_D == 96
-PD_COMBINE_DEFINE(96)
-#endif
-#if PD_ALL || PD_D == 128
-PD_COMBINE_DEFINE(128)
-#endif
 // One entry point per (activation dtype, cache dtype, head size).
 #if PD_WANT(0, 64, 0)
 PD_DEFINE(paged_decode_f16_d64, false, 64, 0)

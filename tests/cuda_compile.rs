@@ -131,20 +131,19 @@ fn run_time_variants_select_their_entry_points() {
     ] {
         let [a, b, c] = kernels::decode_variant(dtype, cache, head_size);
         let name = kernels::decode_function_name(dtype, cache, head_size).expect("variant");
-        let combine = kernels::decode_combine_name(head_size).expect("combine");
         check(
             &kernels::PAGED_DECODE,
             &[a.as_str(), b.as_str(), c.as_str()],
-            &[name, combine],
+            &[name],
         );
     }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
-        for rows in kernels::MMA_ROWS_CHOICES {
-            let [a, b, c] = kernels::mma_variant(dtype, head_size, rows);
+        for shape in kernels::MMA_SHAPES {
+            let [a, b, c, w] = kernels::mma_variant(dtype, head_size, shape);
             let name = kernels::mma_function_name(dtype, head_size).expect("variant");
             check(
                 &kernels::PAGED_ATTENTION_MMA,
-                &[a.as_str(), b.as_str(), c.as_str()],
+                &[a.as_str(), b.as_str(), c.as_str(), w.as_str()],
                 &[name],
             );
         }

@@ -21,10 +21,10 @@ use crate::metadata::AttentionMetadata;
 
 use super::kernels::{
     self, attention_function_name, attention_smem_bytes, attention_variant, code,
-    decode_combine_name, decode_function_name, decode_smem_bytes, decode_variant,
-    mma_function_name, mma_smem_bytes, mma_variant, AttnParams, MergeParams, ReshapeParams,
-    ATTN_THREADS, DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, MMA_ROWS_CHOICES,
-    PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_DECODE, RESHAPE_AND_CACHE,
+    decode_function_name, decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes,
+    mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
+    DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, MMA_SHAPES, PAGED_ATTENTION,
+    PAGED_ATTENTION_MMA, PAGED_DECODE, RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
 
@@ -41,32 +41,111 @@ fn mma_enabled() -> bool {
     *ON.get_or_init(|| env_switch(MMA_ENV, true))
 }
 
-/// The environment variable that chooses the query rows per CTA of the tensor-core prefill
-/// kernel: `64` (default: one m16 tile per warp) or `128` (two m16 tiles per warp, every K/V
-/// fragment read from shared memory feeds both, scores in 32-key steps to fit 255
-/// registers); see [`MMA_ROWS_DEFAULT`].
+/// The environment variable that forces the query rows per CTA of the tensor-core prefill
+/// kernel (64, 128 or 256; with [`MMA_WARPS_ENV`] one of [`MMA_SHAPES`]) instead of the
+/// per-batch choice of [`mma_shape_for`].
 pub const MMA_ROWS_ENV: &str = "POLYATTN_CUDA_MMA_ROWS";
 
-/// Query rows per CTA of the tensor-core prefill kernel when `POLYATTN_CUDA_MMA_ROWS` is
-/// unset: 64. On the H200 (2026-11-30, P2 bf16) the 64-row form ran at 88-189 TFLOP/s and the
-/// 128-row form at 64-152 (not profiled; it runs at 255 registers with 32-key softmax steps
-/// and half as many CTAs).
-pub const MMA_ROWS_DEFAULT: usize = 64;
+/// The environment variable that chooses the warps per CTA of the tensor-core prefill kernel
+/// (4 or 8); see [`MMA_ROWS_ENV`].
+pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 
-fn mma_rows() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| match std::env::var(MMA_ROWS_ENV) {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(r) if MMA_ROWS_CHOICES.contains(&r) => r,
+/// The tensor-core prefill kernel's CTA shape for small prefill batches: 64 rows on 4 warps
+/// (one m16 tile per warp; about 185 registers).
+pub const MMA_SHAPE_SMALL: MmaShape = MmaShape { rows: 64, warps: 4 };
+
+/// The tensor-core prefill kernel's CTA shape for large prefill batches: 128 rows on 4 warps
+/// (two m16 tiles per warp share every K/V fragment, which halves the shared-memory traffic
+/// per FLOP; 255 registers, 32-key softmax steps).
+pub const MMA_SHAPE_LARGE: MmaShape = MmaShape {
+    rows: 128,
+    warps: 4,
+};
+
+/// [`MMA_SHAPE_LARGE`] is used when its plan has at least this many CTAs per SM (two full
+/// waves at its two resident CTAs per SM); below that, half as many rows per CTA balance the
+/// causal tiles' unequal lengths better. Measured on the H200 (2026-11-30, P2 bf16): 1 x 1k
+/// tokens (256 large CTAs) ran at 142 TFLOP/s on 64 rows and 116 on 128; 1 x 4k (1024) at
+/// 215 and 256; 1 x 16k at 243 and 296; 8 x 4k at 218 and 265.
+pub const MMA_LARGE_MIN_CTAS_PER_SM: usize = 4;
+
+/// The environment variable that forces the keys per online-softmax step of the
+/// tensor-core prefill kernel (`32` or `64`; by default 64 with one m16 tile per warp, 32
+/// with two, where 64 spills registers). A tuning knob for benchmarks.
+pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
+
+/// The `-DPA_MMA_SUBK` option [`MMA_SUBK_ENV`] asks for, if any.
+fn forced_mma_subk() -> Option<&'static str> {
+    static SUBK: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *SUBK.get_or_init(|| match std::env::var(MMA_SUBK_ENV).ok()?.trim() {
+        "32" => Some("-DPA_MMA_SUBK=32"),
+        "64" => Some("-DPA_MMA_SUBK=64"),
+        v => {
+            tracing::warn!("{MMA_SUBK_ENV}={v} is not 32 or 64; ignored");
+            None
+        }
+    })
+}
+
+/// The CTA shape forced by [`MMA_ROWS_ENV`] / [`MMA_WARPS_ENV`], if either is set.
+fn forced_mma_shape() -> Option<MmaShape> {
+    static SHAPE: std::sync::OnceLock<Option<MmaShape>> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let rows_v = std::env::var(MMA_ROWS_ENV).ok();
+        let warps_v = std::env::var(MMA_WARPS_ENV).ok();
+        if rows_v.is_none() && warps_v.is_none() {
+            return None;
+        }
+        let parse = |v: &Option<String>| v.as_deref().map(|v| v.trim().parse::<usize>().ok());
+        let rows = parse(&rows_v).unwrap_or(Some(MMA_SHAPE_SMALL.rows));
+        // A row count alone keeps the fewest warps that can hold it.
+        let warps = parse(&warps_v).unwrap_or(match rows {
+            Some(r) if r > 128 => Some(8),
+            _ => Some(4),
+        });
+        match (rows, warps) {
+            (Some(rows), Some(warps)) if MMA_SHAPES.contains(&MmaShape { rows, warps }) => {
+                Some(MmaShape { rows, warps })
+            }
             _ => {
                 tracing::warn!(
-                    "{MMA_ROWS_ENV}={v} is not one of {MMA_ROWS_CHOICES:?}; using {MMA_ROWS_DEFAULT}"
+                    "{MMA_ROWS_ENV}={rows_v:?} / {MMA_WARPS_ENV}={warps_v:?} do not name one of {MMA_SHAPES:?}; choosing per batch"
                 );
-                MMA_ROWS_DEFAULT
+                None
             }
-        },
-        Err(_) => MMA_ROWS_DEFAULT,
+        }
     })
+}
+
+/// The tensor-core prefill kernel's CTA shape for the requests of `query_start_loc` with at
+/// least `min_q` query tokens: the forced one, else [`MMA_SHAPE_LARGE`] when its plan would
+/// have [`MMA_LARGE_MIN_CTAS_PER_SM`] CTAs per SM, else [`MMA_SHAPE_SMALL`]. Host arithmetic
+/// only (the same count [`plan_work`](super::metadata_builder::plan_work) makes).
+pub fn mma_shape_for(
+    query_start_loc: &[i32],
+    min_q: usize,
+    group: usize,
+    num_kv_heads: usize,
+    sm_count: usize,
+) -> MmaShape {
+    if let Some(s) = forced_mma_shape() {
+        return s;
+    }
+    let g = group.max(1);
+    let hc = g.min(MMA_SHAPE_LARGE.rows);
+    let tq = (MMA_SHAPE_LARGE.rows / hc).max(1);
+    let per_tile = num_kv_heads * g.div_ceil(hc);
+    let ctas: usize = query_start_loc
+        .windows(2)
+        .map(|w| (w[1] - w[0]).max(0) as usize)
+        .filter(|&q| q >= min_q)
+        .map(|q| q.div_ceil(tq) * per_tile)
+        .sum();
+    if ctas >= MMA_LARGE_MIN_CTAS_PER_SM * sm_count.max(1) {
+        MMA_SHAPE_LARGE
+    } else {
+        MMA_SHAPE_SMALL
+    }
 }
 
 /// The environment variable that turns the tensor-core decode kernel on (`1`, `true`, `on`,
@@ -282,16 +361,15 @@ impl CudaAttentionImpl {
         Ok((f, slots))
     }
 
-    /// Queues the decode kernel over `plan` (items of one token and up to 16 heads) and the
-    /// split combine (`paged_decode_combine_d{D}`). Partials live in the metadata's scratch
-    /// buffer.
+    /// Queues the decode kernel over `plan` (items of one token and up to 16 heads; split
+    /// tokens are merged inside it by their last CTA). Partials live in the metadata's
+    /// scratch buffer, the arrival counters in its split counters.
     fn launch_decode(
         &self,
         plan: &WorkPlan,
         base: &AttnParams,
         md: &CudaAttentionMetadata,
         f: &cudarc::driver::CudaFunction,
-        dtype: DType,
         cache_dtype: DType,
     ) -> Result<()> {
         let items = match &plan.items_dev {
@@ -312,26 +390,14 @@ impl CudaAttentionImpl {
             params.part_out = ptr;
             params.part_lse = ptr + out_bytes as u64;
             params.n_part_tokens = i32_of("split tokens", n_split)?;
+            params.split_counters = md.split_counters(n_split * h)?;
         }
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
             block_dim: (DECODE_THREADS, 1, 1),
             shared_mem_bytes: decode_smem_bytes(d, cache_dtype),
         };
-        kernels::launch(&self.device, f, cfg, &params, None)?;
-        if let Some(list) = &plan.split_dev {
-            let name = decode_combine_name(d)
-                .ok_or_else(|| Error::config(format!("no decode combine for head size {d}")))?;
-            let [a, b, c] = decode_variant(dtype, cache_dtype, d);
-            let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b, &c], name)?;
-            let cfg = LaunchConfig {
-                grid_dim: (n_split as u32, h as u32, 1),
-                block_dim: (DECODE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            kernels::launch(&self.device, &f, cfg, &params, Some(list.device_ptr()))?;
-        }
-        Ok(())
+        kernels::launch(&self.device, f, cfg, &params, None)
     }
 
     /// Queues the tensor-core kernel over `plan` (items of up to 64 rows, never split).
@@ -341,6 +407,7 @@ impl CudaAttentionImpl {
         base: &AttnParams,
         name: &str,
         dtype: DType,
+        shape: MmaShape,
     ) -> Result<()> {
         let items = match &plan.items_dev {
             Some(i) if !plan.items.is_empty() => i,
@@ -348,17 +415,19 @@ impl CudaAttentionImpl {
         };
         let mut params = *base;
         params.items = items.device_ptr();
-        let [d_opt, t_opt, m_opt] = mma_variant(dtype, self.params.head_size, mma_rows());
-        let f = kernels::function(
-            &self.device,
-            &PAGED_ATTENTION_MMA,
-            &[&d_opt, &t_opt, &m_opt],
-            name,
-        )?;
+        let [d_opt, t_opt, m_opt, w_opt] = mma_variant(dtype, self.params.head_size, shape);
+        let mut opts = vec![
+            d_opt.as_str(),
+            t_opt.as_str(),
+            m_opt.as_str(),
+            w_opt.as_str(),
+        ];
+        opts.extend(forced_mma_subk());
+        let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &opts, name)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
-            block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: mma_smem_bytes(self.params.head_size, mma_rows()),
+            block_dim: (shape.threads(), 1, 1),
+            shared_mem_bytes: mma_smem_bytes(self.params.head_size, shape.rows),
         };
         kernels::launch(&self.device, &f, cfg, &params, None)
     }
@@ -730,7 +799,7 @@ impl AttentionImpl for CudaAttentionImpl {
                         ..key_for(Pass::Full, causal, false, true)
                     };
                     let plan = md.plan(&key)?;
-                    self.launch_decode(&plan, &base, md, &f, dtype, cache_dtype)?;
+                    self.launch_decode(&plan, &base, md, &f, cache_dtype)?;
                 }
                 let short = PlanKey {
                     min_q: decode_end,
@@ -740,13 +809,20 @@ impl AttentionImpl for CudaAttentionImpl {
                 let plan = md.plan(&short)?;
                 self.launch_attention(&plan, &base, md)?;
                 if let Some(name) = mma {
+                    let shape = mma_shape_for(
+                        md.common.query_start_loc_cpu(),
+                        mma_start,
+                        p.num_heads / p.num_kv_heads,
+                        p.num_kv_heads,
+                        self.device.sm_count() as usize,
+                    );
                     let long = PlanKey {
                         min_q: mma_start,
-                        rows: mma_rows(),
+                        rows: shape.rows,
                         ..key_for(Pass::Full, causal, false, false)
                     };
                     let plan = md.plan(&long)?;
-                    self.launch_mma(&plan, &base, name, dtype)?;
+                    self.launch_mma(&plan, &base, name, dtype, shape)?;
                 }
                 Ok(())
             }

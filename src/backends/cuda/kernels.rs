@@ -101,9 +101,6 @@ pub const PAGED_DECODE: KernelSource = KernelSource {
         "paged_decode_bf16_e5m2_d64",
         "paged_decode_bf16_e5m2_d96",
         "paged_decode_bf16_e5m2_d128",
-        "paged_decode_combine_d64",
-        "paged_decode_combine_d96",
-        "paged_decode_combine_d128",
     ],
 };
 
@@ -423,13 +420,14 @@ pub fn attention_variant(head_size: usize) -> String {
 }
 
 /// The `-D` options that build only the tensor-core variant for `dtype`, `head_size` and
-/// `rows` query rows per CTA (64 or 128: `PA_MMA_MT` = rows / 64 m16 tiles per warp; see
+/// `shape` (`PA_MMA_MT` = rows / (16 warps) m16 tiles per warp, `PA_MMA_WARPS`; see
 /// paged_attention_mma.cu).
-pub fn mma_variant(dtype: DType, head_size: usize, rows: usize) -> [String; 3] {
+pub fn mma_variant(dtype: DType, head_size: usize, shape: MmaShape) -> [String; 4] {
     [
         format!("-DPA_MMA_D={head_size}"),
         format!("-DPA_MMA_BF16={}", i32::from(dtype == DType::Bf16)),
-        format!("-DPA_MMA_MT={}", rows / 64),
+        format!("-DPA_MMA_MT={}", shape.tiles_per_warp()),
+        format!("-DPA_MMA_WARPS={}", shape.warps),
     ]
 }
 
@@ -623,6 +621,9 @@ pub struct AttnParams {
     pub part_out: u64,
     /// Split partial LSEs.
     pub part_lse: u64,
+    /// `[n_part_tokens][num_heads]` i32 arrival counters of the decode kernel's fused split
+    /// combine, zero between launches.
+    pub split_counters: u64,
     /// Query dtype code.
     pub q_dtype: i32,
     /// Cache dtype code.
@@ -668,7 +669,7 @@ pub struct AttnParams {
 const _: () = assert!(std::mem::size_of::<ReshapeParams>() == 72);
 const _: () = assert!(std::mem::size_of::<MergeParams>() == 72);
 const _: () = assert!(std::mem::size_of::<WorkItem>() == 48);
-const _: () = assert!(std::mem::size_of::<AttnParams>() == 192);
+const _: () = assert!(std::mem::size_of::<AttnParams>() == 200);
 
 // SAFETY: plain `repr(C)` structs of integers and floats whose layouts match the kernels'
 // structs (sizes asserted above and by `static_assert` in the .cu files).
@@ -692,13 +693,51 @@ pub fn attention_smem_bytes(head_size: usize) -> u32 {
     ((ROWS_PER_ITEM * d + KEYS_PER_CHUNK * (d + 2) + KEYS_PER_CHUNK * d) * 4) as u32
 }
 
-/// Query rows per CTA (and per work item) the tensor-core kernel can be built for
-/// (`MMA_ROWS`): 64 (one m16 tile per warp) or 128 (two, sharing every K/V fragment).
-pub const MMA_ROWS_CHOICES: [usize; 2] = [64, 128];
+/// The CTA shape of the tensor-core prefill kernel: query rows per CTA (and per work item)
+/// and warps per CTA. Every warp owns `rows / (16 warps)` m16 tiles (1 or 2) and every warp
+/// reads each K/V tile of the CTA, so more rows per CTA means less K/V traffic per FLOP, and
+/// two tiles per warp means less shared-memory traffic per FLOP (at more registers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaShape {
+    /// Query rows per CTA (`MMA_ROWS`).
+    pub rows: usize,
+    /// Warps per CTA (`MMA_WARPS`).
+    pub warps: usize,
+}
+
+impl MmaShape {
+    /// m16 tiles per warp (`PA_MMA_MT`).
+    pub fn tiles_per_warp(self) -> usize {
+        self.rows / (16 * self.warps)
+    }
+
+    /// Threads per CTA.
+    pub fn threads(self) -> u32 {
+        (self.warps * 32) as u32
+    }
+}
+
+/// The CTA shapes the tensor-core kernel can be built for: 64 rows on 4 warps (one m16 tile
+/// each), 128 rows on 4 warps (two each) or on 8 warps (one each), 256 rows on 8 warps.
+pub const MMA_SHAPES: [MmaShape; 4] = [
+    MmaShape { rows: 64, warps: 4 },
+    MmaShape {
+        rows: 128,
+        warps: 4,
+    },
+    MmaShape {
+        rows: 128,
+        warps: 8,
+    },
+    MmaShape {
+        rows: 256,
+        warps: 8,
+    },
+];
 
 /// Dynamic shared memory of the tensor-core kernel built for `rows` query rows: the Q tile
 /// and two K and two V tiles (double-buffered, 64 keys each), rows of `head_size + 8` 16-bit
-/// elements. (Its 1 KiB table of key-row offsets is static shared memory.)
+/// elements. (Its 1 KiB table of key-row addresses is static shared memory.)
 pub fn mma_smem_bytes(head_size: usize, rows: usize) -> u32 {
     ((rows + 4 * 64) * (head_size + 8) * 2) as u32
 }
@@ -741,13 +780,6 @@ pub fn decode_smem_bytes(head_size: usize, cache_dtype: DType) -> u32 {
         DECODE_STAGES * 2 * tile
     };
     (16 * row + warps * per_warp) as u32
-}
-
-/// The decode kernel's split combine for `head_size` (in the module of every decode variant
-/// of that head size).
-pub fn decode_combine_name(head_size: usize) -> Option<&'static str> {
-    let want = format!("paged_decode_combine_d{head_size}");
-    PAGED_DECODE.functions.iter().find(|f| **f == want).copied()
 }
 
 /// The decode entry point for `dtype` (f16 / bf16), `cache_dtype` (`dtype`, E4M3 or E5M2)

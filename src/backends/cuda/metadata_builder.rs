@@ -50,6 +50,29 @@ pub const MIN_KEYS_PER_SPLIT: usize = 256;
 pub const DECODE_MAX_SPLITS: usize = 128;
 /// Fewest keys per split on the decode kernel (two 16-key chunks per warp).
 pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 128;
+/// The environment variable that forces the split count asked of every splittable decode
+/// token on the decode kernel (1..=[`DECODE_MAX_SPLITS`]; still capped by
+/// [`DECODE_MIN_KEYS_PER_SPLIT`]) instead of [`decode_split_target`]'s wave rule. A tuning
+/// knob for benchmarks (`polyattn bench` D4 rows).
+pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
+
+/// [`DECODE_SPLITS_ENV`], read once; `None` when unset or not a count in range.
+fn forced_decode_splits() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let v = std::env::var(DECODE_SPLITS_ENV).ok()?;
+        match v.trim().parse::<usize>() {
+            Ok(n) if (1..=DECODE_MAX_SPLITS).contains(&n) => Some(n),
+            _ => {
+                tracing::warn!(
+                    "{DECODE_SPLITS_ENV}={v} is not a count in 1..={DECODE_MAX_SPLITS}; ignored"
+                );
+                None
+            }
+        }
+    })
+}
+
 /// Wave efficiency (CTAs / (waves x slots)) the decode split count aims for.
 const DECODE_WAVE_EFFICIENCY: f64 = 0.95;
 
@@ -244,7 +267,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
                 })
                 .sum()
         };
-        decode_split_target(key.slots, max_split, ctas)
+        forced_decode_splits().unwrap_or_else(|| decode_split_target(key.slots, max_split, ctas))
     } else {
         // CTAs without splitting decide how much splitting is worth it.
         let base_ctas: usize = (0..num_reqs)
@@ -304,8 +327,10 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
         if pushed {
             continue;
         }
-        let mut t = qs;
-        while t < qs + ql {
+        // Last query tile first: under a causal mask it sees the most keys, and the GPU
+        // starts CTAs in grid order, so the longest ones start first and the short ones fill
+        // the tail of the last wave (the kernels do not depend on the order).
+        for t in (qs..qs + ql).step_by(tq).rev() {
             let n = tq.min(qs + ql - t);
             for kv_head in 0..key.num_kv_heads {
                 for &(h0, hn) in &head_chunks {
@@ -325,7 +350,6 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
                     });
                 }
             }
-            t += n;
         }
     }
     WorkPlan {
@@ -387,8 +411,10 @@ pub fn plan_graph_work(inp: PlanInputs<'_>, key: &PlanKey, max_seq_len: usize) -
     // The most keys a single decode token can see.
     let vis_max = key.window.map_or(max_seq_len, |w| w.min(max_seq_len));
     let want = if key.slots > 0 {
-        decode_split_target(key.slots, max_split, |w| {
-            num_reqs * ctas_per_req * split_shape(vis_max, w, max_split, min_keys).0
+        forced_decode_splits().unwrap_or_else(|| {
+            decode_split_target(key.slots, max_split, |w| {
+                num_reqs * ctas_per_req * split_shape(vis_max, w, max_split, min_keys).0
+            })
         })
     } else {
         let base = num_reqs * ctas_per_req;
@@ -484,6 +510,8 @@ struct GraphBuffers {
     /// Every split-KV scratch buffer handed out, the largest last. None is freed while the
     /// builder lives: a graph captured earlier may hold the address of any of them.
     scratch: Mutex<Vec<CudaStorage>>,
+    /// Every split-counter buffer handed out (kept alive for the same reason).
+    counters: Mutex<Vec<CudaStorage>>,
     /// Bumped by every build; metadata of an older build is stale.
     generation: std::sync::atomic::AtomicU64,
 }
@@ -516,6 +544,7 @@ impl GraphBuffers {
             },
             plans: Mutex::new(HashMap::new()),
             scratch: Mutex::new(Vec::new()),
+            counters: Mutex::new(Vec::new()),
             generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -617,10 +646,15 @@ impl GraphBuffers {
         Ok(plan)
     }
 
-    /// A scratch buffer of at least `bytes` bytes; grows only outside a capture, and keeps
-    /// the smaller ones alive.
-    fn scratch(&self, device: &CudaDevice, bytes: usize) -> Result<u64> {
-        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    /// A buffer of at least `bytes` bytes from `list` (zeroed when allocated); grows only
+    /// outside a capture, and keeps the smaller ones alive.
+    fn grown(
+        list: &Mutex<Vec<CudaStorage>>,
+        device: &CudaDevice,
+        bytes: usize,
+        what: &str,
+    ) -> Result<u64> {
+        let mut s = list.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = s.last() {
             if b.len_bytes() >= bytes {
                 return Ok(b.device_ptr());
@@ -628,8 +662,8 @@ impl GraphBuffers {
         }
         if device.is_capturing() {
             return Err(device.capture_error(&format!(
-                "growing the split-KV scratch to {bytes} bytes (run every layer once eagerly \
-                 with this graph metadata before capturing)"
+                "growing the {what} to {bytes} bytes (run every layer once eagerly with this \
+                 graph metadata before capturing)"
             )));
         }
         let b = device.zeros_bytes(bytes)?;
@@ -654,6 +688,7 @@ pub struct CudaAttentionMetadata {
     pub(crate) device: CudaDevice,
     plans: Mutex<HashMap<PlanKey, Arc<WorkPlan>>>,
     scratch: Mutex<Option<CudaStorage>>,
+    counters: Mutex<Option<CudaStorage>>,
     /// Persistent buffers (graph-capturable metadata), with the build generation this
     /// metadata was made by.
     graph: Option<(Arc<GraphBuffers>, u64)>,
@@ -705,9 +740,25 @@ impl CudaAttentionMetadata {
     /// larger request replaces it (the old buffer's free is stream-ordered too).
     pub(crate) fn scratch(&self, bytes: usize) -> Result<u64> {
         if let Some((g, _)) = &self.graph {
-            return g.scratch(&self.device, bytes);
+            return GraphBuffers::grown(&g.scratch, &self.device, bytes, "split-KV scratch");
         }
-        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.grown(&self.scratch, bytes)
+    }
+
+    /// The decode kernel's split arrival counters: at least `n` i32, all zero between
+    /// launches (zeroed when allocated; every launch leaves them zero). Not shared with the
+    /// scratch, which other kernels of a step overwrite.
+    pub(crate) fn split_counters(&self, n: usize) -> Result<u64> {
+        let bytes = n.max(1) * 4;
+        if let Some((g, _)) = &self.graph {
+            return GraphBuffers::grown(&g.counters, &self.device, bytes, "split counters");
+        }
+        self.grown(&self.counters, bytes)
+    }
+
+    /// A zeroed buffer of at least `bytes` in `slot`, replaced by a larger one when needed.
+    fn grown(&self, slot: &Mutex<Option<CudaStorage>>, bytes: usize) -> Result<u64> {
+        let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = s.as_ref() {
             if b.len_bytes() >= bytes {
                 return Ok(b.device_ptr());
@@ -852,6 +903,7 @@ impl CudaMetadataBuilder {
             device: self.device.clone(),
             plans: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
+            counters: Mutex::new(None),
             graph: Some((buffers, generation)),
         })
     }
@@ -904,6 +956,7 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
             device: self.device.clone(),
             plans: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
+            counters: Mutex::new(None),
             graph: None,
         }))
     }
