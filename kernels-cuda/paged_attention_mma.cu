@@ -292,25 +292,46 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     // Per-row state, softmax in base 2: m is in units of log2 (the natural max times log2 e).
     // Thread rows: m-tile t, half i -> row rbase + 16 t + 8 i. A row past the item's rows
     // "sees" every key (it is computed, never stored), so it never forces the mask.
+    // Each row's visible range [lo, hi) lives in shared memory (read by the masked sub-tiles
+    // only); the loop keeps four warp-wide bounds instead: the union [u_lo, u_hi) of the
+    // non-empty ranges (a sub-tile outside it is skipped) and the intersection [n_lo, n_hi)
+    // (a sub-tile inside it needs no mask). Why: registers (255 at two m-tiles per warp).
+    __shared__ int2 vis_s[MMA_ROWS];
     const int rbase = 16 * MT * warp + g4;
-    int lo[MT][2], hi[MT][2];
     float m[MT][2], l[MT][2];
+    int u_lo = 1 << 30, u_hi = -(1 << 30), n_lo = -(1 << 30), n_hi = 1 << 30;
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = rbase + 16 * t + 8 * i;
             const bool act = r < rows;
-            pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo[t][i], &hi[t][i]);
+            int lo, hi;
+            pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo, &hi);
             if (!act) {
-                lo[t][i] = -(1 << 30);
-                hi[t][i] = 1 << 30;
+                lo = -(1 << 30);
+                hi = 1 << 30;
             }
+            if (t4 == 0) vis_s[r] = make_int2(lo, hi);
+            if (lo < hi) {
+                u_lo = min(u_lo, lo);
+                u_hi = max(u_hi, hi);
+            }
+            n_lo = max(n_lo, lo);
+            n_hi = min(n_hi, hi);
             const bool sink = p.use_sinks && act;
             m[t][i] = sink ? p.sinks[head0 + r % hc] * PA_LOG2E : -PA_INF;
             l[t][i] = (sink && t4 == 0) ? 1.0f : 0.0f;
         }
     }
+#pragma unroll
+    for (int x = 1; x < 32; x <<= 1) {
+        u_lo = min(u_lo, __shfl_xor_sync(PA_FULL_MASK, u_lo, x));
+        u_hi = max(u_hi, __shfl_xor_sync(PA_FULL_MASK, u_hi, x));
+        n_lo = max(n_lo, __shfl_xor_sync(PA_FULL_MASK, n_lo, x));
+        n_hi = min(n_hi, __shfl_xor_sync(PA_FULL_MASK, n_hi, x));
+    }
+    __syncwarp();  // vis_s rows of this warp (read only by this warp)
     const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
     float o[MT][NT][4];
 #pragma unroll
@@ -359,17 +380,8 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
 #pragma unroll
         for (int hf = 0; hf < MMA_KEYS / SUBK; ++hf) {
             const int cs = c0 + SUBK * hf;
-            bool any = false, inside = true;
-#pragma unroll
-            for (int t = 0; t < MT; ++t) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    any |= lo[t][i] < hi[t][i] && lo[t][i] < cs + SUBK && hi[t][i] > cs;
-                    inside &= lo[t][i] <= cs && hi[t][i] >= cs + SUBK;
-                }
-            }
             // Warp-uniform; skips this sub-tile only (the barriers lie outside this loop).
-            if (!__any_sync(PA_FULL_MASK, any)) continue;
+            if (!(u_lo < cs + SUBK && u_hi > cs)) continue;
             // 3. S = Q K^T: each K fragment pair feeds the MT m-tiles.
             float s[MT][NJ][4];
 #pragma unroll
@@ -404,7 +416,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             }
 
             // 4. Modifiers, mask, online softmax (base 2).
-            const bool all_inside = __all_sync(PA_FULL_MASK, inside);
+            const bool all_inside = n_lo <= cs && n_hi >= cs + SUBK;
             float alpha[MT][2];
             bool moved = false;
 #pragma unroll
@@ -413,11 +425,16 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 float mx[2] = {PLAIN ? -PA_INF : m[t][0], PLAIN ? -PA_INF : m[t][1]};
                 const int r = rbase + 16 * t;
                 if (all_inside) {
-                    pa_mma_scores<false, PLAIN, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t],
-                                                    hi[t], qk_scale, mx);
+                    const int none[2] = {0, 0};
+                    pa_mma_scores<false, PLAIN, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, none,
+                                                    none, qk_scale, mx);
                 } else {
-                    pa_mma_scores<true, PLAIN, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo[t],
-                                                   hi[t], qk_scale, mx);
+                    const int2 v0 = vis_s[r];
+                    const int2 v1 = vis_s[r + 8];
+                    const int lo[2] = {v0.x, v1.x};
+                    const int hi[2] = {v0.y, v1.y};
+                    pa_mma_scores<true, PLAIN, NJ>(p, s[t], cs, t4, r, hc, pos0, head0, lo, hi,
+                                                   qk_scale, mx);
                 }
                 float msub[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll

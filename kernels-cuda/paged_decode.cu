@@ -72,12 +72,13 @@
 #define DEC_MAX_SPLITS 128  // most splits of one token (the planner's DECODE_MAX_SPLITS)
 
 // Fused split combine (step 5 below), run by every CTA of a split token after it has written
-// its partials; only the token's last CTA to arrive merges. Arrival: every thread's partial
-// stores are fenced (release), then thread 0 increments the counter of (part_tok, head0);
-// the CTA that sees num_splits - 1 resets the counter to 0 (no other CTA of this launch
-// touches it again, so every launch starts from zeros) and, after a second fence (acquire),
-// reads the other CTAs' partials through L2 (ld.global.cg: this CTA never cached them in
-// L1). Warp w merges query heads head0 + w, w + 4, ...: M = max(lse_s..., sink), Z = sum
+// its partials; only the token's last CTA to arrive merges. Arrival (the pattern of a
+// cooperative-groups grid barrier): a CTA barrier orders every thread's partial stores before
+// thread 0's device-scope fence (release), then thread 0 increments the counter of
+// (part_tok, head0); the CTA that sees num_splits - 1 resets the counter to 0 (no other CTA
+// of this launch touches it again, so every launch starts from zeros), fences again
+// (acquire) and, after a CTA barrier, reads the other CTAs' partials through L2
+// (ld.global.cg: this CTA never cached them in L1). Warp w merges query heads head0 + w, w + 4, ...: M = max(lse_s..., sink), Z = sum
 // exp(lse_s - M) + exp(sink - M), out = sum exp(lse_s - M) / Z * o_s, lse = M + ln Z (out 0
 // and lse -inf when M = -inf); a split of weight 0 (an empty key range, LSE -inf) wrote a
 // zero partial. Why fused: a separate combine launch cost ~5 us on the H200, a tenth of a 32k-token
@@ -88,17 +89,19 @@ __device__ __forceinline__ void pd_merge_if_last(const AttnParams& p, const Work
     __shared__ int last_s;
     __shared__ float w_s[DEC_WARPS][DEC_MAX_SPLITS];
     const int tid = threadIdx.x;
-    __threadfence();
-    __syncthreads();
+    __syncthreads();  // every thread's partial stores precede thread 0's fence (cumulative)
     if (tid == 0) {
+        __threadfence();
         int* cnt = p.split_counters + (pa_i64)it.part_tok * p.num_heads + head0;
         const int last = atomicAdd(cnt, 1) == it.num_splits - 1;
-        if (last) atomicExch(cnt, 0);
+        if (last) {
+            atomicExch(cnt, 0);
+            __threadfence();
+        }
         last_s = last;
     }
     __syncthreads();
     if (!last_s) return;
-    __threadfence();
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int ns = min(it.num_splits, DEC_MAX_SPLITS);
@@ -137,8 +140,8 @@ __device__ __forceinline__ void pd_merge_if_last(const AttnParams& p, const Work
         __syncwarp();
         if (lane < L) {
             // MERGE_BATCH partials in flight per lane (independent, predicated loads: the
-            // merge is a few L2 round trips, not one per split).
-            constexpr int MERGE_BATCH = 16;
+            // merge is one L2 round trip per 32 splits, not one per split).
+            constexpr int MERGE_BATCH = 32;
             float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             for (int s0 = 0; s0 < ns; s0 += MERGE_BATCH) {
                 float4 v[MERGE_BATCH];

@@ -119,6 +119,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
 
+    /// Seconds the warm-up of a GPU row lasts at least (more calls than --warmup when
+    /// needed). Why: a GPU left idle while a row's inputs are prepared drops to idle clocks,
+    /// and without a CUDA context in the process (WGPU-only runs on the H200, 2026-11-30)
+    /// the driver did not raise them again within a 0.3 s timing budget: rows ran 5x slower.
+    #[arg(long, default_value_t = 1.0)]
+    pub gpu_warmup_secs: f64,
+
     /// Timed repetitions at least, per row.
     #[arg(long, default_value_t = 5)]
     pub min_reps: usize,
@@ -191,6 +198,7 @@ impl Default for BenchArgs {
             list: false,
             dump_shapes: None,
             warmup: 3,
+            gpu_warmup_secs: 1.0,
             min_reps: 5,
             max_reps: 1000,
             budget: 1.0,
@@ -694,6 +702,7 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
     let jobs = plan(args, &cases, &choice);
     let timing_cfg = TimingConfig {
         warmup: args.warmup,
+        warmup_time: Duration::ZERO,
         min_reps: args.min_reps,
         max_reps: args.max_reps,
         budget: Duration::from_secs_f64(args.budget),
@@ -784,7 +793,14 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             None => sets,
         };
         progress.show(&format!("{label} on {}", backend.name()));
-        let result = time_job(backend.as_ref(), &device, job, sets, args.seed, &timing_cfg);
+        let row_cfg = TimingConfig {
+            warmup_time: match &device {
+                Device::Cpu(_) => Duration::ZERO,
+                _ => Duration::from_secs_f64(args.gpu_warmup_secs.max(0.0)),
+            },
+            ..timing_cfg
+        };
+        let result = time_job(backend.as_ref(), &device, job, sets, args.seed, &row_cfg);
         match result {
             Ok((samples, timer)) => {
                 fill_timing(&mut row, &samples, peaks.as_ref());

@@ -89,6 +89,9 @@ pub struct TimingConfig {
     /// Warm-up calls before timing (at least one; a single call longer than the budget ends
     /// the warm-up early).
     pub warmup: usize,
+    /// Warm-up lasts at least this long (more calls than `warmup` when needed; GPU rows: the
+    /// clocks ramp up from idle).
+    pub warmup_time: Duration,
     /// Timed repetitions at least.
     pub min_reps: usize,
     /// Timed repetitions at most.
@@ -107,6 +110,7 @@ impl Default for TimingConfig {
     fn default() -> Self {
         TimingConfig {
             warmup: 3,
+            warmup_time: Duration::ZERO,
             min_reps: 5,
             max_reps: 1000,
             budget: Duration::from_secs(1),
@@ -124,10 +128,16 @@ where
 {
     let t0 = Instant::now();
     let mut i = 0;
-    for _ in 0..cfg.warmup.max(1) {
+    let mut calls = 0;
+    loop {
         f(i)?;
         i += 1;
-        if t0.elapsed() > cfg.budget {
+        calls += 1;
+        let e = t0.elapsed();
+        // A row slower than the budget (and the warm-up time) stops warming up early.
+        if e > cfg.budget.max(cfg.warmup_time)
+            || (calls >= cfg.warmup.max(1) && e >= cfg.warmup_time)
+        {
             break;
         }
     }
@@ -229,6 +239,7 @@ mod tests {
     fn measure_warms_up_rotates_and_stops() {
         let cfg = TimingConfig {
             warmup: 2,
+            warmup_time: Duration::ZERO,
             min_reps: 4,
             max_reps: 6,
             budget: Duration::from_secs(10),
