@@ -5,6 +5,10 @@
 // probabilities exp(s − m_new) on exit (0 for masked keys and unused rows); m_s, l_s are the
 // running max and denominator, a_s receives α = exp(m_old − m_new).
 // Bounds: r < BM, j < cn ≤ BN.
+//
+// Also the lane helpers of paged_attention.wgsl's tiled2 form, which without subgroups
+// runs with one lane per row group (KL = 1): `vthread` is the local index and the
+// reductions over a row group's lanes are the identity.
 
 struct Inputs {
     @builtin(local_invocation_index) t: u32,
@@ -48,4 +52,16 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         m_s[r] = mx;
         a_s[r] = alpha;
     }
+}
+
+fn vthread(inp: Inputs) -> u32 {
+    return inp.t;
+}
+
+fn lanes_max(x: f32) -> f32 {
+    return x;
+}
+
+fn lanes_sum(x: f32) -> f32 {
+    return x;
 }

@@ -24,9 +24,9 @@ use super::kernels::{
     bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
     upload_words, whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
-use super::metadata_builder::{PlanKey, WgpuAttentionMetadata, WgpuTuning};
+use super::metadata_builder::{PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
-    choose_tile, AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind,
+    choose_tile, AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2,
     DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
 };
 
@@ -230,6 +230,63 @@ impl WgpuAttentionImpl {
             prefetch: cfg.prefetch,
             ..s
         })
+    }
+
+    /// The `paged_attention.wgsl` specialisation that runs the decode tiles (`prefill`
+    /// false) or the prefill tiles of this layer, for queries of `q_dtype` and keys of
+    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tiled2 form when the
+    /// tuning asks for it ([`PrefillKernel::Tiled2`]) and it can run here: a register
+    /// blocking exists, its workgroup fits the adapter's invocation limit and its workgroup
+    /// memory the adapter's; otherwise the tiled form.
+    pub fn tile_shader(
+        &self,
+        prefill: bool,
+        q_dtype: DType,
+        kv_dtype: DType,
+        paged: bool,
+    ) -> AttentionShader {
+        let tile = if prefill {
+            self.prefill_tile
+        } else {
+            self.decode_tile
+        };
+        let tiled = AttentionShader {
+            head_size: self.params.head_size as u32,
+            block_m: tile.0,
+            block_n: tile.1,
+            q_dtype,
+            kv_dtype,
+            paged,
+            subgroups: self.tuning.subgroups,
+            unrolled: self.tuning.unrolled,
+            tiled2: None,
+        };
+        if !prefill || self.tuning.prefill_kernel != PrefillKernel::Tiled2 {
+            return tiled;
+        }
+        let limits = self.dev.limits();
+        let max_key_lanes = if self.tuning.subgroups {
+            self.dev.adapter_info().subgroup_min_size.max(1)
+        } else {
+            1
+        };
+        let t2 = AttentionShader {
+            tiled2: Some(Tiled2 {
+                workgroup: self.tuning.prefill_workgroup,
+                max_key_lanes,
+            }),
+            ..tiled
+        };
+        if t2.blocking().is_some()
+            && t2.workgroup() <= limits.max_compute_invocations_per_workgroup
+            && t2.workgroup() <= limits.max_compute_workgroup_size_x
+            && t2.shared_bytes() <= limits.max_compute_workgroup_storage_size
+        {
+            t2
+        } else {
+            tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
+            tiled
+        }
     }
 
     /// The split policy in use.
@@ -605,21 +662,9 @@ impl AttentionImpl for WgpuAttentionImpl {
                 ],
             )
         };
-        for (list, tile, slot) in [
-            (&plan.decode, self.decode_tile, SLOT_DECODE),
-            (&plan.prefill, self.prefill_tile, SLOT_PREFILL),
-        ] {
+        for (list, slot) in [(&plan.decode, SLOT_DECODE), (&plan.prefill, SLOT_PREFILL)] {
             let Some(list) = list else { continue };
-            let shader = AttentionShader {
-                head_size: p.head_size as u32,
-                block_m: tile.0,
-                block_n: tile.1,
-                q_dtype: dtype,
-                kv_dtype,
-                paged: !encoder_attn,
-                subgroups: self.tuning.subgroups,
-                unrolled: self.tuning.unrolled,
-            };
+            let shader = self.tile_shader(slot == SLOT_PREFILL, dtype, kv_dtype, !encoder_attn);
             let pipe = pipeline_with(
                 dev,
                 &shader.key(),
