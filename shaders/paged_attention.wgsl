@@ -44,7 +44,6 @@
 
 var<workgroup> q_s: array<vec4<f32>, BM * D4>;
 var<workgroup> kv_s: array<vec4<f32>, BN * KV_ROW>;
-var<workgroup> s_s: array<f32, BM * S_ROW>;
 var<workgroup> m_s: array<f32, BM>;
 var<workgroup> l_s: array<f32, BM>;
 var<workgroup> a_s: array<f32, BM>;
@@ -270,7 +269,7 @@ fn main(inp: Inputs) {
                         }
                         sum = sum + e;
                         if r < BM {
-                            s_s[r * S_ROW + a_j + i * KL] = e;
+                            s_set(r * S_ROW + a_j + i * KL, e);
                         }
                     }
                     sum = lanes_sum(sum);
@@ -320,7 +319,7 @@ fn main(inp: Inputs) {
                     if r < BM {
                         // @unroll
                         for (var i = 0u; i < KPT; i = i + 1u) {
-                            s_s[r * S_ROW + a_j + i * KL] = s[k * KPT + i];
+                            s_set(r * S_ROW + a_j + i * KL, s[k * KPT + i]);
                         }
                     }
                 }
@@ -355,6 +354,15 @@ fn main(inp: Inputs) {
                 }
             }
             for (var j0 = 0u; j0 < jn; j0 = j0 + JU) {
+                // tiled2 (JU = 4, rows of S_ROW a multiple of 4): each row's 4
+                // probabilities in one vec4 load.
+                var pr: array<vec4<f32>, RPT_C>;
+                if TILED2 {
+                    // @unroll
+                    for (var k = 0u; k < RPT_C; k = k + 1u) {
+                        pr[k] = s_get4(min(c_rg + k * RGC, BM - 1u) * S_ROW + j0);
+                    }
+                }
                 // @unroll
                 for (var jj = 0u; jj < JU; jj = jj + 1u) {
                     let j = j0 + jj;
@@ -365,7 +373,12 @@ fn main(inp: Inputs) {
                     }
                     // @unroll
                     for (var k = 0u; k < RPT_C; k = k + 1u) {
-                        let pk = s_s[min(c_rg + k * RGC, BM - 1u) * S_ROW + j];
+                        var pk = 0.0;
+                        if TILED2 {
+                            pk = pr[k][min(jj, 3u)];
+                        } else {
+                            pk = s_get(min(c_rg + k * RGC, BM - 1u) * S_ROW + j);
+                        }
                         // @unroll
                         for (var i = 0u; i < CPT; i = i + 1u) {
                             acc[k * CPT + i] = acc[k * CPT + i] + pk * vv[i];

@@ -21,7 +21,7 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         let head = head_s[r];
         if head == NO_ROW {
             for (var j = 0u; j < cn; j = j + 1u) {
-                s_s[r * S_ROW + j] = 0.0;
+                s_set(r * S_ROW + j, 0.0);
             }
             a_s[r] = 1.0;
             continue;
@@ -32,8 +32,8 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         for (var j = 0u; j < cn; j = j + 1u) {
             let kp = c0 + j;
             if visible(p, kp) {
-                let s = modify(s_s[r * S_ROW + j], head, p, kp);
-                s_s[r * S_ROW + j] = s;
+                let s = modify(s_get(r * S_ROW + j), head, p, kp);
+                s_set(r * S_ROW + j, s);
                 mx = max(mx, s);
             }
         }
@@ -42,9 +42,9 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
             let kp = c0 + j;
             var e = 0.0;
             if visible(p, kp) {
-                e = exp(s_s[r * S_ROW + j] - mx);
+                e = exp(s_get(r * S_ROW + j) - mx);
             }
-            s_s[r * S_ROW + j] = e;
+            s_set(r * S_ROW + j, e);
             sum = sum + e;
         }
         let alpha = exp(m_old - mx);

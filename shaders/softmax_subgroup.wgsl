@@ -29,7 +29,7 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         let head = head_s[r];
         if head == NO_ROW {
             for (var j = inp.lane; j < cn; j = j + inp.sg_size) {
-                s_s[r * S_ROW + j] = 0.0;
+                s_set(r * S_ROW + j, 0.0);
             }
             if inp.lane == 0u {
                 a_s[r] = 1.0;
@@ -42,8 +42,8 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         for (var j = inp.lane; j < cn; j = j + inp.sg_size) {
             let kp = c0 + j;
             if visible(p, kp) {
-                let s = modify(s_s[r * S_ROW + j], head, p, kp);
-                s_s[r * S_ROW + j] = s;
+                let s = modify(s_get(r * S_ROW + j), head, p, kp);
+                s_set(r * S_ROW + j, s);
                 mx_lane = max(mx_lane, s);
             }
         }
@@ -53,9 +53,9 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
             let kp = c0 + j;
             var e = 0.0;
             if visible(p, kp) {
-                e = exp(s_s[r * S_ROW + j] - mx);
+                e = exp(s_get(r * S_ROW + j) - mx);
             }
-            s_s[r * S_ROW + j] = e;
+            s_set(r * S_ROW + j, e);
             sum_lane = sum_lane + e;
         }
         let sum = subgroupAdd(sum_lane);

@@ -252,6 +252,11 @@ fn check_batch(
     if (tuning.prefill_kernel == PrefillKernel::Tiled2) != prefill.tiled2.is_some() {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
+    if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
+        if (prefill.block_m, prefill.block_n) != t {
+            return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+        }
+    }
     let kv_spec = KvCacheSpec {
         block_size: case.block_size,
         num_kv_heads: p.num_kv_heads,
@@ -319,6 +324,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 unrolled: true,
                 prefill_kernel: PrefillKernel::Tiled,
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+                prefill_tile: None,
             },
         ),
     ];
@@ -344,7 +350,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
     ));
     if dev.has_subgroups() {
         v.push((
-            "tiled2 prefill (subgroups), split-KV, unrolled",
+            "tiled2 prefill (subgroups), split-KV, unrolled, 64x16 tiles",
             t2(
                 WgpuTuning {
                     split_min_keys: 8,
@@ -353,6 +359,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                     subgroups: true,
                     prefill_tiles: true,
                     unrolled: true,
+                    prefill_tile: Some((64, 16)),
                     ..base
                 },
                 128,
@@ -382,6 +389,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 unrolled: false,
                 prefill_kernel: PrefillKernel::Tiled,
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+                prefill_tile: None,
             },
         ));
         v.push((
@@ -500,6 +508,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         unrolled: false,
         prefill_kernel: PrefillKernel::Tiled,
         prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+        prefill_tile: None,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

@@ -26,8 +26,9 @@ use super::kernels::{
 };
 use super::metadata_builder::{PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
-    choose_tile, AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2,
-    DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
+    attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking, AttentionShader,
+    CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, DECODE_KEYS_PER_STEP,
+    DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
 };
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
@@ -150,6 +151,27 @@ impl WgpuAttentionImpl {
         tuning: WgpuTuning,
     ) -> Result<Self> {
         let (decode_tile, mut prefill_tile) = tiles_for(&dev, params.head_size)?;
+        if let (true, Some((m, n))) = (tuning.prefill_tiles, tuning.prefill_tile) {
+            // A requested prefill tile, when both prefill forms' workgroup memory fits and
+            // the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
+            // accumulators per thread).
+            let d = params.head_size as u32;
+            let limit = dev.limits().max_compute_workgroup_storage_size;
+            let b = AttentionBlocking::new(d / 4, n);
+            let fits = attention_shared_bytes(d, m, n) <= limit
+                && tiled2_shared_bytes(d, m, n) <= limit
+                && m.div_ceil(b.score_row_groups) * b.keys_per_thread <= 32
+                && m.div_ceil(b.out_row_groups) * b.cols_per_thread <= 32;
+            if fits {
+                prefill_tile = (m, n);
+            } else {
+                tracing::warn!(
+                    "wgpu: prefill tile {m}x{n} does not fit head size {d} here; using {}x{}",
+                    prefill_tile.0,
+                    prefill_tile.1
+                );
+            }
+        }
         if !tuning.prefill_tiles {
             prefill_tile = decode_tile;
         }

@@ -69,6 +69,21 @@ pub struct WgpuTuning {
     /// 4 × 4 blocks in both phases of a 32 × 32 tile at head size 128 (twice the FMAs per
     /// shared-memory load of 128 threads' 2 × 4) at half the warps per workgroup.
     pub prefill_workgroup: u32,
+    /// Prefill tile shape (query rows BM, keys BN) instead of the first candidate that fits
+    /// the adapter's workgroup memory (`POLYATTN_WGPU_PREFILL_TILE=BMxBN`, e.g. `64x16`: BM
+    /// 1–128, BN 8, 16, 32 or 64). Used with `prefill_tiles` when it fits the adapter (see
+    /// `WgpuAttentionImpl::with_tuning`), for both prefill forms.
+    pub prefill_tile: Option<(u32, u32)>,
+}
+
+/// Parses a tile shape `BMxBN` (BM 1–128, BN 8, 16, 32 or 64).
+pub fn parse_tile(s: &str) -> Option<(u32, u32)> {
+    let (m, n) = s
+        .trim()
+        .to_ascii_lowercase()
+        .split_once('x')
+        .and_then(|(m, n)| Some((m.trim().parse::<u32>().ok()?, n.trim().parse::<u32>().ok()?)))?;
+    ((1..=128).contains(&m) && [8, 16, 32, 64].contains(&n)).then_some((m, n))
 }
 
 /// Default threads per workgroup of the tiled2 prefill form.
@@ -117,8 +132,9 @@ impl WgpuTuning {
     /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS`,
     /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`),
     /// `POLYATTN_WGPU_PREFILL` (`tiled` / `tiled2`, see [`PrefillKernel`]) and
-    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32, 64, 128 or 256). A
-    /// value that does not parse (or is out of range) is ignored with a warning.
+    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32, 64, 128 or 256) and
+    /// `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`). A value that does not parse (or is out of
+    /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
         Self::defaults(cpu, dev.has_subgroups()).with_env()
@@ -136,6 +152,7 @@ impl WgpuTuning {
             unrolled: !cpu,
             prefill_kernel: PrefillKernel::Tiled,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+            prefill_tile: None,
         }
     }
 
@@ -176,6 +193,16 @@ impl WgpuTuning {
                     );
                     self.prefill_workgroup
                 }
+            },
+            prefill_tile: match std::env::var("POLYATTN_WGPU_PREFILL_TILE") {
+                Ok(v) => parse_tile(&v).or_else(|| {
+                    tracing::warn!(
+                        "POLYATTN_WGPU_PREFILL_TILE={v} is not BMxBN (BM 1-128, BN 8/16/32/64); \
+                         using the default"
+                    );
+                    self.prefill_tile
+                }),
+                Err(_) => self.prefill_tile,
             },
         }
     }
@@ -502,11 +529,17 @@ mod tests {
             unrolled: false,
             prefill_kernel: PrefillKernel::Tiled,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+            prefill_tile: None,
         }
     }
 
     #[test]
     fn prefill_kernel_names_parse() {
+        assert_eq!(parse_tile(" 64X16 "), Some((64, 16)));
+        assert_eq!(parse_tile("32x32"), Some((32, 32)));
+        for bad in ["0x32", "256x32", "32x12", "32", "axb", "32x"] {
+            assert_eq!(parse_tile(bad), None, "{bad}");
+        }
         assert_eq!(
             PrefillKernel::parse(" Tiled2 "),
             Some(PrefillKernel::Tiled2)

@@ -24,6 +24,6 @@ pub mod shaders;
 pub use attention_impl::{WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
 pub use metadata_builder::{
-    CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuMetadataBuilder,
-    WgpuTuning, WorkList, PREFILL_TILED2_WORKGROUP,
+    parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
+    WgpuMetadataBuilder, WgpuTuning, WorkList, PREFILL_TILED2_WORKGROUP,
 };

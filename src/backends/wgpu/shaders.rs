@@ -380,9 +380,9 @@ impl AttentionBlocking {
     /// subgroups). Key lanes: the largest power of two that divides `block_n` and `wg`, is
     /// at most `max_key_lanes` and leaves at least 4 keys per thread (a 4-key block loads
     /// each query vec4 once for 4 dot products). `None` when `wg` is not a power of two or
-    /// `block_n` is 0.
+    /// `block_n` is not a positive multiple of 4.
     pub fn tiled2(d4: u32, block_n: u32, wg: u32, max_key_lanes: u32) -> Option<Self> {
-        if !wg.is_power_of_two() || block_n == 0 || d4 == 0 {
+        if !wg.is_power_of_two() || block_n == 0 || block_n % 4 != 0 || d4 == 0 {
             return None;
         }
         let cap = max_key_lanes.max(1).min(wg).min((block_n / 4).max(1));
@@ -420,9 +420,16 @@ pub struct Tiled2 {
 }
 
 /// Bytes of workgroup memory the tiled2 form needs for a tile shape: the tiled form's
-/// ([`attention_shared_bytes`]) without the key addresses, with one more float per row.
+/// ([`attention_shared_bytes`]) with score rows padded to a multiple of 4 floats (BN + 4,
+/// so phase C loads four probabilities at once), no key addresses, and one more float per
+/// row (the new running maxima).
 pub fn tiled2_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
-    attention_shared_bytes(head_size, block_m, block_n) - block_n * 4 + 4 + block_m * 4 + 4
+    let d4 = head_size / 4;
+    block_m * d4 * 16 // queries
+        + block_n * (d4 + 1) * 16 // keys, then values
+        + block_m * (block_n + 4) * 4 // probabilities
+        + block_m * 6 * 4 // m, new m, l, alpha, position, head
+        + 4 // the unused key-address slot
 }
 
 /// One specialisation of `paged_attention.wgsl`.
@@ -525,7 +532,7 @@ impl AttentionShader {
             ("BN", self.block_n),
             ("WG", wg),
             ("KV_ROW", d4 + 1),
-            ("S_ROW", self.block_n + 1),
+            ("S_ROW", self.block_n + if t2 { 4 } else { 1 }),
             ("KPT", b.keys_per_thread),
             ("KL", b.key_lanes),
             ("LOG_KL", b.key_lanes.ilog2()),
@@ -543,6 +550,20 @@ impl AttentionShader {
         ];
         s += &consts(&c);
         s += &format!("const TILED2: bool = {t2};\n");
+        // Scores / probabilities, row r at r·S_ROW: scalars in the tiled form, vec4s in the
+        // tiled2 form (its phase C loads four probabilities of a row at once).
+        s += if t2 {
+            "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW / 4u>;\n\
+             fn s_get(i: u32) -> f32 {\n    return s_s[i >> 2u][i & 3u];\n}\n\
+             fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = v;\n}\n\
+             fn s_get4(i: u32) -> vec4<f32> {\n    return s_s[i >> 2u];\n}\n"
+        } else {
+            "var<workgroup> s_s: array<f32, BM * S_ROW>;\n\
+             fn s_get(i: u32) -> f32 {\n    return s_s[i];\n}\n\
+             fn s_set(i: u32, v: f32) {\n    s_s[i] = v;\n}\n\
+             fn s_get4(i: u32) -> vec4<f32> {\n    \
+             return vec4<f32>(s_s[i], s_s[i + 1u], s_s[i + 2u], s_s[i + 3u]);\n}\n"
+        };
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
         // Raw words of four keys' or values' elements, unpacked by kv_cvt4 (tiled2 keeps
