@@ -2,16 +2,19 @@
 // online softmax (FlashAttention's algorithm), for mixed prefill / decode batches.
 //
 // Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
-// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, the dtypes of
+// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 (the
+// form, below) with its DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
 // Register blocking: KPT keys per thread (KL key lanes, RGA row groups, RPT_A rows each) in
 // phase A; CPT vec4 columns per thread (CL column lanes, RGC row groups, RPT_C rows each) in
 // phase C. Loops marked `// @unroll` (over those counts) are unrolled by the generator
 // (`shaders::unroll`), so the per-thread score and accumulator arrays live in registers.
-// The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4` and `key_base`;
-// `softmax_rows` and the `Inputs` struct come from softmax_serial.wgsl or
-// softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
+// The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4`, `key_base`,
+// `key_base_fast` (a shift for power-of-two block sizes), the raw-word type KV_RAW with
+// `k_raw4`, `v_raw4`, `kv_cvt4`, and the score storage `s_s` with `s_get`, `s_set`, `s_get4`;
+// `softmax_rows`, `vthread`, `lanes_max`, `lanes_sum` and the `Inputs` struct come from
+// softmax_serial.wgsl or softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
 // attention_common.wgsl.
 //
 // Work: workgroup (x + z·65535, y) runs work item x+z·65535 for KV head y. An item is 8 u32
@@ -38,9 +41,38 @@
 // [reqs, width] i32; layer = [alibi slopes H][sinks H] f32; scratch = partial rows
 // ((slot·Hkv + kv_head)·BM + r)·D4 vec4, then (m, l) vec4s from ml_offset.
 //
+// Two forms, chosen by the header's TILED2 (the host's `POLYATTN_WGPU_PREFILL=tiled|tiled2`,
+// for prefill items only; decode tiles always take the tiled form):
+//   * tiled (TILED2 false, WG = 128): per chunk, key addresses -> barrier -> K -> barrier
+//     -> A -> barrier -> B (softmax_rows) with V loaded over K -> barrier -> C -> barrier.
+//   * tiled2 (TILED2 true, WG a power of two, `POLYATTN_WGPU_PREFILL_WG`): each thread keeps
+//     its key addresses (`chunk_bases`) and raw K/V words (`chunk_raw`, LPT = ⌈BN·D4/WG⌉ of
+//     them, unpacked by `kv_cvt4` only when stored) in registers; per chunk:
+//       K words -> kv_s, barrier; issue this chunk's V loads; phase A with phase B fused:
+//       the KL lanes of a row group (adjacent lanes of one subgroup, numbered by
+//       `vthread`; KL ≤ the smallest subgroup size, 1 without subgroups) hold all BN
+//       scores of their rows, apply soft cap / ALiBi / mask, and reduce the row max and
+//       sum with `lanes_max` / `lanes_sum` (LOG_KL shuffles) — no serial softmax pass;
+//       the new maxima go to mn_s (copied to m_s during phase C, so no lane reads m_s
+//       while another writes it); barrier; V words -> kv_s; barrier; issue the next
+//       chunk's address reads and K loads; phase C over all BN keys (keys ≥ cn have zero
+//       V and zero P), JU = 4 keys per step, each row's 4 probabilities one vec4 load
+//       (s_s holds vec4 rows of S_ROW = BN + 4 floats); barrier.
+//     So 4 barriers per chunk instead of 5, global-load latency overlapped with phases A
+//     and C, phase A DU vec4 columns per step. Blocking: KPT = BN / KL ≥ 4 keys per
+//     thread where the lanes allow, RGA = WG / KL row groups; phase C as the tiled form
+//     with WG threads (WG = 64 gives 4 × 4 blocks in both phases of a 32 × 32 tile at
+//     D = 128, twice the FMAs per shared-memory load of 128 threads' 2 × 4).
+// Both forms share `tile_scores` (phase A), the phase-C block and the epilogue; the
+// generator (`AttentionShader::source`) sets DU = JU = 1, KB_LEN = BN, MN_LEN = 1 and
+// S_ROW = BN + 1 for the tiled form (its loops as before tiled2 existed).
+//
 // Bounds relied on: every item comes from metadata validated on the host — tokens < the
 // query's rows, keys < seq_len ≤ width·block_size, block ids < the cache's blocks, slots
-// < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored.
+// < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored
+// (tiled2 loads nothing for keys ≥ cn: their words are zero). Shared-memory indices:
+// a_j + i·KL < BN, c_col + i·CL < D4, rows clamped to BM − 1, u < BN·D4 for the chunk
+// stores; every other index is bounded by its loop.
 
 var<workgroup> q_s: array<vec4<f32>, BM * D4>;
 var<workgroup> kv_s: array<vec4<f32>, BN * KV_ROW>;

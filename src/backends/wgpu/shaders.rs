@@ -1355,6 +1355,44 @@ mod tests {
     }
 
     #[test]
+    fn tiled2_blocking_fits_lanes_and_threads() {
+        // The H200's prefill tile at head size 128: 2 x 4 score and output blocks with 128
+        // threads, 4 x 4 with 64.
+        let b = AttentionBlocking::tiled2(32, 32, 128, 32).unwrap();
+        assert_eq!(
+            (b.keys_per_thread, b.key_lanes, b.score_row_groups),
+            (4, 8, 16)
+        );
+        assert_eq!(32u32.div_ceil(b.out_row_groups) * b.cols_per_thread, 8);
+        let b = AttentionBlocking::tiled2(32, 32, 64, 32).unwrap();
+        assert_eq!(32u32.div_ceil(b.score_row_groups) * b.keys_per_thread, 16);
+        assert_eq!(32u32.div_ceil(b.out_row_groups) * b.cols_per_thread, 16);
+        assert_eq!(AttentionBlocking::tiled2(32, 32, 96, 32), None);
+        assert_eq!(AttentionBlocking::tiled2(32, 30, 128, 32), None);
+        for d4 in 1..=128u32 {
+            for bn in [8u32, 16, 32, 64] {
+                for wg in [32u32, 64, 128, 256] {
+                    for max_kl in [1u32, 4, 8, 16, 32, 64, 128] {
+                        let b = AttentionBlocking::tiled2(d4, bn, wg, max_kl).unwrap();
+                        let kl = b.key_lanes;
+                        assert!(kl.is_power_of_two() && kl <= max_kl, "{b:?}");
+                        assert_eq!(kl * b.keys_per_thread, bn, "{b:?}");
+                        assert_eq!(kl * b.score_row_groups, wg, "{b:?}");
+                        assert_eq!(b.cols_per_thread * b.col_lanes, d4, "{b:?}");
+                        assert!(b.col_lanes * b.out_row_groups <= wg.max(b.col_lanes));
+                    }
+                }
+            }
+        }
+        // The tiled2 form fits wherever the tiled form's prefill tile does at 48 KiB
+        // (NVIDIA) for the common head sizes.
+        for d in [64u32, 80, 96, 128, 256] {
+            let (m, n) = choose_tile(d, 48 * 1024, TileKind::Prefill).unwrap();
+            assert!(tiled2_shared_bytes(d, m, n) <= 48 * 1024, "d{d} {m}x{n}");
+        }
+    }
+
+    #[test]
     fn keys_name_every_field() {
         let a = AttentionShader {
             head_size: 64,
