@@ -3,7 +3,7 @@
 //
 // Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
 // (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 (the
-// form, below) with its DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, the dtypes of
+// form, below) with its DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, KV_SCALED, the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
 // Register blocking: KPT keys per thread (KL key lanes, RGA row groups, RPT_A rows each) in
@@ -156,14 +156,19 @@ fn chunk_raw(t: u32, kb_in: array<u32, LPT>, cn: u32, v: bool) -> array<KV_RAW, 
     return w;
 }
 
-// tiled2: unpacks this thread's raw words into kv_s, times `scale`.
+// tiled2: unpacks this thread's raw words into kv_s, times `scale` (fp8 caches only: the
+// host passes 1 for the others, KV_SCALED false).
 fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32) {
     var w = w_in;
     // @unroll
     for (var i = 0u; i < LPT; i = i + 1u) {
         let u = t + i * WG;
         if u < BN * D4 {
-            kv_s[(u / D4) * KV_ROW + u % D4] = kv_cvt4(w[i]) * scale;
+            var x = kv_cvt4(w[i]);
+            if KV_SCALED {
+                x = x * scale;
+            }
+            kv_s[(u / D4) * KV_ROW + u % D4] = x;
         }
     }
 }

@@ -550,6 +550,11 @@ impl AttentionShader {
         ];
         s += &consts(&c);
         s += &format!("const TILED2: bool = {t2};\n");
+        // K / V scales other than 1 exist for fp8 caches only (`WgpuAttentionImpl::kv_scales`).
+        s += &format!(
+            "const KV_SCALED: bool = {};\n",
+            matches!(self.kv_dtype, DType::Fp8E4m3 | DType::Fp8E5m2)
+        );
         // Scores / probabilities, row r at r·S_ROW: scalars in the tiled form, vec4s in the
         // tiled2 form (its phase C loads four probabilities of a row at once).
         s += if t2 {
