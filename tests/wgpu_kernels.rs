@@ -15,8 +15,8 @@ mod common;
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::AttentionShader;
 use polyattn::backends::wgpu::{
-    kernels, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder, WgpuTuning,
-    PREFILL_TILED2_WORKGROUP,
+    kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
+    WgpuTuning, PREFILL_TILED2_WORKGROUP,
 };
 use polyattn::device::WgpuDevice;
 use polyattn::reference;
@@ -253,7 +253,8 @@ fn check_batch(
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
     if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
-        if (prefill.block_m, prefill.block_n) != t {
+        // Used wherever it fits (elsewhere the default tile runs, with a warning).
+        if prefill_tile_fits(dev, p.head_size, t) && (prefill.block_m, prefill.block_n) != t {
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }
     }

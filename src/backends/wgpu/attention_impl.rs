@@ -137,6 +137,20 @@ pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32
     }
 }
 
+/// Whether a requested prefill tile ([`WgpuTuning::prefill_tile`]) can replace the default
+/// one for `head_size` on `dev`: both prefill forms' workgroup memory fits the adapter's and
+/// the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
+/// accumulators per thread). Head sizes [`tiles_for`] rejects are never asked about.
+pub fn prefill_tile_fits(dev: &WgpuDevice, head_size: usize, (m, n): (u32, u32)) -> bool {
+    let d = head_size as u32;
+    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let b = AttentionBlocking::new(d / 4, n);
+    attention_shared_bytes(d, m, n) <= limit
+        && tiled2_shared_bytes(d, m, n) <= limit
+        && m.div_ceil(b.score_row_groups) * b.keys_per_thread <= 32
+        && m.div_ceil(b.out_row_groups) * b.cols_per_thread <= 32
+}
+
 impl WgpuAttentionImpl {
     /// Builds the impl on `dev` (parameters already validated by the descriptor).
     pub fn new(dev: WgpuDevice, params: AttentionParams) -> Result<Self> {
@@ -152,21 +166,12 @@ impl WgpuAttentionImpl {
     ) -> Result<Self> {
         let (decode_tile, mut prefill_tile) = tiles_for(&dev, params.head_size)?;
         if let (true, Some((m, n))) = (tuning.prefill_tiles, tuning.prefill_tile) {
-            // A requested prefill tile, when both prefill forms' workgroup memory fits and
-            // the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
-            // accumulators per thread).
-            let d = params.head_size as u32;
-            let limit = dev.limits().max_compute_workgroup_storage_size;
-            let b = AttentionBlocking::new(d / 4, n);
-            let fits = attention_shared_bytes(d, m, n) <= limit
-                && tiled2_shared_bytes(d, m, n) <= limit
-                && m.div_ceil(b.score_row_groups) * b.keys_per_thread <= 32
-                && m.div_ceil(b.out_row_groups) * b.cols_per_thread <= 32;
-            if fits {
+            if prefill_tile_fits(&dev, params.head_size, (m, n)) {
                 prefill_tile = (m, n);
             } else {
                 tracing::warn!(
-                    "wgpu: prefill tile {m}x{n} does not fit head size {d} here; using {}x{}",
+                    "wgpu: prefill tile {m}x{n} does not fit head size {} here; using {}x{}",
+                    params.head_size,
                     prefill_tile.0,
                     prefill_tile.1
                 );

@@ -21,7 +21,7 @@ mod metadata_builder;
 pub mod probes;
 pub mod shaders;
 
-pub use attention_impl::{WgpuAttentionImpl, MAX_HEAD_SIZE};
+pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
 pub use metadata_builder::{
     parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
