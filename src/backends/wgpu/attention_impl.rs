@@ -140,8 +140,12 @@ pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32
 /// Whether a requested prefill tile ([`WgpuTuning::prefill_tile`]) can replace the default
 /// one for `head_size` on `dev`: both prefill forms' workgroup memory fits the adapter's and
 /// the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
-/// accumulators per thread). Head sizes [`tiles_for`] rejects are never asked about.
+/// accumulators per thread). False for head sizes the backend rejects (not a positive
+/// multiple of 4 up to [`MAX_HEAD_SIZE`]) and empty tiles.
 pub fn prefill_tile_fits(dev: &WgpuDevice, head_size: usize, (m, n): (u32, u32)) -> bool {
+    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE || m == 0 || n == 0 {
+        return false;
+    }
     let d = head_size as u32;
     let limit = dev.limits().max_compute_workgroup_storage_size;
     let b = AttentionBlocking::new(d / 4, n);
