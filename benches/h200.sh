@@ -15,9 +15,11 @@
 # D1 / D4 fp8 rows, memcheck / racecheck); mma-shapes: every CTA shape of the tensor-core
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
 # decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
-# ncu-decode: the decode and combine kernels of D4 through Nsight Compute; subk64: the 128-row
-# prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers).
-# Logs go to $OUT.
+# ncu-decode: the decode kernel of D4 through Nsight Compute; subk64: the 128-row
+# prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers);
+# wgpu-prefill: the tiled2 WGPU prefill form (POLYATTN_WGPU_PREFILL=tiled2) checked by the
+# shared suite at 128 and 64 threads, then the P2 rows with the tiled form (default) beside
+# tiled2 at 128, 64 and 32 threads and with 64x16 tiles. Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -135,6 +137,19 @@ for p in "${phases[@]}"; do
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg
       run wgpu-after-cuda 150 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend cuda,wgpu \
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg ;;
+    wgpu-prefill)
+      run t2-attention 150 env POLYATTN_WGPU_PREFILL=tiled2 $B/test-attention_correctness --nocapture
+      run t2wg64-attention 150 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_WG=64 \
+        $B/test-attention_correctness --nocapture
+      run t1-bench 90 $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 \
+        --json "$OUT/wgpu-tiled.json" --no-svg
+      for v in 128 64 32; do
+        run t2wg$v-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_WG=$v \
+          $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 \
+          --json "$OUT/wgpu-tiled2-wg$v.json" --no-svg
+      done
+      run t2tile64x16-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_TILE=64x16 \
+        $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     bench)
       run bench 240 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_D,$SHAPES_KG \
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;

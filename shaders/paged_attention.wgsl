@@ -2,16 +2,19 @@
 // online softmax (FlashAttention's algorithm), for mixed prefill / decode batches.
 //
 // Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
-// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, the dtypes of
+// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 (the
+// form, below) with its DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, KV_SCALED, the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
 // Register blocking: KPT keys per thread (KL key lanes, RGA row groups, RPT_A rows each) in
 // phase A; CPT vec4 columns per thread (CL column lanes, RGC row groups, RPT_C rows each) in
 // phase C. Loops marked `// @unroll` (over those counts) are unrolled by the generator
 // (`shaders::unroll`), so the per-thread score and accumulator arrays live in registers.
-// The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4` and `key_base`;
-// `softmax_rows` and the `Inputs` struct come from softmax_serial.wgsl or
-// softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
+// The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4`, `key_base`,
+// `key_base_fast` (a shift for power-of-two block sizes), the raw-word type KV_RAW with
+// `k_raw4`, `v_raw4`, `kv_cvt4`, and the score storage `s_s` with `s_get`, `s_set`, `s_get4`;
+// `softmax_rows`, `vthread`, `lanes_max`, `lanes_sum` and the `Inputs` struct come from
+// softmax_serial.wgsl or softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
 // attention_common.wgsl.
 //
 // Work: workgroup (x + z·65535, y) runs work item x+z·65535 for KV head y. An item is 8 u32
@@ -38,19 +41,137 @@
 // [reqs, width] i32; layer = [alibi slopes H][sinks H] f32; scratch = partial rows
 // ((slot·Hkv + kv_head)·BM + r)·D4 vec4, then (m, l) vec4s from ml_offset.
 //
+// Two forms, chosen by the header's TILED2 (the host's `POLYATTN_WGPU_PREFILL=tiled|tiled2`,
+// for prefill items only; decode tiles always take the tiled form):
+//   * tiled (TILED2 false, WG = 128): per chunk, key addresses -> barrier -> K -> barrier
+//     -> A -> barrier -> B (softmax_rows) with V loaded over K -> barrier -> C -> barrier.
+//   * tiled2 (TILED2 true, WG a power of two, `POLYATTN_WGPU_PREFILL_WG`): each thread keeps
+//     its key addresses (`chunk_bases`) and raw K/V words (`chunk_raw`, LPT = ⌈BN·D4/WG⌉ of
+//     them, unpacked by `kv_cvt4` only when stored) in registers; per chunk:
+//       K words -> kv_s, barrier; issue this chunk's V loads; phase A with phase B fused:
+//       the KL lanes of a row group (adjacent lanes of one subgroup, numbered by
+//       `vthread`; KL ≤ the smallest subgroup size, 1 without subgroups) hold all BN
+//       scores of their rows, apply soft cap / ALiBi / mask, and reduce the row max and
+//       sum with `lanes_max` / `lanes_sum` (LOG_KL shuffles) — no serial softmax pass;
+//       the new maxima go to mn_s (copied to m_s during phase C, so no lane reads m_s
+//       while another writes it); barrier; V words -> kv_s; barrier; issue the next
+//       chunk's address reads and K loads; phase C over all BN keys (keys ≥ cn have zero
+//       V and zero P), JU = 4 keys per step, each row's 4 probabilities one vec4 load
+//       (s_s holds vec4 rows of S_ROW = BN + 4 floats); barrier.
+//     So 4 barriers per chunk instead of 5, global-load latency overlapped with phases A
+//     and C, phase A DU vec4 columns per step. Blocking: KPT = BN / KL ≥ 4 keys per
+//     thread where the lanes allow, RGA = WG / KL row groups; phase C as the tiled form
+//     with WG threads (WG = 64 gives 4 × 4 blocks in both phases of a 32 × 32 tile at
+//     D = 128, twice the FMAs per shared-memory load of 128 threads' 2 × 4).
+// Both forms share `tile_scores` (phase A), the phase-C block and the epilogue; the
+// generator (`AttentionShader::source`) sets DU = JU = 1, KB_LEN = BN, MN_LEN = 1 and
+// S_ROW = BN + 1 for the tiled form (its loops as before tiled2 existed).
+//
 // Bounds relied on: every item comes from metadata validated on the host — tokens < the
 // query's rows, keys < seq_len ≤ width·block_size, block ids < the cache's blocks, slots
-// < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored.
+// < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored
+// (tiled2 loads nothing for keys ≥ cn: their words are zero). Shared-memory indices:
+// a_j + i·KL < BN, c_col + i·CL < D4, rows clamped to BM − 1, u < BN·D4 for the chunk
+// stores; every other index is bounded by its loop.
 
 var<workgroup> q_s: array<vec4<f32>, BM * D4>;
 var<workgroup> kv_s: array<vec4<f32>, BN * KV_ROW>;
-var<workgroup> s_s: array<f32, BM * S_ROW>;
 var<workgroup> m_s: array<f32, BM>;
 var<workgroup> l_s: array<f32, BM>;
 var<workgroup> a_s: array<f32, BM>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
-var<workgroup> kbase_s: array<u32, BN>;
+// Key addresses (tiled; 1 entry in the tiled2 form, which keeps them in registers).
+var<workgroup> kbase_s: array<u32, KB_LEN>;
+// The running maxima a tiled2 chunk produces (copied to m_s during phase C, so the lanes
+// of a row group never read m_s while one of them writes it; 1 entry in the tiled form).
+var<workgroup> mn_s: array<f32, MN_LEN>;
+
+// Phase A: this thread's scores S = (q·scale)·K^T for keys a_j + i·KL (i < KPT) of rows
+// a_rg + k·RGA (k < RPT_A), from q_s and the keys in kv_s. Rows past BM are clamped (the
+// caller does not store them); the d4 loop runs DU vec4 columns per iteration.
+fn tile_scores(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
+    var s: array<f32, RPT_A * KPT>;
+    // @unroll
+    for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
+        s[e] = 0.0;
+    }
+    for (var d0 = 0u; d0 < D4; d0 = d0 + DU) {
+        // @unroll
+        for (var dd = 0u; dd < DU; dd = dd + 1u) {
+            let d4 = d0 + dd;
+            var kk: array<vec4<f32>, KPT>;
+            // @unroll
+            for (var i = 0u; i < KPT; i = i + 1u) {
+                kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
+            }
+            // @unroll
+            for (var k = 0u; k < RPT_A; k = k + 1u) {
+                let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];
+                // @unroll
+                for (var i = 0u; i < KPT; i = i + 1u) {
+                    s[k * KPT + i] = s[k * KPT + i] + dot(qq, kk[i]);
+                }
+            }
+        }
+    }
+    return s;
+}
+
+// tiled2: element bases of the keys this thread loads for the chunk at c0 (cn keys): load
+// i covers vec4 u = t + i·WG of the chunk's BN·D4, key u / D4 (0 for keys ≥ cn, never read).
+fn chunk_bases(t: u32, c0: u32, cn: u32, kv_head: u32, kv_row: u32) -> array<u32, LPT> {
+    var kb: array<u32, LPT>;
+    // @unroll
+    for (var i = 0u; i < LPT; i = i + 1u) {
+        let j = (t + i * WG) / D4;
+        var b = 0u;
+        if j < cn {
+            b = key_base_fast(c0 + j, kv_head, kv_row);
+        }
+        kb[i] = b;
+    }
+    return kb;
+}
+
+// tiled2: this thread's raw words of the chunk's keys (`v`: values) at the bases `kb`;
+// zero words (0.0 in every dtype) for keys ≥ cn.
+fn chunk_raw(t: u32, kb_in: array<u32, LPT>, cn: u32, v: bool) -> array<KV_RAW, LPT> {
+    var kb = kb_in;
+    var w: array<KV_RAW, LPT>;
+    // @unroll
+    for (var i = 0u; i < LPT; i = i + 1u) {
+        let u = t + i * WG;
+        var x = KV_RAW();
+        if u / D4 < cn {
+            let e = kb[i] + (u % D4) * 4u;
+            if v {
+                x = v_raw4(e);
+            } else {
+                x = k_raw4(e);
+            }
+        }
+        w[i] = x;
+    }
+    return w;
+}
+
+// tiled2: unpacks this thread's raw words into kv_s, times `scale` (fp8 caches only: the
+// host passes 1 for the others, KV_SCALED false).
+fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32) {
+    var w = w_in;
+    // @unroll
+    for (var i = 0u; i < LPT; i = i + 1u) {
+        let u = t + i * WG;
+        if u < BN * D4 {
+            var x = kv_cvt4(w[i]);
+            if KV_SCALED {
+                x = x * scale;
+            }
+            kv_s[(u / D4) * KV_ROW + u % D4] = x;
+        }
+    }
+}
 
 @compute @workgroup_size(WG)
 fn main(inp: Inputs) {
@@ -120,9 +241,11 @@ fn main(inp: Inputs) {
     // Phase C: vec4 columns c_col + i·CL (i < CPT) of rows c_rg + k·RGC (k < RPT_C). Each
     // shared-memory load then feeds KPT (or RPT_A, RPT_C, CPT) dot products instead of one;
     // lanes of one warp read distinct K / V rows (A) or adjacent vec4s (C) and share the
-    // Q / probability rows (broadcast).
-    let a_j = t % KL;
-    let a_rg = t / KL;
+    // Q / probability rows (broadcast). tiled2 numbers its phase-A threads by subgroup lane
+    // (`vthread`), so the KL lanes of a row group lie in one subgroup.
+    let a_t = select(t, vthread(inp), TILED2);
+    let a_j = a_t % KL;
+    let a_rg = a_t / KL;
     let c_col = t % CL;
     let c_rg = t / CL;
     var acc: array<vec4<f32>, RPT_C * CPT>;
@@ -130,76 +253,134 @@ fn main(inp: Inputs) {
     for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
         acc[e] = vec4<f32>(0.0);
     }
+    // tiled2: the key bases and raw K or V words of one chunk, in registers.
+    var kb: array<u32, LPT>;
+    var raw: array<KV_RAW, LPT>;
+    if TILED2 && lo < hi {
+        kb = chunk_bases(t, lo, min(BN, hi - lo), kv_head, kv_row);
+        raw = chunk_raw(t, kb, min(BN, hi - lo), false);
+    }
     workgroupBarrier();
 
     for (var c0 = lo; c0 < hi; c0 = c0 + BN) {
         let cn = min(BN, hi - c0);
-        for (var j = t; j < cn; j = j + WG) {
-            kbase_s[j] = key_base(c0 + j, kv_head, kv_row);
-        }
-        workgroupBarrier();
-        for (var u = t; u < BN * D4; u = u + WG) {
-            let j = u / D4;
-            let c = u % D4;
-            var v = vec4<f32>(0.0);
-            if j < cn {
-                v = k_load4(kbase_s[j] + c * 4u) * params.k_scale;
-            }
-            kv_s[j * KV_ROW + c] = v;
-        }
-        workgroupBarrier();
+        if TILED2 {
+            // K (loaded during the last chunk's phase C) into shared memory; this chunk's V
+            // loads are issued before phase A and stored after it.
+            chunk_store(t, raw, params.k_scale);
+            workgroupBarrier();
+            raw = chunk_raw(t, kb, cn, true);
 
-        // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
-        // discarded by phase B); rows past BM are clamped and not stored.
-        if a_rg < RGA {
-            var s: array<f32, RPT_A * KPT>;
-            // @unroll
-            for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
-                s[e] = 0.0;
-            }
-            for (var d4 = 0u; d4 < D4; d4 = d4 + 1u) {
-                var kk: array<vec4<f32>, KPT>;
-                // @unroll
-                for (var i = 0u; i < KPT; i = i + 1u) {
-                    kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
-                }
+            // Phase A with phase B fused: the KL lanes of a row group hold all BN scores
+            // of their rows; the row max and sum are reduced across them in registers.
+            if a_rg < RGA {
+                var s = tile_scores(a_j, a_rg);
                 // @unroll
                 for (var k = 0u; k < RPT_A; k = k + 1u) {
-                    let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];
+                    let r = a_rg + k * RGA;
+                    let rc = min(r, BM - 1u);
+                    let head = head_s[rc];
+                    let live = r < BM && head != NO_ROW;
+                    let p = pos_s[rc];
+                    var ok: array<bool, KPT>;
+                    var mx = NO_MAX;
                     // @unroll
                     for (var i = 0u; i < KPT; i = i + 1u) {
-                        s[k * KPT + i] = s[k * KPT + i] + dot(qq, kk[i]);
+                        let j = a_j + i * KL;
+                        let o = live && j < cn && visible(p, c0 + j);
+                        ok[i] = o;
+                        if o {
+                            let x = modify(s[k * KPT + i], head, p, c0 + j);
+                            s[k * KPT + i] = x;
+                            mx = max(mx, x);
+                        }
+                    }
+                    let m_old = m_s[rc];
+                    let m_new = max(m_old, lanes_max(mx));
+                    var sum = 0.0;
+                    // @unroll
+                    for (var i = 0u; i < KPT; i = i + 1u) {
+                        var e = 0.0;
+                        if ok[i] {
+                            e = exp(s[k * KPT + i] - m_new);
+                        }
+                        sum = sum + e;
+                        if r < BM {
+                            s_set(r * S_ROW + a_j + i * KL, e);
+                        }
+                    }
+                    sum = lanes_sum(sum);
+                    if r < BM && a_j == 0u {
+                        let alpha = exp(m_old - m_new);
+                        l_s[r] = l_s[r] * alpha + sum;
+                        mn_s[min(r, MN_LEN - 1u)] = m_new;
+                        a_s[r] = alpha;
                     }
                 }
             }
-            // @unroll
-            for (var k = 0u; k < RPT_A; k = k + 1u) {
-                let r = a_rg + k * RGA;
-                if r < BM {
-                    // @unroll
-                    for (var i = 0u; i < KPT; i = i + 1u) {
-                        s_s[r * S_ROW + a_j + i * KL] = s[k * KPT + i];
+            workgroupBarrier();
+            chunk_store(t, raw, params.v_scale);
+            workgroupBarrier();
+            // The next chunk's K loads, in flight during phase C.
+            let c1 = c0 + BN;
+            if c1 < hi {
+                kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
+                raw = chunk_raw(t, kb, min(BN, hi - c1), false);
+            }
+            for (var r = t; r < MN_LEN; r = r + WG) {
+                m_s[min(r, BM - 1u)] = mn_s[r];
+            }
+        } else {
+            for (var j = t; j < cn; j = j + WG) {
+                kbase_s[min(j, KB_LEN - 1u)] = key_base(c0 + j, kv_head, kv_row);
+            }
+            workgroupBarrier();
+            for (var u = t; u < BN * D4; u = u + WG) {
+                let j = u / D4;
+                let c = u % D4;
+                var v = vec4<f32>(0.0);
+                if j < cn {
+                    v = k_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.k_scale;
+                }
+                kv_s[j * KV_ROW + c] = v;
+            }
+            workgroupBarrier();
+
+            // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
+            // discarded by phase B); rows past BM are clamped and not stored.
+            if a_rg < RGA {
+                let s = tile_scores(a_j, a_rg);
+                // @unroll
+                for (var k = 0u; k < RPT_A; k = k + 1u) {
+                    let r = a_rg + k * RGA;
+                    if r < BM {
+                        // @unroll
+                        for (var i = 0u; i < KPT; i = i + 1u) {
+                            s_set(r * S_ROW + a_j + i * KL, s[k * KPT + i]);
+                        }
                     }
                 }
             }
-        }
-        workgroupBarrier();
+            workgroupBarrier();
 
-        // Phase B (rows) while V is loaded over K.
-        softmax_rows(inp, c0, cn);
-        for (var u = t; u < BN * D4; u = u + WG) {
-            let j = u / D4;
-            let c = u % D4;
-            var v = vec4<f32>(0.0);
-            if j < cn {
-                v = v_load4(kbase_s[j] + c * 4u) * params.v_scale;
+            // Phase B (rows) while V is loaded over K.
+            softmax_rows(inp, c0, cn);
+            for (var u = t; u < BN * D4; u = u + WG) {
+                let j = u / D4;
+                let c = u % D4;
+                var v = vec4<f32>(0.0);
+                if j < cn {
+                    v = v_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.v_scale;
+                }
+                kv_s[j * KV_ROW + c] = v;
             }
-            kv_s[j * KV_ROW + c] = v;
+            workgroupBarrier();
         }
-        workgroupBarrier();
 
-        // Phase C: acc = acc·α + P·V. Rows past n_rows have zero probabilities and are
-        // never stored; rows past BM are clamped.
+        // Phase C: acc = acc·α + P·V over the chunk's first jn keys (cn; tiled2: all BN,
+        // whose keys ≥ cn have zero values and probabilities), JU keys per iteration. Rows
+        // past n_rows have zero probabilities and are never stored; rows past BM are clamped.
+        let jn = select(cn, BN, TILED2);
         if c_rg < RGC {
             // @unroll
             for (var k = 0u; k < RPT_C; k = k + 1u) {
@@ -209,18 +390,36 @@ fn main(inp: Inputs) {
                     acc[k * CPT + i] = acc[k * CPT + i] * alpha;
                 }
             }
-            for (var j = 0u; j < cn; j = j + 1u) {
-                var vv: array<vec4<f32>, CPT>;
-                // @unroll
-                for (var i = 0u; i < CPT; i = i + 1u) {
-                    vv[i] = kv_s[j * KV_ROW + c_col + i * CL];
+            for (var j0 = 0u; j0 < jn; j0 = j0 + JU) {
+                // tiled2 (JU = 4, rows of S_ROW a multiple of 4): each row's 4
+                // probabilities in one vec4 load.
+                var pr: array<vec4<f32>, RPT_C>;
+                if TILED2 {
+                    // @unroll
+                    for (var k = 0u; k < RPT_C; k = k + 1u) {
+                        pr[k] = s_get4(min(c_rg + k * RGC, BM - 1u) * S_ROW + j0);
+                    }
                 }
                 // @unroll
-                for (var k = 0u; k < RPT_C; k = k + 1u) {
-                    let pk = s_s[min(c_rg + k * RGC, BM - 1u) * S_ROW + j];
+                for (var jj = 0u; jj < JU; jj = jj + 1u) {
+                    let j = j0 + jj;
+                    var vv: array<vec4<f32>, CPT>;
                     // @unroll
                     for (var i = 0u; i < CPT; i = i + 1u) {
-                        acc[k * CPT + i] = acc[k * CPT + i] + pk * vv[i];
+                        vv[i] = kv_s[j * KV_ROW + c_col + i * CL];
+                    }
+                    // @unroll
+                    for (var k = 0u; k < RPT_C; k = k + 1u) {
+                        var pk = 0.0;
+                        if TILED2 {
+                            pk = pr[k][min(jj, 3u)];
+                        } else {
+                            pk = s_get(min(c_rg + k * RGC, BM - 1u) * S_ROW + j);
+                        }
+                        // @unroll
+                        for (var i = 0u; i < CPT; i = i + 1u) {
+                            acc[k * CPT + i] = acc[k * CPT + i] + pk * vv[i];
+                        }
                     }
                 }
             }

@@ -6,6 +6,13 @@
 // Layout and bounds: as softmax_serial.wgsl (r < BM, j < cn ≤ BN). Control flow around the
 // reductions is uniform within a subgroup (the row loop depends only on subgroup_id).
 // (No `enable subgroups;`: naga 30 rejects it; the SUBGROUP feature gates the builtins.)
+//
+// Also the lane helpers of paged_attention.wgsl's tiled2 form: `vthread` numbers the
+// invocations subgroup by subgroup (subgroup_id · size + lane, a permutation of the local
+// indices when every subgroup but the last is full), so the KL lanes of a phase-A row group
+// (KL a power of two ≤ the smallest subgroup size: the host's choice) are adjacent lanes of
+// one subgroup; `lanes_max` / `lanes_sum` reduce over them with LOG_KL subgroupShuffleXor
+// steps (every lane of the group ends with the result).
 
 struct Inputs {
     @builtin(local_invocation_index) t: u32,
@@ -22,7 +29,7 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         let head = head_s[r];
         if head == NO_ROW {
             for (var j = inp.lane; j < cn; j = j + inp.sg_size) {
-                s_s[r * S_ROW + j] = 0.0;
+                s_set(r * S_ROW + j, 0.0);
             }
             if inp.lane == 0u {
                 a_s[r] = 1.0;
@@ -35,8 +42,8 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
         for (var j = inp.lane; j < cn; j = j + inp.sg_size) {
             let kp = c0 + j;
             if visible(p, kp) {
-                let s = modify(s_s[r * S_ROW + j], head, p, kp);
-                s_s[r * S_ROW + j] = s;
+                let s = modify(s_get(r * S_ROW + j), head, p, kp);
+                s_set(r * S_ROW + j, s);
                 mx_lane = max(mx_lane, s);
             }
         }
@@ -46,9 +53,9 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
             let kp = c0 + j;
             var e = 0.0;
             if visible(p, kp) {
-                e = exp(s_s[r * S_ROW + j] - mx);
+                e = exp(s_get(r * S_ROW + j) - mx);
             }
-            s_s[r * S_ROW + j] = e;
+            s_set(r * S_ROW + j, e);
             sum_lane = sum_lane + e;
         }
         let sum = subgroupAdd(sum_lane);
@@ -59,4 +66,26 @@ fn softmax_rows(inp: Inputs, c0: u32, cn: u32) {
             a_s[r] = alpha;
         }
     }
+}
+
+fn vthread(inp: Inputs) -> u32 {
+    return inp.sg_id * inp.sg_size + inp.lane;
+}
+
+fn lanes_max(x: f32) -> f32 {
+    var y = x;
+    // @unroll
+    for (var i = 0u; i < LOG_KL; i = i + 1u) {
+        y = max(y, subgroupShuffleXor(y, 1u << i));
+    }
+    return y;
+}
+
+fn lanes_sum(x: f32) -> f32 {
+    var y = x;
+    // @unroll
+    for (var i = 0u; i < LOG_KL; i = i + 1u) {
+        y = y + subgroupShuffleXor(y, 1u << i);
+    }
+    return y;
 }

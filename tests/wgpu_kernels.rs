@@ -15,7 +15,8 @@ mod common;
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::AttentionShader;
 use polyattn::backends::wgpu::{
-    kernels, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder, WgpuTuning,
+    kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
+    WgpuTuning, PREFILL_TILED2_WORKGROUP,
 };
 use polyattn::device::WgpuDevice;
 use polyattn::reference;
@@ -241,6 +242,22 @@ fn check_batch(
     let p = &case.params;
     let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p.clone(), tuning)
         .map_err(|e| e.to_string())?;
+    // A tuning that asks for the tiled2 prefill form must get it (these layers fit it).
+    let prefill = imp.tile_shader(
+        true,
+        case.dtype,
+        batch.kv_cache.spec().storage_dtype(),
+        true,
+    );
+    if (tuning.prefill_kernel == PrefillKernel::Tiled2) != prefill.tiled2.is_some() {
+        return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+    }
+    if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
+        // Used wherever it fits (elsewhere the default tile runs, with a warning).
+        if prefill_tile_fits(dev, p.head_size, t) && (prefill.block_m, prefill.block_n) != t {
+            return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+        }
+    }
     let kv_spec = KvCacheSpec {
         block_size: case.block_size,
         num_kv_heads: p.num_kv_heads,
@@ -306,10 +323,62 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 subgroups: false,
                 prefill_tiles: true,
                 unrolled: true,
+                prefill_kernel: PrefillKernel::Tiled,
+                prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+                prefill_tile: None,
             },
         ),
     ];
+    // The tiled2 prefill form: without subgroups (one lane per row group) and with them,
+    // loops and unrolled, 128 and 64 threads.
+    let t2 = |t: WgpuTuning, workgroup: u32| WgpuTuning {
+        prefill_kernel: PrefillKernel::Tiled2,
+        prefill_workgroup: workgroup,
+        ..t
+    };
+    v.push((
+        "tiled2 prefill (serial), 64 threads",
+        t2(
+            WgpuTuning {
+                max_splits: 1,
+                subgroups: false,
+                prefill_tiles: true,
+                unrolled: false,
+                ..base
+            },
+            64,
+        ),
+    ));
     if dev.has_subgroups() {
+        v.push((
+            "tiled2 prefill (subgroups), split-KV, unrolled, 64x16 tiles",
+            t2(
+                WgpuTuning {
+                    split_min_keys: 8,
+                    target_workgroups: 4096,
+                    max_splits: 64,
+                    subgroups: true,
+                    prefill_tiles: true,
+                    unrolled: true,
+                    prefill_tile: Some((64, 16)),
+                    ..base
+                },
+                128,
+            ),
+        ));
+        v.push((
+            "tiled2 prefill (subgroups), decode tiles, 64 threads",
+            t2(
+                WgpuTuning {
+                    max_splits: 1,
+                    subgroups: true,
+                    prefill_tiles: false,
+                    unrolled: false,
+                    ..base
+                },
+                64,
+            ),
+        ));
         v.push((
             "split-KV (subgroup softmax)",
             WgpuTuning {
@@ -319,6 +388,9 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 subgroups: true,
                 prefill_tiles: false,
                 unrolled: false,
+                prefill_kernel: PrefillKernel::Tiled,
+                prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+                prefill_tile: None,
             },
         ));
         v.push((
@@ -435,6 +507,9 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         subgroups: true,
         prefill_tiles: false,
         unrolled: false,
+        prefill_kernel: PrefillKernel::Tiled,
+        prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+        prefill_tile: None,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).
@@ -722,6 +797,7 @@ fn pipelines_are_compiled_once() {
         paged: true,
         subgroups: false,
         unrolled: false,
+        tiled2: None,
     };
     let compiles = std::sync::atomic::AtomicUsize::new(0);
     let get = || {

@@ -24,10 +24,11 @@ use super::kernels::{
     bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
     upload_words, whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
-use super::metadata_builder::{PlanKey, WgpuAttentionMetadata, WgpuTuning};
+use super::metadata_builder::{PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
-    choose_tile, AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind,
-    DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
+    attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking, AttentionShader,
+    CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, DECODE_KEYS_PER_STEP,
+    DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
 };
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
@@ -136,6 +137,24 @@ pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32
     }
 }
 
+/// Whether a requested prefill tile ([`WgpuTuning::prefill_tile`]) can replace the default
+/// one for `head_size` on `dev`: both prefill forms' workgroup memory fits the adapter's and
+/// the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
+/// accumulators per thread). False for head sizes the backend rejects (not a positive
+/// multiple of 4 up to [`MAX_HEAD_SIZE`]) and empty tiles.
+pub fn prefill_tile_fits(dev: &WgpuDevice, head_size: usize, (m, n): (u32, u32)) -> bool {
+    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE || m == 0 || n == 0 {
+        return false;
+    }
+    let d = head_size as u32;
+    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let b = AttentionBlocking::new(d / 4, n);
+    attention_shared_bytes(d, m, n) <= limit
+        && tiled2_shared_bytes(d, m, n) <= limit
+        && m.div_ceil(b.score_row_groups) * b.keys_per_thread <= 32
+        && m.div_ceil(b.out_row_groups) * b.cols_per_thread <= 32
+}
+
 impl WgpuAttentionImpl {
     /// Builds the impl on `dev` (parameters already validated by the descriptor).
     pub fn new(dev: WgpuDevice, params: AttentionParams) -> Result<Self> {
@@ -150,6 +169,18 @@ impl WgpuAttentionImpl {
         tuning: WgpuTuning,
     ) -> Result<Self> {
         let (decode_tile, mut prefill_tile) = tiles_for(&dev, params.head_size)?;
+        if let (true, Some((m, n))) = (tuning.prefill_tiles, tuning.prefill_tile) {
+            if prefill_tile_fits(&dev, params.head_size, (m, n)) {
+                prefill_tile = (m, n);
+            } else {
+                tracing::warn!(
+                    "wgpu: prefill tile {m}x{n} does not fit head size {} here; using {}x{}",
+                    params.head_size,
+                    prefill_tile.0,
+                    prefill_tile.1
+                );
+            }
+        }
         if !tuning.prefill_tiles {
             prefill_tile = decode_tile;
         }
@@ -230,6 +261,63 @@ impl WgpuAttentionImpl {
             prefetch: cfg.prefetch,
             ..s
         })
+    }
+
+    /// The `paged_attention.wgsl` specialisation that runs the decode tiles (`prefill`
+    /// false) or the prefill tiles of this layer, for queries of `q_dtype` and keys of
+    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tiled2 form when the
+    /// tuning asks for it ([`PrefillKernel::Tiled2`]) and it can run here: a register
+    /// blocking exists, its workgroup fits the adapter's invocation limit and its workgroup
+    /// memory the adapter's; otherwise the tiled form.
+    pub fn tile_shader(
+        &self,
+        prefill: bool,
+        q_dtype: DType,
+        kv_dtype: DType,
+        paged: bool,
+    ) -> AttentionShader {
+        let tile = if prefill {
+            self.prefill_tile
+        } else {
+            self.decode_tile
+        };
+        let tiled = AttentionShader {
+            head_size: self.params.head_size as u32,
+            block_m: tile.0,
+            block_n: tile.1,
+            q_dtype,
+            kv_dtype,
+            paged,
+            subgroups: self.tuning.subgroups,
+            unrolled: self.tuning.unrolled,
+            tiled2: None,
+        };
+        if !prefill || self.tuning.prefill_kernel != PrefillKernel::Tiled2 {
+            return tiled;
+        }
+        let limits = self.dev.limits();
+        let max_key_lanes = if self.tuning.subgroups {
+            self.dev.adapter_info().subgroup_min_size.max(1)
+        } else {
+            1
+        };
+        let t2 = AttentionShader {
+            tiled2: Some(Tiled2 {
+                workgroup: self.tuning.prefill_workgroup,
+                max_key_lanes,
+            }),
+            ..tiled
+        };
+        if t2.blocking().is_some()
+            && t2.workgroup() <= limits.max_compute_invocations_per_workgroup
+            && t2.workgroup() <= limits.max_compute_workgroup_size_x
+            && t2.shared_bytes() <= limits.max_compute_workgroup_storage_size
+        {
+            t2
+        } else {
+            tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
+            tiled
+        }
     }
 
     /// The split policy in use.
@@ -605,21 +693,9 @@ impl AttentionImpl for WgpuAttentionImpl {
                 ],
             )
         };
-        for (list, tile, slot) in [
-            (&plan.decode, self.decode_tile, SLOT_DECODE),
-            (&plan.prefill, self.prefill_tile, SLOT_PREFILL),
-        ] {
+        for (list, slot) in [(&plan.decode, SLOT_DECODE), (&plan.prefill, SLOT_PREFILL)] {
             let Some(list) = list else { continue };
-            let shader = AttentionShader {
-                head_size: p.head_size as u32,
-                block_m: tile.0,
-                block_n: tile.1,
-                q_dtype: dtype,
-                kv_dtype,
-                paged: !encoder_attn,
-                subgroups: self.tuning.subgroups,
-                unrolled: self.tuning.unrolled,
-            };
+            let shader = self.tile_shader(slot == SLOT_PREFILL, dtype, kv_dtype, !encoder_attn);
             let pipe = pipeline_with(
                 dev,
                 &shader.key(),

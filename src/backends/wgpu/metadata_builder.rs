@@ -62,6 +62,59 @@ pub struct WgpuTuning {
     /// and accumulator arrays in registers. CPU adapters run the loops as written: LLVM
     /// (lavapipe) compiles the unrolled modules several times slower and runs them no faster.
     pub unrolled: bool,
+    /// The kernel form of the prefill items (`POLYATTN_WGPU_PREFILL`).
+    pub prefill_kernel: PrefillKernel,
+    /// Threads per workgroup of the tiled2 prefill form (`POLYATTN_WGPU_PREFILL_WG`: a power
+    /// of two from 32 to 256; default [`PREFILL_TILED2_WORKGROUP`]). 64 gives each thread
+    /// 4 × 4 blocks in both phases of a 32 × 32 tile at head size 128 (twice the FMAs per
+    /// shared-memory load of 128 threads' 2 × 4) at half the warps per workgroup.
+    pub prefill_workgroup: u32,
+    /// Prefill tile shape (query rows BM, keys BN) instead of the first candidate that fits
+    /// the adapter's workgroup memory (`POLYATTN_WGPU_PREFILL_TILE=BMxBN`, e.g. `64x16`: BM
+    /// 1–128, BN 8, 16, 32 or 64). Used with `prefill_tiles` when it fits the adapter (see
+    /// `WgpuAttentionImpl::with_tuning`), for both prefill forms.
+    pub prefill_tile: Option<(u32, u32)>,
+}
+
+/// Parses a tile shape `BMxBN` (BM 1–128, BN 8, 16, 32 or 64).
+pub fn parse_tile(s: &str) -> Option<(u32, u32)> {
+    let (m, n) = s
+        .trim()
+        .to_ascii_lowercase()
+        .split_once('x')
+        .and_then(|(m, n)| Some((m.trim().parse::<u32>().ok()?, n.trim().parse::<u32>().ok()?)))?;
+    ((1..=128).contains(&m) && [8, 16, 32, 64].contains(&n)).then_some((m, n))
+}
+
+/// Default threads per workgroup of the tiled2 prefill form.
+pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
+
+/// Which form of `paged_attention.wgsl` runs the prefill items (the decode tiles always use
+/// the tiled form). Chosen by `POLYATTN_WGPU_PREFILL=tiled|tiled2` (default `tiled`, the
+/// kernel measured on the H200 on 2026-11-30, until tiled2 has been timed there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PrefillKernel {
+    /// Phases A (scores), B (softmax, one subgroup or thread per row), C (P·V), with the
+    /// chunk's K and V loaded between them: 5 barriers per chunk, 128 threads.
+    #[default]
+    Tiled,
+    /// The tiled2 form ([`crate::backends::wgpu::shaders::Tiled2`]): the next chunk's K and
+    /// V loads in flight during the current chunk's phases, softmax fused into phase A,
+    /// 4 barriers per chunk, unrolled inner steps, [`WgpuTuning::prefill_workgroup`]
+    /// threads. Layers it cannot run (a tile or blocking that does not fit the adapter)
+    /// fall back to `Tiled`.
+    Tiled2,
+}
+
+impl PrefillKernel {
+    /// Parses `tiled` / `tiled2` (case-insensitive, surrounding blanks ignored).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tiled" => Some(PrefillKernel::Tiled),
+            "tiled2" => Some(PrefillKernel::Tiled2),
+            _ => None,
+        }
+    }
 }
 
 impl WgpuTuning {
@@ -77,8 +130,11 @@ impl WgpuTuning {
     /// For tuning runs each field can be overridden from the environment:
     /// `POLYATTN_WGPU_SPLIT_MIN_KEYS`, `POLYATTN_WGPU_TARGET_WORKGROUPS`,
     /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS`,
-    /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`). A value that does not parse is ignored with
-    /// a warning.
+    /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`),
+    /// `POLYATTN_WGPU_PREFILL` (`tiled` / `tiled2`, see [`PrefillKernel`]) and
+    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32, 64, 128 or 256) and
+    /// `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`). A value that does not parse (or is out of
+    /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
         Self::defaults(cpu, dev.has_subgroups()).with_env()
@@ -94,6 +150,9 @@ impl WgpuTuning {
             subgroups,
             prefill_tiles: !cpu,
             unrolled: !cpu,
+            prefill_kernel: PrefillKernel::Tiled,
+            prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+            prefill_tile: None,
         }
     }
 
@@ -115,6 +174,36 @@ impl WgpuTuning {
             subgroups: flag("POLYATTN_WGPU_SUBGROUPS", self.subgroups),
             prefill_tiles: flag("POLYATTN_WGPU_PREFILL_TILES", self.prefill_tiles),
             unrolled: flag("POLYATTN_WGPU_UNROLL", self.unrolled),
+            prefill_kernel: match std::env::var("POLYATTN_WGPU_PREFILL") {
+                Ok(v) => PrefillKernel::parse(&v).unwrap_or_else(|| {
+                    tracing::warn!(
+                        "POLYATTN_WGPU_PREFILL={v} is neither tiled nor tiled2; using the default"
+                    );
+                    self.prefill_kernel
+                }),
+                Err(_) => self.prefill_kernel,
+            },
+            prefill_workgroup: {
+                let wg = var("POLYATTN_WGPU_PREFILL_WG", self.prefill_workgroup);
+                if wg.is_power_of_two() && (32..=256).contains(&wg) {
+                    wg
+                } else {
+                    tracing::warn!(
+                        "POLYATTN_WGPU_PREFILL_WG={wg} is not 32, 64, 128 or 256; using the default"
+                    );
+                    self.prefill_workgroup
+                }
+            },
+            prefill_tile: match std::env::var("POLYATTN_WGPU_PREFILL_TILE") {
+                Ok(v) => parse_tile(&v).or_else(|| {
+                    tracing::warn!(
+                        "POLYATTN_WGPU_PREFILL_TILE={v} is not BMxBN (BM 1-128, BN 8/16/32/64); \
+                         using the default"
+                    );
+                    self.prefill_tile
+                }),
+                Err(_) => self.prefill_tile,
+            },
         }
     }
 
@@ -438,7 +527,26 @@ mod tests {
             subgroups: false,
             prefill_tiles: true,
             unrolled: false,
+            prefill_kernel: PrefillKernel::Tiled,
+            prefill_workgroup: PREFILL_TILED2_WORKGROUP,
+            prefill_tile: None,
         }
+    }
+
+    #[test]
+    fn prefill_kernel_names_parse() {
+        assert_eq!(parse_tile(" 64X16 "), Some((64, 16)));
+        assert_eq!(parse_tile("32x32"), Some((32, 32)));
+        for bad in ["0x32", "256x32", "32x12", "32", "axb", "32x"] {
+            assert_eq!(parse_tile(bad), None, "{bad}");
+        }
+        assert_eq!(
+            PrefillKernel::parse(" Tiled2 "),
+            Some(PrefillKernel::Tiled2)
+        );
+        assert_eq!(PrefillKernel::parse("tiled"), Some(PrefillKernel::Tiled));
+        assert_eq!(PrefillKernel::parse("tiled3"), None);
+        assert_eq!(PrefillKernel::default(), PrefillKernel::Tiled);
     }
 
     #[test]

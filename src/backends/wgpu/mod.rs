@@ -12,7 +12,9 @@
 //! (decode tiles with split-KV partials merged by `combine_splits`, prefill tiles without),
 //! and `merge_attn_states` for [`crate::ops::merge_attn_states`]. Everything computes in f32;
 //! f16, bf16 and fp8 are unpacked from u32 words, so no adapter feature is required. The
-//! subgroup softmax is used when the adapter has `SUBGROUP`.
+//! subgroup softmax is used when the adapter has `SUBGROUP`. Prefill tiles can take the
+//! kernel's tiled2 form instead (`POLYATTN_WGPU_PREFILL=tiled2`, [`PrefillKernel`]):
+//! register-prefetched K/V, softmax fused into the score phase, fewer barriers.
 
 mod attention_impl;
 mod descriptor;
@@ -21,8 +23,9 @@ mod metadata_builder;
 pub mod probes;
 pub mod shaders;
 
-pub use attention_impl::{WgpuAttentionImpl, MAX_HEAD_SIZE};
+pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
 pub use metadata_builder::{
-    CascadePlan, Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WgpuTuning, WorkList,
+    parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
+    WgpuMetadataBuilder, WgpuTuning, WorkList, PREFILL_TILED2_WORKGROUP,
 };

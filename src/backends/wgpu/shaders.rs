@@ -72,6 +72,23 @@ fn load_body(name: &str, dtype: DType) -> String {
     }
 }
 
+/// Body of a function of `w` (the storage type of four elements) returning them as
+/// `vec4<f32>`: `load_body`'s unpacking, for words already loaded.
+fn cvt_body(dtype: DType) -> String {
+    match dtype {
+        DType::F32 => "    return w;\n".into(),
+        DType::F16 => "    return vec4<f32>(f16_bits_to_f32(w.x), f16_bits_to_f32(w.x >> 16u), \
+                       f16_bits_to_f32(w.y), f16_bits_to_f32(w.y >> 16u));\n"
+            .into(),
+        DType::Bf16 => "    return vec4<f32>(bitcast<f32>(w.x << 16u), \
+                        bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), \
+                        bitcast<f32>(w.y & 0xffff0000u));\n"
+            .into(),
+        DType::Fp8E4m3 | DType::Fp8E5m2 => format!("    return {};\n", fp8x4(dtype, "w")),
+        DType::I32 | DType::I64 => "    return vec4<f32>(0.0);\n".into(),
+    }
+}
+
 fn store_body(name: &str, dtype: DType) -> String {
     let buf = format!("{name}_buf[e >> 2u]");
     match dtype {
@@ -356,6 +373,63 @@ impl AttentionBlocking {
             out_row_groups: (wg / col_lanes).max(1),
         }
     }
+
+    /// The blocking of the tiled2 form ([`Tiled2`]) for `d4` vec4 columns, tiles of
+    /// `block_n` keys and `wg` threads, whose phase-A row groups span at most
+    /// `max_key_lanes` lanes (they reduce over them with subgroup shuffles; 1 without
+    /// subgroups). Key lanes: the largest power of two that divides `block_n` and `wg`, is
+    /// at most `max_key_lanes` and leaves at least 4 keys per thread (a 4-key block loads
+    /// each query vec4 once for 4 dot products). `None` when `wg` is not a power of two or
+    /// `block_n` is not a positive multiple of 4.
+    pub fn tiled2(d4: u32, block_n: u32, wg: u32, max_key_lanes: u32) -> Option<Self> {
+        if !wg.is_power_of_two() || block_n == 0 || block_n % 4 != 0 || d4 == 0 {
+            return None;
+        }
+        let cap = max_key_lanes.max(1).min(wg).min((block_n / 4).max(1));
+        let key_lanes = (0..=cap.ilog2())
+            .rev()
+            .map(|e| 1u32 << e)
+            .find(|kl| block_n % kl == 0)
+            .unwrap_or(1);
+        let cols_per_thread = [4u32, 2, 1].into_iter().find(|k| d4 % k == 0).unwrap_or(1);
+        let col_lanes = d4 / cols_per_thread;
+        Some(AttentionBlocking {
+            keys_per_thread: block_n / key_lanes,
+            key_lanes,
+            score_row_groups: wg / key_lanes,
+            cols_per_thread,
+            col_lanes,
+            out_row_groups: (wg / col_lanes).max(1),
+        })
+    }
+}
+
+/// The tiled2 form of `paged_attention.wgsl` (see its header): the next chunk's K and V are
+/// loaded into registers while the current chunk computes, key addresses stay in
+/// registers, phase B (softmax) is fused into phase A (row max and sum reduced over the
+/// row group's lanes with subgroup shuffles), phase C runs whole chunks (zero-padded) with
+/// unrolled key steps: 4 barriers per chunk instead of 5 and no serial softmax phase.
+/// Selected with `POLYATTN_WGPU_PREFILL=tiled2` (see [`crate::backends::wgpu::WgpuTuning`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tiled2 {
+    /// Threads per workgroup (a power of two).
+    pub workgroup: u32,
+    /// Most lanes a phase-A row group may span: the adapter's smallest subgroup size with
+    /// subgroups, 1 without.
+    pub max_key_lanes: u32,
+}
+
+/// Bytes of workgroup memory the tiled2 form needs for a tile shape: the tiled form's
+/// ([`attention_shared_bytes`]) with score rows padded to a multiple of 4 floats (BN + 4,
+/// so phase C loads four probabilities at once), no key addresses, and one more float per
+/// row (the new running maxima).
+pub fn tiled2_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
+    let d4 = head_size / 4;
+    block_m * d4 * 16 // queries
+        + block_n * (d4 + 1) * 16 // keys, then values
+        + block_m * (block_n + 4) * 4 // probabilities
+        + block_m * 6 * 4 // m, new m, l, alpha, position, head
+        + 4 // the unused key-address slot
 }
 
 /// One specialisation of `paged_attention.wgsl`.
@@ -379,13 +453,15 @@ pub struct AttentionShader {
     /// Unroll the loops marked `// @unroll` ([`unroll`]), as GPU drivers need (see
     /// [`DecodeShader::unrolled`]).
     pub unrolled: bool,
+    /// The tiled2 form ([`Tiled2`]); `None`: the tiled form (phases A, B, C, 128 threads).
+    pub tiled2: Option<Tiled2>,
 }
 
 impl AttentionShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "attention d{} m{} n{} q{} kv{} {} {}{}",
+            "attention d{} m{} n{} q{} kv{} {} {}{}{}",
             self.head_size,
             self.block_m,
             self.block_n,
@@ -397,20 +473,57 @@ impl AttentionShader {
             } else {
                 "serial"
             },
-            if self.unrolled { " unrolled" } else { "" }
+            if self.unrolled { " unrolled" } else { "" },
+            match self.tiled2 {
+                Some(t) => format!(" tiled2 wg{} kl{}", t.workgroup, t.max_key_lanes),
+                None => String::new(),
+            }
         )
     }
 
     /// Workgroup memory it uses, in bytes.
     pub fn shared_bytes(&self) -> u32 {
-        attention_shared_bytes(self.head_size, self.block_m, self.block_n)
+        match self.tiled2 {
+            Some(_) => tiled2_shared_bytes(self.head_size, self.block_m, self.block_n),
+            None => attention_shared_bytes(self.head_size, self.block_m, self.block_n),
+        }
+    }
+
+    /// Threads per workgroup.
+    pub fn workgroup(&self) -> u32 {
+        self.tiled2.map_or(ATTENTION_WORKGROUP, |t| t.workgroup)
+    }
+
+    /// The register blocking, or `None` when the tiled2 form cannot run this shape
+    /// ([`AttentionBlocking::tiled2`]).
+    pub fn blocking(&self) -> Option<AttentionBlocking> {
+        let d4 = self.head_size / 4;
+        match self.tiled2 {
+            Some(t) => AttentionBlocking::tiled2(d4, self.block_n, t.workgroup, t.max_key_lanes),
+            None => Some(AttentionBlocking::new(d4, self.block_n)),
+        }
     }
 
     /// The complete WGSL module.
+    ///
+    /// Panics when [`AttentionShader::blocking`] is `None` (a tiled2 shape the host must
+    /// not pick: it checks `blocking()` first).
     pub fn source(&self) -> String {
-        let wg = ATTENTION_WORKGROUP;
+        let wg = self.workgroup();
         let d4 = self.head_size / 4;
-        let b = AttentionBlocking::new(d4, self.block_n);
+        let b = self
+            .blocking()
+            .unwrap_or_else(|| panic!("{}: no register blocking", self.key()));
+        let t2 = self.tiled2.is_some();
+        // tiled2: DU vec4 columns per phase-A step, JU keys per phase-C step (the tiled
+        // form keeps one of each, as before the tiled2 form existed).
+        let unroll_by = |n: u32| {
+            if t2 {
+                [4u32, 2, 1].into_iter().find(|k| n % k == 0).unwrap_or(1)
+            } else {
+                1
+            }
+        };
         let mut s = format!("// generated: {}\n", self.key());
         let c = [
             ("D", self.head_size),
@@ -419,19 +532,52 @@ impl AttentionShader {
             ("BN", self.block_n),
             ("WG", wg),
             ("KV_ROW", d4 + 1),
-            ("S_ROW", self.block_n + 1),
+            ("S_ROW", self.block_n + if t2 { 4 } else { 1 }),
             ("KPT", b.keys_per_thread),
             ("KL", b.key_lanes),
+            ("LOG_KL", b.key_lanes.ilog2()),
             ("RGA", b.score_row_groups),
             ("RPT_A", self.block_m.div_ceil(b.score_row_groups)),
             ("CPT", b.cols_per_thread),
             ("CL", b.col_lanes),
             ("RGC", b.out_row_groups),
             ("RPT_C", self.block_m.div_ceil(b.out_row_groups)),
+            ("DU", unroll_by(d4)),
+            ("JU", unroll_by(self.block_n)),
+            ("LPT", (self.block_n * d4).div_ceil(wg)),
+            ("KB_LEN", if t2 { 1 } else { self.block_n }),
+            ("MN_LEN", if t2 { self.block_m } else { 1 }),
         ];
         s += &consts(&c);
+        s += &format!("const TILED2: bool = {t2};\n");
+        // K / V scales other than 1 exist for fp8 caches only (`WgpuAttentionImpl::kv_scales`).
+        s += &format!(
+            "const KV_SCALED: bool = {};\n",
+            matches!(self.kv_dtype, DType::Fp8E4m3 | DType::Fp8E5m2)
+        );
+        // Scores / probabilities, row r at r·S_ROW: scalars in the tiled form, vec4s in the
+        // tiled2 form (its phase C loads four probabilities of a row at once).
+        s += if t2 {
+            "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW / 4u>;\n\
+             fn s_get(i: u32) -> f32 {\n    return s_s[i >> 2u][i & 3u];\n}\n\
+             fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = v;\n}\n\
+             fn s_get4(i: u32) -> vec4<f32> {\n    return s_s[i >> 2u];\n}\n"
+        } else {
+            "var<workgroup> s_s: array<f32, BM * S_ROW>;\n\
+             fn s_get(i: u32) -> f32 {\n    return s_s[i];\n}\n\
+             fn s_set(i: u32, v: f32) {\n    s_s[i] = v;\n}\n\
+             fn s_get4(i: u32) -> vec4<f32> {\n    \
+             return vec4<f32>(s_s[i], s_s[i + 1u], s_s[i + 2u], s_s[i + 3u]);\n}\n"
+        };
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
+        // Raw words of four keys' or values' elements, unpacked by kv_cvt4 (tiled2 keeps
+        // the raw words in registers while their loads are in flight).
+        s += &format!(
+            "alias KV_RAW = {};\nfn kv_cvt4(w: KV_RAW) -> vec4<f32> {{\n{}}}\n",
+            storage_type(self.kv_dtype),
+            cvt_body(self.kv_dtype)
+        );
         if self.paged {
             s += &buffer("kv", 2, self.kv_dtype, Access::Read);
             s += "@group(0) @binding(3) var<storage, read> block_table: array<i32>;\n";
@@ -440,23 +586,41 @@ impl AttentionShader {
                   \x20   return blk * params.block_stride + (pos % params.block_size) * params.tok_stride\n\
                   \x20       + kv_head * params.head_stride;\n}\n\
                   fn k_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e);\n}\n\
-                  fn v_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e + params.kv_stride);\n}\n";
+                  fn v_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e + params.kv_stride);\n}\n\
+                  fn k_raw4(e: u32) -> KV_RAW {\n    return kv_buf[e >> 2u];\n}\n\
+                  fn v_raw4(e: u32) -> KV_RAW {\n    return kv_buf[(e + params.kv_stride) >> 2u];\n}\n";
+            // Power-of-two block sizes (params.block_shift < 32) take a shift and a mask.
+            s += "fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
+                  \x20   var b = pos / params.block_size;\n\
+                  \x20   var off = pos % params.block_size;\n\
+                  \x20   if params.block_shift < 32u {\n\
+                  \x20       b = pos >> params.block_shift;\n\
+                  \x20       off = pos & (params.block_size - 1u);\n\
+                  \x20   }\n\
+                  \x20   let blk = u32(block_table[kv_row + b]);\n\
+                  \x20   return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;\n}\n";
         } else {
             s += &buffer("k", 2, self.kv_dtype, Access::Read);
             s += &buffer("v", 3, self.kv_dtype, Access::Read);
             s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
-                  \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n";
+                  \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n\
+                  fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
+                  \x20   return key_base(pos, kv_head, kv_row);\n}\n\
+                  fn k_raw4(e: u32) -> KV_RAW {\n    return k_buf[e >> 2u];\n}\n\
+                  fn v_raw4(e: u32) -> KV_RAW {\n    return v_buf[e >> 2u];\n}\n";
         }
         s += COMMON;
         s += ATTENTION_COMMON;
-        s += if self.subgroups {
+        let softmax = if self.subgroups {
             SOFTMAX_SUBGROUP
         } else {
             SOFTMAX_SERIAL
         };
         if self.unrolled {
+            s += &unroll(softmax, &c);
             s += &unroll(PAGED_ATTENTION, &c);
         } else {
+            s += softmax;
             s += PAGED_ATTENTION;
         }
         s
@@ -989,7 +1153,47 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             // The GPU form (unrolled) for the subgroup variants, loops for the others:
             // both forms are translated without doubling the catalogue.
             unrolled: sg,
+            tiled2: None,
         };
+    // The tiled2 form: every dtype pairing at head size 128 in the prefill tile of 48 KiB
+    // (the H200's) with subgroups of 32, unrolled; head sizes 4 to 512 in f32 at 32 KiB,
+    // paged and dense, with subgroups of 8 (lavapipe) and without, 64 and 128 threads.
+    let t2 = |s: AttentionShader, workgroup: u32, max_key_lanes: u32| AttentionShader {
+        tiled2: Some(Tiled2 {
+            workgroup,
+            max_key_lanes,
+        }),
+        ..s
+    };
+    let tile48 = choose_tile(128, 48 * 1024, TileKind::Prefill).expect("d128 fits 48 KiB");
+    for q in ACTIVATION_DTYPES {
+        for kv in CACHE_DTYPES {
+            let s = t2(
+                attn(128, tile48, q, kv, true, true),
+                ATTENTION_WORKGROUP,
+                32,
+            );
+            push(s.key(), s.source(), true);
+        }
+        let s = t2(attn(128, tile48, q, q, false, true), 64, 32);
+        push(s.key(), s.source(), true);
+    }
+    for d in [4u32, 36, 64, 80, 128, 256, 512] {
+        let Some(tile) = choose_tile(d, 32 * 1024, TileKind::Prefill) else {
+            continue;
+        };
+        for (sg, kl) in [(false, 1u32), (true, 8)] {
+            for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
+                let s = AttentionShader {
+                    unrolled: false,
+                    ..t2(attn(d, tile, DType::F32, DType::F32, paged, sg), wg, kl)
+                };
+                if s.blocking().is_some() && s.shared_bytes() <= 32 * 1024 {
+                    push(s.key(), s.source(), sg);
+                }
+            }
+        }
+    }
     for kind in [TileKind::Decode, TileKind::Prefill] {
         let tile = choose_tile(128, 32 * 1024, kind).expect("d128 fits 32 KiB");
         for sg in [false, true] {
@@ -1156,6 +1360,44 @@ mod tests {
     }
 
     #[test]
+    fn tiled2_blocking_fits_lanes_and_threads() {
+        // The H200's prefill tile at head size 128: 2 x 4 score and output blocks with 128
+        // threads, 4 x 4 with 64.
+        let b = AttentionBlocking::tiled2(32, 32, 128, 32).unwrap();
+        assert_eq!(
+            (b.keys_per_thread, b.key_lanes, b.score_row_groups),
+            (4, 8, 16)
+        );
+        assert_eq!(32u32.div_ceil(b.out_row_groups) * b.cols_per_thread, 8);
+        let b = AttentionBlocking::tiled2(32, 32, 64, 32).unwrap();
+        assert_eq!(32u32.div_ceil(b.score_row_groups) * b.keys_per_thread, 16);
+        assert_eq!(32u32.div_ceil(b.out_row_groups) * b.cols_per_thread, 16);
+        assert_eq!(AttentionBlocking::tiled2(32, 32, 96, 32), None);
+        assert_eq!(AttentionBlocking::tiled2(32, 30, 128, 32), None);
+        for d4 in 1..=128u32 {
+            for bn in [8u32, 16, 32, 64] {
+                for wg in [32u32, 64, 128, 256] {
+                    for max_kl in [1u32, 4, 8, 16, 32, 64, 128] {
+                        let b = AttentionBlocking::tiled2(d4, bn, wg, max_kl).unwrap();
+                        let kl = b.key_lanes;
+                        assert!(kl.is_power_of_two() && kl <= max_kl, "{b:?}");
+                        assert_eq!(kl * b.keys_per_thread, bn, "{b:?}");
+                        assert_eq!(kl * b.score_row_groups, wg, "{b:?}");
+                        assert_eq!(b.cols_per_thread * b.col_lanes, d4, "{b:?}");
+                        assert!(b.col_lanes * b.out_row_groups <= wg.max(b.col_lanes));
+                    }
+                }
+            }
+        }
+        // The tiled2 form fits wherever the tiled form's prefill tile does at 48 KiB
+        // (NVIDIA) for the common head sizes.
+        for d in [64u32, 80, 96, 128, 256] {
+            let (m, n) = choose_tile(d, 48 * 1024, TileKind::Prefill).unwrap();
+            assert!(tiled2_shared_bytes(d, m, n) <= 48 * 1024, "d{d} {m}x{n}");
+        }
+    }
+
+    #[test]
     fn keys_name_every_field() {
         let a = AttentionShader {
             head_size: 64,
@@ -1166,11 +1408,24 @@ mod tests {
             paged: true,
             subgroups: true,
             unrolled: true,
+            tiled2: None,
         };
         assert_eq!(
             a.key(),
             "attention d64 m16 n32 qbf16 kve5m2 paged subgroups unrolled"
         );
+        let b = AttentionShader {
+            tiled2: Some(Tiled2 {
+                workgroup: 64,
+                max_key_lanes: 32,
+            }),
+            ..a
+        };
+        assert_eq!(
+            b.key(),
+            "attention d64 m16 n32 qbf16 kve5m2 paged subgroups unrolled tiled2 wg64 kl32"
+        );
+        assert!(b.source().contains("const TILED2: bool = true;"));
         assert!(a.source().contains("const D4: u32 = 16u;"));
     }
 }
