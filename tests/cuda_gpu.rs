@@ -225,6 +225,35 @@ fn long_prefill_matches_reference() {
     }
 }
 
+/// A prefill large enough that the per-batch CTA-shape rule picks the 128-row form of the
+/// tensor-core kernel (two m16 tiles per warp; >= 4 CTAs per SM of a 132-SM H200: 2 requests
+/// x ceil(1100 / 32 tokens per CTA) x 8 KV heads = 560), so the default test run covers it as well as
+/// the 64-row form the smaller batches above get. Chunked (context before the queries) and a
+/// fresh request; plain, window and sinks.
+#[test]
+fn large_prefill_matches_reference() {
+    let Some(b) = cuda("large_prefill") else {
+        return;
+    };
+    let spec = BatchSpec::new(&[(1100, 1100), (1100, 1300)]);
+    for (i, variant) in ["plain", "window", "sinks"].into_iter().enumerate() {
+        let mut p = params(32, 8, 128, CacheDType::Auto);
+        match variant {
+            "window" => p.sliding_window = Some(300),
+            "sinks" => p.sinks = Some((0..32).map(|i| 0.3 + i as f32 * 0.05).collect()),
+            _ => {}
+        }
+        let case = CaseConfig::new(p, DType::Bf16, 16);
+        check(
+            &b,
+            &format!("large prefill bf16 d128 (32,8) {variant}"),
+            &case,
+            &spec,
+            300 + i as u64,
+        );
+    }
+}
+
 #[test]
 fn long_cascade_matches_reference() {
     let Some(b) = cuda("long_cascade") else {

@@ -236,6 +236,31 @@ mod tests {
     }
 
     #[test]
+    fn warm_up_lasts_its_minimum_time() {
+        let cfg = TimingConfig {
+            warmup: 1,
+            warmup_time: Duration::from_millis(30),
+            min_reps: 1,
+            max_reps: 1,
+            budget: Duration::from_secs(10),
+            cap: Duration::from_secs(10),
+        };
+        let mut calls = 0usize;
+        let mut timer = WallTimer::new(&Device::cpu());
+        let t0 = Instant::now();
+        let s = measure(&mut timer, &cfg, |_| {
+            calls += 1;
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.len(), 1);
+        // At least 30 ms of 5 ms warm-up calls (6), then one timed call.
+        assert!(calls >= 7, "{calls} calls");
+        assert!(t0.elapsed() >= Duration::from_millis(35));
+    }
+
+    #[test]
     fn measure_warms_up_rotates_and_stops() {
         let cfg = TimingConfig {
             warmup: 2,

@@ -875,3 +875,48 @@ impl AttentionImpl for CudaAttentionImpl {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cta_shape_follows_the_prefill_size() {
+        // Without POLYATTN_CUDA_MMA_ROWS / _WARPS (tests run with them unset).
+        if forced_mma_shape().is_some() {
+            eprintln!("skipped: a CTA shape is forced by the environment");
+            return;
+        }
+        // Llama-3-8B heads (32 / 8): a 128-row CTA holds 32 tokens of one KV head's 4 heads.
+        let (group, kv, sms) = (4, 8, 132);
+        // 1 x 1k tokens: 32 tiles x 8 heads = 256 CTAs < 4 x 132.
+        assert_eq!(
+            mma_shape_for(&[0, 1024], 16, group, kv, sms),
+            MMA_SHAPE_SMALL
+        );
+        // 1 x 4k: 1024 CTAs.
+        assert_eq!(
+            mma_shape_for(&[0, 4096], 16, group, kv, sms),
+            MMA_SHAPE_LARGE
+        );
+        // Requests below min_q (decodes) do not count.
+        let many_decodes: Vec<i32> = (0..=4096).collect();
+        assert_eq!(
+            mma_shape_for(&many_decodes, 16, group, kv, sms),
+            MMA_SHAPE_SMALL
+        );
+        // The boundary: exactly 4 CTAs per SM.
+        let tokens = (4 * sms / kv * 32) as i32;
+        assert_eq!(
+            mma_shape_for(&[0, tokens], 16, group, kv, sms),
+            MMA_SHAPE_LARGE
+        );
+        assert_eq!(
+            mma_shape_for(&[0, tokens - 32], 16, group, kv, sms),
+            MMA_SHAPE_SMALL
+        );
+        for shape in [MMA_SHAPE_SMALL, MMA_SHAPE_LARGE] {
+            assert!(MMA_SHAPES.contains(&shape));
+        }
+    }
+}

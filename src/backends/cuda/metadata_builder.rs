@@ -1025,6 +1025,29 @@ mod tests {
     }
 
     #[test]
+    fn a_requests_query_tiles_come_last_first() {
+        // One 300-token causal prefill: its tiles must be listed from the last query tokens
+        // (the most keys) to the first, every KV head of a tile together.
+        let qsl = [0, 300];
+        let seq = [300];
+        let plan = plan_work(
+            PlanInputs {
+                query_start_loc: &qsl,
+                seq_lens: &seq,
+                sm_count: 132,
+            },
+            &key(4, 2),
+        );
+        let starts: Vec<i32> = plan.items.iter().map(|it| it.q_start).collect();
+        assert!(!starts.is_empty());
+        assert!(
+            starts.windows(2).all(|w| w[0] >= w[1]),
+            "query tiles not in descending order: {starts:?}"
+        );
+        assert_eq!(*starts.last().unwrap(), 0);
+    }
+
+    #[test]
     fn query_length_ranges_partition_the_batch() {
         let qsl = [0, 1, 40, 41, 300];
         let seq = [100, 39, 5000, 700];
