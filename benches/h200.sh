@@ -58,6 +58,8 @@ for p in "${phases[@]}"; do
   run memcheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool memcheck --error-exitcode 99 $B/test-cuda_gpu --test-threads=1
   run racecheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
   run synccheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool synccheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
+  # The 128-row form (two m16 tiles per warp): racecheck needs more than 100 s here.
+  run racecheck-mma128 300 env POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-fp8 ] || continue
@@ -110,7 +112,7 @@ for p in "${phases[@]}"; do
           --shapes D4.b1s32k,D1.b1s4k,D1.b8s4k --budget 0.3 --no-svg
       done ;;
     ncu-decode)
-      # Both kernels of a D4 step (decode, then the split combine), one launch each.
+      # The decode kernel of a D4 step (splits merged inside it), two launches.
       run ncu-decode 120 ncu --clock-control none -k regex:paged_decode --launch-skip 20 \
         --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
         $B/bin-polyattn bench --backend cuda --shapes D4.b1s32k --budget 0.05 --no-svg ;;
