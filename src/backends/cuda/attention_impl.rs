@@ -1,6 +1,7 @@
 //! The CUDA impl: checks the arguments once on the host (shapes, dtypes, devices, cache spec),
 //! then queues the kernels on the device's stream: `reshape_and_cache`, the paged-attention
-//! kernel over the step's work list, `combine_splits` for split decode tokens, and for cascade
+//! kernel over the step's work list, `combine_splits` for its split tokens (the tensor-core
+//! decode kernel merges its own splits), and for cascade
 //! a prefix pass, a suffix pass and `merge_attn_states`. Without cascade a batch is cut by
 //! query length: decodes (query length 1) go to the tensor-core decode kernel when the layer
 //! allows it (`paged_decode.cu`), long queries to the tensor-core prefill kernel, the rest to

@@ -191,7 +191,8 @@ pub struct WorkPlan {
     pub max_splits: usize,
     /// `items` on the device (shared with the plan's later versions in graph mode).
     pub(crate) items_dev: Option<Arc<CudaStorage>>,
-    /// `split_tokens` on the device.
+    /// `split_tokens` on the device, for the CUDA-core kernel's combine only (the decode
+    /// kernel merges its splits in place and gets none).
     pub(crate) split_dev: Option<Arc<CudaStorage>>,
 }
 
@@ -638,7 +639,9 @@ impl GraphBuffers {
         if !plan.items.is_empty() {
             plan.items_dev = Some(Arc::new(device.upload_pod(&plan.items)?));
         }
-        if !plan.split_tokens.is_empty() {
+        // Only the CUDA-core kernel's combine reads the split list (the decode kernel,
+        // `slots > 0`, merges its splits in place).
+        if !plan.split_tokens.is_empty() && key.slots == 0 {
             plan.split_dev = Some(Arc::new(device.upload_pod(&plan.split_tokens)?));
         }
         let plan = Arc::new(plan);
@@ -791,7 +794,8 @@ impl CudaAttentionMetadata {
         if !plan.items.is_empty() {
             plan.items_dev = Some(Arc::new(self.device.upload_pod(&plan.items)?));
         }
-        if !plan.split_tokens.is_empty() {
+        // Only the CUDA-core kernel's combine reads the split list (see above).
+        if !plan.split_tokens.is_empty() && key.slots == 0 {
             plan.split_dev = Some(Arc::new(self.device.upload_pod(&plan.split_tokens)?));
         }
         let plan = Arc::new(plan);
@@ -974,6 +978,18 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
 mod tests {
     use super::*;
 
+    /// [`plan_work`] on a 132-SM GPU.
+    fn plan_for(qsl: &[i32], seq: &[i32], key: &PlanKey) -> WorkPlan {
+        plan_work(
+            PlanInputs {
+                query_start_loc: qsl,
+                seq_lens: seq,
+                sm_count: 132,
+            },
+            key,
+        )
+    }
+
     fn key(group: usize, kv: usize) -> PlanKey {
         PlanKey {
             allow_split: true,
@@ -1004,14 +1020,7 @@ mod tests {
         let qsl = [0, 1, 40, 41, 300];
         let seq = [100, 39, 5000, 700];
         for (group, kv) in [(1, 4), (4, 2), (8, 1), (32, 1), (6, 3)] {
-            let plan = plan_work(
-                PlanInputs {
-                    query_start_loc: &qsl,
-                    seq_lens: &seq,
-                    sm_count: 132,
-                },
-                &key(group, kv),
-            );
+            let plan = plan_for(&qsl, &seq, &key(group, kv));
             assert!(coverage(&plan, &qsl, group * kv, group)
                 .iter()
                 .all(|&c| c == 1));
@@ -1030,14 +1039,7 @@ mod tests {
         // (the most keys) to the first, every KV head of a tile together.
         let qsl = [0, 300];
         let seq = [300];
-        let plan = plan_work(
-            PlanInputs {
-                query_start_loc: &qsl,
-                seq_lens: &seq,
-                sm_count: 132,
-            },
-            &key(4, 2),
-        );
+        let plan = plan_for(&qsl, &seq, &key(4, 2));
         let starts: Vec<i32> = plan.items.iter().map(|it| it.q_start).collect();
         assert!(!starts.is_empty());
         assert!(
@@ -1088,14 +1090,7 @@ mod tests {
     fn long_decodes_split_into_aligned_contiguous_ranges() {
         let qsl = [0, 1];
         let seq = [10_000];
-        let plan = plan_work(
-            PlanInputs {
-                query_start_loc: &qsl,
-                seq_lens: &seq,
-                sm_count: 132,
-            },
-            &key(4, 8),
-        );
+        let plan = plan_for(&qsl, &seq, &key(4, 8));
         assert_eq!(plan.split_tokens.len(), 1);
         let s = plan.split_tokens[0][2] as usize;
         assert!(s > 1 && s <= MAX_SPLITS);
@@ -1115,14 +1110,7 @@ mod tests {
         // A big batch is not split.
         let qsl: Vec<i32> = (0..=512).collect();
         let seq = vec![10_000; 512];
-        let plan = plan_work(
-            PlanInputs {
-                query_start_loc: &qsl,
-                seq_lens: &seq,
-                sm_count: 132,
-            },
-            &key(4, 8),
-        );
+        let plan = plan_for(&qsl, &seq, &key(4, 8));
         assert!(plan.split_tokens.is_empty());
     }
 
@@ -1159,14 +1147,7 @@ mod tests {
         for (b, slots) in [(1usize, 264usize), (8, 264), (16, 264), (64, 264), (3, 132)] {
             let qsl: Vec<i32> = (0..=b as i32).collect();
             let seq = vec![4096; b];
-            let plan = plan_work(
-                PlanInputs {
-                    query_start_loc: &qsl,
-                    seq_lens: &seq,
-                    sm_count: 132,
-                },
-                &decode_key(slots),
-            );
+            let plan = plan_for(&qsl, &seq, &decode_key(slots));
             let n = plan.items.len();
             let eff = n as f64 / (n.div_ceil(slots) * slots) as f64;
             assert!(eff >= 0.9, "b{b}: {n} CTAs on {slots} slots");
@@ -1276,14 +1257,7 @@ mod tests {
         let seq = [10_000];
         let mut k = key(4, 1);
         k.window = Some(1000);
-        let plan = plan_work(
-            PlanInputs {
-                query_start_loc: &qsl,
-                seq_lens: &seq,
-                sm_count: 132,
-            },
-            &k,
-        );
+        let plan = plan_for(&qsl, &seq, &k);
         let lo = plan.items.iter().map(|i| i.kv_lo).min().unwrap();
         let hi = plan.items.iter().map(|i| i.kv_hi).max().unwrap();
         assert_eq!((lo, hi), (9_000, 10_000));

@@ -10,12 +10,14 @@
 //! What runs: `reshape_and_cache` (every cache dtype, fp8 bit-identical to [`crate::fp8`]);
 //! one paged-attention kernel for mixed decode / prefill / chunked-prefill batches on CUDA
 //! cores with online softmax (causal and bidirectional, GQA, sliding window, ALiBi, soft cap,
-//! sinks, LSE, fp8 KV, head sizes that are multiples of 8 up to 256); split-KV decode with a
+//! sinks, LSE, fp8 KV, head sizes that are multiples of 8 up to 256); split-KV with a
 //! combine kernel; `merge_attn_states`; cascade as prefix pass + suffix pass + merge.
-//! A tensor-core kernel (mma.sync m16n8k16 through inline PTX, ldmatrix, cp.async; f16 / bf16
-//! with a same-dtype cache, head sizes 64 / 96 / 128) takes the requests with at least
-//! [`MMA_MIN_QUERY_LEN`] query tokens unless `POLYATTN_CUDA_MMA=0`; it is on by default since
-//! it has passed the shared suite on hardware.
+//! A tensor-core prefill kernel (mma.sync m16n8k16 through inline PTX, ldmatrix, cp.async;
+//! f16 / bf16 with a same-dtype cache, head sizes 64 / 96 / 128; 64- or 128-row CTAs chosen
+//! per batch) takes the requests with at least [`MMA_MIN_QUERY_LEN`] query tokens unless
+//! `POLYATTN_CUDA_MMA=0`; a tensor-core split-KV decode kernel takes the single-token
+//! requests, its splits merged inside it by each token's last CTA (no combine launch). Both
+//! are on by default since they have passed the shared suite on hardware.
 //!
 //! CUDA graphs: level `UniformSingleTokenDecode`. A forward over a batch of single-token
 //! decodes, with metadata from `build_for_graph_capture` ([`CudaMetadataBuilder::build_graph`]),
