@@ -17,6 +17,8 @@
 # decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
 # ncu-decode: the decode kernel of D4 through Nsight Compute; subk64: the 128-row
 # prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers);
+# sanitize-prefill: racecheck of every CTA shape, memcheck / synccheck of the 128-row form
+# on the prefill sanitizer set, memcheck of large_prefill;
 # wgpu-prefill: the tiled2 WGPU prefill form (POLYATTN_WGPU_PREFILL=tiled2) checked by the
 # shared suite at 128 and 64 threads, then the P2 rows with the tiled form (default) beside
 # tiled2 at 128, 64 and 32 threads and with 64x16 tiles. Logs go to $OUT.
@@ -60,6 +62,22 @@ for p in "${phases[@]}"; do
   run synccheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool synccheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
   # The 128-row form (two m16 tiles per warp): racecheck needs more than 100 s here.
   run racecheck-mma128 300 env POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
+done
+for p in "${phases[@]}"; do
+  [ "$p" = sanitize-prefill ] || continue
+  # The tensor-core prefill kernel's small test set, with the two CTA shapes the host picks
+  # by default (64 rows on 4 warps, 128 rows on 4 warps) and the 8-warp forms.
+  for rw in 64:4 128:4 128:8 256:8; do
+    r=${rw%:*} w=${rw#*:}
+    run racecheck-prefill$r-$w 150 env POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
+      compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+  done
+  for tool in memcheck synccheck; do
+    run $tool-prefill128 150 env POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool $tool \
+      --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+  done
+  run memcheck-large_prefill 150 compute-sanitizer --tool memcheck --error-exitcode 99 \
+    $B/test-cuda_gpu large_prefill --test-threads=1
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-fp8 ] || continue

@@ -408,6 +408,48 @@ fn decode_kernel_sanitizer_set() {
     );
 }
 
+/// A small prefill set for compute-sanitizer (racecheck is slow: long_prefill's 30 cases take
+/// minutes under it): only batches the tensor-core prefill kernel takes, its plain and its
+/// soft cap / ALiBi instantiation, chunked and fresh requests, a window, sinks, d64 / d96 / d128.
+/// h200.sh runs it with each CTA shape forced (POLYATTN_CUDA_MMA_ROWS / _WARPS).
+#[test]
+fn prefill_kernel_sanitizer_set() {
+    let Some(b) = cuda("prefill_kernel_sanitizer_set") else {
+        return;
+    };
+    let spec = BatchSpec::new(&[(130, 400), (40, 40), (70, 70)]);
+    let mut p = params(8, 2, 128, CacheDType::Auto);
+    p.alibi_slopes = Some((0..8).map(|i| 0.5f32.powi(i + 2)).collect());
+    let case = CaseConfig::new(p, DType::F16, 16);
+    check(
+        &b,
+        "sanitizer prefill f16 d128 (8,2) alibi",
+        &case,
+        &spec,
+        910,
+    );
+    let mut p = params(4, 4, 64, CacheDType::Auto);
+    p.sliding_window = Some(50);
+    let case = CaseConfig::new(p, DType::Bf16, 16);
+    check(
+        &b,
+        "sanitizer prefill bf16 d64 (4,4) window",
+        &case,
+        &spec,
+        911,
+    );
+    let mut p = params(6, 1, 96, CacheDType::Auto);
+    p.sinks = Some((0..6).map(|i| 0.5 - i as f32 * 0.1).collect());
+    let case = CaseConfig::new(p, DType::Bf16, 32);
+    check(
+        &b,
+        "sanitizer prefill bf16 d96 (6,1) sinks",
+        &case,
+        &spec,
+        912,
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // CUDA graphs: capture and replay of decode steps (GraphCaptureSupport::UniformSingleTokenDecode).
 
