@@ -130,7 +130,13 @@ where
     let mut i = 0;
     let mut calls = 0;
     loop {
+        // Each warm-up call is bracketed by the timer, which waits for the device: GPU
+        // submissions return at once, so an unsynchronised loop would queue seconds of device
+        // work per second of host time (a 27 ms WGPU prefill queued ~40 s in one "1 s" warm-up
+        // on the H200) and the warm-up time would not be device time.
+        timer.start()?;
         f(i)?;
+        timer.stop()?;
         i += 1;
         calls += 1;
         let e = t0.elapsed();
@@ -258,6 +264,53 @@ mod tests {
         // At least 30 ms of 5 ms warm-up calls (6), then one timed call.
         assert!(calls >= 7, "{calls} calls");
         assert!(t0.elapsed() >= Duration::from_millis(35));
+    }
+
+    /// A device that runs its queue only when synchronised: each call queues 10 ms of work,
+    /// `stop` waits for the queue (as the GPU timers do).
+    struct QueueTimer {
+        queued: std::rc::Rc<std::cell::Cell<u32>>,
+    }
+
+    impl RegionTimer for QueueTimer {
+        fn method(&self) -> &str {
+            "test queue"
+        }
+        fn start(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn stop(&mut self) -> Result<f64> {
+            let n = self.queued.replace(0);
+            std::thread::sleep(Duration::from_millis(10) * n);
+            Ok(0.01 * n as f64)
+        }
+    }
+
+    #[test]
+    fn warm_up_waits_for_the_device() {
+        let cfg = TimingConfig {
+            warmup: 1,
+            warmup_time: Duration::from_millis(50),
+            min_reps: 1,
+            max_reps: 1,
+            budget: Duration::from_secs(10),
+            cap: Duration::from_secs(10),
+        };
+        let queued = std::rc::Rc::new(std::cell::Cell::new(0));
+        let mut timer = QueueTimer {
+            queued: queued.clone(),
+        };
+        let mut calls = 0usize;
+        let t0 = Instant::now();
+        measure(&mut timer, &cfg, |_| {
+            calls += 1;
+            queued.set(queued.get() + 1);
+            Ok(())
+        })
+        .unwrap();
+        // 50 ms of 10 ms device calls: ~5 warm-up calls and one timed, not thousands queued.
+        assert!((5..=9).contains(&calls), "{calls} calls");
+        assert!(t0.elapsed() < Duration::from_millis(150));
     }
 
     #[test]
