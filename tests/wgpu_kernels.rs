@@ -13,7 +13,7 @@
 mod common;
 
 use half::{bf16, f16};
-use polyattn::backends::wgpu::shaders::AttentionShader;
+use polyattn::backends::wgpu::shaders::{tiled2_shared_bytes, AttentionShader};
 use polyattn::backends::wgpu::{
     kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
     WgpuTuning, PREFILL_TILED2_WORKGROUP,
@@ -242,14 +242,18 @@ fn check_batch(
     let p = &case.params;
     let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p.clone(), tuning)
         .map_err(|e| e.to_string())?;
-    // A tuning that asks for the tiled2 prefill form must get it (these layers fit it).
+    // A tuning that asks for the tiled2 prefill form must get it where its workgroup memory
+    // fits the adapter (d100 f32 at 64 x 32 needs 48.5 KiB: the H200's Vulkan allows 48,
+    // lavapipe more), and the tiled form otherwise.
     let prefill = imp.tile_shader(
         true,
         case.dtype,
         batch.kv_cache.spec().storage_dtype(),
         true,
     );
-    if (tuning.prefill_kernel == PrefillKernel::Tiled2) != prefill.tiled2.is_some() {
+    let t2_fits = tiled2_shared_bytes(p.head_size as u32, prefill.block_m, prefill.block_n)
+        <= dev.limits().max_compute_workgroup_storage_size;
+    if (tuning.prefill_kernel == PrefillKernel::Tiled2 && t2_fits) != prefill.tiled2.is_some() {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
     if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {

@@ -90,19 +90,21 @@ pub fn parse_tile(s: &str) -> Option<(u32, u32)> {
 pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
 
 /// Which form of `paged_attention.wgsl` runs the prefill items (the decode tiles always use
-/// the tiled form). Chosen by `POLYATTN_WGPU_PREFILL=tiled|tiled2` (default `tiled`, the
-/// kernel measured on the H200 on 2026-11-30, until tiled2 has been timed there).
+/// the tiled form). Chosen by `POLYATTN_WGPU_PREFILL=tiled|tiled2` (default `tiled2`: on the
+/// H200 through Vulkan it ran P2 at 9.7–12.5 TFLOP/s with 128 threads against the tiled
+/// form's 4.8–6.0, 2026-11-30).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PrefillKernel {
     /// Phases A (scores), B (softmax, one subgroup or thread per row), C (P·V), with the
-    /// chunk's K and V loaded between them: 5 barriers per chunk, 128 threads.
-    #[default]
+    /// chunk's K and V loaded between them: 5 barriers per chunk, 128 threads. Also what
+    /// runs a layer the tiled2 form cannot (its workgroup memory does not fit the adapter).
     Tiled,
     /// The tiled2 form ([`crate::backends::wgpu::shaders::Tiled2`]): the next chunk's K and
     /// V loads in flight during the current chunk's phases, softmax fused into phase A,
     /// 4 barriers per chunk, unrolled inner steps, [`WgpuTuning::prefill_workgroup`]
     /// threads. Layers it cannot run (a tile or blocking that does not fit the adapter)
     /// fall back to `Tiled`.
+    #[default]
     Tiled2,
 }
 
@@ -150,7 +152,7 @@ impl WgpuTuning {
             subgroups,
             prefill_tiles: !cpu,
             unrolled: !cpu,
-            prefill_kernel: PrefillKernel::Tiled,
+            prefill_kernel: PrefillKernel::Tiled2,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: None,
         }
