@@ -31,13 +31,14 @@
 //     size happens once per key row, and a 16-byte copy costs a shared load and two adds.
 //     One barrier after the wait makes tile i visible, one after the compute frees its buffer
 //     and publishes the addresses.
-//  3. Each 64-key tile is computed in sub-tiles of SUBK keys (by default 64 at MT = 1, 32 at
-//     MT = 2; -DPA_MMA_SUBK overrides), so that the live scores fit in registers beside the MT * D / 2 accumulators), each one
-//     online-softmax step. S = Q K^T: per warp MT x 16 x SUBK scores (ldmatrix.x4 on K rows
+//  3. Each 64-key tile is computed in sub-tiles of SUBK keys (64, except 32 in the soft cap /
+//     ALiBi form at MT = 2; -DPA_MMA_SUBK overrides), so that the live scores fit in
+//     registers beside the MT * D / 2 accumulators, each one online-softmax step. S = Q K^T: per warp MT x 16 x SUBK scores (ldmatrix.x4 on K rows
 //     gives the B fragments of two n-tiles). A warp whose rows see no key of a sub-tile
 //     skips it.
 //  4. The softmax runs in base 2: scores are scaled by scale * log2(e) (without soft cap and
-//     ALiBi -- a separate instantiation, so the common path has no per-score branch -- the
+//     ALiBi -- a separate build, -DPA_MMA_PLAIN=1, so the common path has no per-score
+//     branch and its own register allocation -- the
 //     scale is folded into the exponent's FFMA, 2^(s * c - m); with them, c*tanh(s/c) and
 //     -slope*|pos - j| are applied in natural units first), masked to -inf outside each row's
 //     visible range (skipped when the sub-tile lies inside every row's range: the interior
@@ -86,12 +87,20 @@
 #define MMA_MT PA_MMA_MT
 #define MMA_ROWS (16 * MMA_MT * MMA_WARPS)
 #define MMA_KEYS 64
-// Keys per online-softmax step (-DPA_MMA_SUBK): two m16 tiles hold their scores for 32 keys
-// at a time (64 would not fit in 255 registers beside the 2 x D/2 accumulators at D = 128).
+// PA_MMA_PLAIN = 1: only the form without soft cap and ALiBi; 0: only the form with them
+// (the host compiles the one its layer needs: each gets its own register allocation, and the
+// plain form is the hot one); undefined: both, chosen at entry (the CI whole-file check).
+#ifndef PA_MMA_PLAIN
+#define PA_MMA_PLAIN -1
+#endif
+// Keys per online-softmax step (-DPA_MMA_SUBK): 64 (Q fragments re-read once per 64 keys);
+// two m16 tiles of the soft cap / ALiBi form hold their scores for 32 keys at a time (64
+// does not fit in 255 registers beside the 2 x D/2 accumulators at D = 128 there; the plain
+// form fits 64 in 254).
 #ifdef PA_MMA_SUBK
 #define MMA_SUBK PA_MMA_SUBK
 #else
-#define MMA_SUBK (MMA_MT == 1 ? 64 : 32)
+#define MMA_SUBK ((MMA_MT == 1 || PA_MMA_PLAIN == 1) ? 64 : 32)
 #endif
 static_assert(MMA_MT == 1 || MMA_MT == 2, "one or two m16 tiles per warp");
 static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "4 or 8 warps per CTA");
@@ -331,7 +340,12 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         n_lo = max(n_lo, __shfl_xor_sync(PA_FULL_MASK, n_lo, x));
         n_hi = min(n_hi, __shfl_xor_sync(PA_FULL_MASK, n_hi, x));
     }
-    __syncwarp();  // vis_s rows of this warp (read only by this warp)
+    // The four bounds are read back once per sub-tile (one 16-byte shared load) instead of
+    // living in registers through the loop: 4 registers, which the 64-key softmax step at
+    // two m-tiles needs.
+    __shared__ int4 bounds_s[MMA_WARPS];
+    if (lane == 0) bounds_s[warp] = make_int4(u_lo, u_hi, n_lo, n_hi);
+    __syncwarp();  // vis_s rows and bounds of this warp (read only by this warp)
     const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
     float o[MT][NT][4];
 #pragma unroll
@@ -380,8 +394,9 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
 #pragma unroll
         for (int hf = 0; hf < MMA_KEYS / SUBK; ++hf) {
             const int cs = c0 + SUBK * hf;
+            const int4 wb = bounds_s[warp];  // u_lo, u_hi, n_lo, n_hi
             // Warp-uniform; skips this sub-tile only (the barriers lie outside this loop).
-            if (!(u_lo < cs + SUBK && u_hi > cs)) continue;
+            if (!(wb.x < cs + SUBK && wb.y > cs)) continue;
             // 3. S = Q K^T: each K fragment pair feeds the MT m-tiles.
             float s[MT][NJ][4];
 #pragma unroll
@@ -416,7 +431,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             }
 
             // 4. Modifiers, mask, online softmax (base 2).
-            const bool all_inside = n_lo <= cs && n_hi >= cs + SUBK;
+            const bool all_inside = wb.z <= cs && wb.w >= cs + SUBK;
             float alpha[MT][2];
             bool moved = false;
 #pragma unroll
@@ -504,7 +519,13 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     }
     ptx_cp_async_wait<0>();  // no copy outlives the CTA (an item with no key still loaded Q)
 
-    // 5. Results.
+    // 5. Results. The item's fields are read again (an L1 / L2 hit) rather than kept in
+    // registers through the key loop.
+    const WorkItem& ie = p.items[blockIdx.x];
+    const int e_hc = ie.head_count;
+    const int e_rows = ie.q_len * e_hc;
+    const int e_q0 = ie.q_start;
+    const int e_head0 = ie.kv_head * p.group + ie.head_start;
     const int out_dt = BF16 ? PA_BF16 : PA_F16;
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
@@ -514,9 +535,9 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
             lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
             const int r = rbase + 16 * t + 8 * i;
-            if (r >= rows) continue;
-            const int tok = it.q_start + r / hc;
-            const int h = head0 + r % hc;
+            if (r >= e_rows) continue;
+            const int tok = e_q0 + r / e_hc;
+            const int h = e_head0 + r % e_hc;
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
             const pa_i64 base = ((pa_i64)tok * p.num_heads + h) * D;
 #pragma unroll
@@ -533,13 +554,21 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     }
 }
 
+#if PA_MMA_PLAIN == 1
+#define PA_MMA_BODY(BF16, D) pa_mma_attend<BF16, D, true>(p);
+#elif PA_MMA_PLAIN == 0
+#define PA_MMA_BODY(BF16, D) pa_mma_attend<BF16, D, false>(p);
+#else
+#define PA_MMA_BODY(BF16, D)                        \
+    if (!(p.soft_cap > 0.0f) && p.alibi == 0) {     \
+        pa_mma_attend<BF16, D, true>(p);            \
+    } else {                                        \
+        pa_mma_attend<BF16, D, false>(p);           \
+    }
+#endif
 #define PA_MMA_DEFINE(NAME, BF16, D)                                                   \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS, PA_MMA_MINB) NAME(const AttnParams p) { \
-        if (!(p.soft_cap > 0.0f) && p.alibi == 0) {                                    \
-            pa_mma_attend<BF16, D, true>(p);                                           \
-        } else {                                                                       \
-            pa_mma_attend<BF16, D, false>(p);                                          \
-        }                                                                              \
+        PA_MMA_BODY(BF16, D)                                                           \
     }
 
 // The host compiles only the variant it needs (-DPA_MMA_D=128 -DPA_MMA_BF16=1); without the

@@ -139,13 +139,12 @@ fn run_time_variants_select_their_entry_points() {
     }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
         for shape in kernels::MMA_SHAPES {
-            let [a, b, c, w] = kernels::mma_variant(dtype, head_size, shape);
-            let name = kernels::mma_function_name(dtype, head_size).expect("variant");
-            check(
-                &kernels::PAGED_ATTENTION_MMA,
-                &[a.as_str(), b.as_str(), c.as_str(), w.as_str()],
-                &[name],
-            );
+            for plain in [true, false] {
+                let variant = kernels::mma_variant(dtype, head_size, shape, plain);
+                let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
+                let name = kernels::mma_function_name(dtype, head_size).expect("variant");
+                check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -410,7 +410,7 @@ fn decode_kernel_sanitizer_set() {
 
 /// A small prefill set for compute-sanitizer (racecheck is slow: long_prefill's 30 cases take
 /// minutes under it): only batches the tensor-core prefill kernel takes, its plain and its
-/// soft cap / ALiBi instantiation, chunked and fresh requests, a window, sinks, d64 / d96 / d128.
+/// soft cap / ALiBi build, chunked and fresh requests, a window, sinks, d64 / d96 / d128.
 /// h200.sh runs it with each CTA shape forced (POLYATTN_CUDA_MMA_ROWS / _WARPS).
 #[test]
 fn prefill_kernel_sanitizer_set() {
@@ -427,6 +427,14 @@ fn prefill_kernel_sanitizer_set() {
         &case,
         &spec,
         910,
+    );
+    let case = CaseConfig::new(params(8, 2, 128, CacheDType::Auto), DType::Bf16, 16);
+    check(
+        &b,
+        "sanitizer prefill bf16 d128 (8,2) plain",
+        &case,
+        &spec,
+        913,
     );
     let mut p = params(4, 4, 64, CacheDType::Auto);
     p.sliding_window = Some(50);

@@ -416,13 +416,10 @@ impl CudaAttentionImpl {
         };
         let mut params = *base;
         params.items = items.device_ptr();
-        let [d_opt, t_opt, m_opt, w_opt] = mma_variant(dtype, self.params.head_size, shape);
-        let mut opts = vec![
-            d_opt.as_str(),
-            t_opt.as_str(),
-            m_opt.as_str(),
-            w_opt.as_str(),
-        ];
+        // Soft cap and ALiBi live in a separate build (the plain one is the hot path).
+        let plain = self.params.soft_cap().is_none() && self.params.alibi_slopes.is_none();
+        let variant = mma_variant(dtype, self.params.head_size, shape, plain);
+        let mut opts: Vec<&str> = variant.iter().map(String::as_str).collect();
         opts.extend(forced_mma_subk());
         let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &opts, name)?;
         let cfg = LaunchConfig {

@@ -419,15 +419,18 @@ pub fn attention_variant(head_size: usize) -> String {
     format!("-DPA_ONLY_DPL={}", head_size.div_ceil(32))
 }
 
-/// The `-D` options that build only the tensor-core variant for `dtype`, `head_size` and
-/// `shape` (`PA_MMA_MT` = rows / (16 warps) m16 tiles per warp, `PA_MMA_WARPS`; see
-/// paged_attention_mma.cu).
-pub fn mma_variant(dtype: DType, head_size: usize, shape: MmaShape) -> [String; 4] {
+/// The `-D` options that build only the tensor-core variant for `dtype`, `head_size`,
+/// `shape` (`PA_MMA_MT` = rows / (16 warps) m16 tiles per warp, `PA_MMA_WARPS`) and the
+/// layer's modifiers (`PA_MMA_PLAIN`: `plain` = no soft cap and no ALiBi; the plain build
+/// has its own register allocation, which fits 64-key softmax steps at two m-tiles); see
+/// paged_attention_mma.cu.
+pub fn mma_variant(dtype: DType, head_size: usize, shape: MmaShape, plain: bool) -> [String; 5] {
     [
         format!("-DPA_MMA_D={head_size}"),
         format!("-DPA_MMA_BF16={}", i32::from(dtype == DType::Bf16)),
         format!("-DPA_MMA_MT={}", shape.tiles_per_warp()),
         format!("-DPA_MMA_WARPS={}", shape.warps),
+        format!("-DPA_MMA_PLAIN={}", i32::from(plain)),
     ]
 }
 

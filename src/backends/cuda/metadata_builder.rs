@@ -284,6 +284,8 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     };
 
     let mut items = Vec::new();
+    // Keys each item visits (an estimate of its time), for the longest-first order below.
+    let mut work: Vec<usize> = Vec::new();
     let mut split_tokens = Vec::new();
     let mut max_splits = 0usize;
     for r in 0..num_reqs {
@@ -319,6 +321,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
                                 part_tok,
                                 pad_: 0,
                             });
+                            work.push((a + chunk).min(vhi) - a);
                         }
                     }
                 }
@@ -328,11 +331,23 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
         if pushed {
             continue;
         }
-        // Last query tile first: under a causal mask it sees the most keys, and the GPU
-        // starts CTAs in grid order, so the longest ones start first and the short ones fill
-        // the tail of the last wave (the kernels do not depend on the order).
+        // Last query tile first: under a causal mask it sees the most keys (the kernels do not
+        // depend on the order; the whole list is sorted longest first below).
+        let ctx = (inp.seq_lens[r] as usize).saturating_sub(ql);
         for t in (qs..qs + ql).step_by(tq).rev() {
             let n = tq.min(qs + ql - t);
+            // Keys the tile's rows see together: up to its last row's position when causal,
+            // from its first row's window start.
+            let end = if key.causal {
+                hi.min(ctx + (t - qs) + n)
+            } else {
+                hi
+            };
+            let start = match key.window {
+                Some(w) => lo.max((ctx + (t - qs) + 1).saturating_sub(w)),
+                None => lo,
+            };
+            let keys = end.saturating_sub(start);
             for kv_head in 0..key.num_kv_heads {
                 for &(h0, hn) in &head_chunks {
                     items.push(WorkItem {
@@ -349,10 +364,17 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
                         part_tok: 0,
                         pad_: 0,
                     });
+                    work.push(keys);
                 }
             }
         }
     }
+    // Longest first over the whole batch (LPT): the GPU starts CTAs in grid order, so the
+    // long tiles of every request start early and the short ones fill the tail of the last
+    // wave. Per request this is still last query tile first (the sort is stable).
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(work[i]));
+    let items = order.into_iter().map(|i| items[i]).collect();
     WorkPlan {
         items,
         split_tokens,
@@ -1047,6 +1069,32 @@ mod tests {
             "query tiles not in descending order: {starts:?}"
         );
         assert_eq!(*starts.last().unwrap(), 0);
+    }
+
+    #[test]
+    fn the_whole_batch_is_listed_longest_first() {
+        // Two causal prefills, a fresh 300-token one and a 500-token chunk after 1500 tokens
+        // of context: the chunk's tiles see 1500+ keys, so they all come before the fresh
+        // request's, and the keys a tile sees never grow along the list.
+        let qsl = [0, 300, 800];
+        let seq = [300, 2000];
+        let plan = plan_for(&qsl, &seq, &key(4, 2));
+        let keys: Vec<i32> = plan
+            .items
+            .iter()
+            .map(|it| {
+                let r = it.req as usize;
+                let ctx = seq[r] - (qsl[r + 1] - qsl[r]);
+                let last = ctx + it.q_start - qsl[r] + it.q_len;
+                last.min(it.kv_hi) - it.kv_lo
+            })
+            .collect();
+        assert!(
+            keys.windows(2).all(|w| w[0] >= w[1]),
+            "not longest first: {keys:?}"
+        );
+        let first_fresh = plan.items.iter().position(|it| it.req == 0).unwrap();
+        assert!(plan.items[first_fresh..].iter().all(|it| it.req == 0));
     }
 
     #[test]

@@ -548,7 +548,7 @@ mod tests {
         );
         assert_eq!(PrefillKernel::parse("tiled"), Some(PrefillKernel::Tiled));
         assert_eq!(PrefillKernel::parse("tiled3"), None);
-        assert_eq!(PrefillKernel::default(), PrefillKernel::Tiled);
+        assert_eq!(PrefillKernel::default(), PrefillKernel::Tiled2);
     }
 
     #[test]
