@@ -27,7 +27,7 @@ OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
 export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
 B=.devbin
-SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b8s4k.p16
+SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
 SHAPES_D=D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
 SHAPES_KG=K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
 # Warp stall reasons (warps per issue slot) for the ncu phase.

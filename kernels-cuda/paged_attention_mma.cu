@@ -174,9 +174,37 @@ __device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_u64
     }
 }
 
+// Folds the row maxima (MAX) or sums (else) of a thread's scores of one m-tile into r[0]
+// (row lane/4: elements 0, 1 of every n-tile) and r[1] (row lane/4 + 8: elements 2, 3).
+// Why a tree: a running max / sum is a chain of 2 NJ dependent instructions per row, and at
+// 8 warps per SM their latency is not hidden (ncu: warps stalled on fixed-latency
+// dependencies more than on anything else); the tree's depth is log2(2 NJ).
+template <int NJ, bool SUM>
+__device__ __forceinline__ void pa_mma_row_reduce(const float (&s)[NJ][4], float (&r)[2]) {
+    static_assert((NJ & (NJ - 1)) == 0, "a power of two of n-tiles");
+    float a[NJ][2];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        a[j][0] = SUM ? s[j][0] + s[j][1] : fmaxf(s[j][0], s[j][1]);
+        a[j][1] = SUM ? s[j][2] + s[j][3] : fmaxf(s[j][2], s[j][3]);
+    }
+#pragma unroll
+    for (int w = NJ / 2; w >= 1; w /= 2) {
+#pragma unroll
+        for (int j = 0; j < w; ++j) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                a[j][i] = SUM ? a[j][i] + a[j + w][i] : fmaxf(a[j][i], a[j + w][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) r[i] = SUM ? r[i] + a[0][i] : fmaxf(r[i], a[0][i]);
+}
+
 // Scores of one m16 x (8 NJ)-key sub-tile starting at key c0 for the two rows a thread owns
 // (rows r and r + 8 of the item), the visibility mask [lo, hi) when MASK (a tile wholly
-// inside every row's visible range needs none), and their maxima mx. PLAIN (no soft cap, no
+// inside every row's visible range needs none), and folds their maxima into mx. PLAIN (no soft cap, no
 // ALiBi): s stays the raw Q K^T (the caller folds scale * log2 e into the exponent's FFMA,
 // which is exact to reorder because scale > 0); otherwise s = (Q K^T * scale, soft-capped,
 // minus the ALiBi bias) * log2 e, in base-2 units.
@@ -209,9 +237,9 @@ __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ
             }
             if (MASK) x = (kp >= lo[i] && kp < hi[i]) ? x : -PA_INF;
             s[j][e] = x;
-            mx[i] = fmaxf(mx[i], x);
         }
     }
+    pa_mma_row_reduce<NJ, false>(s, mx);
 }
 
 // PLAIN: the layer has neither soft cap nor ALiBi (the entry point picks the instantiation,
@@ -466,12 +494,11 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 for (int j = 0; j < NJ; ++j) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const float x = ptx_ex2(PLAIN ? fmaf(s[t][j][e], qk_scale, -msub[e >> 1])
-                                                      : s[t][j][e] - msub[e >> 1]);
-                        s[t][j][e] = x;
-                        rs[e >> 1] += x;
+                        s[t][j][e] = ptx_ex2(PLAIN ? fmaf(s[t][j][e], qk_scale, -msub[e >> 1])
+                                                   : s[t][j][e] - msub[e >> 1]);
                     }
                 }
+                pa_mma_row_reduce<NJ, true>(s[t], rs);
 #pragma unroll
                 for (int i = 0; i < 2; ++i) l[t][i] = l[t][i] * alpha[t][i] + rs[i];
             }

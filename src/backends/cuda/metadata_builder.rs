@@ -369,12 +369,26 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
             }
         }
     }
-    // Longest first over the whole batch (LPT): the GPU starts CTAs in grid order, so the
-    // long tiles of every request start early and the short ones fill the tail of the last
-    // wave. Per request this is still last query tile first (the sort is stable).
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(work[i]));
-    let items = order.into_iter().map(|i| items[i]).collect();
+    // Requests in order of their longest item (the GPU starts CTAs in grid order, so a long
+    // request's tiles do not start last and stretch the tail), each request's items kept
+    // together (last query tile first). Why not longest-first item by item: CTAs of one
+    // request share its K/V in L2, and interleaving all requests' tiles measured 2% slower
+    // on P2.b8s4k (H200, 2026-11-30: 278 vs 283 TFLOP/s).
+    let mut runs: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        match runs.last_mut() {
+            Some((w, r)) if items[r.start].req == it.req => {
+                *w = (*w).max(work[i]);
+                r.end = i + 1;
+            }
+            _ => runs.push((work[i], i..i + 1)),
+        }
+    }
+    runs.sort_by_key(|(w, _)| std::cmp::Reverse(*w));
+    let items = runs
+        .into_iter()
+        .flat_map(|(_, r)| items[r].iter().copied())
+        .collect();
     WorkPlan {
         items,
         split_tokens,
@@ -1072,10 +1086,11 @@ mod tests {
     }
 
     #[test]
-    fn the_whole_batch_is_listed_longest_first() {
+    fn requests_are_listed_longest_first() {
         // Two causal prefills, a fresh 300-token one and a 500-token chunk after 1500 tokens
         // of context: the chunk's tiles see 1500+ keys, so they all come before the fresh
-        // request's, and the keys a tile sees never grow along the list.
+        // request's (each request's tiles together), and the keys a tile sees never grow
+        // along the list.
         let qsl = [0, 300, 800];
         let seq = [300, 2000];
         let plan = plan_for(&qsl, &seq, &key(4, 2));

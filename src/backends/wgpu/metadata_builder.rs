@@ -70,8 +70,8 @@ pub struct WgpuTuning {
     /// shared-memory load of 128 threads' 2 × 4) at half the warps per workgroup.
     pub prefill_workgroup: u32,
     /// Prefill tile shape (query rows BM, keys BN) instead of the first candidate that fits
-    /// the adapter's workgroup memory (`POLYATTN_WGPU_PREFILL_TILE=BMxBN`, e.g. `64x16`: BM
-    /// 1–128, BN 8, 16, 32 or 64). Used with `prefill_tiles` when it fits the adapter (see
+    /// the adapter's workgroup memory (GPUs: [`GPU_PREFILL_TILE`] by default;
+    /// `POLYATTN_WGPU_PREFILL_TILE=BMxBN`, e.g. `64x32`: BM 1–128, BN 8, 16, 32 or 64). Used with `prefill_tiles` when it fits the adapter (see
     /// `WgpuAttentionImpl::with_tuning`), for both prefill forms.
     pub prefill_tile: Option<(u32, u32)>,
 }
@@ -85,6 +85,12 @@ pub fn parse_tile(s: &str) -> Option<(u32, u32)> {
         .and_then(|(m, n)| Some((m.trim().parse::<u32>().ok()?, n.trim().parse::<u32>().ok()?)))?;
     ((1..=128).contains(&m) && [8, 16, 32, 64].contains(&n)).then_some((m, n))
 }
+
+/// The prefill tile GPUs ask for (where it fits; CPU adapters take the first candidate that
+/// fits, see `shaders::choose_tile`): 64 query rows x 16 keys. On the H200 through Vulkan the
+/// tiled2 form ran P2 (d128) at 12.9 / 13.8 TFLOP/s (4k / 16k) with it against 12.0 / 12.5
+/// with 64 x 32 and 32 x 32 (2026-11-30).
+pub const GPU_PREFILL_TILE: (u32, u32) = (64, 16);
 
 /// Default threads per workgroup of the tiled2 prefill form.
 pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
@@ -154,7 +160,7 @@ impl WgpuTuning {
             unrolled: !cpu,
             prefill_kernel: PrefillKernel::Tiled2,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
-            prefill_tile: None,
+            prefill_tile: (!cpu).then_some(GPU_PREFILL_TILE),
         }
     }
 
