@@ -15,7 +15,8 @@
 # D1 / D4 fp8 rows, memcheck / racecheck); mma-shapes: every CTA shape of the tensor-core
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
 # decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
-# ncu-decode: the decode kernel of D4 through Nsight Compute; subk64: the 128-row
+# ncu-decode: the decode kernel of D4 through Nsight Compute; sync1: the one-barrier prefill
+# pipeline (POLYATTN_CUDA_MMA_SYNC1=1: tests, racecheck, P2 beside the default); subk64: the 128-row
 # prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers);
 # sanitize-prefill: racecheck of every CTA shape, memcheck / synccheck of the 128-row form
 # on the prefill sanitizer set, memcheck of large_prefill;
@@ -134,6 +135,17 @@ for p in "${phases[@]}"; do
       run ncu-decode 120 ncu --clock-control none -k regex:paged_decode --launch-skip 20 \
         --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
         $B/bin-polyattn bench --backend cuda --shapes D4.b1s32k --budget 0.05 --no-svg ;;
+    sync1)
+      # The one-barrier-per-tile pipeline of the tensor-core prefill (POLYATTN_CUDA_MMA_SYNC1=1):
+      # correctness, racecheck on both default CTA shapes, then P2 beside the default.
+      run sync1-test 150 env POLYATTN_CUDA_MMA_SYNC1=1 $B/test-cuda_gpu prefill
+      for r in 64 128; do
+        run sync1-racecheck$r 120 env POLYATTN_CUDA_MMA_SYNC1=1 POLYATTN_CUDA_MMA_ROWS=$r \
+          compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+      done
+      run sync1-bench 90 env POLYATTN_CUDA_MMA_SYNC1=1 $B/bin-polyattn bench --backend cuda \
+        --shapes $SHAPES_P --budget 0.3 --json "$OUT/cuda-sync1.json" --no-svg
+      run sync0-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     subk64)
       run subk64-test 100 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
         $B/test-cuda_gpu long_prefill --test-threads=1

@@ -102,6 +102,15 @@
 #else
 #define MMA_SUBK ((MMA_MT == 1 || PA_MMA_PLAIN == 1) ? 64 : 32)
 #endif
+// PA_MMA_SYNC1 = 1 (tuning, POLYATTN_CUDA_MMA_SYNC1=1): one barrier per key tile instead of
+// two. The copy of tile i+1 is issued right after the barrier that makes tile i visible (all
+// warps are then past tile i-1, so its buffer is free and the row addresses written after it
+// are visible), and waited for completely at the next tile; without it the copy is issued
+// before the wait for tile i and a second barrier ends each tile.
+#ifndef PA_MMA_SYNC1
+#define PA_MMA_SYNC1 0
+#endif
+#define MMA_SYNC1 (PA_MMA_SYNC1 != 0)
 static_assert(MMA_MT == 1 || MMA_MT == 2, "one or two m16 tiles per warp");
 static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "4 or 8 warps per CTA");
 static_assert(MMA_SUBK == 32 || MMA_SUBK == 64, "32 or 64 keys per softmax step");
@@ -397,15 +406,25 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     for (int c0 = first; c0 < span_hi; c0 += MMA_KEYS, stage ^= 1) {
         const pa_u32 k_st = k_sa0 + stage * TILE_B;
         const pa_u32 v_st = v_sa0 + stage * TILE_B;
-        if (c0 + MMA_KEYS < span_hi) {
-            // The other buffer was freed by the barrier that ended the previous tile.
-            pa_mma_load_kv<D>(cache, krow_s[stage ^ 1], v_delta_b, k_sa0 + (stage ^ 1) * TILE_B,
-                              v_sa0 + (stage ^ 1) * TILE_B);
-        }
-        ptx_cp_async_commit();  // possibly empty: keeps one group per tile
+        // Tile i+1's copy into the other buffer: before the wait for tile i (two barriers a
+        // tile), or right after the one barrier, which also proves that every warp finished
+        // tile i-1 with that buffer (PA_MMA_SYNC1).
+        auto load_next = [&]() {
+            if (c0 + MMA_KEYS < span_hi) {
+                pa_mma_load_kv<D>(cache, krow_s[stage ^ 1], v_delta_b,
+                                  k_sa0 + (stage ^ 1) * TILE_B, v_sa0 + (stage ^ 1) * TILE_B);
+            }
+            ptx_cp_async_commit();  // possibly empty: keeps one group per tile
+        };
+        if (!MMA_SYNC1) load_next();
         const int block2 = table_entry(c0 + 2 * MMA_KEYS);
-        ptx_cp_async_wait<1>();  // this tile's group (and Q) is complete, the next may fly
+        if (MMA_SYNC1) {
+            ptx_cp_async_wait<0>();  // tile i (and Q): the only group in flight
+        } else {
+            ptx_cp_async_wait<1>();  // this tile's group (and Q) is complete, the next may fly
+        }
         __syncthreads();
+        if (MMA_SYNC1) load_next();
         if (Q_REGS && c0 == first) {
 #pragma unroll
             for (int t = 0; t < (Q_REGS ? MT : 1); ++t) {
@@ -540,9 +559,12 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
                 }
             }
         }  // sub-tiles
-        // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile ago).
+        // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile ago,
+        // before the barrier this tile began with).
         if (owner) krow_s[stage][tid] = row_address(c0 + 2 * MMA_KEYS + tid, block2);
-        __syncthreads();  // this buffer is consumed before it is refilled; krow_s is written
+        // This buffer is consumed before it is refilled and krow_s is written: with
+        // PA_MMA_SYNC1 the next tile's barrier proves both.
+        if (!MMA_SYNC1) __syncthreads();
     }
     ptx_cp_async_wait<0>();  // no copy outlives the CTA (an item with no key still loaded Q)
 

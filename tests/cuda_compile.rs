@@ -141,9 +141,14 @@ fn run_time_variants_select_their_entry_points() {
         for shape in kernels::MMA_SHAPES {
             for plain in [true, false] {
                 let variant = kernels::mma_variant(dtype, head_size, shape, plain);
-                let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
+                let mut defines: Vec<&str> = variant.iter().map(String::as_str).collect();
                 let name = kernels::mma_function_name(dtype, head_size).expect("variant");
                 check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
+                // The one-barrier pipeline (POLYATTN_CUDA_MMA_SYNC1=1), plain builds.
+                if plain {
+                    defines.push("-DPA_MMA_SYNC1=1");
+                    check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
+                }
             }
         }
     }

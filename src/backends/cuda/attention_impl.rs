@@ -71,8 +71,9 @@ pub const MMA_SHAPE_LARGE: MmaShape = MmaShape {
 pub const MMA_LARGE_MIN_CTAS_PER_SM: usize = 4;
 
 /// The environment variable that forces the keys per online-softmax step of the
-/// tensor-core prefill kernel (`32` or `64`; by default 64 with one m16 tile per warp, 32
-/// with two, where 64 spills registers). A tuning knob for benchmarks.
+/// tensor-core prefill kernel (`32` or `64`; by default 64, except 32 in the soft cap /
+/// ALiBi build with two m16 tiles per warp, where 64 spills registers). A tuning knob for
+/// benchmarks.
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
 
 /// The `-DPA_MMA_SUBK` option [`MMA_SUBK_ENV`] asks for, if any.
@@ -86,6 +87,19 @@ fn forced_mma_subk() -> Option<&'static str> {
             None
         }
     })
+}
+
+/// The environment variable that asks for the one-barrier-per-tile pipeline of the
+/// tensor-core prefill kernel (`1`; `PA_MMA_SYNC1` in paged_attention_mma.cu). A tuning
+/// knob for A/B benchmarks, off by default until measured on a GPU.
+pub const MMA_SYNC1_ENV: &str = "POLYATTN_CUDA_MMA_SYNC1";
+
+/// The `-DPA_MMA_SYNC1=1` option when [`MMA_SYNC1_ENV`] is `1`.
+fn forced_mma_sync1() -> Option<&'static str> {
+    static SYNC1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    SYNC1
+        .get_or_init(|| std::env::var(MMA_SYNC1_ENV).is_ok_and(|v| v.trim() == "1"))
+        .then_some("-DPA_MMA_SYNC1=1")
 }
 
 /// The CTA shape forced by [`MMA_ROWS_ENV`] / [`MMA_WARPS_ENV`], if either is set.
@@ -421,6 +435,7 @@ impl CudaAttentionImpl {
         let variant = mma_variant(dtype, self.params.head_size, shape, plain);
         let mut opts: Vec<&str> = variant.iter().map(String::as_str).collect();
         opts.extend(forced_mma_subk());
+        opts.extend(forced_mma_sync1());
         let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &opts, name)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
