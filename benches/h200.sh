@@ -8,7 +8,8 @@
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
 # default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
 # kernel (P2.b1s4k) through Nsight Compute (speed of light, warp states, occupancy, source
-# counters) into $OUT/ncu-prefill.log; wgpu-modes: the large WGPU decode rows in a WGPU-only
+# counters) into $OUT/ncu-prefill.log; ncu-p2: the same kernel on P2.b8s4k beside P2.b1s32k
+# (instructions, tensor-pipe activity, active warps, stalls); wgpu-modes: the large WGPU decode rows in a WGPU-only
 # process and after CUDA, traced per repetition; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
 # sanitize-fp8: fp8 caches on the tensor-core decode kernel (POLYATTN_CUDA_DECODE_FP8=1: tests,
@@ -115,6 +116,16 @@ for p in "${phases[@]}"; do
         --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section InstructionStats --section SchedulerStats --metrics "$STALLS" \
         $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16 --budget 0.05 --no-svg ;;
+    ncu-p2)
+      # Why P2 at 4k tokens per request runs ~12% slower per FLOP than at 32k (2026-11-30:
+      # 279-286 vs 320 TFLOP/s): one launch each of b8s4k and b1s32k, instructions, tensor
+      # pipe activity, active warps and stall reasons side by side.
+      for sh in P2.b8s4k.p16 P2.b1s32k.p16; do
+        run ncu-$sh 200 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 5 \
+          --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+          --section WarpStateStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__thread_inst_executed_per_inst_executed.ratio" \
+          $B/bin-polyattn bench --backend cuda --shapes $sh --budget 0.05 --gpu-warmup-secs 0 --no-svg
+      done ;;
     mma-shapes)
       for rw in 64:4 128:4 128:8 256:8; do
         r=${rw%:*} w=${rw#*:}
