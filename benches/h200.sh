@@ -30,6 +30,8 @@ mkdir -p "$OUT"
 export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
 B=.devbin
 SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
+# P1 at head size 128 (issue #4 names these rows for the WGPU backend): MHA 16 heads, paged.
+SHAPES_P1=P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
 SHAPES_D=D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
 SHAPES_KG=K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
 # Warp stall reasons (warps per issue slot) for the ncu phase.
@@ -194,11 +196,11 @@ for p in "${phases[@]}"; do
       run t2tile64x16-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_TILE=64x16 \
         $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     bench)
-      run bench 240 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_D,$SHAPES_KG \
+      run bench 300 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_P1,$SHAPES_D,$SHAPES_KG \
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
     torch)
       run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
-        --shapes "$SHAPES_P,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;
+        --shapes "$SHAPES_P,$SHAPES_P1,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;
   esac
 done
 say done
