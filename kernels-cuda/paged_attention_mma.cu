@@ -30,7 +30,8 @@
 //     So no thread waits on the block table before issuing copies, the division by the block
 //     size happens once per key row, and a 16-byte copy costs a shared load and two adds.
 //     One barrier after the wait makes tile i visible, one after the compute frees its buffer
-//     and publishes the addresses.
+//     and publishes the addresses (with -DPA_MMA_SYNC1, a tuning form: only the first, and
+//     tile i+1's copy is issued after it).
 //  3. Each 64-key tile is computed in sub-tiles of SUBK keys (64, except 32 in the soft cap /
 //     ALiBi form at MT = 2; -DPA_MMA_SUBK overrides), so that the live scores fit in
 //     registers beside the MT * D / 2 accumulators, each one online-softmax step. S = Q K^T: per warp MT x 16 x SUBK scores (ldmatrix.x4 on K rows
