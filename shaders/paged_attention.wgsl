@@ -74,8 +74,8 @@
 // a_j + i·KL < BN, c_col + i·CL < D4, rows clamped to BM − 1, u < BN·D4 for the chunk
 // stores; every other index is bounded by its loop.
 
-var<workgroup> q_s: array<vec4<f32>, BM * D4>;
-var<workgroup> kv_s: array<vec4<f32>, BN * KV_ROW>;
+var<workgroup> q_s: array<SH4, BM * D4>;
+var<workgroup> kv_s: array<SH4, BN * KV_ROW>;
 var<workgroup> m_s: array<f32, BM>;
 var<workgroup> l_s: array<f32, BM>;
 var<workgroup> a_s: array<f32, BM>;
@@ -89,8 +89,12 @@ var<workgroup> mn_s: array<f32, MN_LEN>;
 
 // Phase A: this thread's scores S = (q·scale)·K^T for keys a_j + i·KL (i < KPT) of rows
 // a_rg + k·RGA (k < RPT_A), from q_s and the keys in kv_s. Rows past BM are clamped (the
-// caller does not store them); the d4 loop runs DU vec4 columns per iteration.
+// caller does not store them); the d4 loop runs DU vec4 columns per iteration. The tiled2h
+// form (F16) computes them with f16 products: `tile_scores_h`.
 fn tile_scores(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
+    if F16 {
+        return tile_scores_h(a_j, a_rg);
+    }
     var s: array<f32, RPT_A * KPT>;
     // @unroll
     for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
@@ -100,7 +104,7 @@ fn tile_scores(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
         // @unroll
         for (var dd = 0u; dd < DU; dd = dd + 1u) {
             let d4 = d0 + dd;
-            var kk: array<vec4<f32>, KPT>;
+            var kk: array<SH4, KPT>;
             // @unroll
             for (var i = 0u; i < KPT; i = i + 1u) {
                 kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
@@ -110,9 +114,55 @@ fn tile_scores(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
                 let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];
                 // @unroll
                 for (var i = 0u; i < KPT; i = i + 1u) {
-                    s[k * KPT + i] = s[k * KPT + i] + dot(qq, kk[i]);
+                    s[k * KPT + i] = s[k * KPT + i] + f32(dot(qq, kk[i]));
                 }
             }
+        }
+    }
+    return s;
+}
+
+// tiled2h phase A: `tile_scores` with vec4<f16> FMAs. Per score, a vec4<f16> partial `h`
+// (four independent f16 accumulators, one per vec4 lane) sums the element-wise products of
+// FA vec4 columns (FA products per lane); then its lanes are added pairwise in f16, the two
+// halves are added to the f32 score, and the next FA columns start a fresh partial.
+fn tile_scores_h(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
+    var s: array<f32, RPT_A * KPT>;
+    // @unroll
+    for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
+        s[e] = 0.0;
+    }
+    for (var f0 = 0u; f0 < D4; f0 = f0 + FA) {
+        var h: array<SH4, RPT_A * KPT>;
+        // @unroll
+        for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
+            h[e] = SH4(0.0);
+        }
+        // FA is a multiple of DU and DU divides D4, so every step is whole.
+        let f1 = min(f0 + FA, D4);
+        for (var d0 = f0; d0 < f1; d0 = d0 + DU) {
+            // @unroll
+            for (var dd = 0u; dd < DU; dd = dd + 1u) {
+                let d4 = d0 + dd;
+                var kk: array<SH4, KPT>;
+                // @unroll
+                for (var i = 0u; i < KPT; i = i + 1u) {
+                    kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
+                }
+                // @unroll
+                for (var k = 0u; k < RPT_A; k = k + 1u) {
+                    let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];
+                    // @unroll
+                    for (var i = 0u; i < KPT; i = i + 1u) {
+                        h[k * KPT + i] = fma(qq, kk[i], h[k * KPT + i]);
+                    }
+                }
+            }
+        }
+        // @unroll
+        for (var e = 0u; e < RPT_A * KPT; e = e + 1u) {
+            let p = h[e].xy + h[e].zw;
+            s[e] = s[e] + f32(p.x) + f32(p.y);
         }
     }
     return s;
@@ -166,7 +216,7 @@ fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32) {
         if u < BN * D4 {
             var x = kv_cvt4(w[i]);
             if KV_SCALED {
-                x = x * scale;
+                x = x * SH(scale);
             }
             kv_s[(u / D4) * KV_ROW + u % D4] = x;
         }
@@ -227,7 +277,7 @@ fn main(inp: Inputs) {
             let head = kv_head * g + rr % g;
             v = q_load4((tok * H + head) * D + c * 4u) * params.scale;
         }
-        q_s[u] = v;
+        q_s[u] = SH4(v);
     }
 
     // Keys any row of the tile can see.
@@ -342,7 +392,7 @@ fn main(inp: Inputs) {
                 if j < cn {
                     v = k_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.k_scale;
                 }
-                kv_s[j * KV_ROW + c] = v;
+                kv_s[j * KV_ROW + c] = SH4(v);
             }
             workgroupBarrier();
 
@@ -372,7 +422,7 @@ fn main(inp: Inputs) {
                 if j < cn {
                     v = v_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.v_scale;
                 }
-                kv_s[j * KV_ROW + c] = v;
+                kv_s[j * KV_ROW + c] = SH4(v);
             }
             workgroupBarrier();
         }
@@ -380,6 +430,7 @@ fn main(inp: Inputs) {
         // Phase C: acc = acc·α + P·V over the chunk's first jn keys (cn; tiled2: all BN,
         // whose keys ≥ cn have zero values and probabilities), JU keys per iteration. Rows
         // past n_rows have zero probabilities and are never stored; rows past BM are clamped.
+        // tiled2h (F16): the chunk's P·V in f16 partial sums `hacc`, added to acc after it.
         let jn = select(cn, BN, TILED2);
         if c_rg < RGC {
             // @unroll
@@ -390,10 +441,17 @@ fn main(inp: Inputs) {
                     acc[k * CPT + i] = acc[k * CPT + i] * alpha;
                 }
             }
+            var hacc: array<SH4, RPT_C * CPT>;
+            if F16 {
+                // @unroll
+                for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
+                    hacc[e] = SH4(0.0);
+                }
+            }
             for (var j0 = 0u; j0 < jn; j0 = j0 + JU) {
                 // tiled2 (JU = 4, rows of S_ROW a multiple of 4): each row's 4
                 // probabilities in one vec4 load.
-                var pr: array<vec4<f32>, RPT_C>;
+                var pr: array<SH4, RPT_C>;
                 if TILED2 {
                     // @unroll
                     for (var k = 0u; k < RPT_C; k = k + 1u) {
@@ -403,24 +461,34 @@ fn main(inp: Inputs) {
                 // @unroll
                 for (var jj = 0u; jj < JU; jj = jj + 1u) {
                     let j = j0 + jj;
-                    var vv: array<vec4<f32>, CPT>;
+                    var vv: array<SH4, CPT>;
                     // @unroll
                     for (var i = 0u; i < CPT; i = i + 1u) {
                         vv[i] = kv_s[j * KV_ROW + c_col + i * CL];
                     }
                     // @unroll
                     for (var k = 0u; k < RPT_C; k = k + 1u) {
-                        var pk = 0.0;
+                        var pk = SH(0.0);
                         if TILED2 {
                             pk = pr[k][min(jj, 3u)];
                         } else {
-                            pk = s_get(min(c_rg + k * RGC, BM - 1u) * S_ROW + j);
+                            pk = SH(s_get(min(c_rg + k * RGC, BM - 1u) * S_ROW + j));
                         }
                         // @unroll
                         for (var i = 0u; i < CPT; i = i + 1u) {
-                            acc[k * CPT + i] = acc[k * CPT + i] + pk * vv[i];
+                            if F16 {
+                                hacc[k * CPT + i] = fma(SH4(pk), vv[i], hacc[k * CPT + i]);
+                            } else {
+                                acc[k * CPT + i] = acc[k * CPT + i] + vec4<f32>(pk * vv[i]);
+                            }
                         }
                     }
+                }
+            }
+            if F16 {
+                // @unroll
+                for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
+                    acc[e] = acc[e] + vec4<f32>(hacc[e]);
                 }
             }
         }

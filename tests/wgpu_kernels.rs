@@ -13,7 +13,9 @@
 mod common;
 
 use half::{bf16, f16};
-use polyattn::backends::wgpu::shaders::{tiled2_shared_bytes, AttentionShader};
+use polyattn::backends::wgpu::shaders::{
+    tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
+};
 use polyattn::backends::wgpu::{
     kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
     WgpuTuning, PREFILL_TILED2_WORKGROUP,
@@ -244,16 +246,23 @@ fn check_batch(
         .map_err(|e| e.to_string())?;
     // A tuning that asks for the tiled2 prefill form must get it where its workgroup memory
     // fits the adapter (d100 f32 at 64 x 32 needs 48.5 KiB: the H200's Vulkan allows 48,
-    // lavapipe more), and the tiled form otherwise.
-    let prefill = imp.tile_shader(
-        true,
-        case.dtype,
-        batch.kv_cache.spec().storage_dtype(),
-        true,
-    );
-    let t2_fits = tiled2_shared_bytes(p.head_size as u32, prefill.block_m, prefill.block_n)
-        <= dev.limits().max_compute_workgroup_storage_size;
-    if (tuning.prefill_kernel == PrefillKernel::Tiled2 && t2_fits) != prefill.tiled2.is_some() {
+    // lavapipe more), and the tiled form otherwise. One that asks for tiled2h gets it for
+    // f16 activations with an f16 cache on adapters with SHADER_F16 where it fits, and
+    // falls back to tiled2 (then tiled) otherwise.
+    let kv_dtype = batch.kv_cache.spec().storage_dtype();
+    let prefill = imp.tile_shader(true, case.dtype, kv_dtype, true);
+    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let (d, bm, bn) = (p.head_size as u32, prefill.block_m, prefill.block_n);
+    let t2_fits = tiled2_shared_bytes(d, bm, bn) <= limit;
+    let t2h = tuning.prefill_kernel == PrefillKernel::Tiled2H
+        && dev.has_f16()
+        && case.dtype == DType::F16
+        && kv_dtype == DType::F16
+        && tiled2h_shared_bytes(d, bm, bn) <= limit;
+    let t2 = !t2h && tuning.prefill_kernel.is_tiled2() && t2_fits;
+    let got_t2h = prefill.tiled2.is_some_and(|t| t.half);
+    let got_t2 = prefill.tiled2.is_some_and(|t| !t.half);
+    if (t2h, t2) != (got_t2h, got_t2) {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
     if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
@@ -353,7 +362,42 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             64,
         ),
     ));
+    // The tiled2h (f16) prefill form: serial with loops, and with subgroups unrolled in the
+    // GPU's 64 x 16 tile (f16 layers; every other layer falls back to tiled2).
+    let t2h = |t: WgpuTuning, workgroup: u32| WgpuTuning {
+        prefill_kernel: PrefillKernel::Tiled2H,
+        ..t2(t, workgroup)
+    };
+    v.push((
+        "tiled2h prefill (serial), 128 threads",
+        t2h(
+            WgpuTuning {
+                max_splits: 1,
+                subgroups: false,
+                prefill_tiles: true,
+                unrolled: false,
+                ..base
+            },
+            128,
+        ),
+    ));
     if dev.has_subgroups() {
+        v.push((
+            "tiled2h prefill (subgroups), split-KV, unrolled, 64x16 tiles, 64 threads",
+            t2h(
+                WgpuTuning {
+                    split_min_keys: 8,
+                    target_workgroups: 4096,
+                    max_splits: 64,
+                    subgroups: true,
+                    prefill_tiles: true,
+                    unrolled: true,
+                    prefill_tile: Some((64, 16)),
+                    ..base
+                },
+                64,
+            ),
+        ));
         v.push((
             "tiled2 prefill (subgroups), split-KV, unrolled, 64x16 tiles",
             t2(
@@ -449,6 +493,14 @@ fn path_cases() -> Vec<(String, CaseConfig, BatchSpec)> {
         "gqa 4:1, alibi, fp8 e5m2, bf16, block 12 (split-KV decode kernel)".into(),
         CaseConfig::new(e, DType::Bf16, 12),
         BatchSpec::new(&[(1, 75), (2, 40), (1, 1), (9, 30), (1, 200)]),
+    ));
+    let mut h = AttentionParams::new(8, 64, 2);
+    h.logits_soft_cap = Some(8.0);
+    h.sinks = Some((0..8).map(|i| i as f32 * 0.2 - 0.5).collect());
+    out.push((
+        "gqa 4:1, soft cap, sinks, f16 with an f16 cache (tiled2h)".into(),
+        CaseConfig::new(h, DType::F16, 16),
+        BatchSpec::new(&[(1, 75), (40, 150), (1, 1), (70, 70), (2, 2)]),
     ));
     let mut c = CaseConfig::new(AttentionParams::new(4, 32, 4), DType::F32, 16);
     c.common_prefix_len = 32;

@@ -14,6 +14,10 @@ fn translate(source: &str, subgroups: bool) -> Result<(), String> {
     if subgroups {
         caps |= Capabilities::SUBGROUP;
     }
+    // The tiled2h attention form (and only it) computes in f16.
+    if source.contains("\nenable f16;") {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| format!("validation: {}", e.emit_to_string(source)))?;
@@ -91,6 +95,27 @@ fn every_specialisation_translates() {
         catalog.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn f16_shaders_are_in_the_catalog_and_need_the_capability() {
+    let catalog = shaders::catalog();
+    let half: Vec<_> = catalog
+        .iter()
+        .filter(|(key, _, _)| key.contains(" tiled2h "))
+        .collect();
+    assert!(half.len() >= 8, "{} tiled2h variants", half.len());
+    for (key, source, _) in &catalog {
+        assert_eq!(
+            source.contains("enable f16;"),
+            key.contains(" tiled2h "),
+            "{key}: `enable f16;` belongs to the tiled2h form only"
+        );
+    }
+    let (key, source, _) = half[0];
+    let module = naga::front::wgsl::parse_str(source).expect("parses");
+    let err = Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP).validate(&module);
+    assert!(err.is_err(), "{key} validated without SHADER_FLOAT16");
 }
 
 #[test]

@@ -265,10 +265,10 @@ impl WgpuAttentionImpl {
 
     /// The `paged_attention.wgsl` specialisation that runs the decode tiles (`prefill`
     /// false) or the prefill tiles of this layer, for queries of `q_dtype` and keys of
-    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tiled2 form when the
-    /// tuning asks for it ([`PrefillKernel::Tiled2`]) and it can run here: a register
-    /// blocking exists, its workgroup fits the adapter's invocation limit and its workgroup
-    /// memory the adapter's; otherwise the tiled form.
+    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tiled2h form when the
+    /// tuning asks for it ([`PrefillKernel::Tiled2H`]), the adapter has `SHADER_F16`, both
+    /// dtypes are f16 and it can run here (`runs_here`); else the tiled2 form when
+    /// the tuning asks for either and it can run here; otherwise the tiled form.
     pub fn tile_shader(
         &self,
         prefill: bool,
@@ -292,10 +292,10 @@ impl WgpuAttentionImpl {
             unrolled: self.tuning.unrolled,
             tiled2: None,
         };
-        if !prefill || self.tuning.prefill_kernel != PrefillKernel::Tiled2 {
+        let kernel = self.tuning.prefill_kernel;
+        if !prefill || !kernel.is_tiled2() {
             return tiled;
         }
-        let limits = self.dev.limits();
         let max_key_lanes = if self.tuning.subgroups {
             self.dev.adapter_info().subgroup_min_size.max(1)
         } else {
@@ -305,19 +305,43 @@ impl WgpuAttentionImpl {
             tiled2: Some(Tiled2 {
                 workgroup: self.tuning.prefill_workgroup,
                 max_key_lanes,
+                half: false,
             }),
             ..tiled
         };
-        if t2.blocking().is_some()
-            && t2.workgroup() <= limits.max_compute_invocations_per_workgroup
-            && t2.workgroup() <= limits.max_compute_workgroup_size_x
-            && t2.shared_bytes() <= limits.max_compute_workgroup_storage_size
-        {
+        if kernel == PrefillKernel::Tiled2H {
+            let t2h = AttentionShader {
+                tiled2: t2.tiled2.map(|t| Tiled2 { half: true, ..t }),
+                ..t2
+            };
+            let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
+            if f16_inputs && self.dev.has_f16() && self.runs_here(&t2h) {
+                return t2h;
+            }
+            tracing::debug!(
+                "wgpu: {} needs SHADER_F16 (adapter: {}), f16 activations and an f16 cache, \
+                 and a tile that fits; using the tiled2 form",
+                t2h.key(),
+                self.dev.has_f16()
+            );
+        }
+        if self.runs_here(&t2) {
             t2
         } else {
             tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
             tiled
         }
+    }
+
+    /// Whether a tiled2-form specialisation can run on this adapter: a register blocking
+    /// exists, its workgroup fits the adapter's invocation limits and its workgroup memory
+    /// the adapter's.
+    fn runs_here(&self, s: &AttentionShader) -> bool {
+        let limits = self.dev.limits();
+        s.blocking().is_some()
+            && s.workgroup() <= limits.max_compute_invocations_per_workgroup
+            && s.workgroup() <= limits.max_compute_workgroup_size_x
+            && s.shared_bytes() <= limits.max_compute_workgroup_storage_size
     }
 
     /// The split policy in use.

@@ -96,9 +96,9 @@ pub const GPU_PREFILL_TILE: (u32, u32) = (64, 16);
 pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
 
 /// Which form of `paged_attention.wgsl` runs the prefill items (the decode tiles always use
-/// the tiled form). Chosen by `POLYATTN_WGPU_PREFILL=tiled|tiled2` (default `tiled2`: on the
-/// H200 through Vulkan it ran P2 at 9.7–12.5 TFLOP/s with 128 threads against the tiled
-/// form's 4.8–6.0, 2026-11-30).
+/// the tiled form). Chosen by `POLYATTN_WGPU_PREFILL=tiled|tiled2|tiled2h` (default
+/// `tiled2`: on the H200 through Vulkan it ran P2 at 9.7–12.5 TFLOP/s with 128 threads
+/// against the tiled form's 4.8–6.0, 2026-11-30).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PrefillKernel {
     /// Phases A (scores), B (softmax, one subgroup or thread per row), C (P·V), with the
@@ -112,16 +112,30 @@ pub enum PrefillKernel {
     /// fall back to `Tiled`.
     #[default]
     Tiled2,
+    /// The tiled2 form computing in f16 ([`crate::backends::wgpu::shaders::Tiled2::half`]):
+    /// Q, K, V and P tiles in workgroup memory as f16, Q·K^T and P·V with vec4<f16> FMAs
+    /// into f16 partial sums flushed into f32; softmax statistics and output accumulators
+    /// in f32. Only for f16 activations with an f16 cache on adapters with `SHADER_F16`;
+    /// anything else (and layers it cannot run) falls back to `Tiled2`, then `Tiled`.
+    /// Verified on lavapipe, not yet timed on a GPU.
+    Tiled2H,
 }
 
 impl PrefillKernel {
-    /// Parses `tiled` / `tiled2` (case-insensitive, surrounding blanks ignored).
+    /// Parses `tiled` / `tiled2` / `tiled2h` (case-insensitive, surrounding blanks
+    /// ignored).
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "tiled" => Some(PrefillKernel::Tiled),
             "tiled2" => Some(PrefillKernel::Tiled2),
+            "tiled2h" => Some(PrefillKernel::Tiled2H),
             _ => None,
         }
+    }
+
+    /// True for the forms built on tiled2 (`Tiled2`, `Tiled2H`).
+    pub fn is_tiled2(self) -> bool {
+        matches!(self, PrefillKernel::Tiled2 | PrefillKernel::Tiled2H)
     }
 }
 
@@ -139,7 +153,7 @@ impl WgpuTuning {
     /// `POLYATTN_WGPU_SPLIT_MIN_KEYS`, `POLYATTN_WGPU_TARGET_WORKGROUPS`,
     /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS`,
     /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`),
-    /// `POLYATTN_WGPU_PREFILL` (`tiled` / `tiled2`, see [`PrefillKernel`]) and
+    /// `POLYATTN_WGPU_PREFILL` (`tiled` / `tiled2` / `tiled2h`, see [`PrefillKernel`]) and
     /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32, 64, 128 or 256) and
     /// `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`). A value that does not parse (or is out of
     /// range) is ignored with a warning.
@@ -185,7 +199,7 @@ impl WgpuTuning {
             prefill_kernel: match std::env::var("POLYATTN_WGPU_PREFILL") {
                 Ok(v) => PrefillKernel::parse(&v).unwrap_or_else(|| {
                     tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL={v} is neither tiled nor tiled2; using the default"
+                        "POLYATTN_WGPU_PREFILL={v} is not tiled, tiled2 or tiled2h; using the default"
                     );
                     self.prefill_kernel
                 }),
@@ -553,6 +567,11 @@ mod tests {
             Some(PrefillKernel::Tiled2)
         );
         assert_eq!(PrefillKernel::parse("tiled"), Some(PrefillKernel::Tiled));
+        assert_eq!(
+            PrefillKernel::parse("TILED2H"),
+            Some(PrefillKernel::Tiled2H)
+        );
+        assert!(PrefillKernel::Tiled2H.is_tiled2() && !PrefillKernel::Tiled.is_tiled2());
         assert_eq!(PrefillKernel::parse("tiled3"), None);
         assert_eq!(PrefillKernel::default(), PrefillKernel::Tiled2);
     }

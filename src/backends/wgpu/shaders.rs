@@ -75,18 +75,59 @@ fn load_body(name: &str, dtype: DType) -> String {
 /// Body of a function of `w` (the storage type of four elements) returning them as
 /// `vec4<f32>`: `load_body`'s unpacking, for words already loaded.
 fn cvt_body(dtype: DType) -> String {
+    format!("    return {};\n", cvt_expr(dtype))
+}
+
+/// The expression of [`cvt_body`]: the four elements of the words `w` as `vec4<f32>`.
+fn cvt_expr(dtype: DType) -> String {
     match dtype {
-        DType::F32 => "    return w;\n".into(),
-        DType::F16 => "    return vec4<f32>(f16_bits_to_f32(w.x), f16_bits_to_f32(w.x >> 16u), \
-                       f16_bits_to_f32(w.y), f16_bits_to_f32(w.y >> 16u));\n"
+        DType::F32 => "w".into(),
+        DType::F16 => "vec4<f32>(f16_bits_to_f32(w.x), f16_bits_to_f32(w.x >> 16u), \
+                       f16_bits_to_f32(w.y), f16_bits_to_f32(w.y >> 16u))"
             .into(),
-        DType::Bf16 => "    return vec4<f32>(bitcast<f32>(w.x << 16u), \
+        DType::Bf16 => "vec4<f32>(bitcast<f32>(w.x << 16u), \
                         bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), \
-                        bitcast<f32>(w.y & 0xffff0000u));\n"
+                        bitcast<f32>(w.y & 0xffff0000u))"
             .into(),
-        DType::Fp8E4m3 | DType::Fp8E5m2 => format!("    return {};\n", fp8x4(dtype, "w")),
-        DType::I32 | DType::I64 => "    return vec4<f32>(0.0);\n".into(),
+        DType::Fp8E4m3 | DType::Fp8E5m2 => fp8x4(dtype, "w"),
+        DType::I32 | DType::I64 => "vec4<f32>(0.0)".into(),
     }
+}
+
+/// Body of the tiled2h form's `kv_cvt4`: the four elements of `w` as `vec4<f16>`. An f16
+/// cache is bound as `array<vec4<f16>>` ([`kv_buffer`]), so its words need no unpacking;
+/// other dtypes are unpacked to f32 and rounded to f16 (the host never selects the form for
+/// them, see `WgpuAttentionImpl::tile_shader`, but the module stays valid).
+fn cvt_body_f16(dtype: DType) -> String {
+    match dtype {
+        DType::F16 => "    return w;\n".into(),
+        _ => format!("    return vec4<f16>({});\n", cvt_expr(dtype)),
+    }
+}
+
+/// The WGSL type of four elements of a `dtype` K / V source as the attention kernel reads
+/// them: [`storage_type`], except for f16 in the tiled2h form (`half`), which binds f16
+/// data as `array<vec4<f16>>` (8 bytes, one thread's whole words, as every other access).
+fn kv_storage_type(dtype: DType, half: bool) -> &'static str {
+    if half && dtype == DType::F16 {
+        "vec4<f16>"
+    } else {
+        storage_type(dtype)
+    }
+}
+
+/// Declaration and `<name>_load4` of a read-only K / V binding: [`buffer`], or for f16 in
+/// the tiled2h form (`half`) an `array<vec4<f16>>` whose loads convert in hardware (naga
+/// cannot bitcast a u32 to `vec2<f16>`, so the packed-u32 binding would need a round trip
+/// through f32 per element).
+fn kv_buffer(name: &str, binding: u32, dtype: DType, half: bool) -> String {
+    if kv_storage_type(dtype, half) == storage_type(dtype) {
+        return buffer(name, binding, dtype, Access::Read);
+    }
+    format!(
+        "@group(0) @binding({binding}) var<storage, read> {name}_buf: array<vec4<f16>>;\n\
+         fn {name}_load4(e: u32) -> vec4<f32> {{\n    return vec4<f32>({name}_buf[e >> 2u]);\n}}\n"
+    )
 }
 
 fn store_body(name: &str, dtype: DType) -> String {
@@ -417,6 +458,11 @@ pub struct Tiled2 {
     /// Most lanes a phase-A row group may span: the adapter's smallest subgroup size with
     /// subgroups, 1 without.
     pub max_key_lanes: u32,
+    /// The tiled2h form: Q, K, V and P in workgroup memory as f16, Q·K^T and P·V with
+    /// vec4<f16> FMAs into f16 partial sums flushed into f32 (softmax statistics and the
+    /// output accumulators stay f32). Needs the adapter's `SHADER_F16`; the host selects it
+    /// for f16 activations and an f16 cache only (`POLYATTN_WGPU_PREFILL=tiled2h`).
+    pub half: bool,
 }
 
 /// Bytes of workgroup memory the tiled2 form needs for a tile shape: the tiled form's
@@ -424,13 +470,32 @@ pub struct Tiled2 {
 /// so phase C loads four probabilities at once), no key addresses, and one more float per
 /// row (the new running maxima).
 pub fn tiled2_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
+    tiled2_bytes_with(head_size, block_m, block_n, 4)
+}
+
+/// Bytes of workgroup memory the tiled2h form ([`Tiled2::half`]) needs for a tile shape:
+/// the tiled2 form's ([`tiled2_shared_bytes`]) with queries, keys / values and
+/// probabilities stored as f16 (half of their bytes); the per-row statistics stay f32.
+pub fn tiled2h_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
+    tiled2_bytes_with(head_size, block_m, block_n, 2)
+}
+
+/// The tiled2 forms' workgroup memory with `elem` bytes per query, key, value and
+/// probability element.
+fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32) -> u32 {
     let d4 = head_size / 4;
-    block_m * d4 * 16 // queries
-        + block_n * (d4 + 1) * 16 // keys, then values
-        + block_m * (block_n + 4) * 4 // probabilities
+    block_m * d4 * 4 * elem // queries
+        + block_n * (d4 + 1) * 4 * elem // keys, then values
+        + block_m * (block_n + 4) * elem // probabilities
         + block_m * 6 * 4 // m, new m, l, alpha, position, head
         + 4 // the unused key-address slot
 }
+
+/// vec4 columns of Q·K^T summed in one f16 partial accumulator of the tiled2h form (`FA`
+/// in `shaders/paged_attention.wgsl`): each of its four lanes sums at most this many
+/// products before the partial is added to the f32 score (at head size ≤ 128: once, at
+/// the end of the dot product; see the shader header for the error bound).
+pub const TILED2H_PARTIAL_COLUMNS: u32 = 32;
 
 /// One specialisation of `paged_attention.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -475,7 +540,12 @@ impl AttentionShader {
             },
             if self.unrolled { " unrolled" } else { "" },
             match self.tiled2 {
-                Some(t) => format!(" tiled2 wg{} kl{}", t.workgroup, t.max_key_lanes),
+                Some(t) => format!(
+                    " tiled2{} wg{} kl{}",
+                    if t.half { "h" } else { "" },
+                    t.workgroup,
+                    t.max_key_lanes
+                ),
                 None => String::new(),
             }
         )
@@ -484,6 +554,7 @@ impl AttentionShader {
     /// Workgroup memory it uses, in bytes.
     pub fn shared_bytes(&self) -> u32 {
         match self.tiled2 {
+            Some(t) if t.half => tiled2h_shared_bytes(self.head_size, self.block_m, self.block_n),
             Some(_) => tiled2_shared_bytes(self.head_size, self.block_m, self.block_n),
             None => attention_shared_bytes(self.head_size, self.block_m, self.block_n),
         }
@@ -515,6 +586,7 @@ impl AttentionShader {
             .blocking()
             .unwrap_or_else(|| panic!("{}: no register blocking", self.key()));
         let t2 = self.tiled2.is_some();
+        let half = self.tiled2.is_some_and(|t| t.half);
         // tiled2: DU vec4 columns per phase-A step, JU keys per phase-C step (the tiled
         // form keeps one of each, as before the tiled2 form existed).
         let unroll_by = |n: u32| {
@@ -525,6 +597,13 @@ impl AttentionShader {
             }
         };
         let mut s = format!("// generated: {}\n", self.key());
+        // `enable f16;` only where f16 is used: adapters without SHADER_F16 reject it.
+        if half {
+            s += "enable f16;\n";
+        }
+        if half {
+            s += "enable f16;\n";
+        }
         let c = [
             ("D", self.head_size),
             ("D4", d4),
@@ -547,9 +626,17 @@ impl AttentionShader {
             ("LPT", (self.block_n * d4).div_ceil(wg)),
             ("KB_LEN", if t2 { 1 } else { self.block_n }),
             ("MN_LEN", if t2 { self.block_m } else { 1 }),
+            ("FA", TILED2H_PARTIAL_COLUMNS),
         ];
         s += &consts(&c);
-        s += &format!("const TILED2: bool = {t2};\n");
+        s += &format!("const TILED2: bool = {t2};\nconst F16: bool = {half};\n");
+        // The element type of the query, key / value and probability tiles in workgroup
+        // memory (SH, SH4): f16 in the tiled2h form, f32 otherwise.
+        s += if half {
+            "alias SH = f16;\nalias SH4 = vec4<f16>;\n"
+        } else {
+            "alias SH = f32;\nalias SH4 = vec4<f32>;\n"
+        };
         // K / V scales other than 1 exist for fp8 caches only (`WgpuAttentionImpl::kv_scales`).
         s += &format!(
             "const KV_SCALED: bool = {};\n",
@@ -557,7 +644,12 @@ impl AttentionShader {
         );
         // Scores / probabilities, row r at r·S_ROW: scalars in the tiled form, vec4s in the
         // tiled2 form (its phase C loads four probabilities of a row at once).
-        s += if t2 {
+        s += if half {
+            "var<workgroup> s_s: array<vec4<f16>, BM * S_ROW / 4u>;\n\
+             fn s_get(i: u32) -> f32 {\n    return f32(s_s[i >> 2u][i & 3u]);\n}\n\
+             fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = f16(v);\n}\n\
+             fn s_get4(i: u32) -> vec4<f16> {\n    return s_s[i >> 2u];\n}\n"
+        } else if t2 {
             "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW / 4u>;\n\
              fn s_get(i: u32) -> f32 {\n    return s_s[i >> 2u][i & 3u];\n}\n\
              fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = v;\n}\n\
@@ -571,15 +663,19 @@ impl AttentionShader {
         };
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
-        // Raw words of four keys' or values' elements, unpacked by kv_cvt4 (tiled2 keeps
-        // the raw words in registers while their loads are in flight).
+        // Raw words of four keys' or values' elements, unpacked by kv_cvt4 into the tile
+        // type SH4 (tiled2 keeps the raw words in registers while their loads are in flight).
         s += &format!(
-            "alias KV_RAW = {};\nfn kv_cvt4(w: KV_RAW) -> vec4<f32> {{\n{}}}\n",
-            storage_type(self.kv_dtype),
-            cvt_body(self.kv_dtype)
+            "alias KV_RAW = {};\nfn kv_cvt4(w: KV_RAW) -> SH4 {{\n{}}}\n",
+            kv_storage_type(self.kv_dtype, half),
+            if half {
+                cvt_body_f16(self.kv_dtype)
+            } else {
+                cvt_body(self.kv_dtype)
+            }
         );
         if self.paged {
-            s += &buffer("kv", 2, self.kv_dtype, Access::Read);
+            s += &kv_buffer("kv", 2, self.kv_dtype, half);
             s += "@group(0) @binding(3) var<storage, read> block_table: array<i32>;\n";
             s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
                   \x20   let blk = u32(block_table[kv_row + pos / params.block_size]);\n\
@@ -600,8 +696,8 @@ impl AttentionShader {
                   \x20   let blk = u32(block_table[kv_row + b]);\n\
                   \x20   return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;\n}\n";
         } else {
-            s += &buffer("k", 2, self.kv_dtype, Access::Read);
-            s += &buffer("v", 3, self.kv_dtype, Access::Read);
+            s += &kv_buffer("k", 2, self.kv_dtype, half);
+            s += &kv_buffer("v", 3, self.kv_dtype, half);
             s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
                   \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n\
                   fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
@@ -1162,7 +1258,12 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         tiled2: Some(Tiled2 {
             workgroup,
             max_key_lanes,
+            half: false,
         }),
+        ..s
+    };
+    let half = |s: AttentionShader| AttentionShader {
+        tiled2: s.tiled2.map(|t| Tiled2 { half: true, ..t }),
         ..s
     };
     let tile48 = choose_tile(128, 48 * 1024, TileKind::Prefill).expect("d128 fits 48 KiB");
@@ -1177,6 +1278,34 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         }
         let s = t2(attn(128, tile48, q, q, false, true), 64, 32);
         push(s.key(), s.source(), true);
+    }
+    // The tiled2h form (f16 activations and cache only): the 48 KiB prefill tile at head
+    // size 128, paged and dense, unrolled with subgroups of 32, 128 and 64 threads; head
+    // sizes 4 to 512 at 32 KiB with subgroups of 8 and without, loops, paged and dense
+    // (covering FA partials that end before D4 and several partials per score).
+    for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
+        let s = half(t2(
+            attn(128, tile48, DType::F16, DType::F16, paged, true),
+            wg,
+            32,
+        ));
+        push(s.key(), s.source(), true);
+    }
+    for d in [4u32, 36, 64, 80, 128, 256, 512] {
+        let Some(tile) = choose_tile(d, 32 * 1024, TileKind::Prefill) else {
+            continue;
+        };
+        for (sg, kl) in [(false, 1u32), (true, 8)] {
+            for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
+                let s = AttentionShader {
+                    unrolled: false,
+                    ..half(t2(attn(d, tile, DType::F16, DType::F16, paged, sg), wg, kl))
+                };
+                if s.blocking().is_some() && s.shared_bytes() <= 32 * 1024 {
+                    push(s.key(), s.source(), sg);
+                }
+            }
+        }
     }
     for d in [4u32, 36, 64, 80, 128, 256, 512] {
         let Some(tile) = choose_tile(d, 32 * 1024, TileKind::Prefill) else {
@@ -1398,6 +1527,27 @@ mod tests {
     }
 
     #[test]
+    fn tiled2h_halves_the_tiles() {
+        // Queries, keys / values and probabilities at 2 bytes instead of 4; the per-row
+        // statistics (6 words per row) and the key-address slot unchanged.
+        for (d, m, n) in [
+            (128u32, 64u32, 16u32),
+            (128, 32, 32),
+            (64, 64, 64),
+            (4, 4, 8),
+        ] {
+            let f32_tiles = tiled2_shared_bytes(d, m, n) - m * 24 - 4;
+            assert_eq!(tiled2h_shared_bytes(d, m, n) - m * 24 - 4, f32_tiles / 2);
+        }
+        // The H200's 64 x 16 tile at head size 128: 24.1 KiB instead of 46.8 (of 48), so
+        // 64 x 32 or 128 x 16 tiles would fit as well.
+        assert_eq!(tiled2h_shared_bytes(128, 64, 16), 24_708);
+        assert_eq!(tiled2_shared_bytes(128, 64, 16), 47_876);
+        assert!(tiled2h_shared_bytes(128, 64, 32) <= 48 * 1024);
+        assert!(tiled2h_shared_bytes(128, 128, 16) <= 48 * 1024);
+    }
+
+    #[test]
     fn keys_name_every_field() {
         let a = AttentionShader {
             head_size: 64,
@@ -1418,6 +1568,7 @@ mod tests {
             tiled2: Some(Tiled2 {
                 workgroup: 64,
                 max_key_lanes: 32,
+                half: false,
             }),
             ..a
         };
@@ -1427,5 +1578,22 @@ mod tests {
         );
         assert!(b.source().contains("const TILED2: bool = true;"));
         assert!(a.source().contains("const D4: u32 = 16u;"));
+        let h = AttentionShader {
+            q_dtype: DType::F16,
+            kv_dtype: DType::F16,
+            tiled2: b.tiled2.map(|t| Tiled2 { half: true, ..t }),
+            ..b
+        };
+        assert_eq!(
+            h.key(),
+            "attention d64 m16 n32 qf16 kvf16 paged subgroups unrolled tiled2h wg64 kl32"
+        );
+        // `enable f16;` only in the tiled2h form, before any declaration.
+        let src = h.source();
+        assert!(src.lines().nth(1) == Some("enable f16;"), "{src}");
+        assert!(src.contains("const F16: bool = true;"));
+        for other in [a, b] {
+            assert!(!other.source().contains("enable f16"), "{}", other.key());
+        }
     }
 }
