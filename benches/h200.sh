@@ -4,7 +4,7 @@
 #   ../shared/gpu/pack.sh --test attention_correctness --test kv_cache --test merge_states \
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
-# Phases: check, tests, wgpu, bench, torch, mma, sanitize, sanitize-mma (default: check tests
+# Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
 # default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
 # kernel (P2.b1s4k) through Nsight Compute (speed of light, warp states, occupancy, source
@@ -23,7 +23,10 @@
 # on the prefill sanitizer set, memcheck of large_prefill;
 # wgpu-prefill: the tiled2 WGPU prefill form (POLYATTN_WGPU_PREFILL=tiled2) checked by the
 # shared suite at 128 and 64 threads, then the P2 rows with the tiled form (default) beside
-# tiled2 at 128, 64 and 32 threads and with 64x16 tiles. Logs go to $OUT.
+# tiled2 at 128, 64 and 32 threads and with 64x16 tiles; wgpu-f16: the f16 WGPU prefill form
+# (POLYATTN_WGPU_PREFILL=tiled2h) checked by the shared suite and wgpu_kernels, then P2 at 4k
+# and 16k with f16 activations (f16 cache) for tiled2 beside tiled2h at 128 and 64 threads.
+# Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -32,6 +35,8 @@ B=.devbin
 SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
 # P1 at head size 128 (issue #4 names these rows for the WGPU backend): MHA 16 heads, paged.
 SHAPES_P1=P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
+# P2 rows of the wgpu-f16 phase (f16 activations).
+SHAPES_PH=P2.b1s4k.p16,P2.b1s16k.p16
 SHAPES_D=D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
 SHAPES_KG=K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
 # Warp stall reasons (warps per issue slot) for the ncu phase.
@@ -195,6 +200,16 @@ for p in "${phases[@]}"; do
       done
       run t2tile64x16-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_TILE=64x16 \
         $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 --no-svg ;;
+    wgpu-f16)
+      run t2h-attention 150 env POLYATTN_WGPU_PREFILL=tiled2h $B/test-attention_correctness --nocapture
+      run t2h-wgpu_kernels 150 $B/test-wgpu_kernels --test-threads=1 --nocapture
+      run t2-f16-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 $B/bin-polyattn bench --backend wgpu \
+        --shapes $SHAPES_PH --dtype f16 --budget 0.3 --json "$OUT/wgpu-tiled2-f16.json" --no-svg
+      for v in 128 64; do
+        run t2h-wg$v-bench 90 env POLYATTN_WGPU_PREFILL=tiled2h POLYATTN_WGPU_PREFILL_WG=$v \
+          $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 \
+          --json "$OUT/wgpu-tiled2h-wg$v.json" --no-svg
+      done ;;
     bench)
       run bench 300 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_P1,$SHAPES_D,$SHAPES_KG \
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;

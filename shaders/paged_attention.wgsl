@@ -2,8 +2,10 @@
 // online softmax (FlashAttention's algorithm), for mixed prefill / decode batches.
 //
 // Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
-// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 (the
-// form, below) with its DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, KV_SCALED, the dtypes of
+// (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 and F16
+// (the form, below) with DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, FA, KV_SCALED, the
+// element type SH / SH4 of the query, key / value and probability tiles in workgroup memory
+// (f32 / vec4<f32>; f16 / vec4<f16> when F16), the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
 // (`kv_load4`, addressed through the block table) or dense K/V tensors (encoder attention).
 // Register blocking: KPT keys per thread (KL key lanes, RGA row groups, RPT_A rows each) in
@@ -41,8 +43,9 @@
 // [reqs, width] i32; layer = [alibi slopes H][sinks H] f32; scratch = partial rows
 // ((slot·Hkv + kv_head)·BM + r)·D4 vec4, then (m, l) vec4s from ml_offset.
 //
-// Two forms, chosen by the header's TILED2 (the host's `POLYATTN_WGPU_PREFILL=tiled|tiled2`,
-// for prefill items only; decode tiles always take the tiled form):
+// Three forms, chosen by the header's TILED2 and F16 (the host's
+// `POLYATTN_WGPU_PREFILL=tiled|tiled2|tiled2h`, for prefill items only; decode tiles always
+// take the tiled form):
 //   * tiled (TILED2 false, WG = 128): per chunk, key addresses -> barrier -> K -> barrier
 //     -> A -> barrier -> B (softmax_rows) with V loaded over K -> barrier -> C -> barrier.
 //   * tiled2 (TILED2 true, WG a power of two, `POLYATTN_WGPU_PREFILL_WG`): each thread keeps
@@ -63,7 +66,36 @@
 //     thread where the lanes allow, RGA = WG / KL row groups; phase C as the tiled form
 //     with WG threads (WG = 64 gives 4 × 4 blocks in both phases of a 32 × 32 tile at
 //     D = 128, twice the FMAs per shared-memory load of 128 threads' 2 × 4).
-// Both forms share `tile_scores` (phase A), the phase-C block and the epilogue; the
+//   * tiled2h (TILED2 and F16 true; `enable f16;` is emitted for this form only, which the
+//     host picks for f16 activations with an f16 cache on adapters with SHADER_F16): the
+//     tiled2 form with q_s, kv_s and s_s holding f16 (half the workgroup memory and shared
+//     loads; an f16 cache is bound as array<vec4<f16>>, so K / V words go to kv_s without
+//     conversion). Phase A (`tile_scores_h`): per score a vec4<f16> partial — four
+//     independent f16 accumulators — takes one vec4<f16> FMA (2 packed HFMA2) per vec4
+//     column; after FA = 32 columns (at D ≤ 128: at the end of the dot product) its lanes
+//     are added pairwise in f16 and the two halves added to the f32 score. The softmax
+//     (modifiers, mask, max, exp, sums, running m / l / α) stays f32; P is rounded to f16
+//     when stored. Phase C: per key, hacc += vec4<f16>(p)·v (vec4<f16> FMAs into f16
+//     partials `hacc`, one per output vec4), and after the chunk's BN keys acc = acc·α + hacc
+//     in f32, so no f16 sum spans more than one chunk and the error does not grow with the
+//     sequence length.
+//     Error bound (u = 2^-11, the f16 unit roundoff): a phase-A lane sums at most FA = 32
+//     products of f16 values (q pre-scaled, one rounding) with one rounding per FMA, plus
+//     one pairwise add, so |Δs| ≤ 34u·Σ_i |q_i·scale·k_i| in the worst case; rounding errors
+//     of random sign grow like √34, not 34: for the tests' unit-normal q, k at D = 128
+//     (Σ|q_i k_i|·scale ≈ 7, partial sums mostly below 2) a typical |Δs| is ~2e-3. A score
+//     error δ perturbs the output by at most ~|δ|·max|v − out|. Phase C: each hacc lane sums
+//     ≤ BN products p·v (p ≤ 1 rounded to f16, v exact) per chunk, so the chunk's error is
+//     ≤ (BN + 1)u·Σ p|v| and the output's, after dividing by l ≥ Σ p, ≤ (BN + 1)u·max|v|
+//     (8e-3·max|v| at BN = 16), whatever the sequence length; typically ~√BN·u·|v|. Against
+//     the f16 tolerance of the shared tests (atol 1.5e-2, rtol 1e-2) that leaves a margin:
+//     on lavapipe, unit-normal inputs at D = 128 (256 and 1024 keys) and D = 64 (2048 keys)
+//     gave max |error| 4.6e-3 / 3.3e-3 / 2.8e-3 against tiled2's 7.5e-4 / 8.2e-4 / 7.4e-4
+//     (measured when this form was added). Not for activations whose partial sums can leave the f16 range (|x| >
+//     65504: an inf / NaN output) or whose scores are large (an |s| ~ 30 partial has an
+//     f16 ulp of 2^-6): those layers keep tiled2.
+// All forms share `tile_scores` (phase A; tiled2h branches to `tile_scores_h`), the
+// phase-C block (tiled2h: with its f16 partials) and the epilogue; the
 // generator (`AttentionShader::source`) sets DU = JU = 1, KB_LEN = BN, MN_LEN = 1 and
 // S_ROW = BN + 1 for the tiled form (its loops as before tiled2 existed).
 //

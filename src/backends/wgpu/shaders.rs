@@ -8,7 +8,10 @@
 //! `array<vec4<f32>>`; f16 and bf16 buffers are `array<vec2<u32>>` (two elements per u32,
 //! unpacked with integer arithmetic, so no adapter feature is needed); fp8 buffers are
 //! `array<u32>` (four elements per u32). Every access therefore touches whole 32-bit words
-//! owned by one thread: no two threads ever write halves of the same word.
+//! owned by one thread: no two threads ever write halves of the same word. The one
+//! exception is the tiled2h prefill form of the attention kernel ([`Tiled2::half`]), which
+//! needs `SHADER_F16`: it binds an f16 KV source as `array<vec4<f16>>` (still whole words
+//! of one thread) and is the only module that says `enable f16;`.
 //!
 //! A specialisation is a plain value ([`AttentionShader`], [`CombineShader`],
 //! [`ReshapeShader`], [`MergeShader`], [`ModelShader`]); its
