@@ -1,9 +1,9 @@
 //! wgpu-specific checks the shared bodies do not make: the device opens on the adapter CI
 //! asks for, the cache write is bit-exact with `src/fp8.rs` and `half` on awkward values,
 //! every code path of the attention kernel (split-KV partials and combine, one pass, subgroup
-//! and serial softmax, subgroup widths 4 / 8 / 16 on lavapipe, unusual head sizes) matches
-//! the f64 reference, pipelines are compiled once, and a cache larger than one storage
-//! binding is a typed error.
+//! and serial softmax, the tiled / tiled2 / tiled2h (f16) prefill forms, subgroup widths
+//! 4 / 8 / 16 on lavapipe, unusual head sizes) matches the f64 reference, pipelines are
+//! compiled once, and a cache larger than one storage binding is a typed error.
 //!
 //! Every test skips (saying why) when no wgpu adapter opens, except
 //! `vulkan_adapter_when_asked`, which fails when `WGPU_BACKEND=vulkan` (as in CI) yet no
@@ -829,7 +829,13 @@ fn subgroup_child() {
     let size = dev.adapter_info().subgroup_min_size;
     report!("subgroup size {size} (asked for {lanes})");
     let mut failures = Vec::new();
-    for (label, case, spec) in path_cases().into_iter().take(2) {
+    // The first two cases (f32, bf16) and the f16 one, which runs the tiled2h form.
+    let cases = path_cases()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (label, _, _))| *i < 2 || label.contains("(tiled2h)"))
+        .map(|(_, c)| c);
+    for (label, case, spec) in cases {
         for (path, tuning) in tunings(&dev).into_iter().filter(|(_, t)| t.subgroups) {
             if let Err(e) = check_batch(&dev, &case, &spec, tuning, 5) {
                 failures.push(format!("{label} / {path}: {e}"));
