@@ -15,7 +15,7 @@ fn translate(source: &str, subgroups: bool) -> Result<(), String> {
         caps |= Capabilities::SUBGROUP;
     }
     // The tiled2h attention form (and only it) computes in f16.
-    if source.contains("\nenable f16;") {
+    if source.lines().any(|l| l == "enable f16;") {
         caps |= Capabilities::SHADER_FLOAT16;
     }
     let info = Validator::new(ValidationFlags::all(), caps)
@@ -107,7 +107,7 @@ fn f16_shaders_are_in_the_catalog_and_need_the_capability() {
     assert!(half.len() >= 8, "{} tiled2h variants", half.len());
     for (key, source, _) in &catalog {
         assert_eq!(
-            source.contains("enable f16;"),
+            source.lines().any(|l| l == "enable f16;"),
             key.contains(" tiled2h "),
             "{key}: `enable f16;` belongs to the tiled2h form only"
         );
