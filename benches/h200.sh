@@ -209,6 +209,11 @@ for p in "${phases[@]}"; do
         run t2h-wg$v-bench 90 env POLYATTN_WGPU_PREFILL=tiled2h POLYATTN_WGPU_PREFILL_WG=$v \
           $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 \
           --json "$OUT/wgpu-tiled2h-wg$v.json" --no-svg
+      done
+      # tiled2h's own chunk length (its f16 tiles leave room for more keys per chunk).
+      for n in 32 64; do
+        run t2h-keys$n-bench 90 env POLYATTN_WGPU_PREFILL=tiled2h POLYATTN_WGPU_PREFILL_KEYS_H=$n \
+          $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
       done ;;
     bench)
       run bench 300 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_P1,$SHAPES_D,$SHAPES_KG \

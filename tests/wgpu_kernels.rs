@@ -265,9 +265,17 @@ fn check_batch(
     if (t2h, t2) != (got_t2h, got_t2) {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
+    // tiled2h's own chunk length (prefill_keys_h) replaces the tile's BN wherever it fits.
+    let own_n = tuning
+        .prefill_keys_h
+        .filter(|&n| got_t2h && tiled2h_shared_bytes(d, bm, n) <= limit);
+    if own_n.is_some_and(|n| n != bn) {
+        return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+    }
     if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
         // Used wherever it fits (elsewhere the default tile runs, with a warning).
-        if prefill_tile_fits(dev, p.head_size, t) && (prefill.block_m, prefill.block_n) != t {
+        let want = (t.0, own_n.unwrap_or(t.1));
+        if prefill_tile_fits(dev, p.head_size, t) && (bm, bn) != want {
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }
     }
@@ -339,6 +347,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_kernel: PrefillKernel::Tiled,
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
+                prefill_keys_h: None,
             },
         ),
     ];
@@ -368,6 +377,20 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
         prefill_kernel: PrefillKernel::Tiled2H,
         ..t2(t, workgroup)
     };
+    v.push((
+        "tiled2h prefill (serial), 64-key chunks, 128 threads",
+        t2h(
+            WgpuTuning {
+                max_splits: 1,
+                subgroups: false,
+                prefill_tiles: true,
+                unrolled: false,
+                prefill_keys_h: Some(64),
+                ..base
+            },
+            128,
+        ),
+    ));
     v.push((
         "tiled2h prefill (serial), 128 threads",
         t2h(
@@ -439,6 +462,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_kernel: PrefillKernel::Tiled,
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
+                prefill_keys_h: None,
             },
         ));
         v.push((
@@ -566,6 +590,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_kernel: PrefillKernel::Tiled,
         prefill_workgroup: PREFILL_TILED2_WORKGROUP,
         prefill_tile: None,
+        prefill_keys_h: None,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

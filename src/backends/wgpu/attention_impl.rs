@@ -315,8 +315,18 @@ impl WgpuAttentionImpl {
                 ..t2
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
-            if f16_inputs && self.dev.has_f16() && self.runs_here(&t2h) {
-                return t2h;
+            if f16_inputs && self.dev.has_f16() {
+                // Its own key count per chunk where that runs here, else the tile's.
+                let own = self
+                    .tuning
+                    .prefill_keys_h
+                    .map(|n| AttentionShader { block_n: n, ..t2h });
+                if let Some(s) = own.filter(|s| self.runs_here(s)) {
+                    return s;
+                }
+                if self.runs_here(&t2h) {
+                    return t2h;
+                }
             }
             tracing::debug!(
                 "wgpu: {} needs SHADER_F16 (adapter: {}), f16 activations and an f16 cache, \

@@ -74,6 +74,12 @@ pub struct WgpuTuning {
     /// `POLYATTN_WGPU_PREFILL_TILE=BMxBN`, e.g. `64x32`: BM 1–128, BN 8, 16, 32 or 64). Used with `prefill_tiles` when it fits the adapter (see
     /// `WgpuAttentionImpl::with_tuning`), for both prefill forms.
     pub prefill_tile: Option<(u32, u32)>,
+    /// Keys per chunk (BN) of the tiled2h form only (`POLYATTN_WGPU_PREFILL_KEYS_H`: 8, 16,
+    /// 32 or 64), its query rows staying those of the prefill tile (the work plan depends on
+    /// them). Why a separate count: tiled2h's f16 tiles take half the workgroup memory, so
+    /// it can run larger chunks than the f32 forms whose memory bounds the prefill tile.
+    /// Used where that tile fits the adapter; `None`: the prefill tile's BN.
+    pub prefill_keys_h: Option<u32>,
 }
 
 /// Parses a tile shape `BMxBN` (BM 1–128, BN 8, 16, 32 or 64).
@@ -175,6 +181,7 @@ impl WgpuTuning {
             prefill_kernel: PrefillKernel::Tiled2,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: (!cpu).then_some(GPU_PREFILL_TILE),
+            prefill_keys_h: None,
         }
     }
 
@@ -225,6 +232,18 @@ impl WgpuTuning {
                     self.prefill_tile
                 }),
                 Err(_) => self.prefill_tile,
+            },
+            prefill_keys_h: match std::env::var("POLYATTN_WGPU_PREFILL_KEYS_H") {
+                Ok(v) => match v.trim().parse::<u32>() {
+                    Ok(n) if [8, 16, 32, 64].contains(&n) => Some(n),
+                    _ => {
+                        tracing::warn!(
+                            "POLYATTN_WGPU_PREFILL_KEYS_H={v} is not 8, 16, 32 or 64; ignored"
+                        );
+                        self.prefill_keys_h
+                    }
+                },
+                Err(_) => self.prefill_keys_h,
             },
         }
     }
@@ -552,6 +571,7 @@ mod tests {
             prefill_kernel: PrefillKernel::Tiled,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: None,
+            prefill_keys_h: None,
         }
     }
 
