@@ -119,7 +119,7 @@ pub enum PrefillKernel {
     #[default]
     Tiled2,
     /// The tiled2 form computing in f16 ([`crate::backends::wgpu::shaders::Tiled2::half`]):
-    /// Q, K, V and P tiles in workgroup memory as f16, Q·K^T and P·V with vec4<f16> FMAs
+    /// Q, K, V and P tiles in workgroup memory as f16, Q·K^T and P·V with `vec4<f16>` FMAs
     /// into f16 partial sums flushed into f32; softmax statistics and output accumulators
     /// in f32. Only for f16 activations with an f16 cache on adapters with `SHADER_F16`;
     /// anything else (and layers it cannot run) falls back to `Tiled2`, then `Tiled`.

@@ -462,7 +462,7 @@ pub struct Tiled2 {
     /// subgroups, 1 without.
     pub max_key_lanes: u32,
     /// The tiled2h form: Q, K, V and P in workgroup memory as f16, Q·K^T and P·V with
-    /// vec4<f16> FMAs into f16 partial sums flushed into f32 (softmax statistics and the
+    /// `vec4<f16>` FMAs into f16 partial sums flushed into f32 (softmax statistics and the
     /// output accumulators stay f32). Needs the adapter's `SHADER_F16`; the host selects it
     /// for f16 activations and an f16 cache only (`POLYATTN_WGPU_PREFILL=tiled2h`).
     pub half: bool,
