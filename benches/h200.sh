@@ -16,7 +16,8 @@
 # D1 / D4 fp8 rows, memcheck / racecheck); mma-shapes: every CTA shape of the tensor-core
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
 # decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
-# ncu-decode: the decode kernel of D4 through Nsight Compute; sync1: the one-barrier prefill
+# ncu-decode: the decode kernel of D4 through Nsight Compute; decode-spec: the decode
+# kernel's early block-table reads (POLYATTN_CUDA_DECODE_SPEC=1: tests, sanitizers, D rows); sync1: the one-barrier prefill
 # pipeline (POLYATTN_CUDA_MMA_SYNC1=1: tests, racecheck, P2 beside the default); subk64: the 128-row
 # prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers);
 # sanitize-prefill: racecheck of every CTA shape, memcheck / synccheck of the 128-row form
@@ -148,6 +149,18 @@ for p in "${phases[@]}"; do
         run "splits$n" 60 "${e[@]}" $B/bin-polyattn bench --backend cuda \
           --shapes D4.b1s32k,D1.b1s4k,D1.b8s4k --budget 0.3 --no-svg
       done ;;
+    decode-spec)
+      # Early block-table reads in the decode kernel (POLYATTN_CUDA_DECODE_SPEC=1): tests,
+      # racecheck / memcheck of the decode set, then the decode rows beside the default.
+      run spec-test 150 env POLYATTN_CUDA_DECODE_SPEC=1 $B/test-cuda_gpu decode
+      run spec-graph 100 env POLYATTN_CUDA_DECODE_SPEC=1 $B/test-cuda_gpu graph
+      for tool in memcheck racecheck; do
+        run spec-$tool 150 env POLYATTN_CUDA_DECODE_SPEC=1 compute-sanitizer --tool $tool \
+          --error-exitcode 99 $B/test-cuda_gpu decode_kernel_sanitizer_set --test-threads=1
+      done
+      run spec-bench 90 env POLYATTN_CUDA_DECODE_SPEC=1 $B/bin-polyattn bench --backend cuda \
+        --shapes $SHAPES_D --budget 0.3 --json "$OUT/cuda-decode-spec.json" --no-svg
+      run spec0-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D --budget 0.3 --no-svg ;;
     ncu-decode)
       # The decode kernel of a D4 step (splits merged inside it), two launches.
       run ncu-decode 120 ncu --clock-control none -k regex:paged_decode --launch-skip 20 \

@@ -70,6 +70,17 @@
 #define DEC_KEYS 16    // keys per chunk
 #define DEC_STAGES 3   // ring stages per warp
 #define DEC_MAX_SPLITS 128  // most splits of one token (the planner's DECODE_MAX_SPLITS)
+// PD_SPEC_BT = 1 (tuning, POLYATTN_CUDA_DECODE_SPEC=1): a layer without a sliding window
+// reads the block-table entries of each warp's first DEC_STAGES chunks right after its work
+// item, in parallel with query_start_loc / seq_lens. Why: without a window the visible range
+// starts at the item's kv_lo, so the chunks' positions are known before seq_lens arrives,
+// and the chain item -> seq_lens -> block table -> first copies loses one memory round trip
+// (a single long request's decode runs as one wave, so every CTA waits it out at once).
+// An entry is used only for a chunk that exists (position < seq_len); the read index is
+// clamped to the block-table row, so a chunk past the end reads a valid but unused entry.
+#ifndef PD_SPEC_BT
+#define PD_SPEC_BT 0
+#endif
 
 // Fused split combine (step 5 below), run by every CTA of a split token after it has written
 // its partials; only the token's last CTA to arrive merges. Arrival (the pattern of a
@@ -240,12 +251,23 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     const int g4 = lane >> 2;
     const int t4 = lane & 3;
     const int hc = it.head_count;
+    const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
+    // PD_SPEC_BT: the first chunks' block ids, before seq_lens is known (see its define).
+    const bool spec = PD_SPEC_BT && !(p.window > 0) && p.bt_stride > 0;
+    pa_i64 spec_block[DEC_STAGES];
+    if (spec) {
+        const int cb = it.kv_lo - it.kv_lo % DEC_KEYS;
+#pragma unroll
+        for (int s = 0; s < DEC_STAGES; ++s) {
+            const int c0 = cb + DEC_KEYS * (warp + DEC_WARPS * s);
+            spec_block[s] = bt[min(c0 / p.block_size, p.bt_stride - 1)];
+        }
+    }
     const int qsl0 = p.query_start_loc[it.req];
     const int req_q_len = p.query_start_loc[it.req + 1] - qsl0;
     const int pos = p.seq_lens[it.req] - req_q_len + (it.q_start - qsl0);
     const int head0 = it.kv_head * p.group + it.head_start;
     const pa_u16* q = (const pa_u16*)p.q;
-    const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
     const float qk_scale = FP8 ? p.scale * p.k_scale : p.scale;
 
     int lo, hi;
@@ -303,12 +325,14 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     // Prologue: the first DEC_STAGES - 1 chunks of this warp in flight.
 #pragma unroll
     for (int s = 0; s < DEC_STAGES - 1; ++s) {
-        if (s < my_n) issue(s, s, block_of(s));
+        if (s < my_n) issue(s, s, spec ? spec_block[s] : block_of(s));
         ptx_cp_async_commit();
     }
     // The block id of the next chunk to issue, loaded one iteration ahead so that the
     // block-table read never stalls an issue.
-    pa_i64 next_block = DEC_STAGES - 1 < my_n ? block_of(DEC_STAGES - 1) : 0;
+    pa_i64 next_block = DEC_STAGES - 1 < my_n
+                            ? (spec ? spec_block[DEC_STAGES - 1] : block_of(DEC_STAGES - 1))
+                            : 0;
     ptx_cp_async_wait<DEC_STAGES - 2>();  // this thread's Q pieces (and chunk 0) landed
     __syncthreads();                     // everyone's Q pieces landed
 

@@ -136,6 +136,12 @@ fn run_time_variants_select_their_entry_points() {
             &[a.as_str(), b.as_str(), c.as_str()],
             &[name],
         );
+        // The early block-table reads (POLYATTN_CUDA_DECODE_SPEC=1).
+        check(
+            &kernels::PAGED_DECODE,
+            &[a.as_str(), b.as_str(), c.as_str(), "-DPD_SPEC_BT=1"],
+            &[name],
+        );
     }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
         for shape in kernels::MMA_SHAPES {

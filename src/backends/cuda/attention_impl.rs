@@ -102,6 +102,18 @@ fn forced_mma_sync1() -> Option<&'static str> {
         .then_some("-DPA_MMA_SYNC1=1")
 }
 
+/// The environment variable that asks the tensor-core decode kernel to read its first
+/// block-table entries before `seq_lens` (`1`; `PD_SPEC_BT` in paged_decode.cu). A tuning
+/// knob for A/B benchmarks, off by default until measured on a GPU.
+pub const DECODE_SPEC_ENV: &str = "POLYATTN_CUDA_DECODE_SPEC";
+
+/// The `-DPD_SPEC_BT=1` option when [`DECODE_SPEC_ENV`] is `1`.
+fn forced_decode_spec() -> Option<&'static str> {
+    static SPEC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    SPEC.get_or_init(|| std::env::var(DECODE_SPEC_ENV).is_ok_and(|v| v.trim() == "1"))
+        .then_some("-DPD_SPEC_BT=1")
+}
+
 /// The CTA shape forced by [`MMA_ROWS_ENV`] / [`MMA_WARPS_ENV`], if either is set.
 fn forced_mma_shape() -> Option<MmaShape> {
     static SHAPE: std::sync::OnceLock<Option<MmaShape>> = std::sync::OnceLock::new();
@@ -355,7 +367,9 @@ impl CudaAttentionImpl {
     ) -> Result<(cudarc::driver::CudaFunction, usize)> {
         let d = self.params.head_size;
         let [a, b, c] = decode_variant(dtype, cache_dtype, d);
-        let f = kernels::function(&self.device, &PAGED_DECODE, &[&a, &b, &c], name)?;
+        let mut opts = vec![a.as_str(), b.as_str(), c.as_str()];
+        opts.extend(forced_decode_spec());
+        let f = kernels::function(&self.device, &PAGED_DECODE, &opts, name)?;
         let smem = decode_smem_bytes(d, cache_dtype);
         let slots = *self.decode_slots[usize::from(cache_dtype.is_fp8())].get_or_init(|| {
             let sms = self.device.sm_count().max(1) as usize;
