@@ -119,6 +119,16 @@ var<workgroup> kbase_s: array<u32, KB_LEN>;
 // of a row group never read m_s while one of them writes it; 1 entry in the tiled form).
 var<workgroup> mn_s: array<f32, MN_LEN>;
 
+// Phase A: vec4 column d4 of this thread's KPT keys a_j + i·KL (i < KPT) from kv_s.
+fn key_cols(a_j: u32, d4: u32) -> array<SH4, KPT> {
+    var kk: array<SH4, KPT>;
+    // @unroll
+    for (var i = 0u; i < KPT; i = i + 1u) {
+        kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
+    }
+    return kk;
+}
+
 // Phase A: this thread's scores S = (q·scale)·K^T for keys a_j + i·KL (i < KPT) of rows
 // a_rg + k·RGA (k < RPT_A), from q_s and the keys in kv_s. Rows past BM are clamped (the
 // caller does not store them); the d4 loop runs DU vec4 columns per iteration. The tiled2h
@@ -136,11 +146,7 @@ fn tile_scores(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
         // @unroll
         for (var dd = 0u; dd < DU; dd = dd + 1u) {
             let d4 = d0 + dd;
-            var kk: array<SH4, KPT>;
-            // @unroll
-            for (var i = 0u; i < KPT; i = i + 1u) {
-                kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
-            }
+            let kk = key_cols(a_j, d4);
             // @unroll
             for (var k = 0u; k < RPT_A; k = k + 1u) {
                 let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];
@@ -176,11 +182,7 @@ fn tile_scores_h(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
             // @unroll
             for (var dd = 0u; dd < DU; dd = dd + 1u) {
                 let d4 = d0 + dd;
-                var kk: array<SH4, KPT>;
-                // @unroll
-                for (var i = 0u; i < KPT; i = i + 1u) {
-                    kk[i] = kv_s[(a_j + i * KL) * KV_ROW + d4];
-                }
+                let kk = key_cols(a_j, d4);
                 // @unroll
                 for (var k = 0u; k < RPT_A; k = k + 1u) {
                     let qq = q_s[min(a_rg + k * RGA, BM - 1u) * D4 + d4];

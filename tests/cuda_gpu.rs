@@ -418,44 +418,28 @@ fn prefill_kernel_sanitizer_set() {
         return;
     };
     let spec = BatchSpec::new(&[(130, 400), (40, 40), (70, 70)]);
-    let mut p = params(8, 2, 128, CacheDType::Auto);
-    p.alibi_slopes = Some((0..8).map(|i| 0.5f32.powi(i + 2)).collect());
-    let case = CaseConfig::new(p, DType::F16, 16);
-    check(
-        &b,
-        "sanitizer prefill f16 d128 (8,2) alibi",
-        &case,
-        &spec,
-        910,
-    );
-    let case = CaseConfig::new(params(8, 2, 128, CacheDType::Auto), DType::Bf16, 16);
-    check(
-        &b,
-        "sanitizer prefill bf16 d128 (8,2) plain",
-        &case,
-        &spec,
-        913,
-    );
-    let mut p = params(4, 4, 64, CacheDType::Auto);
-    p.sliding_window = Some(50);
-    let case = CaseConfig::new(p, DType::Bf16, 16);
-    check(
-        &b,
-        "sanitizer prefill bf16 d64 (4,4) window",
-        &case,
-        &spec,
-        911,
-    );
-    let mut p = params(6, 1, 96, CacheDType::Auto);
-    p.sinks = Some((0..6).map(|i| 0.5 - i as f32 * 0.1).collect());
-    let case = CaseConfig::new(p, DType::Bf16, 32);
-    check(
-        &b,
-        "sanitizer prefill bf16 d96 (6,1) sinks",
-        &case,
-        &spec,
-        912,
-    );
+    let mut alibi = params(8, 2, 128, CacheDType::Auto);
+    alibi.alibi_slopes = Some((0..8).map(|i| 0.5f32.powi(i + 2)).collect());
+    let mut window = params(4, 4, 64, CacheDType::Auto);
+    window.sliding_window = Some(50);
+    let mut sinks = params(6, 1, 96, CacheDType::Auto);
+    sinks.sinks = Some((0..6).map(|i| 0.5 - i as f32 * 0.1).collect());
+    let cases = [
+        ("f16 d128 (8,2) alibi", alibi, DType::F16, 16),
+        (
+            "bf16 d128 (8,2) plain",
+            params(8, 2, 128, CacheDType::Auto),
+            DType::Bf16,
+            16,
+        ),
+        ("bf16 d64 (4,4) window", window, DType::Bf16, 16),
+        ("bf16 d96 (6,1) sinks", sinks, DType::Bf16, 32),
+    ];
+    for (i, (label, p, dtype, block)) in cases.into_iter().enumerate() {
+        let case = CaseConfig::new(p, dtype, block);
+        let label = format!("sanitizer prefill {label}");
+        check(&b, &label, &case, &spec, 910 + i as u64);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -358,84 +358,49 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
         prefill_workgroup: workgroup,
         ..t
     };
-    v.push((
-        "tiled2 prefill (serial), 64 threads",
-        t2(
-            WgpuTuning {
-                max_splits: 1,
-                subgroups: false,
-                prefill_tiles: true,
-                unrolled: false,
-                ..base
-            },
-            64,
-        ),
-    ));
+    // One pass, prefill tiles, no subgroups, loops.
+    let serial = WgpuTuning {
+        max_splits: 1,
+        subgroups: false,
+        prefill_tiles: true,
+        unrolled: false,
+        ..base
+    };
+    v.push(("tiled2 prefill (serial), 64 threads", t2(serial, 64)));
     // The tiled2h (f16) prefill form: serial with loops, and with subgroups unrolled in the
     // GPU's 64 x 16 tile (f16 layers; every other layer falls back to tiled2).
     let t2h = |t: WgpuTuning, workgroup: u32| WgpuTuning {
         prefill_kernel: PrefillKernel::Tiled2H,
         ..t2(t, workgroup)
     };
+    let serial_h = t2h(serial, 128);
+    v.push(("tiled2h prefill (serial), 128 threads", serial_h));
     v.push((
         "tiled2h prefill (serial), 64-key chunks, 128 threads",
-        t2h(
-            WgpuTuning {
-                max_splits: 1,
-                subgroups: false,
-                prefill_tiles: true,
-                unrolled: false,
-                prefill_keys_h: Some(64),
-                ..base
-            },
-            128,
-        ),
-    ));
-    v.push((
-        "tiled2h prefill (serial), 128 threads",
-        t2h(
-            WgpuTuning {
-                max_splits: 1,
-                subgroups: false,
-                prefill_tiles: true,
-                unrolled: false,
-                ..base
-            },
-            128,
-        ),
+        WgpuTuning {
+            prefill_keys_h: Some(64),
+            ..serial_h
+        },
     ));
     if dev.has_subgroups() {
+        // Split-KV decodes and the GPU's 64 x 16 prefill tile, unrolled with subgroups.
+        let gpu_like = WgpuTuning {
+            split_min_keys: 8,
+            target_workgroups: 4096,
+            max_splits: 64,
+            subgroups: true,
+            prefill_tiles: true,
+            unrolled: true,
+            prefill_tile: Some((64, 16)),
+            ..base
+        };
         v.push((
             "tiled2h prefill (subgroups), split-KV, unrolled, 64x16 tiles, 64 threads",
-            t2h(
-                WgpuTuning {
-                    split_min_keys: 8,
-                    target_workgroups: 4096,
-                    max_splits: 64,
-                    subgroups: true,
-                    prefill_tiles: true,
-                    unrolled: true,
-                    prefill_tile: Some((64, 16)),
-                    ..base
-                },
-                64,
-            ),
+            t2h(gpu_like, 64),
         ));
         v.push((
             "tiled2 prefill (subgroups), split-KV, unrolled, 64x16 tiles",
-            t2(
-                WgpuTuning {
-                    split_min_keys: 8,
-                    target_workgroups: 4096,
-                    max_splits: 64,
-                    subgroups: true,
-                    prefill_tiles: true,
-                    unrolled: true,
-                    prefill_tile: Some((64, 16)),
-                    ..base
-                },
-                128,
-            ),
+            t2(gpu_like, 128),
         ));
         v.push((
             "tiled2 prefill (subgroups), decode tiles, 64 threads",

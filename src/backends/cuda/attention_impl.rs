@@ -94,11 +94,11 @@ fn forced_mma_subk() -> Option<&'static str> {
 /// knob for A/B benchmarks, off by default until measured on a GPU.
 pub const MMA_SYNC1_ENV: &str = "POLYATTN_CUDA_MMA_SYNC1";
 
-/// The `-DPA_MMA_SYNC1=1` option when [`MMA_SYNC1_ENV`] is `1`.
+/// The `-DPA_MMA_SYNC1=1` option when [`MMA_SYNC1_ENV`] is on (`1`, `true`, `on`, `yes`).
 fn forced_mma_sync1() -> Option<&'static str> {
     static SYNC1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     SYNC1
-        .get_or_init(|| std::env::var(MMA_SYNC1_ENV).is_ok_and(|v| v.trim() == "1"))
+        .get_or_init(|| env_switch(MMA_SYNC1_ENV, false))
         .then_some("-DPA_MMA_SYNC1=1")
 }
 
@@ -107,10 +107,10 @@ fn forced_mma_sync1() -> Option<&'static str> {
 /// knob for A/B benchmarks, off by default until measured on a GPU.
 pub const DECODE_SPEC_ENV: &str = "POLYATTN_CUDA_DECODE_SPEC";
 
-/// The `-DPD_SPEC_BT=1` option when [`DECODE_SPEC_ENV`] is `1`.
+/// The `-DPD_SPEC_BT=1` option when [`DECODE_SPEC_ENV`] is on (`1`, `true`, `on`, `yes`).
 fn forced_decode_spec() -> Option<&'static str> {
     static SPEC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    SPEC.get_or_init(|| std::env::var(DECODE_SPEC_ENV).is_ok_and(|v| v.trim() == "1"))
+    SPEC.get_or_init(|| env_switch(DECODE_SPEC_ENV, false))
         .then_some("-DPD_SPEC_BT=1")
 }
 

@@ -284,7 +284,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     };
 
     let mut items = Vec::new();
-    // Keys each item visits (an estimate of its time), for the longest-first order below.
+    // Keys each item visits (an estimate of its time), for the request order below.
     let mut work: Vec<usize> = Vec::new();
     let mut split_tokens = Vec::new();
     let mut max_splits = 0usize;
@@ -332,7 +332,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
             continue;
         }
         // Last query tile first: under a causal mask it sees the most keys (the kernels do not
-        // depend on the order; the whole list is sorted longest first below).
+        // depend on the order; requests are ordered longest first below).
         let ctx = (inp.seq_lens[r] as usize).saturating_sub(ql);
         for t in (qs..qs + ql).step_by(tq).rev() {
             let n = tq.min(qs + ql - t);

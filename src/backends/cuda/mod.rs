@@ -14,7 +14,8 @@
 //! combine kernel; `merge_attn_states`; cascade as prefix pass + suffix pass + merge.
 //! A tensor-core prefill kernel (mma.sync m16n8k16 through inline PTX, ldmatrix, cp.async;
 //! f16 / bf16 with a same-dtype cache, head sizes 64 / 96 / 128; 64- or 128-row CTAs chosen
-//! per batch) takes the requests with at least [`MMA_MIN_QUERY_LEN`] query tokens unless
+//! per batch; layers without soft cap and ALiBi get their own build, whose register budget
+//! fits 64-key softmax steps at 128 rows) takes the requests with at least [`MMA_MIN_QUERY_LEN`] query tokens unless
 //! `POLYATTN_CUDA_MMA=0`; a tensor-core split-KV decode kernel takes the single-token
 //! requests, its splits merged inside it by each token's last CTA (no combine launch). Both
 //! are on by default since they have passed the shared suite on hardware.

@@ -1285,9 +1285,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         push(s.key(), s.source(), true);
     }
     // The tiled2h form (f16 activations and cache only): the 48 KiB prefill tile at head
-    // size 128, paged and dense, unrolled with subgroups of 32, 128 and 64 threads; head
-    // sizes 4 to 512 at 32 KiB with subgroups of 8 and without, loops, paged and dense
-    // (covering FA partials that end before D4 and several partials per score).
+    // size 128, paged and dense, unrolled with subgroups of 32, 128 and 64 threads.
     for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
         let s = half(t2(
             attn(128, tile48, DType::F16, DType::F16, paged, true),
@@ -1296,34 +1294,24 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         ));
         push(s.key(), s.source(), true);
     }
+    // tiled2h (f16) and tiled2 (f32): head sizes 4 to 512 at 32 KiB with subgroups of 8 and
+    // without, loops, paged and dense (for tiled2h: FA partials that end before D4 and
+    // several partials per score).
     for d in [4u32, 36, 64, 80, 128, 256, 512] {
         let Some(tile) = choose_tile(d, 32 * 1024, TileKind::Prefill) else {
             continue;
         };
-        for (sg, kl) in [(false, 1u32), (true, 8)] {
-            for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
-                let s = AttentionShader {
-                    unrolled: false,
-                    ..half(t2(attn(d, tile, DType::F16, DType::F16, paged, sg), wg, kl))
-                };
-                if s.blocking().is_some() && s.shared_bytes() <= 32 * 1024 {
-                    push(s.key(), s.source(), sg);
-                }
-            }
-        }
-    }
-    for d in [4u32, 36, 64, 80, 128, 256, 512] {
-        let Some(tile) = choose_tile(d, 32 * 1024, TileKind::Prefill) else {
-            continue;
-        };
-        for (sg, kl) in [(false, 1u32), (true, 8)] {
-            for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
-                let s = AttentionShader {
-                    unrolled: false,
-                    ..t2(attn(d, tile, DType::F32, DType::F32, paged, sg), wg, kl)
-                };
-                if s.blocking().is_some() && s.shared_bytes() <= 32 * 1024 {
-                    push(s.key(), s.source(), sg);
+        for (dtype, f16_form) in [(DType::F16, true), (DType::F32, false)] {
+            for (sg, kl) in [(false, 1u32), (true, 8)] {
+                for (paged, wg) in [(true, ATTENTION_WORKGROUP), (false, 64)] {
+                    let base = t2(attn(d, tile, dtype, dtype, paged, sg), wg, kl);
+                    let s = AttentionShader {
+                        unrolled: false,
+                        ..if f16_form { half(base) } else { base }
+                    };
+                    if s.blocking().is_some() && s.shared_bytes() <= 32 * 1024 {
+                        push(s.key(), s.source(), sg);
+                    }
                 }
             }
         }
