@@ -17,8 +17,9 @@
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
 # decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
 # ncu-decode: the decode kernel of D4 through Nsight Compute; decode-spec: the decode
-# kernel's early block-table reads (POLYATTN_CUDA_DECODE_SPEC=1: tests, sanitizers, D rows); sync1: the one-barrier prefill
-# pipeline (POLYATTN_CUDA_MMA_SYNC1=1: tests, racecheck, P2 beside the default); subk64: the 128-row
+# kernel's early block-table reads (the default: tests, sanitizers, D rows beside
+# POLYATTN_CUDA_DECODE_SPEC=0); sync1: the one-barrier prefill pipeline (the default: tests,
+# racecheck, P2 beside POLYATTN_CUDA_MMA_SYNC1=0); subk64: the 128-row
 # prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers);
 # sanitize-prefill: racecheck of every CTA shape, memcheck / synccheck of the 128-row form
 # on the prefill sanitizer set, memcheck of large_prefill;
@@ -150,33 +151,35 @@ for p in "${phases[@]}"; do
           --shapes D4.b1s32k,D1.b1s4k,D1.b8s4k --budget 0.3 --no-svg
       done ;;
     decode-spec)
-      # Early block-table reads in the decode kernel (POLYATTN_CUDA_DECODE_SPEC=1): tests,
-      # racecheck / memcheck of the decode set, then the decode rows beside the default.
-      run spec-test 150 env POLYATTN_CUDA_DECODE_SPEC=1 $B/test-cuda_gpu decode
-      run spec-graph 100 env POLYATTN_CUDA_DECODE_SPEC=1 $B/test-cuda_gpu graph
+      # Early block-table reads in the decode kernel (the default since 2026-11-30): tests,
+      # racecheck / memcheck of the decode set, then the decode rows beside
+      # POLYATTN_CUDA_DECODE_SPEC=0.
+      run spec-test 150 $B/test-cuda_gpu decode
+      run spec-graph 100 $B/test-cuda_gpu graph
       for tool in memcheck racecheck; do
-        run spec-$tool 150 env POLYATTN_CUDA_DECODE_SPEC=1 compute-sanitizer --tool $tool \
+        run spec-$tool 150 compute-sanitizer --tool $tool \
           --error-exitcode 99 $B/test-cuda_gpu decode_kernel_sanitizer_set --test-threads=1
       done
-      run spec-bench 90 env POLYATTN_CUDA_DECODE_SPEC=1 $B/bin-polyattn bench --backend cuda \
+      run spec-bench 90 $B/bin-polyattn bench --backend cuda \
         --shapes $SHAPES_D --budget 0.3 --json "$OUT/cuda-decode-spec.json" --no-svg
-      run spec0-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D --budget 0.3 --no-svg ;;
+      run spec0-bench 90 env POLYATTN_CUDA_DECODE_SPEC=0 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D --budget 0.3 --no-svg ;;
     ncu-decode)
       # The decode kernel of a D4 step (splits merged inside it), two launches.
       run ncu-decode 120 ncu --clock-control none -k regex:paged_decode --launch-skip 20 \
         --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
         $B/bin-polyattn bench --backend cuda --shapes D4.b1s32k --budget 0.05 --no-svg ;;
     sync1)
-      # The one-barrier-per-tile pipeline of the tensor-core prefill (POLYATTN_CUDA_MMA_SYNC1=1):
-      # correctness, racecheck on both default CTA shapes, then P2 beside the default.
-      run sync1-test 150 env POLYATTN_CUDA_MMA_SYNC1=1 $B/test-cuda_gpu prefill
+      # The one-barrier-per-tile pipeline of the tensor-core prefill (the default since
+      # 2026-11-30): correctness, racecheck on both default CTA shapes, then P2 beside
+      # POLYATTN_CUDA_MMA_SYNC1=0.
+      run sync1-test 150 $B/test-cuda_gpu prefill
       for r in 64 128; do
-        run sync1-racecheck$r 120 env POLYATTN_CUDA_MMA_SYNC1=1 POLYATTN_CUDA_MMA_ROWS=$r \
+        run sync1-racecheck$r 120 env POLYATTN_CUDA_MMA_ROWS=$r \
           compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
       done
-      run sync1-bench 90 env POLYATTN_CUDA_MMA_SYNC1=1 $B/bin-polyattn bench --backend cuda \
+      run sync1-bench 90 $B/bin-polyattn bench --backend cuda \
         --shapes $SHAPES_P --budget 0.3 --json "$OUT/cuda-sync1.json" --no-svg
-      run sync0-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
+      run sync0-bench 90 env POLYATTN_CUDA_MMA_SYNC1=0 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     subk64)
       run subk64-test 100 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
         $B/test-cuda_gpu long_prefill --test-threads=1

@@ -136,10 +136,10 @@ fn run_time_variants_select_their_entry_points() {
             &[a.as_str(), b.as_str(), c.as_str()],
             &[name],
         );
-        // The early block-table reads (POLYATTN_CUDA_DECODE_SPEC=1).
+        // Without the early block-table reads (POLYATTN_CUDA_DECODE_SPEC=0).
         check(
             &kernels::PAGED_DECODE,
-            &[a.as_str(), b.as_str(), c.as_str(), "-DPD_SPEC_BT=1"],
+            &[a.as_str(), b.as_str(), c.as_str(), "-DPD_SPEC_BT=0"],
             &[name],
         );
     }
@@ -150,9 +150,9 @@ fn run_time_variants_select_their_entry_points() {
                 let mut defines: Vec<&str> = variant.iter().map(String::as_str).collect();
                 let name = kernels::mma_function_name(dtype, head_size).expect("variant");
                 check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
-                // The one-barrier pipeline (POLYATTN_CUDA_MMA_SYNC1=1), plain builds.
+                // The two-barrier pipeline (POLYATTN_CUDA_MMA_SYNC1=0), plain builds.
                 if plain {
-                    defines.push("-DPA_MMA_SYNC1=1");
+                    defines.push("-DPA_MMA_SYNC1=0");
                     check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
                 }
             }
