@@ -78,7 +78,8 @@ pub struct WgpuTuning {
     /// 32 or 64), its query rows staying those of the prefill tile (the work plan depends on
     /// them). Why a separate count: tiled2h's f16 tiles take half the workgroup memory, so
     /// it can run larger chunks than the f32 forms whose memory bounds the prefill tile.
-    /// Used where that tile fits the adapter; `None`: the prefill tile's BN.
+    /// Used where that tile fits the adapter; `None`: the prefill tile's BN. GPUs default
+    /// to [`GPU_PREFILL_KEYS_H`].
     pub prefill_keys_h: Option<u32>,
 }
 
@@ -98,13 +99,21 @@ pub fn parse_tile(s: &str) -> Option<(u32, u32)> {
 /// with 64 x 32 and 32 x 32 (2026-11-30).
 pub const GPU_PREFILL_TILE: (u32, u32) = (64, 16);
 
+/// Keys per chunk GPUs give the tiled2h (f16) prefill form by default. On the H200 through
+/// Vulkan (2026-11-30, P2 in f16, 4k / 16k tokens) it ran 15.7 / 17.2 TFLOP/s with 32 keys,
+/// 15.2 / 17.6 with 64 and 13.1 / 14.1 with the prefill tile's 16 (the f32 tiled2 form:
+/// 9.7 / 10.4); 32 needs half the workgroup memory of 64.
+pub const GPU_PREFILL_KEYS_H: u32 = 32;
+
 /// Default threads per workgroup of the tiled2 prefill form.
 pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
 
 /// Which form of `paged_attention.wgsl` runs the prefill items (the decode tiles always use
 /// the tiled form). Chosen by `POLYATTN_WGPU_PREFILL=tiled|tiled2|tiled2h` (default
-/// `tiled2`: on the H200 through Vulkan it ran P2 at 9.7–12.5 TFLOP/s with 128 threads
-/// against the tiled form's 4.8–6.0, 2026-11-30).
+/// `tiled2h`, which is tiled2 except for f16 layers with an f16 cache on `SHADER_F16`
+/// adapters: on the H200 through Vulkan tiled2 ran P2 at 9.5–13.9 TFLOP/s with 128 threads
+/// against the tiled form's 4.8–6.0, and tiled2h ran P2 in f16 at 10.8–17.5 against
+/// tiled2's 9.7–10.4, 2026-11-30).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PrefillKernel {
     /// Phases A (scores), B (softmax, one subgroup or thread per row), C (P·V), with the
@@ -115,15 +124,16 @@ pub enum PrefillKernel {
     /// V loads in flight during the current chunk's phases, softmax fused into phase A,
     /// 4 barriers per chunk, unrolled inner steps, [`WgpuTuning::prefill_workgroup`]
     /// threads. Layers it cannot run (a tile or blocking that does not fit the adapter)
-    /// fall back to `Tiled`.
-    #[default]
+    /// fall back to `Tiled`. `POLYATTN_WGPU_PREFILL=tiled2` keeps f16 layers on it too.
     Tiled2,
     /// The tiled2 form computing in f16 ([`crate::backends::wgpu::shaders::Tiled2::half`]):
     /// Q, K, V and P tiles in workgroup memory as f16, Q·K^T and P·V with `vec4<f16>` FMAs
     /// into f16 partial sums flushed into f32; softmax statistics and output accumulators
     /// in f32. Only for f16 activations with an f16 cache on adapters with `SHADER_F16`;
     /// anything else (and layers it cannot run) falls back to `Tiled2`, then `Tiled`.
-    /// Verified on lavapipe, not yet timed on a GPU.
+    /// The default: it passed the shared suite on lavapipe and on the H200 (Vulkan), where
+    /// it ran P2 in f16 1.6x faster than tiled2 (2026-11-30).
+    #[default]
     Tiled2H,
 }
 
@@ -178,10 +188,10 @@ impl WgpuTuning {
             subgroups,
             prefill_tiles: !cpu,
             unrolled: !cpu,
-            prefill_kernel: PrefillKernel::Tiled2,
+            prefill_kernel: PrefillKernel::Tiled2H,
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: (!cpu).then_some(GPU_PREFILL_TILE),
-            prefill_keys_h: None,
+            prefill_keys_h: (!cpu).then_some(GPU_PREFILL_KEYS_H),
         }
     }
 

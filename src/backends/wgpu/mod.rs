@@ -16,9 +16,10 @@
 //! kernel's tiled2 form ([`PrefillKernel`]): register-prefetched K/V, softmax fused into the
 //! score phase, fewer barriers (twice the tiled form's speed on the H200); a layer whose
 //! tiled2 workgroup memory does not fit the adapter runs the tiled form
-//! (`POLYATTN_WGPU_PREFILL=tiled` forces it). `POLYATTN_WGPU_PREFILL=tiled2h` asks for its
-//! f16 variant (f16 tiles and packed f16 FMAs, f32 softmax; needs `SHADER_F16`, f16
-//! activations and an f16 cache, else tiled2): the one path that does not compute in f32.
+//! (`POLYATTN_WGPU_PREFILL=tiled` forces it). f16 layers with an f16 cache on adapters with
+//! `SHADER_F16` take its f16 variant tiled2h by default (f16 tiles and packed f16 FMAs, f32
+//! softmax; 1.6x tiled2 on the H200): the one path that does not compute in f32
+//! (`POLYATTN_WGPU_PREFILL=tiled2` keeps them in f32).
 
 mod attention_impl;
 mod descriptor;
