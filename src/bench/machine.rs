@@ -64,7 +64,12 @@ fn cpuinfo_field(cpuinfo: &str, key: &str) -> Option<String> {
         .map(|(_, v)| v.trim().to_string())
 }
 
+/// The commit the binary was built from (build.rs), else the one the working directory is on.
 fn git_commit() -> Option<String> {
+    let built = env!("POLYATTN_BUILD_COMMIT");
+    if !built.is_empty() {
+        return Some(built.to_string());
+    }
     let out = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
