@@ -40,12 +40,15 @@ impl Case {
 fn cases() -> Vec<Case> {
     let mut rng = Rng::new(4242);
     let mut out = Vec::new();
-    let shapes: [(usize, usize, usize); 5] = [
+    // Head sizes that are multiples of 8 (the CUDA vector kernel) and one that is not (20:
+    // the CUDA kernel that strides element by element).
+    let shapes: [(usize, usize, usize); 6] = [
         (1, 4, 32),
         (39, 8, 64),
         (64, 4, 128),
         (17, 6, 48),
         (100, 2, 256),
+        (33, 4, 20),
     ];
     let mut seed = 1u64;
     for dtype in [DType::F32, DType::F16, DType::Bf16] {

@@ -108,7 +108,7 @@ pub const PAGED_DECODE: KernelSource = KernelSource {
 pub const MERGE_STATES: KernelSource = KernelSource {
     name: "merge_states",
     source: include_str!("../../../kernels-cuda/merge_states.cu"),
-    functions: &["merge_attn_states"],
+    functions: &["merge_attn_states", "merge_attn_states_vec"],
 };
 
 /// `probes.cu` (the benchmark's f32 FMA ceiling).
