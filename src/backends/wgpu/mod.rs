@@ -32,5 +32,6 @@ pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
 pub use metadata_builder::{
     parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
-    WgpuMetadataBuilder, WgpuTuning, WorkList, GPU_PREFILL_TILE, PREFILL_TILED2_WORKGROUP,
+    WgpuMetadataBuilder, WgpuTuning, WorkList, GPU_PREFILL_KEYS_H, GPU_PREFILL_TILE,
+    PREFILL_TILED2_WORKGROUP,
 };
