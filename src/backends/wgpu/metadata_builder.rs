@@ -603,7 +603,17 @@ mod tests {
         );
         assert!(PrefillKernel::Tiled2H.is_tiled2() && !PrefillKernel::Tiled.is_tiled2());
         assert_eq!(PrefillKernel::parse("tiled3"), None);
-        assert_eq!(PrefillKernel::default(), PrefillKernel::Tiled2);
+        // The default is tiled2h (tiled2 for every layer but f16 with an f16 cache), the
+        // same in `Default` and in the device defaults; GPUs give it 32-key chunks.
+        assert_eq!(PrefillKernel::default(), PrefillKernel::Tiled2H);
+        let (gpu, cpu) = (
+            WgpuTuning::defaults(false, true),
+            WgpuTuning::defaults(true, true),
+        );
+        assert_eq!(gpu.prefill_kernel, PrefillKernel::default());
+        assert_eq!(cpu.prefill_kernel, PrefillKernel::default());
+        assert_eq!(gpu.prefill_keys_h, Some(GPU_PREFILL_KEYS_H));
+        assert_eq!(cpu.prefill_keys_h, None);
     }
 
     #[test]
