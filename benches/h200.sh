@@ -27,7 +27,10 @@
 # shared suite at 128 and 64 threads, then the P2 rows with the tiled form (default) beside
 # tiled2 at 128, 64 and 32 threads and with 64x16 tiles; wgpu-f16: the f16 WGPU prefill form
 # (POLYATTN_WGPU_PREFILL=tiled2h) checked by the shared suite and wgpu_kernels, then P2 at 4k
-# and 16k with f16 activations (f16 cache) for tiled2 beside tiled2h at 128 and 64 threads.
+# and 16k with f16 activations (f16 cache) for tiled2 beside tiled2h at 128 and 64 threads;
+# wgpu-f16-sweep: tiled2h with 128-row tiles / 256 threads / 64-key chunks (P2 f16 at 4k and
+# 16k); wgpu-splits: the small-batch WGPU decode rows traced, then with shorter partials / more
+# splits (POLYATTN_WGPU_SPLIT_MIN_KEYS 32 / 64, _MAX_SPLITS 128 / 256).
 # Logs go to $OUT.
 set -u
 OUT=${OUT:-/tmp/h200}
@@ -203,6 +206,31 @@ for p in "${phases[@]}"; do
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg
       run wgpu-after-cuda 150 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend cuda,wgpu \
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg ;;
+    wgpu-f16-sweep)
+      # tiled2h blockings through the knobs alone: 128-row tiles give each of 128 threads
+      # 8 x 4 scores (twice the FMAs per shared load of 64-row tiles' 4 x 4); 256 threads
+      # on them keep 4 x 4 with twice the warps. Checked first on the shared suite.
+      run f16-128x16-attention 150 env POLYATTN_WGPU_PREFILL_TILE=128x16 \
+        $B/test-attention_correctness --nocapture
+      for cfg in 64x16:32:128 128x16:32:128 128x16:64:128 128x16:32:256 64x16:64:256; do
+        IFS=: read -r tile keys wg <<<"$cfg"
+        run f16-$tile-k$keys-wg$wg 60 env POLYATTN_WGPU_PREFILL_TILE=$tile \
+          POLYATTN_WGPU_PREFILL_KEYS_H=$keys POLYATTN_WGPU_PREFILL_WG=$wg $B/bin-polyattn bench \
+          --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
+      done ;;
+    wgpu-splits)
+      # WGPU decode at small batch is latency-bound (D1.b1s4k 59 us for 16.7 MB, 2026-11-30:
+      # 256 workgroups of 128 keys each, ~2 per SM): the rows traced (host call vs device
+      # region), then shorter partials / more splits through the tuning knobs.
+      run wgpu-trace 60 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend wgpu \
+        --shapes D1.b1s4k,D4.b1s32k --budget 0.2 --no-svg
+      for mk in 32 64; do
+        for ms in 128 256; do
+          run wgpu-split$mk-$ms 60 env POLYATTN_WGPU_SPLIT_MIN_KEYS=$mk POLYATTN_WGPU_MAX_SPLITS=$ms \
+            POLYATTN_WGPU_TARGET_WORKGROUPS=16384 $B/bin-polyattn bench --backend wgpu \
+            --shapes D1.b1s4k,D1.b8s4k,D4.b1s32k --budget 0.3 --no-svg
+        done
+      done ;;
     wgpu-prefill)
       run t2-attention 150 env POLYATTN_WGPU_PREFILL=tiled2 $B/test-attention_correctness --nocapture
       run t2wg64-attention 150 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_WG=64 \
