@@ -44,6 +44,25 @@ struct MergeParams {
 };
 static_assert(sizeof(MergeParams) == 72, "MergeParams must match kernels.rs");
 
+// The merge rule's weights (see above): +inf LSEs count as -inf; wa, wb = the two sides'
+// shares. Returns the merged LSE, -inf when both sides are empty (the caller then writes
+// zeros without reading the inputs, whose rows may hold anything).
+__device__ __forceinline__ float pm_weights(float lp, float ls, float* wa, float* wb) {
+    if (lp == PA_INF) lp = -PA_INF;
+    if (ls == PA_INF) ls = -PA_INF;
+    const float m = fmaxf(lp, ls);
+    if (m == -PA_INF) {
+        *wa = *wb = 0.0f;
+        return -PA_INF;
+    }
+    const float a = expf(lp - m);
+    const float b = expf(ls - m);
+    const float z = a + b;
+    *wa = a / z;
+    *wb = b / z;
+    return logf(z) + m;
+}
+
 extern "C" __global__ void merge_attn_states(const MergeParams p) {
     const int t = blockIdx.x;
     const int h = blockIdx.y;
@@ -58,29 +77,21 @@ extern "C" __global__ void merge_attn_states(const MergeParams p) {
         if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = ls_raw;
         return;
     }
-    float lp = p.lse_p[li];
-    float ls = ls_raw;
-    if (lp == PA_INF) lp = -PA_INF;
-    if (ls == PA_INF) ls = -PA_INF;
-    const float m = fmaxf(lp, ls);
-    if (m == -PA_INF) {
+    float wa, wb;
+    const float lse = pm_weights(p.lse_p[li], ls_raw, &wa, &wb);
+    if (lse == -PA_INF) {
         for (int d = threadIdx.x; d < p.head_size; d += blockDim.x) {
             pa_store(p.out, row + d, p.out_dtype, 0.0f);
         }
         if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = -PA_INF;
         return;
     }
-    const float a = expf(lp - m);
-    const float b = expf(ls - m);
-    const float z = a + b;
-    const float wa = a / z;
-    const float wb = b / z;
     for (int d = threadIdx.x; d < p.head_size; d += blockDim.x) {
         const float v = pa_load(p.o_p, row + d, p.in_dtype) * wa +
                         pa_load(p.o_s, row + d, p.in_dtype) * wb;
         pa_store(p.out, row + d, p.out_dtype, v);
     }
-    if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = logf(z) + m;
+    if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = lse;
 }
 
 // Stores v[0..8] as elements i..i+8 of a buffer of type `dt` (f16 / bf16 / f32 with vector
@@ -130,24 +141,10 @@ extern "C" __global__ void merge_attn_states_vec(const MergeParams p) {
         if (p.out_lse != 0 && c == 0) p.out_lse[li] = ls_raw;
         return;
     }
-    float ls = ls_raw;
-    if (lp == PA_INF) lp = -PA_INF;
-    if (ls == PA_INF) ls = -PA_INF;
-    const float m = fmaxf(lp, ls);
-    if (m == -PA_INF) {
+    float wa, wb;
+    const float lse = pm_weights(lp, ls_raw, &wa, &wb);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) vs[k] = 0.0f;
-        pm_store8(p.out, i, p.out_dtype, vs);
-        if (p.out_lse != 0 && c == 0) p.out_lse[li] = -PA_INF;
-        return;
-    }
-    const float a = expf(lp - m);
-    const float b = expf(ls - m);
-    const float z = a + b;
-    const float wa = a / z;
-    const float wb = b / z;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) vs[k] = vp[k] * wa + vs[k] * wb;
+    for (int k = 0; k < 8; ++k) vs[k] = lse == -PA_INF ? 0.0f : vp[k] * wa + vs[k] * wb;
     pm_store8(p.out, i, p.out_dtype, vs);
-    if (p.out_lse != 0 && c == 0) p.out_lse[li] = logf(z) + m;
+    if (p.out_lse != 0 && c == 0) p.out_lse[li] = lse;
 }

@@ -545,29 +545,21 @@ pub(crate) fn launch_merge(
         head_size: i32_of("head_size", d)?,
         prefill_tokens: i32_of("prefill_tokens_with_context", prefill_tokens.min(t))?,
     };
-    let cfg = if d % 8 == 0 {
+    let (name, grid_dim, threads) = if d % 8 == 0 {
         // One thread per 8 elements of a row (merge_states.cu says why).
         let threads = (t as u64 * h as u64 * (d / 8) as u64).div_ceil(MERGE_VEC_THREADS as u64);
         let ctas = u32::try_from(threads).map_err(|_| {
             Error::config(format!("merge of {t} tokens x {h} heads: too many CTAs"))
         })?;
-        LaunchConfig {
-            grid_dim: (ctas, 1, 1),
-            block_dim: (MERGE_VEC_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        ("merge_attn_states_vec", (ctas, 1, 1), MERGE_VEC_THREADS)
     } else {
         let threads = (d.div_ceil(32) * 32).clamp(32, 128) as u32;
-        LaunchConfig {
-            grid_dim: (t as u32, h as u32, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        ("merge_attn_states", (t as u32, h as u32, 1), threads)
     };
-    let name = if d % 8 == 0 {
-        "merge_attn_states_vec"
-    } else {
-        "merge_attn_states"
+    let cfg = LaunchConfig {
+        grid_dim,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
     };
     let f = kernels::function(device, &MERGE_STATES, &[], name)?;
     kernels::launch(device, &f, cfg, &params, None)
