@@ -348,6 +348,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
                 prefill_keys_h: None,
+                prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
             },
         ),
     ];
@@ -382,7 +383,25 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             ..serial_h
         },
     ));
+    // Other per-thread register blocks (POLYATTN_WGPU_PREFILL_BLOCK): 8 keys x 2 columns
+    // at 256 threads, 16 keys x 8 columns at 64.
+    v.push((
+        "tiled2h prefill (serial), 8x2 blocks, 256 threads",
+        WgpuTuning {
+            prefill_block: (8, 2),
+            ..t2h(serial, 256)
+        },
+    ));
     if dev.has_subgroups() {
+        v.push((
+            "tiled2h prefill (subgroups), 64-key chunks, 16x8 blocks, 64 threads",
+            WgpuTuning {
+                subgroups: true,
+                prefill_keys_h: Some(64),
+                prefill_block: (16, 8),
+                ..t2h(serial, 64)
+            },
+        ));
         // Split-KV decodes and the GPU's 64 x 16 prefill tile, unrolled with subgroups.
         let gpu_like = WgpuTuning {
             split_min_keys: 8,
@@ -428,6 +447,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
                 prefill_keys_h: None,
+                prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
             },
         ));
         v.push((
@@ -556,6 +576,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_workgroup: PREFILL_TILED2_WORKGROUP,
         prefill_tile: None,
         prefill_keys_h: None,
+        prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

@@ -306,6 +306,7 @@ impl WgpuAttentionImpl {
                 workgroup: self.tuning.prefill_workgroup,
                 max_key_lanes,
                 half: false,
+                block: self.tuning.prefill_block,
             }),
             ..tiled
         };

@@ -32,6 +32,7 @@ use crate::metadata::{
 };
 
 use super::kernels::upload_words;
+use super::shaders::TILED2_DEFAULT_BLOCK;
 
 /// u32 words per work item (see `shaders/paged_attention.wgsl`).
 pub const ITEM_WORDS: usize = 8;
@@ -65,7 +66,7 @@ pub struct WgpuTuning {
     /// The kernel form of the prefill items (`POLYATTN_WGPU_PREFILL`).
     pub prefill_kernel: PrefillKernel,
     /// Threads per workgroup of the tiled2 prefill form (`POLYATTN_WGPU_PREFILL_WG`: a power
-    /// of two from 32 to 256; default [`PREFILL_TILED2_WORKGROUP`]). 64 gives each thread
+    /// of two from 32 to 512 that the adapter allows; default [`PREFILL_TILED2_WORKGROUP`]). 64 gives each thread
     /// 4 × 4 blocks in both phases of a 32 × 32 tile at head size 128 (twice the FMAs per
     /// shared-memory load of 128 threads' 2 × 4) at half the warps per workgroup.
     pub prefill_workgroup: u32,
@@ -81,6 +82,22 @@ pub struct WgpuTuning {
     /// Used where that tile fits the adapter; `None`: the prefill tile's BN. GPUs default
     /// to [`GPU_PREFILL_KEYS_H`].
     pub prefill_keys_h: Option<u32>,
+    /// Per-thread register block of the tiled2 forms, `(keys, cols)`: at least `keys` keys
+    /// per thread in phase A (4, 8 or 16) and `cols` vec4 output columns per thread in
+    /// phase C (1, 2, 4 or 8); see `shaders::Tiled2::block`
+    /// (`POLYATTN_WGPU_PREFILL_BLOCK=KxC`, e.g. `8x2`; default
+    /// [`crate::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK`]).
+    pub prefill_block: (u32, u32),
+}
+
+/// Parses a tiled2 register block `KxC` (K 4, 8 or 16 keys; C 1, 2, 4 or 8 vec4 columns).
+pub fn parse_block(s: &str) -> Option<(u32, u32)> {
+    let (k, c) = s
+        .trim()
+        .to_ascii_lowercase()
+        .split_once('x')
+        .and_then(|(k, c)| Some((k.trim().parse::<u32>().ok()?, c.trim().parse::<u32>().ok()?)))?;
+    ([4, 8, 16].contains(&k) && [1, 2, 4, 8].contains(&c)).then_some((k, c))
 }
 
 /// Parses a tile shape `BMxBN` (BM 1–128, BN 8, 16, 32 or 64).
@@ -170,8 +187,9 @@ impl WgpuTuning {
     /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS`,
     /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`),
     /// `POLYATTN_WGPU_PREFILL` (`tiled` / `tiled2` / `tiled2h`, see [`PrefillKernel`]) and
-    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32, 64, 128 or 256) and
-    /// `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`). A value that does not parse (or is out of
+    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32 to 512, where the
+    /// adapter allows), `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`),
+    /// `POLYATTN_WGPU_PREFILL_KEYS_H` and `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`). A value that does not parse (or is out of
     /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
@@ -192,6 +210,7 @@ impl WgpuTuning {
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: (!cpu).then_some(GPU_PREFILL_TILE),
             prefill_keys_h: (!cpu).then_some(GPU_PREFILL_KEYS_H),
+            prefill_block: TILED2_DEFAULT_BLOCK,
         }
     }
 
@@ -224,11 +243,12 @@ impl WgpuTuning {
             },
             prefill_workgroup: {
                 let wg = var("POLYATTN_WGPU_PREFILL_WG", self.prefill_workgroup);
-                if wg.is_power_of_two() && (32..=256).contains(&wg) {
+                if wg.is_power_of_two() && (32..=512).contains(&wg) {
                     wg
                 } else {
                     tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL_WG={wg} is not 32, 64, 128 or 256; using the default"
+                        "POLYATTN_WGPU_PREFILL_WG={wg} is not 32, 64, 128, 256 or 512; \
+                         using the default"
                     );
                     self.prefill_workgroup
                 }
@@ -254,6 +274,16 @@ impl WgpuTuning {
                     }
                 },
                 Err(_) => self.prefill_keys_h,
+            },
+            prefill_block: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK") {
+                Ok(v) => parse_block(&v).unwrap_or_else(|| {
+                    tracing::warn!(
+                        "POLYATTN_WGPU_PREFILL_BLOCK={v} is not KxC (K 4/8/16, C 1/2/4/8); \
+                         using the default"
+                    );
+                    self.prefill_block
+                }),
+                Err(_) => self.prefill_block,
             },
         }
     }
@@ -582,6 +612,7 @@ mod tests {
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: None,
             prefill_keys_h: None,
+            prefill_block: TILED2_DEFAULT_BLOCK,
         }
     }
 

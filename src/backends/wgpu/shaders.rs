@@ -426,16 +426,39 @@ impl AttentionBlocking {
     /// each query vec4 once for 4 dot products). `None` when `wg` is not a power of two or
     /// `block_n` is not a positive multiple of 4.
     pub fn tiled2(d4: u32, block_n: u32, wg: u32, max_key_lanes: u32) -> Option<Self> {
+        Self::tiled2_with(d4, block_n, wg, max_key_lanes, TILED2_DEFAULT_BLOCK)
+    }
+
+    /// [`AttentionBlocking::tiled2`] with another per-thread block `(keys, cols)`
+    /// ([`Tiled2::block`]): at least `keys` keys per thread in phase A where the lanes
+    /// allow (4, 8 or 16), and `cols` vec4 output columns per thread in phase C (1, 2, 4 or
+    /// 8; the largest of 4, 2, 1 dividing `d4` when `cols` does not, or when `d4 / cols`
+    /// column lanes would outnumber the threads). `None` as `tiled2`, or for a `keys` that
+    /// is not a power of two from 1 to 16.
+    pub fn tiled2_with(
+        d4: u32,
+        block_n: u32,
+        wg: u32,
+        max_key_lanes: u32,
+        (keys, cols): (u32, u32),
+    ) -> Option<Self> {
         if !wg.is_power_of_two() || block_n == 0 || block_n % 4 != 0 || d4 == 0 {
             return None;
         }
-        let cap = max_key_lanes.max(1).min(wg).min((block_n / 4).max(1));
+        if !keys.is_power_of_two() || keys > 16 {
+            return None;
+        }
+        let cap = max_key_lanes.max(1).min(wg).min((block_n / keys).max(1));
         let key_lanes = (0..=cap.ilog2())
             .rev()
             .map(|e| 1u32 << e)
             .find(|kl| block_n % kl == 0)
             .unwrap_or(1);
-        let cols_per_thread = [4u32, 2, 1].into_iter().find(|k| d4 % k == 0).unwrap_or(1);
+        let cols_per_thread = if cols > 0 && d4 % cols == 0 && d4 / cols <= wg {
+            cols
+        } else {
+            [4u32, 2, 1].into_iter().find(|k| d4 % k == 0).unwrap_or(1)
+        };
         let col_lanes = d4 / cols_per_thread;
         Some(AttentionBlocking {
             keys_per_thread: block_n / key_lanes,
@@ -466,7 +489,16 @@ pub struct Tiled2 {
     /// output accumulators stay f32). Needs the adapter's `SHADER_F16`; the host selects it
     /// for f16 activations and an f16 cache only (`POLYATTN_WGPU_PREFILL=tiled2h`).
     pub half: bool,
+    /// Per-thread register block `(keys, cols)`: at least `keys` keys per thread in phase
+    /// A and `cols` vec4 output columns per thread in phase C
+    /// ([`AttentionBlocking::tiled2_with`]); [`TILED2_DEFAULT_BLOCK`] unless tuned
+    /// (`POLYATTN_WGPU_PREFILL_BLOCK`).
+    pub block: (u32, u32),
 }
+
+/// The tiled2 forms' default per-thread block ([`Tiled2::block`]): ≥ 4 keys per thread in
+/// phase A, 4 vec4 columns per thread in phase C.
+pub const TILED2_DEFAULT_BLOCK: (u32, u32) = (4, 4);
 
 /// Bytes of workgroup memory the tiled2 form needs for a tile shape: the tiled form's
 /// ([`attention_shared_bytes`]) with score rows padded to a multiple of 4 floats (BN + 4,
@@ -544,10 +576,15 @@ impl AttentionShader {
             if self.unrolled { " unrolled" } else { "" },
             match self.tiled2 {
                 Some(t) => format!(
-                    " tiled2{} wg{} kl{}",
+                    " tiled2{} wg{} kl{}{}",
                     if t.half { "h" } else { "" },
                     t.workgroup,
-                    t.max_key_lanes
+                    t.max_key_lanes,
+                    if t.block == TILED2_DEFAULT_BLOCK {
+                        String::new()
+                    } else {
+                        format!(" b{}x{}", t.block.0, t.block.1)
+                    }
                 ),
                 None => String::new(),
             }
@@ -573,7 +610,13 @@ impl AttentionShader {
     pub fn blocking(&self) -> Option<AttentionBlocking> {
         let d4 = self.head_size / 4;
         match self.tiled2 {
-            Some(t) => AttentionBlocking::tiled2(d4, self.block_n, t.workgroup, t.max_key_lanes),
+            Some(t) => AttentionBlocking::tiled2_with(
+                d4,
+                self.block_n,
+                t.workgroup,
+                t.max_key_lanes,
+                t.block,
+            ),
             None => Some(AttentionBlocking::new(d4, self.block_n)),
         }
     }
@@ -601,9 +644,6 @@ impl AttentionShader {
         };
         let mut s = format!("// generated: {}\n", self.key());
         // `enable f16;` only where f16 is used: adapters without SHADER_F16 reject it.
-        if half {
-            s += "enable f16;\n";
-        }
         if half {
             s += "enable f16;\n";
         }
@@ -1264,6 +1304,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             workgroup,
             max_key_lanes,
             half: false,
+            block: TILED2_DEFAULT_BLOCK,
         }),
         ..s
     };
@@ -1511,6 +1552,39 @@ mod tests {
                 }
             }
         }
+        // Other per-thread blocks: at least `keys` keys per thread where the lanes allow,
+        // `cols` columns where they divide the head and fit the threads.
+        let b = AttentionBlocking::tiled2_with(32, 64, 256, 32, (8, 2)).unwrap();
+        assert_eq!(
+            (b.keys_per_thread, b.key_lanes, b.score_row_groups),
+            (8, 8, 32)
+        );
+        assert_eq!(
+            (b.cols_per_thread, b.col_lanes, b.out_row_groups),
+            (2, 16, 16)
+        );
+        let b = AttentionBlocking::tiled2_with(32, 16, 64, 32, (16, 8)).unwrap();
+        assert_eq!((b.keys_per_thread, b.cols_per_thread), (16, 8));
+        let b = AttentionBlocking::tiled2_with(6, 16, 32, 32, (4, 8)).unwrap();
+        assert_eq!(
+            b.cols_per_thread, 2,
+            "8 does not divide 6 columns: the default rule"
+        );
+        assert_eq!(AttentionBlocking::tiled2_with(32, 16, 64, 32, (3, 4)), None);
+        for block in [(4u32, 1u32), (8, 2), (8, 8), (16, 4)] {
+            for d4 in [1u32, 16, 20, 32, 64, 128] {
+                for bn in [8u32, 16, 32, 64] {
+                    for wg in [32u32, 128, 512] {
+                        let b = AttentionBlocking::tiled2_with(d4, bn, wg, 32, block).unwrap();
+                        assert_eq!(b.key_lanes * b.keys_per_thread, bn, "{b:?}");
+                        assert!(b.keys_per_thread >= block.0.min(bn), "{b:?}");
+                        assert_eq!(b.key_lanes * b.score_row_groups, wg, "{b:?}");
+                        assert_eq!(b.cols_per_thread * b.col_lanes, d4, "{b:?}");
+                        assert!(b.col_lanes <= wg, "{b:?}");
+                    }
+                }
+            }
+        }
         // The tiled2 form fits wherever the tiled form's prefill tile does at 48 KiB
         // (NVIDIA) for the common head sizes.
         for d in [64u32, 80, 96, 128, 256] {
@@ -1562,6 +1636,7 @@ mod tests {
                 workgroup: 64,
                 max_key_lanes: 32,
                 half: false,
+                block: TILED2_DEFAULT_BLOCK,
             }),
             ..a
         };
