@@ -348,6 +348,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
                 prefill_keys_h: None,
+                prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
             },
         ),
@@ -390,6 +391,16 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
         WgpuTuning {
             prefill_block: (8, 2),
             ..t2h(serial, 256)
+        },
+    ));
+    // Its own rows per tile (POLYATTN_WGPU_PREFILL_ROWS_H; 48 rows: not a power of two, the
+    // plan takes them from the form), 4 x 1 blocks, 512 threads.
+    v.push((
+        "tiled2h prefill (serial), 48-row tiles, 4x1 blocks, 512 threads",
+        WgpuTuning {
+            prefill_rows_h: Some(48),
+            prefill_block: (4, 1),
+            ..t2h(serial, 512)
         },
     ));
     if dev.has_subgroups() {
@@ -447,6 +458,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
                 prefill_keys_h: None,
+                prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
             },
         ));
@@ -576,6 +588,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_workgroup: PREFILL_TILED2_WORKGROUP,
         prefill_tile: None,
         prefill_keys_h: None,
+        prefill_rows_h: None,
         prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass

@@ -317,11 +317,14 @@ impl WgpuAttentionImpl {
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
             if f16_inputs && self.dev.has_f16() {
-                // Its own key count per chunk where that runs here, else the tile's.
-                let own = self
-                    .tuning
-                    .prefill_keys_h
-                    .map(|n| AttentionShader { block_n: n, ..t2h });
+                // Its own rows and keys per chunk where that runs here, else the tile's.
+                let own = (self.tuning.prefill_keys_h.is_some()
+                    || self.tuning.prefill_rows_h.is_some())
+                .then(|| AttentionShader {
+                    block_m: self.tuning.prefill_rows_h.unwrap_or(t2h.block_m),
+                    block_n: self.tuning.prefill_keys_h.unwrap_or(t2h.block_n),
+                    ..t2h
+                });
                 if let Some(s) = own.filter(|s| self.runs_here(s)) {
                     return s;
                 }
@@ -597,7 +600,10 @@ impl AttentionImpl for WgpuAttentionImpl {
             group: g,
             num_kv_heads: p.num_kv_heads as u32,
             decode_rows: self.decode_tile.0,
-            prefill_rows: self.prefill_tile.0,
+            // The rows of the form that runs the prefill items (tiled2h may have its own).
+            prefill_rows: self
+                .tile_shader(true, dtype, kv_dtype, !encoder_attn)
+                .block_m,
             fast_decode_rows,
             dense: encoder_attn,
             window,

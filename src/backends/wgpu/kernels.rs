@@ -132,6 +132,7 @@ pub enum LoopBounding {
 
 /// [`pipeline`], choosing the loop bounding. `POLYATTN_WGPU_LOOP_BOUNDING=1` forces the
 /// counters everywhere (A/B timing), `=0` is ignored for shaders that ask for them.
+/// `POLYATTN_WGPU_LOG_PIPELINES=1` prints the key of every pipeline compiled (to stderr).
 pub fn pipeline_with(
     dev: &WgpuDevice,
     key: &str,
@@ -151,6 +152,11 @@ pub fn pipeline_with(
         });
     }
     dev.cached_pipeline(key, |device| {
+        // Which specialisation a tuning knob actually produced (a tile or blocking that
+        // does not fit falls back to another form): `POLYATTN_WGPU_LOG_PIPELINES=1`.
+        if std::env::var_os("POLYATTN_WGPU_LOG_PIPELINES").is_some_and(|v| v != "0") {
+            eprintln!("polyattn wgpu: compiling pipeline `{key}`");
+        }
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(key),

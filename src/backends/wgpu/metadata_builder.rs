@@ -66,7 +66,7 @@ pub struct WgpuTuning {
     /// The kernel form of the prefill items (`POLYATTN_WGPU_PREFILL`).
     pub prefill_kernel: PrefillKernel,
     /// Threads per workgroup of the tiled2 prefill form (`POLYATTN_WGPU_PREFILL_WG`: a power
-    /// of two from 32 to 512 that the adapter allows; default [`PREFILL_TILED2_WORKGROUP`]). 64 gives each thread
+    /// of two from 32 to 1024 that the adapter allows; default [`PREFILL_TILED2_WORKGROUP`]). 64 gives each thread
     /// 4 × 4 blocks in both phases of a 32 × 32 tile at head size 128 (twice the FMAs per
     /// shared-memory load of 128 threads' 2 × 4) at half the warps per workgroup.
     pub prefill_workgroup: u32,
@@ -82,6 +82,11 @@ pub struct WgpuTuning {
     /// Used where that tile fits the adapter; `None`: the prefill tile's BN. GPUs default
     /// to [`GPU_PREFILL_KEYS_H`].
     pub prefill_keys_h: Option<u32>,
+    /// Query rows per tile (BM) of the tiled2h form only (`POLYATTN_WGPU_PREFILL_ROWS_H`:
+    /// 1–128), like [`WgpuTuning::prefill_keys_h`]: its f16 tiles fit more rows than the
+    /// f32 forms' prefill tile. The work plan of an f16 batch takes the rows of the form
+    /// that runs it. `None`: the prefill tile's BM.
+    pub prefill_rows_h: Option<u32>,
     /// Per-thread register block of the tiled2 forms, `(keys, cols)`: at least `keys` keys
     /// per thread in phase A (4, 8 or 16) and `cols` vec4 output columns per thread in
     /// phase C (1, 2, 4 or 8); see `shaders::Tiled2::block`
@@ -187,9 +192,10 @@ impl WgpuTuning {
     /// `POLYATTN_WGPU_MAX_SPLITS` (integers), `POLYATTN_WGPU_SUBGROUPS`,
     /// `POLYATTN_WGPU_PREFILL_TILES` and `POLYATTN_WGPU_UNROLL` (`0` / `1`),
     /// `POLYATTN_WGPU_PREFILL` (`tiled` / `tiled2` / `tiled2h`, see [`PrefillKernel`]) and
-    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32 to 512, where the
+    /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32 to 1024, where the
     /// adapter allows), `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`),
-    /// `POLYATTN_WGPU_PREFILL_KEYS_H` and `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`). A value that does not parse (or is out of
+    /// `POLYATTN_WGPU_PREFILL_KEYS_H`, `POLYATTN_WGPU_PREFILL_ROWS_H` and
+    /// `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`). A value that does not parse (or is out of
     /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
@@ -210,6 +216,7 @@ impl WgpuTuning {
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: (!cpu).then_some(GPU_PREFILL_TILE),
             prefill_keys_h: (!cpu).then_some(GPU_PREFILL_KEYS_H),
+            prefill_rows_h: None,
             prefill_block: TILED2_DEFAULT_BLOCK,
         }
     }
@@ -243,11 +250,11 @@ impl WgpuTuning {
             },
             prefill_workgroup: {
                 let wg = var("POLYATTN_WGPU_PREFILL_WG", self.prefill_workgroup);
-                if wg.is_power_of_two() && (32..=512).contains(&wg) {
+                if wg.is_power_of_two() && (32..=1024).contains(&wg) {
                     wg
                 } else {
                     tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL_WG={wg} is not 32, 64, 128, 256 or 512; \
+                        "POLYATTN_WGPU_PREFILL_WG={wg} is not a power of two from 32 to 1024; \
                          using the default"
                     );
                     self.prefill_workgroup
@@ -274,6 +281,16 @@ impl WgpuTuning {
                     }
                 },
                 Err(_) => self.prefill_keys_h,
+            },
+            prefill_rows_h: match std::env::var("POLYATTN_WGPU_PREFILL_ROWS_H") {
+                Ok(v) => match v.trim().parse::<u32>() {
+                    Ok(n) if (1..=128).contains(&n) => Some(n),
+                    _ => {
+                        tracing::warn!("POLYATTN_WGPU_PREFILL_ROWS_H={v} is not 1-128; ignored");
+                        self.prefill_rows_h
+                    }
+                },
+                Err(_) => self.prefill_rows_h,
             },
             prefill_block: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK") {
                 Ok(v) => parse_block(&v).unwrap_or_else(|| {
@@ -612,6 +629,7 @@ mod tests {
             prefill_workgroup: PREFILL_TILED2_WORKGROUP,
             prefill_tile: None,
             prefill_keys_h: None,
+            prefill_rows_h: None,
             prefill_block: TILED2_DEFAULT_BLOCK,
         }
     }
