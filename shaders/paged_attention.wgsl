@@ -107,17 +107,18 @@
 // stores; every other index is bounded by its loop.
 
 var<workgroup> q_s: array<SH4, BM * D4>;
-var<workgroup> kv_s: array<SH4, BN * KV_ROW>;
-var<workgroup> m_s: array<f32, BM>;
+// Keys, then values (the pipelined form: keys, and values from V_OFF).
+var<workgroup> kv_s: array<SH4, BN * KV_ROW * KV_BUFS>;
+// Running maxima: M_BUFS halves of BM (tiled2 forms: chunk ci writes half ci & 1 and reads
+// the other, so the lanes of a row group never read a maximum one of them is replacing).
+var<workgroup> m_s: array<f32, BM * M_BUFS>;
 var<workgroup> l_s: array<f32, BM>;
-var<workgroup> a_s: array<f32, BM>;
+// Rescale factors α (the pipelined form: one half per chunk parity).
+var<workgroup> a_s: array<f32, BM * A_BUFS>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
-// Key addresses (tiled; 1 entry in the tiled2 form, which keeps them in registers).
+// Key addresses (tiled; 1 entry in the tiled2 forms, which keep them in registers).
 var<workgroup> kbase_s: array<u32, KB_LEN>;
-// The running maxima a tiled2 chunk produces (copied to m_s during phase C, so the lanes
-// of a row group never read m_s while one of them writes it; 1 entry in the tiled form).
-var<workgroup> mn_s: array<f32, MN_LEN>;
 
 // Phase A: vec4 column d4 of this thread's KPT keys a_j + i·KL (i < KPT) from kv_s.
 fn key_cols(a_j: u32, d4: u32) -> array<SH4, KPT> {
@@ -240,9 +241,10 @@ fn chunk_raw(t: u32, kb_in: array<u32, LPT>, cn: u32, v: bool) -> array<KV_RAW, 
     return w;
 }
 
-// tiled2: unpacks this thread's raw words into kv_s, times `scale` (fp8 caches only: the
-// host passes 1 for the others, KV_SCALED false).
-fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32) {
+// tiled2: unpacks this thread's raw words into kv_s from element `off` (0: keys; V_OFF:
+// values), times `scale` (fp8 caches only: the host passes 1 for the others, KV_SCALED
+// false).
+fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32, off: u32) {
     var w = w_in;
     // @unroll
     for (var i = 0u; i < LPT; i = i + 1u) {
@@ -252,9 +254,134 @@ fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32) {
             if KV_SCALED {
                 x = x * SH(scale);
             }
-            kv_s[(u / D4) * KV_ROW + u % D4] = x;
+            kv_s[off + (u / D4) * KV_ROW + u % D4] = x;
         }
     }
+}
+
+// tiled2 forms: phase A of the chunk at c0 (cn keys) with phase B fused. The KL lanes of a
+// row group hold all BN scores of their rows; the row max and sum are reduced across them
+// in registers. Reads the running maxima from m_s half par ^ 1 and writes the new ones to
+// half par (so no lane reads a maximum another lane of its group is replacing); stores
+// the probabilities at s_off and α at a_off.
+fn scores_softmax(a_j: u32, a_rg: u32, c0: u32, cn: u32, par: u32, s_off: u32, a_off: u32) {
+    var s = tile_scores(a_j, a_rg);
+    // @unroll
+    for (var k = 0u; k < RPT_A; k = k + 1u) {
+        let r = a_rg + k * RGA;
+        let rc = min(r, BM - 1u);
+        let head = head_s[rc];
+        let live = r < BM && head != NO_ROW;
+        let p = pos_s[rc];
+        var ok: array<bool, KPT>;
+        var mx = NO_MAX;
+        // @unroll
+        for (var i = 0u; i < KPT; i = i + 1u) {
+            let j = a_j + i * KL;
+            let o = live && j < cn && visible(p, c0 + j);
+            ok[i] = o;
+            if o {
+                let x = modify(s[k * KPT + i], head, p, c0 + j);
+                s[k * KPT + i] = x;
+                mx = max(mx, x);
+            }
+        }
+        let m_old = m_s[(par ^ 1u) * BM + rc];
+        let m_new = max(m_old, lanes_max(mx));
+        var sum = 0.0;
+        // @unroll
+        for (var i = 0u; i < KPT; i = i + 1u) {
+            var e = 0.0;
+            if ok[i] {
+                e = exp(s[k * KPT + i] - m_new);
+            }
+            sum = sum + e;
+            if r < BM {
+                s_set(s_off + r * S_ROW + a_j + i * KL, e);
+            }
+        }
+        sum = lanes_sum(sum);
+        if r < BM && a_j == 0u {
+            let alpha = exp(m_old - m_new);
+            l_s[r] = l_s[r] * alpha + sum;
+            m_s[par * BM + r] = m_new;
+            a_s[a_off + r] = alpha;
+        }
+    }
+}
+
+// Phase C: acc = acc·α + P·V over the chunk's first jn keys (V at V_OFF in kv_s, P at s_off,
+// α at a_off), JU keys per iteration. Rows past n_rows have zero probabilities and are
+// never stored; rows past BM are clamped. tiled2h (F16): the chunk's P·V in f16 partial
+// sums `hacc`, added to acc after it.
+fn out_chunk(
+    c_col: u32,
+    c_rg: u32,
+    jn: u32,
+    s_off: u32,
+    a_off: u32,
+    acc_in: array<vec4<f32>, RPT_C * CPT>,
+) -> array<vec4<f32>, RPT_C * CPT> {
+    var acc = acc_in;
+    // @unroll
+    for (var k = 0u; k < RPT_C; k = k + 1u) {
+        let alpha = a_s[a_off + min(c_rg + k * RGC, BM - 1u)];
+        // @unroll
+        for (var i = 0u; i < CPT; i = i + 1u) {
+            acc[k * CPT + i] = acc[k * CPT + i] * alpha;
+        }
+    }
+    var hacc: array<SH4, RPT_C * CPT>;
+    if F16 {
+        // @unroll
+        for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
+            hacc[e] = SH4(0.0);
+        }
+    }
+    for (var j0 = 0u; j0 < jn; j0 = j0 + JU) {
+        // tiled2 (JU = 4, rows of S_ROW a multiple of 4): each row's 4 probabilities in
+        // one vec4 load.
+        var pr: array<SH4, RPT_C>;
+        if TILED2 {
+            // @unroll
+            for (var k = 0u; k < RPT_C; k = k + 1u) {
+                pr[k] = s_get4(s_off + min(c_rg + k * RGC, BM - 1u) * S_ROW + j0);
+            }
+        }
+        // @unroll
+        for (var jj = 0u; jj < JU; jj = jj + 1u) {
+            let j = j0 + jj;
+            var vv: array<SH4, CPT>;
+            // @unroll
+            for (var i = 0u; i < CPT; i = i + 1u) {
+                vv[i] = kv_s[V_OFF + j * KV_ROW + c_col + i * CL];
+            }
+            // @unroll
+            for (var k = 0u; k < RPT_C; k = k + 1u) {
+                var pk = SH(0.0);
+                if TILED2 {
+                    pk = pr[k][min(jj, 3u)];
+                } else {
+                    pk = SH(s_get(s_off + min(c_rg + k * RGC, BM - 1u) * S_ROW + j));
+                }
+                // @unroll
+                for (var i = 0u; i < CPT; i = i + 1u) {
+                    if F16 {
+                        hacc[k * CPT + i] = fma(SH4(pk), vv[i], hacc[k * CPT + i]);
+                    } else {
+                        acc[k * CPT + i] = acc[k * CPT + i] + vec4<f32>(pk * vv[i]);
+                    }
+                }
+            }
+        }
+    }
+    if F16 {
+        // @unroll
+        for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
+            acc[e] = acc[e] + vec4<f32>(hacc[e]);
+        }
+    }
+    return acc;
 }
 
 @compute @workgroup_size(WG)
@@ -296,9 +423,13 @@ fn main(inp: Inputs) {
             pos_s[r] = 0u;
             head_s[r] = NO_ROW;
         }
-        m_s[r] = m0;
+        for (var b = 0u; b < M_BUFS; b = b + 1u) {
+            m_s[b * BM + r] = m0;
+        }
+        for (var b = 0u; b < A_BUFS; b = b + 1u) {
+            a_s[b * BM + r] = 1.0;
+        }
         l_s[r] = l0;
-        a_s[r] = 1.0;
     }
     // Queries, scaled.
     for (var u = t; u < BM * D4; u = u + WG) {
@@ -337,197 +468,134 @@ fn main(inp: Inputs) {
     for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
         acc[e] = vec4<f32>(0.0);
     }
-    // tiled2: the key bases and raw K or V words of one chunk, in registers.
+    // tiled2: the key bases and raw K words of the next chunk, in registers (the pipelined
+    // form also holds the V words of the chunk whose phase C comes next).
     var kb: array<u32, LPT>;
     var raw: array<KV_RAW, LPT>;
+    var rawv: array<KV_RAW, LPT>;
     if TILED2 && lo < hi {
         kb = chunk_bases(t, lo, min(BN, hi - lo), kv_head, kv_row);
         raw = chunk_raw(t, kb, min(BN, hi - lo), false);
     }
     workgroupBarrier();
 
-    for (var c0 = lo; c0 < hi; c0 = c0 + BN) {
-        let cn = min(BN, hi - c0);
-        if TILED2 {
-            // K (loaded during the last chunk's phase C) into shared memory; this chunk's V
-            // loads are issued before phase A and stored after it.
-            chunk_store(t, raw, params.k_scale);
-            workgroupBarrier();
-            raw = chunk_raw(t, kb, cn, true);
-
-            // Phase A with phase B fused: the KL lanes of a row group hold all BN scores
-            // of their rows; the row max and sum are reduced across them in registers.
-            if a_rg < RGA {
-                var s = tile_scores(a_j, a_rg);
-                // @unroll
-                for (var k = 0u; k < RPT_A; k = k + 1u) {
-                    let r = a_rg + k * RGA;
-                    let rc = min(r, BM - 1u);
-                    let head = head_s[rc];
-                    let live = r < BM && head != NO_ROW;
-                    let p = pos_s[rc];
-                    var ok: array<bool, KPT>;
-                    var mx = NO_MAX;
-                    // @unroll
-                    for (var i = 0u; i < KPT; i = i + 1u) {
-                        let j = a_j + i * KL;
-                        let o = live && j < cn && visible(p, c0 + j);
-                        ok[i] = o;
-                        if o {
-                            let x = modify(s[k * KPT + i], head, p, c0 + j);
-                            s[k * KPT + i] = x;
-                            mx = max(mx, x);
-                        }
-                    }
-                    let m_old = m_s[rc];
-                    let m_new = max(m_old, lanes_max(mx));
-                    var sum = 0.0;
-                    // @unroll
-                    for (var i = 0u; i < KPT; i = i + 1u) {
-                        var e = 0.0;
-                        if ok[i] {
-                            e = exp(s[k * KPT + i] - m_new);
-                        }
-                        sum = sum + e;
-                        if r < BM {
-                            s_set(r * S_ROW + a_j + i * KL, e);
-                        }
-                    }
-                    sum = lanes_sum(sum);
-                    if r < BM && a_j == 0u {
-                        let alpha = exp(m_old - m_new);
-                        l_s[r] = l_s[r] * alpha + sum;
-                        mn_s[min(r, MN_LEN - 1u)] = m_new;
-                        a_s[r] = alpha;
-                    }
+    // Chunks; the running maxima of chunk ci go to m_s half ci & 1 (tiled2 forms).
+    let n_chunks = select(0u, (hi - lo + BN - 1u) / BN, lo < hi);
+    if PIPE {
+        // Pipelined: iteration ci stores K(ci) and V(ci − 1), issues the loads of V(ci) and
+        // K(ci + 1), then runs phase A of chunk ci beside phase C of chunk ci − 1 between
+        // the same two barriers (2 per chunk; K, V, the probabilities and α double
+        // buffered so neither phase waits for the other).
+        for (var ci = 0u; ci <= n_chunks; ci = ci + 1u) {
+            let c0 = lo + ci * BN;
+            let par = ci & 1u;
+            let has_a = ci < n_chunks;
+            let has_c = ci > 0u;
+            var cn = 0u;
+            if has_a {
+                cn = min(BN, hi - c0);
+                chunk_store(t, raw, params.k_scale, 0u);
+            }
+            if has_c {
+                chunk_store(t, rawv, params.v_scale, V_OFF);
+            }
+            if has_a {
+                rawv = chunk_raw(t, kb, cn, true);
+                let c1 = c0 + BN;
+                if c1 < hi {
+                    kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
+                    raw = chunk_raw(t, kb, min(BN, hi - c1), false);
                 }
             }
             workgroupBarrier();
-            chunk_store(t, raw, params.v_scale);
-            workgroupBarrier();
-            // The next chunk's K loads, in flight during phase C.
-            let c1 = c0 + BN;
-            if c1 < hi {
-                kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
-                raw = chunk_raw(t, kb, min(BN, hi - c1), false);
+            if has_a && a_rg < RGA {
+                scores_softmax(a_j, a_rg, c0, cn, par, par * S_HALF, par * BM);
             }
-            for (var r = t; r < MN_LEN; r = r + WG) {
-                m_s[min(r, BM - 1u)] = mn_s[r];
-            }
-        } else {
-            for (var j = t; j < cn; j = j + WG) {
-                kbase_s[min(j, KB_LEN - 1u)] = key_base(c0 + j, kv_head, kv_row);
-            }
-            workgroupBarrier();
-            for (var u = t; u < BN * D4; u = u + WG) {
-                let j = u / D4;
-                let c = u % D4;
-                var v = vec4<f32>(0.0);
-                if j < cn {
-                    v = k_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.k_scale;
-                }
-                kv_s[j * KV_ROW + c] = SH4(v);
-            }
-            workgroupBarrier();
-
-            // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
-            // discarded by phase B); rows past BM are clamped and not stored.
-            if a_rg < RGA {
-                let s = tile_scores(a_j, a_rg);
-                // @unroll
-                for (var k = 0u; k < RPT_A; k = k + 1u) {
-                    let r = a_rg + k * RGA;
-                    if r < BM {
-                        // @unroll
-                        for (var i = 0u; i < KPT; i = i + 1u) {
-                            s_set(r * S_ROW + a_j + i * KL, s[k * KPT + i]);
-                        }
-                    }
-                }
-            }
-            workgroupBarrier();
-
-            // Phase B (rows) while V is loaded over K.
-            softmax_rows(inp, c0, cn);
-            for (var u = t; u < BN * D4; u = u + WG) {
-                let j = u / D4;
-                let c = u % D4;
-                var v = vec4<f32>(0.0);
-                if j < cn {
-                    v = v_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.v_scale;
-                }
-                kv_s[j * KV_ROW + c] = SH4(v);
+            if has_c && c_rg < RGC {
+                acc = out_chunk(c_col, c_rg, BN, (par ^ 1u) * S_HALF, (par ^ 1u) * BM, acc);
             }
             workgroupBarrier();
         }
+    } else {
+        for (var ci = 0u; ci < n_chunks; ci = ci + 1u) {
+            let c0 = lo + ci * BN;
+            let cn = min(BN, hi - c0);
+            if TILED2 {
+                // K (loaded during the last chunk's phase C) into shared memory; this chunk's
+                // V loads are issued before phase A and stored after it.
+                chunk_store(t, raw, params.k_scale, 0u);
+                workgroupBarrier();
+                raw = chunk_raw(t, kb, cn, true);
+                if a_rg < RGA {
+                    scores_softmax(a_j, a_rg, c0, cn, ci & 1u, 0u, 0u);
+                }
+                workgroupBarrier();
+                chunk_store(t, raw, params.v_scale, 0u);
+                workgroupBarrier();
+                // The next chunk's K loads, in flight during phase C.
+                let c1 = c0 + BN;
+                if c1 < hi {
+                    kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
+                    raw = chunk_raw(t, kb, min(BN, hi - c1), false);
+                }
+            } else {
+                for (var j = t; j < cn; j = j + WG) {
+                    kbase_s[min(j, KB_LEN - 1u)] = key_base(c0 + j, kv_head, kv_row);
+                }
+                workgroupBarrier();
+                for (var u = t; u < BN * D4; u = u + WG) {
+                    let j = u / D4;
+                    let c = u % D4;
+                    var v = vec4<f32>(0.0);
+                    if j < cn {
+                        v = k_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.k_scale;
+                    }
+                    kv_s[j * KV_ROW + c] = SH4(v);
+                }
+                workgroupBarrier();
 
-        // Phase C: acc = acc·α + P·V over the chunk's first jn keys (cn; tiled2: all BN,
-        // whose keys ≥ cn have zero values and probabilities), JU keys per iteration. Rows
-        // past n_rows have zero probabilities and are never stored; rows past BM are clamped.
-        // tiled2h (F16): the chunk's P·V in f16 partial sums `hacc`, added to acc after it.
-        let jn = select(cn, BN, TILED2);
-        if c_rg < RGC {
-            // @unroll
-            for (var k = 0u; k < RPT_C; k = k + 1u) {
-                let alpha = a_s[min(c_rg + k * RGC, BM - 1u)];
-                // @unroll
-                for (var i = 0u; i < CPT; i = i + 1u) {
-                    acc[k * CPT + i] = acc[k * CPT + i] * alpha;
-                }
-            }
-            var hacc: array<SH4, RPT_C * CPT>;
-            if F16 {
-                // @unroll
-                for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
-                    hacc[e] = SH4(0.0);
-                }
-            }
-            for (var j0 = 0u; j0 < jn; j0 = j0 + JU) {
-                // tiled2 (JU = 4, rows of S_ROW a multiple of 4): each row's 4
-                // probabilities in one vec4 load.
-                var pr: array<SH4, RPT_C>;
-                if TILED2 {
+                // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
+                // discarded by phase B); rows past BM are clamped and not stored.
+                if a_rg < RGA {
+                    let s = tile_scores(a_j, a_rg);
                     // @unroll
-                    for (var k = 0u; k < RPT_C; k = k + 1u) {
-                        pr[k] = s_get4(min(c_rg + k * RGC, BM - 1u) * S_ROW + j0);
-                    }
-                }
-                // @unroll
-                for (var jj = 0u; jj < JU; jj = jj + 1u) {
-                    let j = j0 + jj;
-                    var vv: array<SH4, CPT>;
-                    // @unroll
-                    for (var i = 0u; i < CPT; i = i + 1u) {
-                        vv[i] = kv_s[j * KV_ROW + c_col + i * CL];
-                    }
-                    // @unroll
-                    for (var k = 0u; k < RPT_C; k = k + 1u) {
-                        var pk = SH(0.0);
-                        if TILED2 {
-                            pk = pr[k][min(jj, 3u)];
-                        } else {
-                            pk = SH(s_get(min(c_rg + k * RGC, BM - 1u) * S_ROW + j));
-                        }
-                        // @unroll
-                        for (var i = 0u; i < CPT; i = i + 1u) {
-                            if F16 {
-                                hacc[k * CPT + i] = fma(SH4(pk), vv[i], hacc[k * CPT + i]);
-                            } else {
-                                acc[k * CPT + i] = acc[k * CPT + i] + vec4<f32>(pk * vv[i]);
+                    for (var k = 0u; k < RPT_A; k = k + 1u) {
+                        let r = a_rg + k * RGA;
+                        if r < BM {
+                            // @unroll
+                            for (var i = 0u; i < KPT; i = i + 1u) {
+                                s_set(r * S_ROW + a_j + i * KL, s[k * KPT + i]);
                             }
                         }
                     }
                 }
-            }
-            if F16 {
-                // @unroll
-                for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
-                    acc[e] = acc[e] + vec4<f32>(hacc[e]);
+                workgroupBarrier();
+
+                // Phase B (rows) while V is loaded over K.
+                softmax_rows(inp, c0, cn);
+                for (var u = t; u < BN * D4; u = u + WG) {
+                    let j = u / D4;
+                    let c = u % D4;
+                    var v = vec4<f32>(0.0);
+                    if j < cn {
+                        v = v_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.v_scale;
+                    }
+                    kv_s[j * KV_ROW + c] = SH4(v);
                 }
+                workgroupBarrier();
             }
+            // Phase C over the chunk's first jn keys (cn; tiled2: all BN, whose keys ≥ cn
+            // have zero values and probabilities).
+            if c_rg < RGC {
+                acc = out_chunk(c_col, c_rg, select(cn, BN, TILED2), 0u, 0u, acc);
+            }
+            workgroupBarrier();
         }
-        workgroupBarrier();
     }
+    // The half of m_s holding the final running maxima (tiled2 forms: that of the last
+    // chunk, or of the initial values, half 1, when there was none).
+    let m_fin = select(0u, ((n_chunks + 1u) & 1u) * BM, TILED2);
+
 
     // Epilogue.
     if c_rg < RGC {
@@ -536,7 +604,7 @@ fn main(inp: Inputs) {
             let r = c_rg + k * RGC;
             if r < n_rows {
                 let l = l_s[r];
-                let m = m_s[r];
+                let m = m_s[m_fin + r];
                 let head = head_s[r];
                 let tok = tok_start + (row_start + r) / g;
                 if slot == DIRECT {

@@ -350,6 +350,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_keys_h: None,
                 prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+                prefill_pipelined: false,
             },
         ),
     ];
@@ -403,7 +404,34 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             ..t2h(serial, 512)
         },
     ));
+    // The pipelined tiled2 forms (POLYATTN_WGPU_PREFILL_PIPELINED): f16 with its own
+    // 48-key chunks (not a power of two: 6 keys per thread), f32 at 128 threads.
+    v.push((
+        "tiled2h prefill pipelined (serial), 48-key chunks, 256 threads",
+        WgpuTuning {
+            prefill_pipelined: true,
+            prefill_keys_h: Some(48),
+            ..t2h(serial, 256)
+        },
+    ));
+    v.push((
+        "tiled2 prefill pipelined (serial), 128 threads",
+        WgpuTuning {
+            prefill_pipelined: true,
+            ..t2(serial, 128)
+        },
+    ));
     if dev.has_subgroups() {
+        v.push((
+            "tiled2h prefill pipelined (subgroups), 32-row tiles, 4x1 blocks, 512 threads",
+            WgpuTuning {
+                subgroups: true,
+                prefill_pipelined: true,
+                prefill_rows_h: Some(32),
+                prefill_block: (4, 1),
+                ..t2h(serial, 512)
+            },
+        ));
         v.push((
             "tiled2h prefill (subgroups), 64-key chunks, 16x8 blocks, 64 threads",
             WgpuTuning {
@@ -460,6 +488,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_keys_h: None,
                 prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+                prefill_pipelined: false,
             },
         ));
         v.push((
@@ -590,6 +619,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_keys_h: None,
         prefill_rows_h: None,
         prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+        prefill_pipelined: false,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

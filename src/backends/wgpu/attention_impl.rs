@@ -307,8 +307,23 @@ impl WgpuAttentionImpl {
                 max_key_lanes,
                 half: false,
                 block: self.tuning.prefill_block,
+                pipelined: false,
             }),
             ..tiled
+        };
+        // The pipelined variant of a shape first when the tuning asks for it.
+        let pipelined = |s: AttentionShader| AttentionShader {
+            tiled2: s.tiled2.map(|t| Tiled2 {
+                pipelined: true,
+                ..t
+            }),
+            ..s
+        };
+        let pick = |s: AttentionShader| -> Option<AttentionShader> {
+            [pipelined(s), s]
+                .into_iter()
+                .skip(usize::from(!self.tuning.prefill_pipelined))
+                .find(|s| self.runs_here(s))
         };
         if kernel == PrefillKernel::Tiled2H {
             let t2h = AttentionShader {
@@ -325,11 +340,8 @@ impl WgpuAttentionImpl {
                     block_n: self.tuning.prefill_keys_h.unwrap_or(t2h.block_n),
                     ..t2h
                 });
-                if let Some(s) = own.filter(|s| self.runs_here(s)) {
+                if let Some(s) = own.and_then(pick).or_else(|| pick(t2h)) {
                     return s;
-                }
-                if self.runs_here(&t2h) {
-                    return t2h;
                 }
             }
             tracing::debug!(
@@ -339,12 +351,10 @@ impl WgpuAttentionImpl {
                 self.dev.has_f16()
             );
         }
-        if self.runs_here(&t2) {
-            t2
-        } else {
+        pick(t2).unwrap_or_else(|| {
             tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
             tiled
-        }
+        })
     }
 
     /// Whether a tiled2-form specialisation can run on this adapter: a register blocking

@@ -76,7 +76,7 @@ pub struct WgpuTuning {
     /// `WgpuAttentionImpl::with_tuning`), for both prefill forms.
     pub prefill_tile: Option<(u32, u32)>,
     /// Keys per chunk (BN) of the tiled2h form only (`POLYATTN_WGPU_PREFILL_KEYS_H`: 8, 16,
-    /// 32 or 64), its query rows staying those of the prefill tile (the work plan depends on
+    /// 32, 48 or 64), its query rows staying those of the prefill tile (the work plan depends on
     /// them). Why a separate count: tiled2h's f16 tiles take half the workgroup memory, so
     /// it can run larger chunks than the f32 forms whose memory bounds the prefill tile.
     /// Used where that tile fits the adapter; `None`: the prefill tile's BN. GPUs default
@@ -93,6 +93,9 @@ pub struct WgpuTuning {
     /// (`POLYATTN_WGPU_PREFILL_BLOCK=KxC`, e.g. `8x2`; default
     /// [`crate::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK`]).
     pub prefill_block: (u32, u32),
+    /// Run the tiled2 forms pipelined where their double buffers fit the adapter
+    /// (`shaders::Tiled2::pipelined`; `POLYATTN_WGPU_PREFILL_PIPELINED=0` / `1`).
+    pub prefill_pipelined: bool,
 }
 
 /// Parses a tiled2 register block `KxC` (K 4, 8 or 16 keys; C 1, 2, 4 or 8 vec4 columns).
@@ -195,7 +198,7 @@ impl WgpuTuning {
     /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32 to 1024, where the
     /// adapter allows), `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`),
     /// `POLYATTN_WGPU_PREFILL_KEYS_H`, `POLYATTN_WGPU_PREFILL_ROWS_H` and
-    /// `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`). A value that does not parse (or is out of
+    /// `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`), `POLYATTN_WGPU_PREFILL_PIPELINED` (`0` / `1`). A value that does not parse (or is out of
     /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
@@ -218,6 +221,7 @@ impl WgpuTuning {
             prefill_keys_h: (!cpu).then_some(GPU_PREFILL_KEYS_H),
             prefill_rows_h: None,
             prefill_block: TILED2_DEFAULT_BLOCK,
+            prefill_pipelined: false,
         }
     }
 
@@ -272,10 +276,10 @@ impl WgpuTuning {
             },
             prefill_keys_h: match std::env::var("POLYATTN_WGPU_PREFILL_KEYS_H") {
                 Ok(v) => match v.trim().parse::<u32>() {
-                    Ok(n) if [8, 16, 32, 64].contains(&n) => Some(n),
+                    Ok(n) if [8, 16, 32, 48, 64].contains(&n) => Some(n),
                     _ => {
                         tracing::warn!(
-                            "POLYATTN_WGPU_PREFILL_KEYS_H={v} is not 8, 16, 32 or 64; ignored"
+                            "POLYATTN_WGPU_PREFILL_KEYS_H={v} is not 8, 16, 32, 48 or 64; ignored"
                         );
                         self.prefill_keys_h
                     }
@@ -292,6 +296,7 @@ impl WgpuTuning {
                 },
                 Err(_) => self.prefill_rows_h,
             },
+            prefill_pipelined: flag("POLYATTN_WGPU_PREFILL_PIPELINED", self.prefill_pipelined),
             prefill_block: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK") {
                 Ok(v) => parse_block(&v).unwrap_or_else(|| {
                     tracing::warn!(
@@ -631,6 +636,7 @@ mod tests {
             prefill_keys_h: None,
             prefill_rows_h: None,
             prefill_block: TILED2_DEFAULT_BLOCK,
+            prefill_pipelined: false,
         }
     }
 

@@ -494,6 +494,12 @@ pub struct Tiled2 {
     /// ([`AttentionBlocking::tiled2_with`]); [`TILED2_DEFAULT_BLOCK`] unless tuned
     /// (`POLYATTN_WGPU_PREFILL_BLOCK`).
     pub block: (u32, u32),
+    /// The pipelined form: phase A of chunk i and phase C of chunk i − 1 run between the
+    /// same two barriers (2 per chunk instead of 4), K and V of a chunk stored in one step,
+    /// the next chunk's K and V loads in flight during both phases; K / V, probabilities
+    /// and α double-buffered in workgroup memory ([`tiled2_pipelined_bytes`]).
+    /// `POLYATTN_WGPU_PREFILL_PIPELINED=1`.
+    pub pipelined: bool,
 }
 
 /// The tiled2 forms' default per-thread block ([`Tiled2::block`]): ≥ 4 keys per thread in
@@ -505,24 +511,32 @@ pub const TILED2_DEFAULT_BLOCK: (u32, u32) = (4, 4);
 /// so phase C loads four probabilities at once), no key addresses, and one more float per
 /// row (the new running maxima).
 pub fn tiled2_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
-    tiled2_bytes_with(head_size, block_m, block_n, 4)
+    tiled2_bytes_with(head_size, block_m, block_n, 4, false)
+}
+
+/// Bytes of workgroup memory the pipelined tiled2 forms ([`Tiled2::pipelined`]) need:
+/// twice the key / value and probability tiles and one more word per row (α per chunk
+/// parity), with `half` for f16 tiles (tiled2h).
+pub fn tiled2_pipelined_bytes(head_size: u32, block_m: u32, block_n: u32, half: bool) -> u32 {
+    tiled2_bytes_with(head_size, block_m, block_n, if half { 2 } else { 4 }, true)
 }
 
 /// Bytes of workgroup memory the tiled2h form ([`Tiled2::half`]) needs for a tile shape:
 /// the tiled2 form's ([`tiled2_shared_bytes`]) with queries, keys / values and
 /// probabilities stored as f16 (half of their bytes); the per-row statistics stay f32.
 pub fn tiled2h_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
-    tiled2_bytes_with(head_size, block_m, block_n, 2)
+    tiled2_bytes_with(head_size, block_m, block_n, 2, false)
 }
 
 /// The tiled2 forms' workgroup memory with `elem` bytes per query, key, value and
-/// probability element.
-fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32) -> u32 {
+/// probability element (`pipe`: the pipelined form's double buffers).
+fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32, pipe: bool) -> u32 {
     let d4 = head_size / 4;
+    let bufs = if pipe { 2 } else { 1 };
     block_m * d4 * 4 * elem // queries
-        + block_n * (d4 + 1) * 4 * elem // keys, then values
-        + block_m * (block_n + 4) * elem // probabilities
-        + block_m * 6 * 4 // m, new m, l, alpha, position, head
+        + bufs * block_n * (d4 + 1) * 4 * elem // keys, then values (pipe: both)
+        + bufs * block_m * (block_n + 4) * elem // probabilities
+        + block_m * (6 + bufs - 1) * 4 // m (2 halves), l, alpha (pipe: 2), position, head
         + 4 // the unused key-address slot
 }
 
@@ -576,7 +590,7 @@ impl AttentionShader {
             if self.unrolled { " unrolled" } else { "" },
             match self.tiled2 {
                 Some(t) => format!(
-                    " tiled2{} wg{} kl{}{}",
+                    " tiled2{} wg{} kl{}{}{}",
                     if t.half { "h" } else { "" },
                     t.workgroup,
                     t.max_key_lanes,
@@ -584,7 +598,8 @@ impl AttentionShader {
                         String::new()
                     } else {
                         format!(" b{}x{}", t.block.0, t.block.1)
-                    }
+                    },
+                    if t.pipelined { " pipelined" } else { "" }
                 ),
                 None => String::new(),
             }
@@ -594,6 +609,9 @@ impl AttentionShader {
     /// Workgroup memory it uses, in bytes.
     pub fn shared_bytes(&self) -> u32 {
         match self.tiled2 {
+            Some(t) if t.pipelined => {
+                tiled2_pipelined_bytes(self.head_size, self.block_m, self.block_n, t.half)
+            }
             Some(t) if t.half => tiled2h_shared_bytes(self.head_size, self.block_m, self.block_n),
             Some(_) => tiled2_shared_bytes(self.head_size, self.block_m, self.block_n),
             None => attention_shared_bytes(self.head_size, self.block_m, self.block_n),
@@ -633,6 +651,8 @@ impl AttentionShader {
             .unwrap_or_else(|| panic!("{}: no register blocking", self.key()));
         let t2 = self.tiled2.is_some();
         let half = self.tiled2.is_some_and(|t| t.half);
+        let pipe = self.tiled2.is_some_and(|t| t.pipelined);
+        let s_row = self.block_n + if t2 { 4 } else { 1 };
         // tiled2: DU vec4 columns per phase-A step, JU keys per phase-C step (the tiled
         // form keeps one of each, as before the tiled2 form existed).
         let unroll_by = |n: u32| {
@@ -654,7 +674,7 @@ impl AttentionShader {
             ("BN", self.block_n),
             ("WG", wg),
             ("KV_ROW", d4 + 1),
-            ("S_ROW", self.block_n + if t2 { 4 } else { 1 }),
+            ("S_ROW", s_row),
             ("KPT", b.keys_per_thread),
             ("KL", b.key_lanes),
             ("LOG_KL", b.key_lanes.ilog2()),
@@ -668,11 +688,20 @@ impl AttentionShader {
             ("JU", unroll_by(self.block_n)),
             ("LPT", (self.block_n * d4).div_ceil(wg)),
             ("KB_LEN", if t2 { 1 } else { self.block_n }),
-            ("MN_LEN", if t2 { self.block_m } else { 1 }),
             ("FA", TILED2H_PARTIAL_COLUMNS),
+            // The pipelined form double-buffers K / V, the probabilities and α; both tiled2
+            // forms keep two halves of running maxima.
+            ("KV_BUFS", if pipe { 2 } else { 1 }),
+            ("V_OFF", if pipe { self.block_n * (d4 + 1) } else { 0 }),
+            ("S_BUFS", if pipe { 2 } else { 1 }),
+            ("S_HALF", self.block_m * s_row),
+            ("M_BUFS", if t2 { 2 } else { 1 }),
+            ("A_BUFS", if pipe { 2 } else { 1 }),
         ];
         s += &consts(&c);
-        s += &format!("const TILED2: bool = {t2};\nconst F16: bool = {half};\n");
+        s += &format!(
+            "const TILED2: bool = {t2};\nconst F16: bool = {half};\nconst PIPE: bool = {pipe};\n"
+        );
         // The element type of the query, key / value and probability tiles in workgroup
         // memory (SH, SH4): f16 in the tiled2h form, f32 otherwise.
         s += if half {
@@ -688,12 +717,12 @@ impl AttentionShader {
         // Scores / probabilities, row r at r·S_ROW: scalars in the tiled form, vec4s in the
         // tiled2 form (its phase C loads four probabilities of a row at once).
         s += if half {
-            "var<workgroup> s_s: array<vec4<f16>, BM * S_ROW / 4u>;\n\
+            "var<workgroup> s_s: array<vec4<f16>, BM * S_ROW * S_BUFS / 4u>;\n\
              fn s_get(i: u32) -> f32 {\n    return f32(s_s[i >> 2u][i & 3u]);\n}\n\
              fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = f16(v);\n}\n\
              fn s_get4(i: u32) -> vec4<f16> {\n    return s_s[i >> 2u];\n}\n"
         } else if t2 {
-            "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW / 4u>;\n\
+            "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW * S_BUFS / 4u>;\n\
              fn s_get(i: u32) -> f32 {\n    return s_s[i >> 2u][i & 3u];\n}\n\
              fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = v;\n}\n\
              fn s_get4(i: u32) -> vec4<f32> {\n    return s_s[i >> 2u];\n}\n"
@@ -1305,6 +1334,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             max_key_lanes,
             half: false,
             block: TILED2_DEFAULT_BLOCK,
+            pipelined: false,
         }),
         ..s
     };
@@ -1637,6 +1667,7 @@ mod tests {
                 max_key_lanes: 32,
                 half: false,
                 block: TILED2_DEFAULT_BLOCK,
+                pipelined: false,
             }),
             ..a
         };
