@@ -351,6 +351,8 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
                 prefill_pipelined: false,
+                prefill_workgroup_h: None,
+                prefill_block_h: None,
             },
         ),
     ];
@@ -372,8 +374,12 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
     v.push(("tiled2 prefill (serial), 64 threads", t2(serial, 64)));
     // The tiled2h (f16) prefill form: serial with loops, and with subgroups unrolled in the
     // GPU's 64 x 16 tile (f16 layers; every other layer falls back to tiled2).
+    // (The tiled2h-only thread count and block of the GPU defaults cleared, so `workgroup`
+    // and `prefill_block` apply.)
     let t2h = |t: WgpuTuning, workgroup: u32| WgpuTuning {
         prefill_kernel: PrefillKernel::Tiled2H,
+        prefill_workgroup_h: None,
+        prefill_block_h: None,
         ..t2(t, workgroup)
     };
     let serial_h = t2h(serial, 128);
@@ -489,6 +495,8 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
                 prefill_pipelined: false,
+                prefill_workgroup_h: None,
+                prefill_block_h: None,
             },
         ));
         v.push((
@@ -620,6 +628,8 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_rows_h: None,
         prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
         prefill_pipelined: false,
+        prefill_workgroup_h: None,
+        prefill_block_h: None,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

@@ -327,7 +327,12 @@ impl WgpuAttentionImpl {
         };
         if kernel == PrefillKernel::Tiled2H {
             let t2h = AttentionShader {
-                tiled2: t2.tiled2.map(|t| Tiled2 { half: true, ..t }),
+                tiled2: t2.tiled2.map(|t| Tiled2 {
+                    half: true,
+                    workgroup: self.tuning.prefill_workgroup_h.unwrap_or(t.workgroup),
+                    block: self.tuning.prefill_block_h.unwrap_or(t.block),
+                    ..t
+                }),
                 ..t2
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;

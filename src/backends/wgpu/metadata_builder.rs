@@ -93,6 +93,14 @@ pub struct WgpuTuning {
     /// (`POLYATTN_WGPU_PREFILL_BLOCK=KxC`, e.g. `8x2`; default
     /// [`crate::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK`]).
     pub prefill_block: (u32, u32),
+    /// Threads per workgroup of the tiled2h form only (`POLYATTN_WGPU_PREFILL_WG_H`, as
+    /// [`WgpuTuning::prefill_workgroup`]; `None`: that one). GPUs default to
+    /// [`GPU_PREFILL_WG_H`].
+    pub prefill_workgroup_h: Option<u32>,
+    /// Per-thread register block of the tiled2h form only (`POLYATTN_WGPU_PREFILL_BLOCK_H`,
+    /// as [`WgpuTuning::prefill_block`]; `None`: that one). GPUs default to
+    /// [`GPU_PREFILL_BLOCK_H`].
+    pub prefill_block_h: Option<(u32, u32)>,
     /// Run the tiled2 forms pipelined where their double buffers fit the adapter
     /// (`shaders::Tiled2::pipelined`; `POLYATTN_WGPU_PREFILL_PIPELINED=0` / `1`).
     pub prefill_pipelined: bool,
@@ -125,10 +133,23 @@ pub fn parse_tile(s: &str) -> Option<(u32, u32)> {
 pub const GPU_PREFILL_TILE: (u32, u32) = (64, 16);
 
 /// Keys per chunk GPUs give the tiled2h (f16) prefill form by default. On the H200 through
-/// Vulkan (2026-11-30, P2 in f16, 4k / 16k tokens) it ran 15.7 / 17.2 TFLOP/s with 32 keys,
-/// 15.2 / 17.6 with 64 and 13.1 / 14.1 with the prefill tile's 16 (the f32 tiled2 form:
-/// 9.7 / 10.4); 32 needs half the workgroup memory of 64.
-pub const GPU_PREFILL_KEYS_H: u32 = 32;
+/// Vulkan (2026-11-30, P2 in f16, 4k / 16k tokens, 64-row tiles) with 512 threads and 4 x 1
+/// blocks ([`GPU_PREFILL_WG_H`], [`GPU_PREFILL_BLOCK_H`]) it ran 23.9 / 25.9 TFLOP/s with
+/// 64 keys against 19.5 / 20.9 with 32: per-chunk costs (barriers, α rescale, the f16
+/// partial flush) spread over more keys.
+pub const GPU_PREFILL_KEYS_H: u32 = 64;
+
+/// Threads per workgroup GPUs give the tiled2h form by default (with [`GPU_PREFILL_KEYS_H`]
+/// keys per chunk and [`GPU_PREFILL_BLOCK_H`]). On the H200 through Vulkan (2026-11-30, P2
+/// in f16, 4k / 16k tokens, 64-row tiles, 64-key chunks): 512 threads with 4 x 1 blocks
+/// 23.9 / 25.9 TFLOP/s, 4 x 4 blocks 23.0 / 24.9; 256 threads 21.9 / 23.8; 1024 threads
+/// 21.5 / 23.2; the earlier default (128 threads, 32-key chunks) 15.7 / 17.2.
+pub const GPU_PREFILL_WG_H: u32 = 512;
+
+/// Per-thread register block GPUs give the tiled2h form by default: ≥ 4 keys per thread in
+/// phase A, one vec4 output column per thread in phase C (at 512 threads, 64 rows and head
+/// size 128: 2 x 4 scores and 4 x 1 outputs per thread). See [`GPU_PREFILL_WG_H`].
+pub const GPU_PREFILL_BLOCK_H: (u32, u32) = (4, 1);
 
 /// Default threads per workgroup of the tiled2 prefill form.
 pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
@@ -221,6 +242,8 @@ impl WgpuTuning {
             prefill_keys_h: (!cpu).then_some(GPU_PREFILL_KEYS_H),
             prefill_rows_h: None,
             prefill_block: TILED2_DEFAULT_BLOCK,
+            prefill_workgroup_h: (!cpu).then_some(GPU_PREFILL_WG_H),
+            prefill_block_h: (!cpu).then_some(GPU_PREFILL_BLOCK_H),
             prefill_pipelined: false,
         }
     }
@@ -297,6 +320,29 @@ impl WgpuTuning {
                 Err(_) => self.prefill_rows_h,
             },
             prefill_pipelined: flag("POLYATTN_WGPU_PREFILL_PIPELINED", self.prefill_pipelined),
+            prefill_workgroup_h: match std::env::var("POLYATTN_WGPU_PREFILL_WG_H") {
+                Ok(v) => match v.trim().parse::<u32>() {
+                    Ok(n) if n.is_power_of_two() && (32..=1024).contains(&n) => Some(n),
+                    _ => {
+                        tracing::warn!(
+                            "POLYATTN_WGPU_PREFILL_WG_H={v} is not a power of two from 32 to \
+                             1024; ignored"
+                        );
+                        self.prefill_workgroup_h
+                    }
+                },
+                Err(_) => self.prefill_workgroup_h,
+            },
+            prefill_block_h: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK_H") {
+                Ok(v) => parse_block(&v).or_else(|| {
+                    tracing::warn!(
+                        "POLYATTN_WGPU_PREFILL_BLOCK_H={v} is not KxC (K 4/8/16, C 1/2/4/8); \
+                         ignored"
+                    );
+                    self.prefill_block_h
+                }),
+                Err(_) => self.prefill_block_h,
+            },
             prefill_block: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK") {
                 Ok(v) => parse_block(&v).unwrap_or_else(|| {
                     tracing::warn!(
@@ -636,6 +682,8 @@ mod tests {
             prefill_keys_h: None,
             prefill_rows_h: None,
             prefill_block: TILED2_DEFAULT_BLOCK,
+            prefill_workgroup_h: None,
+            prefill_block_h: None,
             prefill_pipelined: false,
         }
     }
