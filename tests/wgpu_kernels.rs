@@ -14,7 +14,7 @@ mod common;
 
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::{
-    tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
+    tiled2_pipelined_bytes, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
 };
 use polyattn::backends::wgpu::{
     kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
@@ -269,12 +269,23 @@ fn check_batch(
     let own_n = tuning
         .prefill_keys_h
         .filter(|&n| got_t2h && tiled2h_shared_bytes(d, bm, n) <= limit);
-    if own_n.is_some_and(|n| n != bn) {
+    // Its own rows per tile (prefill_rows_h) likewise replace the tile's BM.
+    let own_m = tuning
+        .prefill_rows_h
+        .filter(|&m| got_t2h && tiled2h_shared_bytes(d, m, bn) <= limit);
+    if own_n.is_some_and(|n| n != bn) || own_m.is_some_and(|m| m != bm) {
+        return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+    }
+    // The pipelined variant wherever the tuning asks for it and its double buffers fit.
+    let want_pipe = tuning.prefill_pipelined
+        && prefill.tiled2.is_some()
+        && tiled2_pipelined_bytes(d, bm, bn, got_t2h) <= limit;
+    if want_pipe != prefill.tiled2.is_some_and(|t| t.pipelined) {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
     if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
         // Used wherever it fits (elsewhere the default tile runs, with a warning).
-        let want = (t.0, own_n.unwrap_or(t.1));
+        let want = (own_m.unwrap_or(t.0), own_n.unwrap_or(t.1));
         if prefill_tile_fits(dev, p.head_size, t) && (bm, bn) != want {
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }
