@@ -3,7 +3,8 @@
 //
 // Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
 // (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 and F16
-// (the form, below) with DU, JU, LPT, LOG_KL, KB_LEN, MN_LEN, S_ROW, FA, KV_SCALED, the
+// (the form, below) with DU, JU, LPT, LOG_KL, KB_LEN, S_ROW, FA, KV_SCALED, PIPE and its
+// buffer counts (KV_BUFS, V_OFF, S_BUFS, S_HALF, M_BUFS, A_BUFS), the
 // element type SH / SH4 of the query, key / value and probability tiles in workgroup memory
 // (f32 / vec4<f32>; f16 / vec4<f16> when F16), the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
@@ -55,9 +56,10 @@
 //       the KL lanes of a row group (adjacent lanes of one subgroup, numbered by
 //       `vthread`; KL ≤ the smallest subgroup size, 1 without subgroups) hold all BN
 //       scores of their rows, apply soft cap / ALiBi / mask, and reduce the row max and
-//       sum with `lanes_max` / `lanes_sum` (LOG_KL shuffles) — no serial softmax pass;
-//       the new maxima go to mn_s (copied to m_s during phase C, so no lane reads m_s
-//       while another writes it); barrier; V words -> kv_s; barrier; issue the next
+//       sum with `lanes_max` / `lanes_sum` (LOG_KL shuffles) — no serial softmax pass
+//       (`scores_softmax`); chunk i reads the running maxima from m_s half (i & 1) ^ 1 and
+//       writes half i & 1, so no lane reads a maximum another is replacing; barrier; V
+//       words -> kv_s; barrier; issue the next
 //       chunk's address reads and K loads; phase C over all BN keys (keys ≥ cn have zero
 //       V and zero P), JU = 4 keys per step, each row's 4 probabilities one vec4 load
 //       (s_s holds vec4 rows of S_ROW = BN + 4 floats); barrier.
@@ -65,7 +67,14 @@
 //     and C, phase A DU vec4 columns per step. Blocking: KPT = BN / KL ≥ 4 keys per
 //     thread where the lanes allow, RGA = WG / KL row groups; phase C as the tiled form
 //     with WG threads (WG = 64 gives 4 × 4 blocks in both phases of a 32 × 32 tile at
-//     D = 128, twice the FMAs per shared-memory load of 128 threads' 2 × 4).
+//     D = 128, twice the FMAs per shared-memory load of 128 threads' 2 × 4; the host's
+//     `POLYATTN_WGPU_PREFILL_BLOCK` asks for other blocks).
+//     Pipelined (PIPE, either tiled2 form; `POLYATTN_WGPU_PREFILL_PIPELINED=1`): iteration i
+//     stores K(i) and V(i − 1) (V at V_OFF), issues the loads of V(i) and K(i + 1), then
+//     after one barrier runs phase A of chunk i and phase C of chunk i − 1 (probabilities
+//     at S_HALF·parity, α at BM·parity), then a second barrier: 2 barriers per chunk,
+//     every load in flight across both phases, at the price of double buffers (at 48 KiB
+//     and D = 128 in f16: 64 rows × 32 keys).
 //   * tiled2h (TILED2 and F16 true; `enable f16;` is emitted for this form only, which the
 //     host picks for f16 activations with an f16 cache on adapters with SHADER_F16): the
 //     tiled2 form with q_s, kv_s and s_s holding f16 (half the workgroup memory and shared
@@ -95,8 +104,8 @@
 //     65504: an inf / NaN output) or whose scores are large (an |s| ~ 30 partial has an
 //     f16 ulp of 2^-6): those layers keep tiled2.
 // All forms share `tile_scores` (phase A; tiled2h branches to `tile_scores_h`), the
-// phase-C block (tiled2h: with its f16 partials) and the epilogue; the
-// generator (`AttentionShader::source`) sets DU = JU = 1, KB_LEN = BN, MN_LEN = 1 and
+// phase-C function `out_chunk` (tiled2h: with its f16 partials) and the epilogue; the
+// generator (`AttentionShader::source`) sets DU = JU = 1, KB_LEN = BN, M_BUFS = 1 and
 // S_ROW = BN + 1 for the tiled form (its loops as before tiled2 existed).
 //
 // Bounds relied on: every item comes from metadata validated on the host — tokens < the
@@ -104,7 +113,8 @@
 // < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored
 // (tiled2 loads nothing for keys ≥ cn: their words are zero). Shared-memory indices:
 // a_j + i·KL < BN, c_col + i·CL < D4, rows clamped to BM − 1, u < BN·D4 for the chunk
-// stores; every other index is bounded by its loop.
+// stores (plus V_OFF = BN·KV_ROW < the array's 2·BN·KV_ROW when pipelined), parity halves
+// below M_BUFS / A_BUFS / S_BUFS; every other index is bounded by its loop.
 
 var<workgroup> q_s: array<SH4, BM * D4>;
 // Keys, then values (the pipelined form: keys, and values from V_OFF).

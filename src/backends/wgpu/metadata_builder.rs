@@ -159,7 +159,8 @@ pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
 /// `tiled2h`, which is tiled2 except for f16 layers with an f16 cache on `SHADER_F16`
 /// adapters: on the H200 through Vulkan tiled2 ran P2 at 9.5–13.9 TFLOP/s with 128 threads
 /// against the tiled form's 4.8–6.0, and tiled2h ran P2 in f16 at 10.8–17.5 against
-/// tiled2's 9.7–10.4, 2026-11-30).
+/// tiled2's 9.7–10.4 with the same 128 threads, 17.1–26.7 with its GPU defaults
+/// ([`GPU_PREFILL_WG_H`]), 2026-11-30).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PrefillKernel {
     /// Phases A (scores), B (softmax, one subgroup or thread per row), C (P·V), with the

@@ -31,7 +31,7 @@ pub mod shaders;
 pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
 pub use metadata_builder::{
-    parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
-    WgpuMetadataBuilder, WgpuTuning, WorkList, GPU_PREFILL_KEYS_H, GPU_PREFILL_TILE,
-    PREFILL_TILED2_WORKGROUP,
+    parse_block, parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
+    WgpuMetadataBuilder, WgpuTuning, WorkList, GPU_PREFILL_BLOCK_H, GPU_PREFILL_KEYS_H,
+    GPU_PREFILL_TILE, GPU_PREFILL_WG_H, PREFILL_TILED2_WORKGROUP,
 };

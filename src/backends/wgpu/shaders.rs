@@ -1365,6 +1365,43 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         ));
         push(s.key(), s.source(), true);
     }
+    // The GPU defaults of tiled2h (64 rows x 64 keys, 512 threads, 4 x 1 blocks), paged and
+    // dense, and the pipelined variants: tiled2h at 64 x 32 (the largest at 48 KiB) and
+    // tiled2 in f32 in the 32 KiB tile with loops.
+    let shaped =
+        |s: AttentionShader, (m, n): (u32, u32), wg: u32, block, pipelined| AttentionShader {
+            block_m: m,
+            block_n: n,
+            tiled2: s.tiled2.map(|t| Tiled2 {
+                workgroup: wg,
+                block,
+                pipelined,
+                ..t
+            }),
+            ..s
+        };
+    for paged in [true, false] {
+        let h = half(t2(
+            attn(128, tile48, DType::F16, DType::F16, paged, true),
+            ATTENTION_WORKGROUP,
+            32,
+        ));
+        let s = shaped(h, (64, 64), 512, (4, 1), false);
+        push(s.key(), s.source(), true);
+        let s = shaped(h, (64, 32), 512, (4, 1), true);
+        push(s.key(), s.source(), true);
+    }
+    let tile32 = choose_tile(128, 32 * 1024, TileKind::Prefill).expect("d128 fits 32 KiB");
+    let f = t2(
+        attn(128, tile32, DType::F32, DType::F32, true, false),
+        ATTENTION_WORKGROUP,
+        1,
+    );
+    let s = AttentionShader {
+        unrolled: false,
+        ..shaped(f, tile32, 128, TILED2_DEFAULT_BLOCK, true)
+    };
+    push(s.key(), s.source(), false);
     // tiled2h (f16) and tiled2 (f32): head sizes 4 to 512 at 32 KiB with subgroups of 8 and
     // without, loops, paged and dense (for tiled2h: FA partials that end before D4 and
     // several partials per score).
