@@ -28,8 +28,8 @@
 # tiled2 at 128, 64 and 32 threads and with 64x16 tiles; wgpu-f16: the f16 WGPU prefill form
 # (POLYATTN_WGPU_PREFILL=tiled2h) checked by the shared suite and wgpu_kernels, then P2 at 4k
 # and 16k with f16 activations (f16 cache) for tiled2 beside tiled2h at 128 and 64 threads;
-# wgpu-f16-sweep: tiled2h with 128-row tiles / 256 threads / 64-key chunks (P2 f16 at 4k and
-# 16k); wgpu-splits: the small-batch WGPU decode rows traced, then with shorter partials / more
+# wgpu-f16-sweep: tiled2h shapes through POLYATTN_WGPU_PREFILL_ROWS_H / _KEYS_H / _WG_H /
+# _BLOCK_H / _PIPELINED (P2 f16 at 4k and 16k, with register counts); wgpu-splits: the small-batch WGPU decode rows traced, then with shorter partials / more
 # splits (POLYATTN_WGPU_SPLIT_MIN_KEYS 32 / 64, _MAX_SPLITS 128 / 256).
 # Logs go to $OUT.
 set -u
@@ -207,16 +207,21 @@ for p in "${phases[@]}"; do
       run wgpu-after-cuda 150 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend cuda,wgpu \
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg ;;
     wgpu-f16-sweep)
-      # tiled2h blockings through the knobs alone: 128-row tiles give each of 128 threads
-      # 8 x 4 scores (twice the FMAs per shared load of 64-row tiles' 4 x 4); 256 threads
-      # on them keep 4 x 4 with twice the warps. Checked first on the shared suite.
-      run f16-128x16-attention 150 env POLYATTN_WGPU_PREFILL_TILE=128x16 \
-        $B/test-attention_correctness --nocapture
-      for cfg in 64x16:32:128 128x16:32:128 128x16:64:128 128x16:32:256 64x16:64:256; do
-        IFS=: read -r tile keys wg <<<"$cfg"
-        run f16-$tile-k$keys-wg$wg 60 env POLYATTN_WGPU_PREFILL_TILE=$tile \
-          POLYATTN_WGPU_PREFILL_KEYS_H=$keys POLYATTN_WGPU_PREFILL_WG=$wg $B/bin-polyattn bench \
-          --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
+      # tiled2h shapes through its own knobs (rows, keys, threads, register block; `p`:
+      # pipelined), each with the specialisation that actually compiled (a shape that does
+      # not fit falls back) and the driver's register count (needs the pipeline_stats
+      # example: pack.sh --example pipeline_stats).
+      for cfg in 64:64:512:4x1 64:64:256:4x4 64:32:512:4x1 64:32:512:4x1p 48:64:512:4x1; do
+        IFS=: read -r rows keys wg blk <<<"$cfg"
+        pipe=0; [ "${blk%p}" != "$blk" ] && pipe=1 && blk=${blk%p}
+        [ -x $B/example-pipeline_stats ] && $B/example-pipeline_stats \
+          "${rows}x${keys}:$wg:$blk$([ $pipe = 1 ] && echo p)" 2>&1 | grep -o "Register Count=[0-9]*"
+        run f16-r$rows-k$keys-wg$wg-b$blk-p$pipe 60 env POLYATTN_WGPU_LOG_PIPELINES=1 \
+          POLYATTN_WGPU_PREFILL_ROWS_H=$rows POLYATTN_WGPU_PREFILL_KEYS_H=$keys \
+          POLYATTN_WGPU_PREFILL_WG_H=$wg POLYATTN_WGPU_PREFILL_BLOCK_H=$blk \
+          POLYATTN_WGPU_PREFILL_PIPELINED=$pipe $B/bin-polyattn bench --backend wgpu \
+          --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
+        grep -o "pipeline .attention.*" "$OUT/f16-r$rows-k$keys-wg$wg-b$blk-p$pipe.log" | sort -u
       done ;;
     wgpu-splits)
       # WGPU decode at small batch is latency-bound (D1.b1s4k 59 us for 16.7 MB, 2026-11-30:
