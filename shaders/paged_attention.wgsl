@@ -269,6 +269,26 @@ fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32, off: u32) {
     }
 }
 
+// tiled form: the chunk's keys (`v` false) or values (`v` true), addressed through kbase_s,
+// into kv_s times `scale`; zeros for keys ≥ cn.
+fn tiled_stage(t: u32, cn: u32, v: bool, scale: f32) {
+    for (var u = t; u < BN * D4; u = u + WG) {
+        let j = u / D4;
+        let c = u % D4;
+        var x = vec4<f32>(0.0);
+        if j < cn {
+            let e = kbase_s[min(j, KB_LEN - 1u)] + c * 4u;
+            if v {
+                x = v_load4(e);
+            } else {
+                x = k_load4(e);
+            }
+            x = x * scale;
+        }
+        kv_s[j * KV_ROW + c] = SH4(x);
+    }
+}
+
 // tiled2 forms: phase A of the chunk at c0 (cn keys) with phase B fused. The KL lanes of a
 // row group hold all BN scores of their rows; the row max and sum are reduced across them
 // in registers. Reads the running maxima from m_s half par ^ 1 and writes the new ones to
@@ -553,15 +573,7 @@ fn main(inp: Inputs) {
                     kbase_s[min(j, KB_LEN - 1u)] = key_base(c0 + j, kv_head, kv_row);
                 }
                 workgroupBarrier();
-                for (var u = t; u < BN * D4; u = u + WG) {
-                    let j = u / D4;
-                    let c = u % D4;
-                    var v = vec4<f32>(0.0);
-                    if j < cn {
-                        v = k_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.k_scale;
-                    }
-                    kv_s[j * KV_ROW + c] = SH4(v);
-                }
+                tiled_stage(t, cn, false, params.k_scale);
                 workgroupBarrier();
 
                 // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
@@ -583,15 +595,7 @@ fn main(inp: Inputs) {
 
                 // Phase B (rows) while V is loaded over K.
                 softmax_rows(inp, c0, cn);
-                for (var u = t; u < BN * D4; u = u + WG) {
-                    let j = u / D4;
-                    let c = u % D4;
-                    var v = vec4<f32>(0.0);
-                    if j < cn {
-                        v = v_load4(kbase_s[min(j, KB_LEN - 1u)] + c * 4u) * params.v_scale;
-                    }
-                    kv_s[j * KV_ROW + c] = SH4(v);
-                }
+                tiled_stage(t, cn, true, params.v_scale);
                 workgroupBarrier();
             }
             // Phase C over the chunk's first jn keys (cn; tiled2: all BN, whose keys ≥ cn

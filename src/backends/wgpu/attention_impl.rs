@@ -611,14 +611,13 @@ impl AttentionImpl for WgpuAttentionImpl {
         } else {
             0
         };
+        let prefill_shader = self.tile_shader(true, dtype, kv_dtype, !encoder_attn);
         let plan = md.plan(PlanKey {
             group: g,
             num_kv_heads: p.num_kv_heads as u32,
             decode_rows: self.decode_tile.0,
             // The rows of the form that runs the prefill items (tiled2h may have its own).
-            prefill_rows: self
-                .tile_shader(true, dtype, kv_dtype, !encoder_attn)
-                .block_m,
+            prefill_rows: prefill_shader.block_m,
             fast_decode_rows,
             dense: encoder_attn,
             window,
@@ -751,7 +750,11 @@ impl AttentionImpl for WgpuAttentionImpl {
         };
         for (list, slot) in [(&plan.decode, SLOT_DECODE), (&plan.prefill, SLOT_PREFILL)] {
             let Some(list) = list else { continue };
-            let shader = self.tile_shader(slot == SLOT_PREFILL, dtype, kv_dtype, !encoder_attn);
+            let shader = if slot == SLOT_PREFILL {
+                prefill_shader
+            } else {
+                self.tile_shader(false, dtype, kv_dtype, !encoder_attn)
+            };
             let pipe = pipeline_with(
                 dev,
                 &shader.key(),

@@ -260,6 +260,25 @@ impl WgpuTuning {
             }
         }
         let flag = |name: &str, default: bool| var::<u8>(name, default as u8) != 0;
+        // A value `parse` rejects is ignored with a warning saying what was `expected`.
+        fn parsed<T>(
+            name: &str,
+            expected: &str,
+            default: T,
+            parse: impl Fn(&str) -> Option<T>,
+        ) -> T {
+            match std::env::var(name) {
+                Ok(v) => parse(v.trim()).unwrap_or_else(|| {
+                    tracing::warn!("{name}={v} is not {expected}; using the default");
+                    default
+                }),
+                Err(_) => default,
+            }
+        }
+        let workgroup = |v: &str| {
+            let n = v.parse::<u32>().ok()?;
+            (n.is_power_of_two() && (32..=1024).contains(&n)).then_some(n)
+        };
         WgpuTuning {
             split_min_keys: var("POLYATTN_WGPU_SPLIT_MIN_KEYS", self.split_min_keys).max(1),
             target_workgroups: var("POLYATTN_WGPU_TARGET_WORKGROUPS", self.target_workgroups),
@@ -267,93 +286,61 @@ impl WgpuTuning {
             subgroups: flag("POLYATTN_WGPU_SUBGROUPS", self.subgroups),
             prefill_tiles: flag("POLYATTN_WGPU_PREFILL_TILES", self.prefill_tiles),
             unrolled: flag("POLYATTN_WGPU_UNROLL", self.unrolled),
-            prefill_kernel: match std::env::var("POLYATTN_WGPU_PREFILL") {
-                Ok(v) => PrefillKernel::parse(&v).unwrap_or_else(|| {
-                    tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL={v} is not tiled, tiled2 or tiled2h; using the default"
-                    );
-                    self.prefill_kernel
-                }),
-                Err(_) => self.prefill_kernel,
-            },
-            prefill_workgroup: {
-                let wg = var("POLYATTN_WGPU_PREFILL_WG", self.prefill_workgroup);
-                if wg.is_power_of_two() && (32..=1024).contains(&wg) {
-                    wg
-                } else {
-                    tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL_WG={wg} is not a power of two from 32 to 1024; \
-                         using the default"
-                    );
-                    self.prefill_workgroup
-                }
-            },
-            prefill_tile: match std::env::var("POLYATTN_WGPU_PREFILL_TILE") {
-                Ok(v) => parse_tile(&v).or_else(|| {
-                    tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL_TILE={v} is not BMxBN (BM 1-128, BN 8/16/32/64); \
-                         using the default"
-                    );
-                    self.prefill_tile
-                }),
-                Err(_) => self.prefill_tile,
-            },
-            prefill_keys_h: match std::env::var("POLYATTN_WGPU_PREFILL_KEYS_H") {
-                Ok(v) => match v.trim().parse::<u32>() {
-                    Ok(n) if [8, 16, 32, 48, 64].contains(&n) => Some(n),
-                    _ => {
-                        tracing::warn!(
-                            "POLYATTN_WGPU_PREFILL_KEYS_H={v} is not 8, 16, 32, 48 or 64; ignored"
-                        );
-                        self.prefill_keys_h
-                    }
+            prefill_kernel: parsed(
+                "POLYATTN_WGPU_PREFILL",
+                "tiled, tiled2 or tiled2h",
+                self.prefill_kernel,
+                PrefillKernel::parse,
+            ),
+            prefill_workgroup: parsed(
+                "POLYATTN_WGPU_PREFILL_WG",
+                "a power of two from 32 to 1024",
+                self.prefill_workgroup,
+                workgroup,
+            ),
+            prefill_tile: parsed(
+                "POLYATTN_WGPU_PREFILL_TILE",
+                "BMxBN (BM 1-128, BN 8/16/32/64)",
+                self.prefill_tile,
+                |v| parse_tile(v).map(Some),
+            ),
+            prefill_keys_h: parsed(
+                "POLYATTN_WGPU_PREFILL_KEYS_H",
+                "8, 16, 32, 48 or 64",
+                self.prefill_keys_h,
+                |v| {
+                    let n = v.parse::<u32>().ok()?;
+                    [8, 16, 32, 48, 64].contains(&n).then_some(Some(n))
                 },
-                Err(_) => self.prefill_keys_h,
-            },
-            prefill_rows_h: match std::env::var("POLYATTN_WGPU_PREFILL_ROWS_H") {
-                Ok(v) => match v.trim().parse::<u32>() {
-                    Ok(n) if (1..=128).contains(&n) => Some(n),
-                    _ => {
-                        tracing::warn!("POLYATTN_WGPU_PREFILL_ROWS_H={v} is not 1-128; ignored");
-                        self.prefill_rows_h
-                    }
+            ),
+            prefill_rows_h: parsed(
+                "POLYATTN_WGPU_PREFILL_ROWS_H",
+                "1-128",
+                self.prefill_rows_h,
+                |v| {
+                    let n = v.parse::<u32>().ok()?;
+                    (1..=128).contains(&n).then_some(Some(n))
                 },
-                Err(_) => self.prefill_rows_h,
-            },
+            ),
             prefill_pipelined: flag("POLYATTN_WGPU_PREFILL_PIPELINED", self.prefill_pipelined),
-            prefill_workgroup_h: match std::env::var("POLYATTN_WGPU_PREFILL_WG_H") {
-                Ok(v) => match v.trim().parse::<u32>() {
-                    Ok(n) if n.is_power_of_two() && (32..=1024).contains(&n) => Some(n),
-                    _ => {
-                        tracing::warn!(
-                            "POLYATTN_WGPU_PREFILL_WG_H={v} is not a power of two from 32 to \
-                             1024; ignored"
-                        );
-                        self.prefill_workgroup_h
-                    }
-                },
-                Err(_) => self.prefill_workgroup_h,
-            },
-            prefill_block_h: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK_H") {
-                Ok(v) => parse_block(&v).or_else(|| {
-                    tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL_BLOCK_H={v} is not KxC (K 4/8/16, C 1/2/4/8); \
-                         ignored"
-                    );
-                    self.prefill_block_h
-                }),
-                Err(_) => self.prefill_block_h,
-            },
-            prefill_block: match std::env::var("POLYATTN_WGPU_PREFILL_BLOCK") {
-                Ok(v) => parse_block(&v).unwrap_or_else(|| {
-                    tracing::warn!(
-                        "POLYATTN_WGPU_PREFILL_BLOCK={v} is not KxC (K 4/8/16, C 1/2/4/8); \
-                         using the default"
-                    );
-                    self.prefill_block
-                }),
-                Err(_) => self.prefill_block,
-            },
+            prefill_workgroup_h: parsed(
+                "POLYATTN_WGPU_PREFILL_WG_H",
+                "a power of two from 32 to 1024",
+                self.prefill_workgroup_h,
+                |v| workgroup(v).map(Some),
+            ),
+            prefill_block_h: parsed(
+                "POLYATTN_WGPU_PREFILL_BLOCK_H",
+                "KxC (K 4/8/16, C 1/2/4/8)",
+                self.prefill_block_h,
+                |v| parse_block(v).map(Some),
+            ),
+            prefill_block: parsed(
+                "POLYATTN_WGPU_PREFILL_BLOCK",
+                "KxC (K 4/8/16, C 1/2/4/8)",
+                self.prefill_block,
+                parse_block,
+            ),
         }
     }
 
