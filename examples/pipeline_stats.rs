@@ -55,6 +55,7 @@ fn parse_spec(spec: &str) -> Option<AttentionShader> {
             half: !f32_form,
             block: (k.parse().ok()?, c.parse().ok()?),
             pipelined,
+            coop: false,
         }),
     })
 }

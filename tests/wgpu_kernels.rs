@@ -260,9 +260,26 @@ fn check_batch(
         && kv_dtype == DType::F16
         && tiled2h_shared_bytes(d, bm, bn) <= limit;
     let t2 = !t2h && tuning.prefill_kernel.is_tiled2() && t2_fits;
-    let got_t2h = prefill.tiled2.is_some_and(|t| t.half);
+    // The coop form where the tuning asks for it and the device has cooperative matrices
+    // with 32-lane subgroups, for f16 layers with an f16 cache at head sizes that are
+    // multiples of 16 up to 128; its own checks end here.
+    let info = dev.adapter_info();
+    let want_coop = tuning.prefill_kernel == PrefillKernel::Tiled2H
+        && tuning.prefill_coop
+        && tuning.subgroups
+        && dev.has_coop()
+        && (info.subgroup_min_size, info.subgroup_max_size) == (32, 32)
+        && case.dtype == DType::F16
+        && kv_dtype == DType::F16
+        && d % 16 == 0
+        && d <= 128;
+    let got_coop = prefill.tiled2.is_some_and(|t| t.coop);
+    if want_coop != got_coop {
+        return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+    }
+    let got_t2h = prefill.tiled2.is_some_and(|t| t.half && !t.coop);
     let got_t2 = prefill.tiled2.is_some_and(|t| !t.half);
-    if (t2h, t2) != (got_t2h, got_t2) {
+    if !got_coop && (t2h, t2) != (got_t2h, got_t2) {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
     // tiled2h's own chunk length (prefill_keys_h) replaces the tile's BN wherever it fits.
@@ -364,6 +381,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_pipelined: false,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
+                prefill_coop: false,
             },
         ),
     ];
@@ -387,10 +405,12 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
     // GPU's 64 x 16 tile (f16 layers; every other layer falls back to tiled2).
     // (The tiled2h-only thread count and block of the GPU defaults cleared, so `workgroup`
     // and `prefill_block` apply.)
+    // (Cooperative matrices off: these exercise tiled2h where the coop form would run.)
     let t2h = |t: WgpuTuning, workgroup: u32| WgpuTuning {
         prefill_kernel: PrefillKernel::Tiled2H,
         prefill_workgroup_h: None,
         prefill_block_h: None,
+        prefill_coop: false,
         ..t2(t, workgroup)
     };
     let serial_h = t2h(serial, 128);
@@ -477,6 +497,31 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             "tiled2 prefill (subgroups), split-KV, unrolled, 64x16 tiles",
             t2(gpu_like, 128),
         ));
+        // The cooperative-matrix form (f16 layers, adapters with cooperative matrices):
+        // its default 64 x 64, split-KV partials, and 48-row tiles with 32-key chunks.
+        if dev.has_coop() {
+            let coop = WgpuTuning {
+                prefill_coop: true,
+                prefill_rows_h: None,
+                prefill_keys_h: None,
+                ..t2h(gpu_like, 128)
+            };
+            v.push(("coop prefill (tensor cores), split-KV, 64x64", coop));
+            v.push((
+                "coop prefill (tensor cores), one pass, 48-row tiles, 32-key chunks",
+                WgpuTuning {
+                    max_splits: 1,
+                    prefill_rows_h: Some(48),
+                    prefill_keys_h: Some(32),
+                    ..coop
+                },
+            ));
+        } else {
+            report!(
+                "[coop prefill] skipped: {} has no cooperative matrices (16x16x16 f16 / f32)",
+                dev.description()
+            );
+        }
         v.push((
             "tiled2 prefill (subgroups), decode tiles, 64 threads",
             t2(
@@ -508,6 +553,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_pipelined: false,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
+                prefill_coop: false,
             },
         ));
         v.push((
@@ -641,6 +687,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_pipelined: false,
         prefill_workgroup_h: None,
         prefill_block_h: None,
+        prefill_coop: false,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

@@ -128,3 +128,36 @@ fn subgroup_shaders_need_the_capability() {
     let err = Validator::new(ValidationFlags::all(), Capabilities::empty()).validate(&module);
     assert!(err.is_err(), "{key} validated without SUBGROUP");
 }
+
+/// The cooperative-matrix prefill form validates with `COOPERATIVE_MATRIX` and translates to
+/// SPIR-V (the only backend naga offers 16 × 16 cooperative matrices in), and is rejected
+/// without the capability.
+#[test]
+fn coop_shaders_translate_to_spirv() {
+    let catalog = shaders::coop_catalog();
+    assert!(!catalog.is_empty());
+    for (key, source) in &catalog {
+        assert!(source.contains("enable wgpu_cooperative_matrix;"), "{key}");
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{key}: {}", e.emit_to_string(source)));
+        let caps =
+            Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{key}: {}", e.emit_to_string(source)));
+        let opts = spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        };
+        let words = spv::write_vec(&module, &info, &opts, None)
+            .unwrap_or_else(|e| panic!("{key}: spir-v: {e}"));
+        assert_eq!(words.first(), Some(&0x0723_0203), "{key}");
+        let without = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
+        assert!(
+            Validator::new(ValidationFlags::all(), without)
+                .validate(&module)
+                .is_err(),
+            "{key} validated without COOPERATIVE_MATRIX"
+        );
+    }
+}

@@ -12,7 +12,11 @@
 //!
 //! **Device features and limits.** It requests the adapter's own limits (wgpu's defaults cap
 //! workgroup storage at 16 KiB; lavapipe offers 32 KiB, the H200 48 KiB) and, when offered,
-//! `SHADER_F16`, `SUBGROUP` and `TIMESTAMP_QUERY`; experimental features are never requested.
+//! `SHADER_F16`, `SUBGROUP` and `TIMESTAMP_QUERY`. The one experimental feature it asks for
+//! is `EXPERIMENTAL_COOPERATIVE_MATRIX` (tensor cores from WGSL), and only where the adapter
+//! offers the 16 × 16 × 16 f16 / f32 configuration the coop prefill form needs, with
+//! subgroups and f16, unless `POLYATTN_WGPU_COOP=0`: wgpu marks it experimental (its
+//! implementation may have bugs), so it can be turned off without rebuilding.
 //!
 //! **GL fallback.** Without a Vulkan driver wgpu finds Mesa's OpenGL `llvmpipe` instead: it
 //! works but has neither f16 nor subgroups. [`WgpuDevice::is_gl_fallback`] says so, and the
@@ -177,6 +181,20 @@ fn wanted_features() -> wgpu::Features {
     wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY
 }
 
+/// Environment switch for cooperative matrices: `0` never requests them.
+pub const COOP_ENV: &str = "POLYATTN_WGPU_COOP";
+
+/// Whether to request `EXPERIMENTAL_COOPERATIVE_MATRIX`: the adapter offers it with the
+/// configuration the coop form uses, f16 and subgroups, and `POLYATTN_WGPU_COOP` is not `0`.
+fn wants_coop(adapter: &wgpu::Adapter) -> bool {
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0")
+        && adapter.features().contains(needed)
+        && crate::backends::wgpu::shaders::coop_supported(&adapter.cooperative_matrix_properties())
+}
+
 fn open_uncached() -> Result<WgpuDevice> {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -184,13 +202,27 @@ fn open_uncached() -> Result<WgpuDevice> {
     let adapters = pollster::block_on(instance.enumerate_adapters(backends));
     let adapter = choose_adapter(adapters)?;
     let info = adapter.get_info();
-    let features =
+    let mut features =
         adapter.features() & wanted_features() & !wgpu::Features::all_experimental_mask();
+    let coop = wants_coop(&adapter);
+    if coop {
+        features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("polyattn"),
         required_features: features,
         required_limits: limits.clone(),
+        // SAFETY: only cooperative matrices are requested among the experimental features
+        // (`wants_coop`); wgpu's token acknowledges that its implementation may have bugs.
+        // polyattn uses them in one kernel (paged_attention_coop.wgsl), checked against the
+        // CPU reference by the shared test suite on the adapters that have them, and
+        // `POLYATTN_WGPU_COOP=0` turns them off.
+        experimental_features: if coop {
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        },
         ..Default::default()
     }))
     .map_err(|e| {
@@ -287,6 +319,14 @@ impl WgpuDevice {
     /// True when the device has `SHADER_F16`.
     pub fn has_f16(&self) -> bool {
         self.inner.features.contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// True when the device was opened with cooperative matrices of the configuration the
+    /// coop prefill form needs (see the module docs).
+    pub fn has_coop(&self) -> bool {
+        self.inner
+            .features
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
     }
 
     /// True when the device has subgroup operations.

@@ -26,8 +26,8 @@ use super::kernels::{
 };
 use super::metadata_builder::{PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
-    attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking, AttentionShader,
-    CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, DECODE_KEYS_PER_STEP,
+    self, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking, AttentionShader,
+    CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, COOP_KEYS, COOP_ROWS, DECODE_KEYS_PER_STEP,
     DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
 };
 
@@ -308,6 +308,7 @@ impl WgpuAttentionImpl {
                 half: false,
                 block: self.tuning.prefill_block,
                 pipelined: false,
+                coop: false,
             }),
             ..tiled
         };
@@ -336,6 +337,11 @@ impl WgpuAttentionImpl {
                 ..t2
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
+            if f16_inputs {
+                if let Some(s) = self.coop_shader(paged) {
+                    return s;
+                }
+            }
             if f16_inputs && self.dev.has_f16() {
                 // Its own rows and keys per chunk where that runs here, else the tile's.
                 let own = (self.tuning.prefill_keys_h.is_some()
@@ -360,6 +366,36 @@ impl WgpuAttentionImpl {
             tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
             tiled
         })
+    }
+
+    /// The cooperative-matrix prefill form ([`Tiled2::coop`]) for an f16 layer with an f16
+    /// cache, where the device has cooperative matrices ([`WgpuDevice::has_coop`]), every
+    /// subgroup has 32 lanes (one 16-row tile per subgroup) and the head size is a multiple
+    /// of 16 up to 128 (its output tiles stay in registers): 64 rows × 64 keys, or the
+    /// tiled2h knobs' rows / keys when they are multiples of 16, else 64 × 32 where the
+    /// workgroup memory is short. `None`: the tiled2h form takes the layer.
+    fn coop_shader(&self, paged: bool) -> Option<AttentionShader> {
+        let info = self.dev.adapter_info();
+        let d = self.params.head_size as u32;
+        let usable = self.tuning.prefill_coop
+            && self.dev.has_coop()
+            && self.tuning.subgroups
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && d % 16 == 0
+            && d <= 128;
+        if !usable {
+            return None;
+        }
+        let want = (
+            self.tuning.prefill_rows_h.unwrap_or(COOP_ROWS),
+            self.tuning.prefill_keys_h.unwrap_or(COOP_KEYS),
+        );
+        [want, (COOP_ROWS, COOP_KEYS), (COOP_ROWS, COOP_KEYS / 2)]
+            .into_iter()
+            .filter(|&(m, n)| m % 16 == 0 && n % 16 == 0 && m > 0 && n > 0)
+            .map(|(m, n)| shaders::coop_shader(d, m, n, paged))
+            .find(|s| self.runs_here(s))
     }
 
     /// Whether a tiled2-form specialisation can run on this adapter: a register blocking

@@ -104,6 +104,11 @@ pub struct WgpuTuning {
     /// Run the tiled2 forms pipelined where their double buffers fit the adapter
     /// (`shaders::Tiled2::pipelined`; `POLYATTN_WGPU_PREFILL_PIPELINED=0` / `1`).
     pub prefill_pipelined: bool,
+    /// Give f16 layers with an f16 cache the cooperative-matrix form
+    /// (`shaders::Tiled2::coop`, tensor cores) where the device has it
+    /// (`WgpuDevice::has_coop`) and the tiled2h kernel is asked for; otherwise tiled2h
+    /// (`POLYATTN_WGPU_PREFILL_COOP=0` / `1`, default on).
+    pub prefill_coop: bool,
 }
 
 /// Parses a tiled2 register block `KxC` (K 4, 8 or 16 keys; C 1, 2, 4 or 8 vec4 columns).
@@ -220,7 +225,8 @@ impl WgpuTuning {
     /// `POLYATTN_WGPU_PREFILL_WG` (tiled2's threads per workgroup: 32 to 1024, where the
     /// adapter allows), `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`),
     /// `POLYATTN_WGPU_PREFILL_KEYS_H`, `POLYATTN_WGPU_PREFILL_ROWS_H` and
-    /// `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`), `POLYATTN_WGPU_PREFILL_PIPELINED` (`0` / `1`). A value that does not parse (or is out of
+    /// `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`), `POLYATTN_WGPU_PREFILL_PIPELINED` and
+    /// `POLYATTN_WGPU_PREFILL_COOP` (`0` / `1`). A value that does not parse (or is out of
     /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
@@ -246,6 +252,7 @@ impl WgpuTuning {
             prefill_workgroup_h: (!cpu).then_some(GPU_PREFILL_WG_H),
             prefill_block_h: (!cpu).then_some(GPU_PREFILL_BLOCK_H),
             prefill_pipelined: false,
+            prefill_coop: true,
         }
     }
 
@@ -323,6 +330,7 @@ impl WgpuTuning {
                 },
             ),
             prefill_pipelined: flag("POLYATTN_WGPU_PREFILL_PIPELINED", self.prefill_pipelined),
+            prefill_coop: flag("POLYATTN_WGPU_PREFILL_COOP", self.prefill_coop),
             prefill_workgroup_h: parsed(
                 "POLYATTN_WGPU_PREFILL_WG_H",
                 "a power of two from 32 to 1024",
@@ -673,6 +681,7 @@ mod tests {
             prefill_workgroup_h: None,
             prefill_block_h: None,
             prefill_pipelined: false,
+            prefill_coop: true,
         }
     }
 

@@ -24,6 +24,8 @@ use crate::dtype::DType;
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const ATTENTION_COMMON: &str = include_str!("../../../shaders/attention_common.wgsl");
 const PAGED_ATTENTION: &str = include_str!("../../../shaders/paged_attention.wgsl");
+const ATTENTION_CHUNKS: &str = include_str!("../../../shaders/attention_chunks.wgsl");
+const PAGED_ATTENTION_COOP: &str = include_str!("../../../shaders/paged_attention_coop.wgsl");
 const PAGED_DECODE: &str = include_str!("../../../shaders/paged_decode.wgsl");
 const SOFTMAX_SERIAL: &str = include_str!("../../../shaders/softmax_serial.wgsl");
 const SOFTMAX_SUBGROUP: &str = include_str!("../../../shaders/softmax_subgroup.wgsl");
@@ -500,6 +502,39 @@ pub struct Tiled2 {
     /// and α double-buffered in workgroup memory ([`tiled2_pipelined_bytes`]).
     /// `POLYATTN_WGPU_PREFILL_PIPELINED=1`.
     pub pipelined: bool,
+    /// The cooperative-matrix form (`paged_attention_coop.wgsl`): with `half`, both matrix
+    /// products on tensor cores through wgpu's experimental cooperative matrices
+    /// ([`coop_supported`]); one 16-row tile per 32-lane subgroup, so `workgroup` =
+    /// 2·`block_m` and `block` is unused.
+    pub coop: bool,
+}
+
+/// Query rows per tile of the coop form by default (4 subgroups of 16 rows).
+pub const COOP_ROWS: u32 = 64;
+/// Keys per chunk of the coop form by default.
+pub const COOP_KEYS: u32 = 64;
+
+/// The cooperative-matrix configuration the coop form needs: 16 × 16 × 16, f16 A / B, f32
+/// C (what NVIDIA's and AMD's Vulkan drivers offer for tensor cores / WMMA).
+pub fn coop_supported(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
+    props.iter().any(|p| {
+        p.m_size == 16
+            && p.n_size == 16
+            && p.k_size == 16
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    })
+}
+
+/// Bytes of workgroup memory the coop form needs: kv_s (the Q tile, then K / V, f16 rows of
+/// D + 8), s_s (f32 scores, rows of BN + 4; later the staging tiles), p_s (f16
+/// probabilities, rows of BN + 8) and the per-row statistics.
+pub fn coop_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
+    block_m.max(block_n) * (head_size + 8) * 2
+        + block_m * (block_n + 4) * 4
+        + block_m * (block_n + 8) * 2
+        + block_m * 9 * 4
+        + block_m / 16 * 4
 }
 
 /// The tiled2 forms' default per-thread block ([`Tiled2::block`]): ≥ 4 keys per thread in
@@ -604,7 +639,8 @@ impl AttentionShader {
                         format!(" b{}x{}", t.block.0, t.block.1)
                     },
                     if t.pipelined { " pipelined" } else { "" }
-                ),
+                )
+                .replace(" tiled2h", if t.coop { " coop" } else { " tiled2h" }),
                 None => String::new(),
             }
         )
@@ -613,6 +649,7 @@ impl AttentionShader {
     /// Workgroup memory it uses, in bytes.
     pub fn shared_bytes(&self) -> u32 {
         match self.tiled2 {
+            Some(t) if t.coop => coop_shared_bytes(self.head_size, self.block_m, self.block_n),
             Some(t) if t.pipelined => {
                 tiled2_pipelined_bytes(self.head_size, self.block_m, self.block_n, t.half)
             }
@@ -656,6 +693,7 @@ impl AttentionShader {
         let t2 = self.tiled2.is_some();
         let half = self.tiled2.is_some_and(|t| t.half);
         let pipe = self.tiled2.is_some_and(|t| t.pipelined);
+        let coop = self.tiled2.is_some_and(|t| t.coop);
         let s_row = self.block_n + if t2 { 4 } else { 1 };
         // tiled2: DU vec4 columns per phase-A step, JU keys per phase-C step (the tiled
         // form keeps one of each, as before the tiled2 form existed).
@@ -671,6 +709,18 @@ impl AttentionShader {
         if half {
             s += "enable f16;\n";
         }
+        if coop {
+            s += "enable wgpu_cooperative_matrix;\n";
+        }
+        let coop_c = [
+            ("NSG", self.block_m / 16),
+            ("NT", self.head_size / 16),
+            ("NK", self.block_n / 16),
+            ("KH", self.block_n / 2),
+            ("KS", self.head_size + 8),
+            ("SS", self.block_n + 4),
+            ("PS", self.block_n + 8),
+        ];
         let c = [
             ("D", self.head_size),
             ("D4", d4),
@@ -713,6 +763,9 @@ impl AttentionShader {
             ("A_BUFS", if pipe { 2 } else { 1 }),
         ];
         s += &consts(&c);
+        if coop {
+            s += &consts(&coop_c);
+        }
         s += &format!(
             "const TILED2: bool = {t2};\nconst F16: bool = {half};\nconst PIPE: bool = {pipe};\n"
         );
@@ -730,7 +783,10 @@ impl AttentionShader {
         );
         // Scores / probabilities, row r at r·S_ROW: scalars in the tiled form, vec4s in the
         // tiled2 form (its phase C loads four probabilities of a row at once).
-        s += if half {
+        s += if coop {
+            // paged_attention_coop.wgsl declares its own score and probability arrays.
+            ""
+        } else if half {
             "var<workgroup> s_s: array<vec4<f16>, BM * S_ROW * S_BUFS / 4u>;\n\
              fn s_get(i: u32) -> f32 {\n    return f32(s_s[i >> 2u][i & 3u]);\n}\n\
              fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = f16(v);\n}\n\
@@ -793,6 +849,12 @@ impl AttentionShader {
         }
         s += COMMON;
         s += ATTENTION_COMMON;
+        if coop {
+            let all: Vec<(&str, u32)> = c.iter().chain(coop_c.iter()).copied().collect();
+            s += &unroll(ATTENTION_CHUNKS, &all);
+            s += &unroll(PAGED_ATTENTION_COOP, &all);
+            return s;
+        }
         let softmax = if self.subgroups {
             SOFTMAX_SUBGROUP
         } else {
@@ -800,9 +862,11 @@ impl AttentionShader {
         };
         if self.unrolled {
             s += &unroll(softmax, &c);
+            s += &unroll(ATTENTION_CHUNKS, &c);
             s += &unroll(PAGED_ATTENTION, &c);
         } else {
             s += softmax;
+            s += ATTENTION_CHUNKS;
             s += PAGED_ATTENTION;
         }
         s
@@ -1305,6 +1369,42 @@ pub const CACHE_DTYPES: [DType; 5] = [
     DType::Fp8E5m2,
 ];
 
+/// The coop form's specialisations the tests translate (SPIR-V only: naga's MSL backend
+/// knows 8 × 8 simdgroup matrices, its HLSL backend none), with their keys.
+pub fn coop_catalog() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (d, (m, n)) in [(128, (64, 64)), (128, (64, 32)), (64, (64, 64)), (96, (32, 64))] {
+        for paged in [true, false] {
+            let s = coop_shader(d, m, n, paged);
+            out.push((s.key(), s.source()));
+        }
+    }
+    out
+}
+
+/// The coop form ([`Tiled2::coop`]) for f16 activations and an f16 cache: `block_m` rows
+/// (16 per 32-lane subgroup), `block_n` keys per chunk.
+pub fn coop_shader(head_size: u32, block_m: u32, block_n: u32, paged: bool) -> AttentionShader {
+    AttentionShader {
+        head_size,
+        block_m,
+        block_n,
+        q_dtype: DType::F16,
+        kv_dtype: DType::F16,
+        paged,
+        subgroups: true,
+        unrolled: true,
+        tiled2: Some(Tiled2 {
+            workgroup: block_m * 2,
+            max_key_lanes: 32,
+            half: true,
+            block: TILED2_DEFAULT_BLOCK,
+            pipelined: false,
+            coop: true,
+        }),
+    }
+}
+
 /// A representative set of the specialisations the backend generates, as
 /// `(key, source, needs_subgroups)`. The dtype accessors do not depend on the tile shape and
 /// the tile constants do not depend on the dtypes, so the set crosses them separately:
@@ -1349,6 +1449,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             half: false,
             block: TILED2_DEFAULT_BLOCK,
             pipelined: false,
+            coop: false,
         }),
         ..s
     };
@@ -1719,6 +1820,7 @@ mod tests {
                 half: false,
                 block: TILED2_DEFAULT_BLOCK,
                 pipelined: false,
+                coop: false,
             }),
             ..a
         };
