@@ -4,7 +4,7 @@
 // VK_KHR_cooperative_matrix), for f16 activations with an f16 cache.
 //
 // Specialisation (the generated header, src/backends/wgpu/shaders.rs): head size D (a
-// multiple of 16), D4 = D / 4, BM = 16·NSG query rows (one 16-row tile per subgroup), BN keys
+// multiple of 16), D4 = D / 4, KV_ROWS = max(BM, BN) (kv_s stages the Q tile first), BM = 16·NSG query rows (one 16-row tile per subgroup), BN keys
 // per chunk (a multiple of 16), WG = 32·NSG threads (subgroups of exactly 32 lanes: the host
 // checks), NT = D / 16 and NK = BN / 16 matrix tiles, row strides KS (f16, of kv_s), SS (f32,
 // of s_s) and PS (f16, of p_s), each a multiple of 16 bytes, KH = BN / 2, LPT and the raw-word helpers of
@@ -40,7 +40,7 @@
 // BN, col0 + 15 < D). Keys ≥ cn have zero K / V words and zero probabilities; rows ≥ n_rows
 // have zero queries, zero probabilities and are never stored.
 
-var<workgroup> kv_s: array<f16, BN * KS>;
+var<workgroup> kv_s: array<f16, KV_ROWS * KS>;
 var<workgroup> s_s: array<f32, BM * SS>;
 var<workgroup> p_s: array<f16, BM * PS>;
 // Reference maxima and "has seen a visible key" flags, two halves by chunk parity (chunk ci
@@ -211,13 +211,20 @@ fn main(inp: Inputs) {
         kv_s[e + 2u] = f16(v.z);
         kv_s[e + 3u] = f16(v.w);
     }
+    // A zero 16×16 tile in s_s, loaded as the zero C-matrix every accumulation starts from.
+    // Why not `coop_mat16x16<f32, C>()`: naga emits OpConstantNull for it, which the H200's
+    // driver (580) did not zero on every use: results grew chunk after chunk.
+    for (var u = t; u < 256u; u = u + WG) {
+        s_s[u] = 0.0;
+    }
     workgroupBarrier();
+    let zero_c = coopLoadT<coop_mat16x16<f32, C>>(&s_s[0], 16u);
     var qa: array<coop_mat16x16<f16, A>, NT>;
     var o: array<coop_mat16x16<f32, C>, NT>;
     // @unroll
     for (var n = 0u; n < NT; n = n + 1u) {
         qa[n] = coopLoadT<coop_mat16x16<f16, A>>(&kv_s[row0 * KS + n * 16u], KS);
-        o[n] = coop_mat16x16<f32, C>();
+        o[n] = zero_c;
     }
 
     // Keys any row of the tile can see.
@@ -249,7 +256,7 @@ fn main(inp: Inputs) {
         // Phase A: S = Q·K^T for the subgroup's 16 rows, 16 keys per C-matrix.
         // @unroll
         for (var k = 0u; k < NK; k = k + 1u) {
-            var sacc = coop_mat16x16<f32, C>();
+            var sacc = zero_c;
             // @unroll
             for (var n = 0u; n < NT; n = n + 1u) {
                 let kt = coopLoad<coop_mat16x16<f16, B>>(&kv_s[k * 16u * KS + n * 16u], KS);

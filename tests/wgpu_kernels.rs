@@ -14,7 +14,8 @@ mod common;
 
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::{
-    tiled2_pipelined_bytes, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
+    coop_shared_bytes, tiled2_pipelined_bytes, tiled2_shared_bytes, tiled2h_shared_bytes,
+    AttentionShader, COOP_KEYS, COOP_ROWS,
 };
 use polyattn::backends::wgpu::{
     kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
@@ -300,7 +301,23 @@ fn check_batch(
     if want_pipe != prefill.tiled2.is_some_and(|t| t.pipelined) {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
-    if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
+    // The coop form takes tiled2h's rows / keys knobs where they are multiples of 16 (and
+    // fit), else its 64 x 64; the tile knobs are tiled2's.
+    if got_coop {
+        let ask = (
+            tuning.prefill_rows_h.unwrap_or(COOP_ROWS),
+            tuning.prefill_keys_h.unwrap_or(COOP_KEYS),
+        );
+        let want =
+            if ask.0 % 16 == 0 && ask.1 % 16 == 0 && coop_shared_bytes(d, ask.0, ask.1) <= limit {
+                ask
+            } else {
+                (COOP_ROWS, COOP_KEYS)
+            };
+        if (bm, bn) != want {
+            return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
+        }
+    } else if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
         // Used wherever it fits (elsewhere the default tile runs, with a warning).
         let want = (own_m.unwrap_or(t.0), own_n.unwrap_or(t.1));
         if prefill_tile_fits(dev, p.head_size, t) && (bm, bn) != want {

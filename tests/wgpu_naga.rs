@@ -140,8 +140,9 @@ fn coop_shaders_translate_to_spirv() {
         assert!(source.contains("enable wgpu_cooperative_matrix;"), "{key}");
         let module = naga::front::wgsl::parse_str(source)
             .unwrap_or_else(|e| panic!("{key}: {}", e.emit_to_string(source)));
-        let caps =
-            Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+        let caps = Capabilities::SUBGROUP
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::COOPERATIVE_MATRIX;
         let info = Validator::new(ValidationFlags::all(), caps)
             .validate(&module)
             .unwrap_or_else(|e| panic!("{key}: {}", e.emit_to_string(source)));

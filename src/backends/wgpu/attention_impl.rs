@@ -26,9 +26,9 @@ use super::kernels::{
 };
 use super::metadata_builder::{PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuTuning};
 use super::shaders::{
-    self, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking, AttentionShader,
-    CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, COOP_KEYS, COOP_ROWS, DECODE_KEYS_PER_STEP,
-    DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
+    self, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
+    AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, COOP_KEYS,
+    COOP_ROWS, DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
 };
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).

@@ -669,6 +669,9 @@ impl AttentionShader {
     pub fn blocking(&self) -> Option<AttentionBlocking> {
         let d4 = self.head_size / 4;
         match self.tiled2 {
+            // The coop form blocks by matrix tiles, not per thread: the tiled form's blocking
+            // only fills the header's (unused) per-thread constants.
+            Some(t) if t.coop => Some(AttentionBlocking::new(d4, self.block_n)),
             Some(t) => AttentionBlocking::tiled2_with(
                 d4,
                 self.block_n,
@@ -718,6 +721,7 @@ impl AttentionShader {
             ("NK", self.block_n / 16),
             ("KH", self.block_n / 2),
             ("KS", self.head_size + 8),
+            ("KV_ROWS", self.block_m.max(self.block_n)),
             ("SS", self.block_n + 4),
             ("PS", self.block_n + 8),
         ];
@@ -1373,7 +1377,12 @@ pub const CACHE_DTYPES: [DType; 5] = [
 /// knows 8 × 8 simdgroup matrices, its HLSL backend none), with their keys.
 pub fn coop_catalog() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for (d, (m, n)) in [(128, (64, 64)), (128, (64, 32)), (64, (64, 64)), (96, (32, 64))] {
+    for (d, (m, n)) in [
+        (128, (64, 64)),
+        (128, (64, 32)),
+        (64, (64, 64)),
+        (96, (32, 64)),
+    ] {
         for paged in [true, false] {
             let s = coop_shader(d, m, n, paged);
             out.push((s.key(), s.source()));
