@@ -188,6 +188,7 @@ pub const COOP_ENV: &str = "POLYATTN_WGPU_COOP";
 /// configuration the coop form uses, f16 and subgroups, and `POLYATTN_WGPU_COOP` is not `0`.
 fn wants_coop(adapter: &wgpu::Adapter) -> bool {
     let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::PASSTHROUGH_SHADERS
         | wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP;
     std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0")
@@ -206,7 +207,9 @@ fn open_uncached() -> Result<WgpuDevice> {
         adapter.features() & wanted_features() & !wgpu::Features::all_experimental_mask();
     let coop = wants_coop(&adapter);
     if coop {
-        features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        // The coop shaders go to the driver as SPIR-V (see backends::wgpu::coop_spirv).
+        features |=
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
     }
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {

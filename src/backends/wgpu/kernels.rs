@@ -158,23 +158,60 @@ pub fn pipeline_with(
             eprintln!("polyattn wgpu: compiling pipeline `{key}`");
         }
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let source = source();
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(key),
-            source: wgpu::ShaderSource::Wgsl(source().into()),
+            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
         };
-        let module = match loops {
-            LoopBounding::Forced => device.create_shader_module(desc),
-            // SAFETY: `LoopBounding::Off` is only passed for shaders whose loops all
-            // terminate (see its docs); every other runtime check stays on.
-            LoopBounding::Off => unsafe {
-                device.create_shader_module_trusted(
-                    desc,
-                    wgpu::ShaderRuntimeChecks {
-                        force_loop_bounding: false,
-                        ..wgpu::ShaderRuntimeChecks::checked()
-                    },
-                )
-            },
+        let module = if source.contains("enable wgpu_cooperative_matrix;") {
+            // Cooperative-matrix shaders: naga's SPIR-V with workgroup accesses marked
+            // non-private (see `coop_spirv`), passed through.
+            let words = super::coop_spirv::compile(&source).map_err(|e| Error::Device {
+                backend: "wgpu".into(),
+                message: format!("compiling {key} failed: {e}"),
+            })?;
+            if !dev.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+                return Err(Error::Device {
+                    backend: "wgpu".into(),
+                    message: format!("{key} needs PASSTHROUGH_SHADERS, which the device lacks"),
+                });
+            }
+            let wg = source
+                .lines()
+                .find_map(|l| l.strip_prefix("const WG: u32 = "))
+                .and_then(|v| v.trim_end_matches(['u', ';']).parse().ok())
+                .unwrap_or(1);
+            // SAFETY: the words are naga's validated translation of our WGSL (indices
+            // clamped into their arrays), changed only by memory-operand flags; the
+            // pipeline layout below is the shader's own bindings.
+            unsafe {
+                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: Some(key),
+                    entry_points: std::borrow::Cow::Owned(vec![
+                        wgpu::PassthroughShaderEntryPoint {
+                            name: "main".into(),
+                            workgroup_size: (wg, 1, 1),
+                        },
+                    ]),
+                    spirv: Some(std::borrow::Cow::Owned(words)),
+                    ..Default::default()
+                })
+            }
+        } else {
+            match loops {
+                LoopBounding::Forced => device.create_shader_module(desc),
+                // SAFETY: `LoopBounding::Off` is only passed for shaders whose loops all
+                // terminate (see its docs); every other runtime check stays on.
+                LoopBounding::Off => unsafe {
+                    device.create_shader_module_trusted(
+                        desc,
+                        wgpu::ShaderRuntimeChecks {
+                            force_loop_bounding: false,
+                            ..wgpu::ShaderRuntimeChecks::checked()
+                        },
+                    )
+                },
+            }
         };
         let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(key),

@@ -22,6 +22,7 @@
 //! (`POLYATTN_WGPU_PREFILL=tiled2` keeps them in f32).
 
 mod attention_impl;
+pub mod coop_spirv;
 mod descriptor;
 pub mod kernels;
 mod metadata_builder;

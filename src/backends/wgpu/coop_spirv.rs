@@ -1,0 +1,179 @@
+//! SPIR-V for the cooperative-matrix shaders, compiled here and handed to the driver as a
+//! passthrough module.
+//!
+//! Why not through wgpu's WGSL path: naga switches a module that uses cooperative matrices
+//! to the Vulkan memory model (`MemoryModel Vulkan`, which `SPV_KHR_cooperative_matrix`
+//! needs on the drivers wgpu targets) but emits its loads and stores without the
+//! `NonPrivatePointer` memory operand. Under that model such accesses are *private*: a
+//! workgroup barrier does not order them between invocations, so the shared-memory traffic
+//! between a kernel's phases is unsynchronised. On the H200 (driver 580) the coop prefill
+//! kernel then read stale scores and probabilities (outputs of ~1e4 where ~0.1 was due).
+//! [`non_private_workgroup_accesses`] marks every load and store through a workgroup
+//! pointer (cooperative-matrix loads / stores included) `NonPrivatePointer`, which makes
+//! them obey the barriers' acquire / release semantics as in the GLSL memory model.
+//!
+//! The module is otherwise naga's own translation, with the capabilities the shader needs
+//! and every index clamped into its array (`BoundsCheckPolicy::Restrict`: no access can
+//! leave its buffer or workgroup array, as wgpu's own translation guarantees).
+
+use naga::back::spv;
+use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+/// SPIR-V opcodes the patch reads or rewrites.
+const OP_TYPE_POINTER: u32 = 32;
+const OP_VARIABLE: u32 = 59;
+const OP_LOAD: u32 = 61;
+const OP_STORE: u32 = 62;
+const OP_ACCESS_CHAIN: u32 = 65;
+const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
+const OP_COOP_LOAD: u32 = 4457;
+const OP_COOP_STORE: u32 = 4458;
+/// `StorageClass Workgroup`.
+const WORKGROUP: u32 = 4;
+/// `MemoryAccess NonPrivatePointer`.
+const NON_PRIVATE_POINTER: u32 = 0x20;
+
+/// Translates a WGSL module that says `enable wgpu_cooperative_matrix;` to SPIR-V whose
+/// workgroup accesses obey barriers (see the module docs). Errors carry naga's message.
+pub fn compile(source: &str) -> Result<Vec<u32>, String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    let caps =
+        Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(source))?;
+    let options = spv::Options {
+        lang_version: (1, 3),
+        bounds_check_policies: BoundsCheckPolicies {
+            index: BoundsCheckPolicy::Restrict,
+            buffer: BoundsCheckPolicy::Restrict,
+            image_load: BoundsCheckPolicy::Restrict,
+            binding_array: BoundsCheckPolicy::Restrict,
+        },
+        ..Default::default()
+    };
+    let mut words =
+        spv::write_vec(&module, &info, &options, None).map_err(|e| format!("SPIR-V: {e}"))?;
+    non_private_workgroup_accesses(&mut words)?;
+    Ok(words)
+}
+
+/// Adds `NonPrivatePointer` to every `OpLoad`, `OpStore`, `OpCooperativeMatrixLoadKHR` and
+/// `OpCooperativeMatrixStoreKHR` whose pointer is in the Workgroup storage class (a
+/// workgroup variable, or an access chain into one). Errors on a malformed module.
+pub fn non_private_workgroup_accesses(words: &mut Vec<u32>) -> Result<(), String> {
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        return Err("not a SPIR-V module".into());
+    }
+    let mut pointer_types = std::collections::HashSet::new();
+    let mut pointers = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(words.len() + words.len() / 16);
+    out.extend_from_slice(&words[..5]);
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        let op = words[i] & 0xffff;
+        if count == 0 || i + count > words.len() {
+            return Err(format!("malformed instruction at word {i}"));
+        }
+        let mut ins = words[i..i + count].to_vec();
+        match op {
+            OP_TYPE_POINTER if count >= 4 && ins[2] == WORKGROUP => {
+                pointer_types.insert(ins[1]);
+            }
+            OP_VARIABLE | OP_ACCESS_CHAIN | OP_IN_BOUNDS_ACCESS_CHAIN
+                if count >= 3 && pointer_types.contains(&ins[1]) =>
+            {
+                pointers.insert(ins[2]);
+            }
+            // OpLoad: type, result, pointer [, memory operands].
+            OP_LOAD if count >= 4 && pointers.contains(&ins[3]) => mark(&mut ins, 4),
+            // OpStore: pointer, object [, memory operands].
+            OP_STORE if count >= 3 && pointers.contains(&ins[1]) => mark(&mut ins, 3),
+            // Cooperative load: type, result, pointer, layout, stride [, memory operand].
+            OP_COOP_LOAD if count >= 6 && pointers.contains(&ins[3]) => mark(&mut ins, 6),
+            // Cooperative store: pointer, object, layout, stride [, memory operand].
+            OP_COOP_STORE if count >= 5 && pointers.contains(&ins[1]) => mark(&mut ins, 5),
+            _ => {}
+        }
+        out.extend_from_slice(&ins);
+        i += count;
+    }
+    *words = out;
+    Ok(())
+}
+
+/// Sets `NonPrivatePointer` in the memory-operand mask at word `at` of `ins`, appending the
+/// mask when the instruction has none.
+fn mark(ins: &mut Vec<u32>, at: usize) {
+    if ins.len() > at {
+        ins[at] |= NON_PRIVATE_POINTER;
+    } else {
+        ins.push(NON_PRIVATE_POINTER);
+        let count = ins.len() as u32;
+        ins[0] = (count << 16) | (ins[0] & 0xffff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The coop shaders compile, and every workgroup load / store comes out marked.
+    #[test]
+    fn coop_shaders_get_non_private_workgroup_accesses() {
+        for (key, source) in crate::backends::wgpu::shaders::coop_catalog() {
+            let words = compile(&source).unwrap_or_else(|e| panic!("{key}: {e}"));
+            let mut wg_types = std::collections::HashSet::new();
+            let mut wg_ptrs = std::collections::HashSet::new();
+            let (mut marked, mut unmarked) = (0, 0);
+            let mut i = 5;
+            while i < words.len() {
+                let count = (words[i] >> 16) as usize;
+                let op = words[i] & 0xffff;
+                let w = &words[i..i + count];
+                match op {
+                    OP_TYPE_POINTER if w[2] == WORKGROUP => {
+                        wg_types.insert(w[1]);
+                    }
+                    OP_VARIABLE | OP_ACCESS_CHAIN | OP_IN_BOUNDS_ACCESS_CHAIN
+                        if wg_types.contains(&w[1]) =>
+                    {
+                        wg_ptrs.insert(w[2]);
+                    }
+                    OP_LOAD | OP_COOP_LOAD if wg_ptrs.contains(&w[3]) => {
+                        let at = if op == OP_LOAD { 4 } else { 6 };
+                        if w.get(at).is_some_and(|m| m & NON_PRIVATE_POINTER != 0) {
+                            marked += 1;
+                        } else {
+                            unmarked += 1;
+                        }
+                    }
+                    OP_STORE | OP_COOP_STORE if wg_ptrs.contains(&w[1]) => {
+                        let at = if op == OP_STORE { 3 } else { 5 };
+                        if w.get(at).is_some_and(|m| m & NON_PRIVATE_POINTER != 0) {
+                            marked += 1;
+                        } else {
+                            unmarked += 1;
+                        }
+                    }
+                    _ => {}
+                }
+                i += count;
+            }
+            assert!(marked > 10, "{key}: only {marked} workgroup accesses");
+            assert_eq!(
+                unmarked, 0,
+                "{key}: {unmarked} workgroup accesses left private"
+            );
+        }
+    }
+
+    #[test]
+    fn a_truncated_module_is_an_error() {
+        let mut words = vec![0x0723_0203, 0x0001_0300, 0, 10, 0, (5 << 16) | OP_LOAD, 1];
+        assert!(non_private_workgroup_accesses(&mut words).is_err());
+        assert!(non_private_workgroup_accesses(&mut vec![1, 2, 3]).is_err());
+    }
+}
