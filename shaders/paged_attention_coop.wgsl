@@ -55,7 +55,7 @@ var<workgroup> head_s: array<u32, BM>;
 var<workgroup> rescale_a: atomic<u32>;
 
 // A reference maximum moves only when exceeded by more than this (P ≤ exp(TAU)).
-const TAU: f32 = 8.0;
+const TAU: f32 = COOP_TAU;
 
 struct Inputs {
     @builtin(local_invocation_index) t: u32,
@@ -121,6 +121,9 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
         var e = 0.0;
         if x[i] > NO_MAX {
             e = exp(x[i] - m_new);
+            if DBG == 2u {
+                e = 1.0;
+            }
         }
         sum = sum + e;
         p_s[r * PS + j0 + i] = f16(e);
@@ -262,6 +265,9 @@ fn main(inp: Inputs) {
                 let kt = coopLoad<coop_mat16x16<f16, B>>(&kv_s[k * 16u * KS + n * 16u], KS);
                 sacc = coopMultiplyAdd(qa[n], kt, sacc);
             }
+            if DBG == 1u {
+                sacc = zero_c;
+            }
             coopStoreT(sacc, &s_s[row0 * SS + k * 16u], SS);
         }
         workgroupBarrier();
@@ -350,6 +356,10 @@ fn main(inp: Inputs) {
                 if l > 0.0 {
                     a = lo4 / l;
                     b = hi4 / l;
+                }
+                if DBG == 3u {
+                    a = vec4<f32>(l, m, lo4.x, hi4.x);
+                    b = vec4<f32>(f32(n_chunks), f32(lo), f32(hi), f32(r));
                 }
                 out_store4((tok * H + head) * D + col, a);
                 out_store4((tok * H + head) * D + col + 4u, b);

@@ -509,6 +509,46 @@ pub struct Tiled2 {
     pub coop: bool,
 }
 
+/// Replaces the coop form's arrays of cooperative matrices (`var NAME: array<T, N>;`,
+/// indexed only by the literals the unroller leaves: `NAME[Ku]`) by N named variables
+/// `NAME_K`. Why: an array of cooperative matrices in function memory is what naga emits
+/// for them, and the H200's driver computed wrong products through such arrays (the
+/// 16 × 16 products themselves were exact, `tests/wgpu_coop.rs`).
+fn coop_scalarise(src: &str, consts: &[(&str, u32)]) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut arrays: Vec<(String, u32)> = Vec::new();
+    for line in src.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("var ") {
+            if let Some((name, ty)) = rest.split_once(": array<coop_mat") {
+                let ty = format!("coop_mat{ty}");
+                if let Some((elem, n)) = ty.trim_end_matches(">;").rsplit_once(", ") {
+                    let n = consts
+                        .iter()
+                        .find(|(c, _)| *c == n)
+                        .map(|&(_, v)| v)
+                        .or_else(|| n.trim_end_matches('u').parse().ok())
+                        .unwrap_or_else(|| panic!("coop array length {n}"));
+                    for k in 0..n {
+                        out += &format!("    var {name}_{k}: {elem};\n");
+                    }
+                    arrays.push((name.to_string(), n));
+                    continue;
+                }
+            }
+        }
+        let mut l = line.to_string();
+        for (name, n) in &arrays {
+            for k in 0..*n {
+                l = l.replace(&format!("{name}[{k}u]"), &format!("{name}_{k}"));
+            }
+        }
+        out += &l;
+        out.push('\n');
+    }
+    out
+}
+
 /// Query rows per tile of the coop form by default (4 subgroups of 16 rows).
 pub const COOP_ROWS: u32 = 64;
 /// Keys per chunk of the coop form by default.
@@ -769,6 +809,21 @@ impl AttentionShader {
         s += &consts(&c);
         if coop {
             s += &consts(&coop_c);
+            s += &format!(
+                "const DBG: u32 = {}u;\n",
+                std::env::var("POLYATTN_COOP_DBG")
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .unwrap_or(0)
+            );
+            // EXPERIMENT (uncommitted): POLYATTN_COOP_TAU
+            s += &format!(
+                "const COOP_TAU: f32 = {:?};\n",
+                std::env::var("POLYATTN_COOP_TAU")
+                    .ok()
+                    .and_then(|v| v.parse::<f32>().ok())
+                    .unwrap_or(8.0)
+            );
         }
         s += &format!(
             "const TILED2: bool = {t2};\nconst F16: bool = {half};\nconst PIPE: bool = {pipe};\n"
@@ -856,7 +911,7 @@ impl AttentionShader {
         if coop {
             let all: Vec<(&str, u32)> = c.iter().chain(coop_c.iter()).copied().collect();
             s += &unroll(ATTENTION_CHUNKS, &all);
-            s += &unroll(PAGED_ATTENTION_COOP, &all);
+            s += &coop_scalarise(&unroll(PAGED_ATTENTION_COOP, &all), &all);
             return s;
         }
         let softmax = if self.subgroups {
