@@ -144,3 +144,207 @@ fn cooperative_matrix_products_are_exact() {
     report!("[coop ops] ran on {}", dev.description());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The attention kernel's two products with its exact layout (64 rows, 64 keys, head size
+/// 128, 4 subgroups of 16 rows, row strides 136 / 68 / 72, Q held in 8 A-matrices, S tiles
+/// stored at their offsets, O in 8 C-matrices accumulated over 4 key tiles and stored through
+/// a per-subgroup 16 × 16 staging tile): S = Q·Kᵀ and O = P·V on small integers.
+const KERNEL_SHAPED: &str = r#"enable f16;
+enable wgpu_cooperative_matrix;
+const WG: u32 = 128u;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+var<workgroup> kv_s: array<f16, 8704>;
+var<workgroup> s_s: array<f32, 4352>;
+var<workgroup> p_s: array<f16, 4608>;
+@compute @workgroup_size(128)
+fn main(@builtin(local_invocation_index) t: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32) {
+    let row0 = sg * 16u;
+    // Q (src[0..8192], 64 x 128) into kv_s rows; zero tile in s_s.
+    for (var i = t; i < 8192u; i = i + 128u) {
+        kv_s[(i / 128u) * 136u + i % 128u] = f16(src[i]);
+    }
+    for (var i = t; i < 256u; i = i + 128u) {
+        s_s[i] = 0.0;
+    }
+    workgroupBarrier();
+    let zero_c = coopLoadT<coop_mat16x16<f32, C>>(&s_s[0], 16u);
+    var qa: array<coop_mat16x16<f16, A>, 8>;
+    for (var n = 0u; n < 8u; n = n + 1u) {
+        qa[n] = coopLoadT<coop_mat16x16<f16, A>>(&kv_s[row0 * 136u + n * 16u], 136u);
+    }
+    workgroupBarrier();
+    // K (src[8192..16384]) over Q.
+    for (var i = t; i < 8192u; i = i + 128u) {
+        kv_s[(i / 128u) * 136u + i % 128u] = f16(src[8192u + i]);
+    }
+    workgroupBarrier();
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        var sacc = zero_c;
+        for (var n = 0u; n < 8u; n = n + 1u) {
+            let kt = coopLoad<coop_mat16x16<f16, B>>(&kv_s[k * 16u * 136u + n * 16u], 136u);
+            sacc = coopMultiplyAdd(qa[n], kt, sacc);
+        }
+        coopStoreT(sacc, &s_s[row0 * 68u + k * 16u], 68u);
+    }
+    workgroupBarrier();
+    for (var i = t; i < 4096u; i = i + 128u) {
+        dst[i] = s_s[(i / 64u) * 68u + i % 64u];
+    }
+    // P (src[16384..20480], 64 x 64) and V (src[20480..28672]).
+    for (var i = t; i < 4096u; i = i + 128u) {
+        p_s[(i / 64u) * 72u + i % 64u] = f16(src[16384u + i]);
+    }
+    for (var i = t; i < 8192u; i = i + 128u) {
+        kv_s[(i / 128u) * 136u + i % 128u] = f16(src[20480u + i]);
+    }
+    workgroupBarrier();
+    var pa: array<coop_mat16x16<f16, A>, 4>;
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        pa[k] = coopLoadT<coop_mat16x16<f16, A>>(&p_s[row0 * 72u + k * 16u], 72u);
+    }
+    var o: array<coop_mat16x16<f32, C>, 8>;
+    for (var n = 0u; n < 8u; n = n + 1u) {
+        o[n] = zero_c;
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let vt = coopLoadT<coop_mat16x16<f16, B>>(&kv_s[k * 16u * 136u + n * 16u], 136u);
+            o[n] = coopMultiplyAdd(pa[k], vt, o[n]);
+        }
+    }
+    for (var n = 0u; n < 8u; n = n + 1u) {
+        workgroupBarrier();
+        coopStoreT(o[n], &s_s[sg * 256u], 16u);
+        workgroupBarrier();
+        for (var e = 0u; e < 8u; e = e + 1u) {
+            let idx = lane * 8u + e;
+            let r = row0 + idx / 16u;
+            dst[4096u + r * 128u + n * 16u + idx % 16u] = s_s[sg * 256u + idx];
+        }
+    }
+}
+"#;
+
+/// Small integers for the kernel-shaped probe: Q, K, V in -2..=2, P in 0..=2.
+fn kernel_shaped_inputs() -> Vec<f32> {
+    let mut v = vec![0.0f32; 28672];
+    for (i, x) in v.iter_mut().enumerate() {
+        *x = if (16384..20480).contains(&i) {
+            ((i * 7 + 3) % 3) as f32
+        } else {
+            ((i * 13 + i / 128 * 5) % 5) as f32 - 2.0
+        };
+    }
+    v
+}
+
+#[test]
+fn kernel_shaped_probe_validates() {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let module = naga::front::wgsl::parse_str(KERNEL_SHAPED)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(KERNEL_SHAPED)));
+    let caps =
+        Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+    Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(KERNEL_SHAPED)));
+}
+
+#[test]
+fn kernel_shaped_products_are_exact() {
+    let dev = match WgpuDevice::open() {
+        Ok(d) => d,
+        Err(e) => {
+            report!("[coop kernel-shaped] skipped: no wgpu device ({e})");
+            return;
+        }
+    };
+    if !dev.has_coop() {
+        report!(
+            "[coop kernel-shaped] skipped: {} has no cooperative matrices",
+            dev.description()
+        );
+        return;
+    }
+    let src = kernel_shaped_inputs();
+    let input = dev
+        .upload(&CpuStorage::F32(src.clone()), DType::F32)
+        .unwrap();
+    let out = dev
+        .upload(&CpuStorage::F32(vec![f32::NAN; 4096 + 8192]), DType::F32)
+        .unwrap();
+    let params = ParamBlock::new(&dev, 1);
+    let pipe = pipeline(
+        &dev,
+        "coop probe kernel-shaped",
+        || KERNEL_SHAPED.to_string(),
+        Bindings::Probe,
+        true,
+    )
+    .unwrap();
+    let group = bind_group(
+        &dev,
+        &pipe,
+        vec![
+            (0, params.binding(0)),
+            (1, whole(input.buffer())),
+            (2, whole(out.buffer())),
+        ],
+    );
+    let mut enc = dev.device().create_command_encoder(&Default::default());
+    dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+    dev.queue().submit([enc.finish()]);
+    let got = match dev.download(&out, DType::F32).unwrap() {
+        CpuStorage::F32(v) => v,
+        _ => unreachable!(),
+    };
+    let (q, k, p, v) = (
+        &src[..8192],
+        &src[8192..16384],
+        &src[16384..20480],
+        &src[20480..],
+    );
+    let mut report_lines = Vec::new();
+    for (name, rows, cols, base, want) in [
+        ("S = Q·Kᵀ", 64usize, 64usize, 0usize, {
+            let mut s = vec![0.0f32; 4096];
+            for i in 0..64 {
+                for j in 0..64 {
+                    s[i * 64 + j] = (0..128).map(|d| q[i * 128 + d] * k[j * 128 + d]).sum();
+                }
+            }
+            s
+        }),
+        ("O = P·V", 64, 128, 4096, {
+            let mut o = vec![0.0f32; 8192];
+            for i in 0..64 {
+                for d in 0..128 {
+                    o[i * 128 + d] = (0..64).map(|j| p[i * 64 + j] * v[j * 128 + d]).sum();
+                }
+            }
+            o
+        }),
+    ] {
+        let bad: Vec<(usize, usize)> = (0..rows * cols)
+            .filter(|&e| got[base + e] != want[e])
+            .map(|e| (e / cols, e % cols))
+            .collect();
+        if let Some(&(r, c)) = bad.first() {
+            // Which 16-row tiles (subgroups) and 16-column tiles are wrong.
+            let mut tiles: Vec<(usize, usize)> =
+                bad.iter().map(|&(r, c)| (r / 16, c / 16)).collect();
+            tiles.dedup();
+            tiles.sort();
+            tiles.dedup();
+            report_lines.push(format!(
+                "{name}: {} of {} wrong, first [{r}][{c}] = {} want {}; wrong (row tile, col tile): {tiles:?}",
+                bad.len(),
+                rows * cols,
+                got[base + r * cols + c],
+                want[r * cols + c]
+            ));
+        }
+    }
+    report!("[coop kernel-shaped] ran on {}", dev.description());
+    assert!(report_lines.is_empty(), "{}", report_lines.join("\n"));
+}
