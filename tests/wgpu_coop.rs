@@ -348,3 +348,139 @@ fn kernel_shaped_products_are_exact() {
     report!("[coop kernel-shaped] ran on {}", dev.description());
     assert!(report_lines.is_empty(), "{}", report_lines.join("\n"));
 }
+
+/// Where an A-matrix load at element offset `off` with row stride `st` actually reads: the
+/// workgroup array holds its own element index (mod 2048, exact in f16), B is the identity,
+/// so C = A and C[r][c] names the element the load took for row r, column c.
+fn offset_map_shader(off: u32, st: u32) -> String {
+    let len = (off + 16 * st).max(2048);
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\nconst WG: u32 = 32u;\n\
+         @group(0) @binding(1) var<storage, read> src: array<f32>;\n\
+         @group(0) @binding(2) var<storage, read_write> dst: array<f32>;\n\
+         var<workgroup> ah: array<f16, {len}>;\n\
+         var<workgroup> id: array<f16, 256>;\n\
+         var<workgroup> cs: array<f32, 256>;\n\
+         @compute @workgroup_size(32)\n\
+         fn main(@builtin(local_invocation_index) t: u32) {{\n\
+         \x20   for (var i = t; i < {len}u; i = i + 32u) {{\n\
+         \x20       ah[i] = f16(f32(i % 2048u) + src[0]);\n\
+         \x20   }}\n\
+         \x20   for (var i = t; i < 256u; i = i + 32u) {{\n\
+         \x20       id[i] = select(f16(0.0), f16(1.0), i / 16u == i % 16u);\n\
+         \x20       cs[i] = 0.0;\n\
+         \x20   }}\n\
+         \x20   workgroupBarrier();\n\
+         \x20   let z = coopLoadT<coop_mat16x16<f32, C>>(&cs[0], 16u);\n\
+         \x20   let a = coopLoadT<coop_mat16x16<f16, A>>(&ah[{off}u], {st}u);\n\
+         \x20   let b = coopLoadT<coop_mat16x16<f16, B>>(&id[0], 16u);\n\
+         \x20   let c = coopMultiplyAdd(a, b, z);\n\
+         \x20   workgroupBarrier();\n\
+         \x20   coopStoreT(c, &cs[0], 16u);\n\
+         \x20   workgroupBarrier();\n\
+         \x20   for (var i = t; i < 256u; i = i + 32u) {{\n\
+         \x20       dst[i] = cs[i];\n\
+         \x20   }}\n\
+         }}\n"
+    )
+}
+
+/// Prints, for the kernel's offsets and strides, which elements an A-matrix load at an
+/// offset reads (diagnostic for the coop form; fails when any load reads elsewhere than
+/// `off + r·st + c`).
+#[test]
+fn offset_loads_read_where_asked() {
+    let dev = match WgpuDevice::open() {
+        Ok(d) => d,
+        Err(e) => {
+            report!("[coop offsets] skipped: no wgpu device ({e})");
+            return;
+        }
+    };
+    if !dev.has_coop() {
+        report!(
+            "[coop offsets] skipped: {} has no cooperative matrices",
+            dev.description()
+        );
+        return;
+    }
+    let mut failures = Vec::new();
+    for (off, st) in [
+        (0u32, 16u32),
+        (0, 136),
+        (16, 136),
+        (32, 136),
+        (136, 136),
+        (272, 136),
+        (48, 72),
+    ] {
+        let input = dev
+            .upload(&CpuStorage::F32(vec![0.0; 4]), DType::F32)
+            .unwrap();
+        let out = dev
+            .upload(&CpuStorage::F32(vec![f32::NAN; 256]), DType::F32)
+            .unwrap();
+        let params = ParamBlock::new(&dev, 1);
+        let key = format!("coop offset map {off} {st}");
+        let pipe = pipeline(
+            &dev,
+            &key,
+            || offset_map_shader(off, st),
+            Bindings::Probe,
+            true,
+        )
+        .unwrap();
+        let group = bind_group(
+            &dev,
+            &pipe,
+            vec![
+                (0, params.binding(0)),
+                (1, whole(input.buffer())),
+                (2, whole(out.buffer())),
+            ],
+        );
+        let mut enc = dev.device().create_command_encoder(&Default::default());
+        dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+        dev.queue().submit([enc.finish()]);
+        let got = match dev.download(&out, DType::F32).unwrap() {
+            CpuStorage::F32(v) => v,
+            _ => unreachable!(),
+        };
+        let want = |r: u32, c: u32| ((off + r * st + c) % 2048) as f32;
+        report!(
+            "[coop offsets] offset {off} stride {st}: [0][0] read element {}, [0][1] {}, [1][0] {} \
+             (asked {}, {}, {})",
+            got[0],
+            got[1],
+            got[16],
+            want(0, 0),
+            want(0, 1),
+            want(1, 0)
+        );
+        let bad = (0..256u32)
+            .filter(|&e| got[e as usize] != want(e / 16, e % 16))
+            .count();
+        if bad > 0 {
+            failures.push(format!(
+                "offset {off} stride {st}: {bad} of 256 elements from elsewhere"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The probe shaders validate with naga on any machine (so a GPU run cannot fail on them).
+#[test]
+fn probe_shaders_validate() {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let mut sources = vec![offset_map_shader(16, 136), offset_map_shader(48, 72)];
+    sources.extend([(4, 24, 0), (1, 136, 16), (3, 72, 48)].map(|(p, s, o)| shader(p, s, o)));
+    for src in sources {
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+        let caps = Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+        Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+    }
+}
