@@ -51,8 +51,12 @@ var<workgroup> l_s: array<f32, BM>;
 var<workgroup> a_s: array<f32, BM>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
-// 1 when a row of the tile needs its output rescaled this chunk (reset after the check).
-var<workgroup> rescale_a: atomic<u32>;
+// 1 when a row of the tile needs its output rescaled this chunk (reset after the check);
+// element 0 is used. Four words, not one: every workgroup variable of this shader is a
+// multiple of 16 bytes, so whatever order the driver lays them out in, every array starts
+// 16-byte aligned, as cooperative loads / stores need. The H200's driver (580) placed a
+// lone 4-byte atomic ahead of the f16 arrays: every matrix load then read 4 bytes early.
+var<workgroup> rescale_a: array<atomic<u32>, 4>;
 
 // A reference maximum moves only when exceeded by more than this (P ≤ exp(TAU)).
 const TAU: f32 = COOP_TAU;
@@ -143,6 +147,18 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
     return rescale;
 }
 
+// EXPERIMENT (debug dumps, POLYATTN_COOP_DBG 5..8): row r's values `vals(j)` for columns
+// j0 .. j0 + n (n a multiple of 4) written as f32 into r's output row, first chunk only.
+fn coop_dbg_row(r: u32, n_rows: u32, row_start: u32, tok_start: u32, kv_head: u32, col: u32, v: vec4<f32>) {
+    if r < n_rows {
+        let g = params.group;
+        let rr = row_start + r;
+        let tok = tok_start + rr / g;
+        let head = kv_head * g + rr % g;
+        out_store4((tok * params.num_heads + head) * D + col, v);
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(inp: Inputs) {
     let t = inp.t;
@@ -190,7 +206,7 @@ fn main(inp: Inputs) {
         m_s[r] = m0;
         m_s[BM + r] = m0;
         if r == 0u {
-            atomicStore(&rescale_a, 0u);
+            atomicStore(&rescale_a[0], 0u);
         }
         seen_s[r] = 0u;
         seen_s[BM + r] = 0u;
@@ -221,6 +237,14 @@ fn main(inp: Inputs) {
         s_s[u] = 0.0;
     }
     workgroupBarrier();
+    if DBG == 8u {
+        for (var u = t; u < BM * D4; u = u + WG) {
+            let r = u / D4;
+            let e = r * KS + (u % D4) * 4u;
+            coop_dbg_row(r, n_rows, row_start, tok_start, kv_head, (u % D4) * 4u,
+                vec4<f32>(f32(kv_s[e]), f32(kv_s[e + 1u]), f32(kv_s[e + 2u]), f32(kv_s[e + 3u])));
+        }
+    }
     let zero_c = coopLoadT<coop_mat16x16<f32, C>>(&s_s[0], 16u);
     var qa: array<coop_mat16x16<f16, A>, NT>;
     var o: array<coop_mat16x16<f32, C>, NT>;
@@ -271,15 +295,39 @@ fn main(inp: Inputs) {
             coopStoreT(sacc, &s_s[row0 * SS + k * 16u], SS);
         }
         workgroupBarrier();
+        if DBG == 5u && ci == 0u {
+            for (var i = 0u; i < KH; i = i + 4u) {
+                let j = sm_half * KH + i;
+                let b = sm_row * SS + j;
+                coop_dbg_row(sm_row, n_rows, row_start, tok_start, kv_head, j,
+                    vec4<f32>(s_s[b], s_s[b + 1u], s_s[b + 2u], s_s[b + 3u]));
+            }
+        }
         coop_store_chunk(t, raw);
         let rescale = coop_softmax_row(sm_row, sm_half, c0, cn, par);
         let any_rescale = subgroupAny(rescale);
         if lane == 0u && any_rescale {
-            atomicOr(&rescale_a, 1u);
+            atomicOr(&rescale_a[0], 1u);
         }
         // The barrier after the softmax, and whether any subgroup must rescale (a value
         // uniform across the workgroup, as the branch below needs).
-        let need = workgroupUniformLoad(&rescale_a);
+        let need = workgroupUniformLoad(&rescale_a[0]);
+        if DBG == 6u && ci == 0u {
+            for (var i = 0u; i < KH; i = i + 4u) {
+                let j = sm_half * KH + i;
+                let b = sm_row * PS + j;
+                coop_dbg_row(sm_row, n_rows, row_start, tok_start, kv_head, j,
+                    vec4<f32>(f32(p_s[b]), f32(p_s[b + 1u]), f32(p_s[b + 2u]), f32(p_s[b + 3u])));
+            }
+        }
+        if DBG == 7u && ci == 0u {
+            for (var u = t; u < BN * D4; u = u + WG) {
+                let r = u / D4;
+                let e = r * KS + (u % D4) * 4u;
+                coop_dbg_row(r, n_rows, row_start, tok_start, kv_head, (u % D4) * 4u,
+                    vec4<f32>(f32(kv_s[e]), f32(kv_s[e + 1u]), f32(kv_s[e + 2u]), f32(kv_s[e + 3u])));
+            }
+        }
         // Rare: some row's reference maximum moved; every subgroup takes this path (the
         // barriers need the whole workgroup), those without such rows scale by 1.
         if need != 0u {
@@ -297,7 +345,7 @@ fn main(inp: Inputs) {
                 workgroupBarrier();
             }
             if t == 0u {
-                atomicStore(&rescale_a, 0u);
+                atomicStore(&rescale_a[0], 0u);
             }
         }
         // The next chunk's K loads, in flight during phase C.
@@ -350,7 +398,7 @@ fn main(inp: Inputs) {
             let lo4 = vec4<f32>(s_s[st], s_s[st + 1u], s_s[st + 2u], s_s[st + 3u]);
             let hi4 = vec4<f32>(s_s[st + 4u], s_s[st + 5u], s_s[st + 6u], s_s[st + 7u]);
             let col = n * 16u + hh * 8u;
-            if slot == DIRECT {
+            if slot == DIRECT && DBG < 5u {
                 var a = vec4<f32>(0.0);
                 var b = vec4<f32>(0.0);
                 if l > 0.0 {
@@ -363,7 +411,7 @@ fn main(inp: Inputs) {
                 }
                 out_store4((tok * H + head) * D + col, a);
                 out_store4((tok * H + head) * D + col + 4u, b);
-            } else {
+            } else if slot != DIRECT {
                 let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
                 scratch[prow * D4 + col / 4u] = lo4;
                 scratch[prow * D4 + col / 4u + 1u] = hi4;

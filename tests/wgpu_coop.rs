@@ -484,3 +484,219 @@ fn probe_shaders_validate() {
             .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
     }
 }
+
+/// Diagnosis of the coop attention kernel (prints, fails when wrong): one prefill request
+/// of 16 tokens, one head, head size 128, f16. Token 0 sees one key, so its output must be
+/// V[0] exactly (up to f16 rounding) and its LSE the scaled q0·k0. For every wrong output
+/// column the test names where the value came from (a Q, K or V element of equal value:
+/// random inputs make that nearly unique).
+#[test]
+fn coop_attention_sources() {
+    use polyattn::reference;
+    use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
+    use polyattn::{registry, AttentionParams, CommonAttentionMetadata, Tensor};
+    let dev = match WgpuDevice::open() {
+        Ok(d) => d,
+        Err(e) => {
+            report!("[coop sources] skipped: no wgpu device ({e})");
+            return;
+        }
+    };
+    if !dev.has_coop() {
+        report!("[coop sources] skipped: {} has no cooperative matrices", dev.description());
+        return;
+    }
+    let backend = registry::global().get("WGPU").expect("wgpu backend registered");
+    let mut failures = Vec::new();
+    for (q_len, hkv, g) in [
+        (16usize, 1usize, 1usize),
+        (32, 1, 1),
+        (64, 1, 1),
+        (4, 1, 4),
+        (8, 1, 4),
+        (16, 1, 2),
+        (16, 2, 1),
+        (16, 1, 4),
+        (64, 2, 4),
+    ] {
+        let params = AttentionParams::new(hkv * g, 128, hkv);
+        let case = CaseConfig::new(params.clone(), DType::F16, 16);
+        let mut batch =
+            RandomBatch::generate(backend.as_ref(), &case, &BatchSpec::new(&[(q_len, q_len)]), 7)
+                .unwrap();
+        let want = reference::attention(&batch).unwrap();
+        let device = backend.device().unwrap();
+        let spec = *batch.kv_cache.spec();
+        let builder = backend.make_builder(&spec).unwrap();
+        let imp = backend.make_impl(params).unwrap();
+        let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();
+        let metadata = builder.build(0, &common, false).unwrap();
+        let mut out = batch.empty_output().unwrap();
+        let h = hkv * g;
+        let mut lse = Tensor::zeros(&device, &[h, q_len], DType::F32).unwrap();
+        imp.forward_with_lse(
+            &batch.layer,
+            &batch.query,
+            Some(&batch.key),
+            Some(&batch.value),
+            &mut batch.kv_cache,
+            metadata.as_ref(),
+            &mut out,
+            Some(&mut lse),
+        )
+        .unwrap();
+        device.synchronize().unwrap();
+        let got = out.to_f32_vec().unwrap();
+        let got_lse = lse.to_f32_vec().unwrap();
+        let (qh, kh, vh) = (&batch.host_query, &batch.host_keys[0], &batch.host_values[0]);
+        let find = |x: f32| -> String {
+            for (name, a, w) in [("V", vh, hkv * 128), ("K", kh, hkv * 128), ("Q", qh, h * 128)] {
+                if let Some(i) = a.iter().position(|&y| y == x && x != 0.0) {
+                    return format!("{name}[{}][{}][{}]", i / w, (i % w) / 128, i % 128);
+                }
+            }
+            "?".into()
+        };
+        let mut lines = Vec::new();
+        for head in 0..h.min(2) {
+            for tok in [0usize, 1, q_len - 1] {
+                let base = (tok * h + head) * 128;
+                let wrong: Vec<usize> = (0..128)
+                    .filter(|&c| {
+                        let w = want.out[base + c] as f32;
+                        (got[base + c] - w).abs() > 2e-2 + 2e-2 * w.abs()
+                    })
+                    .collect();
+                let l = got_lse[head * q_len + tok];
+                let wl = want.lse[head * q_len + tok] as f32;
+                let mut s = format!(
+                    "tok {tok} head {head}: lse {l:.4} want {wl:.4}; {} wrong cols",
+                    wrong.len()
+                );
+                if tok == 0 {
+                    for &c in wrong.iter().take(12) {
+                        s += &format!(" | c{c}={} ({})", got[base + c], find(got[base + c]));
+                    }
+                } else if let Some(&c) = wrong.first() {
+                    s += &format!(" first c{c}={} want {}", got[base + c], want.out[base + c]);
+                }
+                if !wrong.is_empty() || (l - wl).abs() > 2e-2 {
+                    lines.push(s);
+                }
+            }
+        }
+        report!("[coop sources] q_len {q_len}, {hkv} kv heads x {g}: {}", if lines.is_empty() { "right".to_string() } else { lines.join("\n    ") });
+        if !lines.is_empty() {
+            failures.push(format!("q_len {q_len} g {g}"));
+        }
+    }
+    assert!(failures.is_empty(), "wrong: {failures:?}");
+}
+
+/// With `POLYATTN_COOP_DBG` 5 / 6 / 7 / 8 the coop kernel writes, instead of its output, the
+/// first chunk's scores / probabilities / staged values / staged (scaled) queries into each
+/// row's output; this test compares them with the host's, row by row (diagnosis only:
+/// without the variable it does nothing).
+#[test]
+fn coop_attention_dumps() {
+    use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
+    use polyattn::{registry, AttentionParams, CommonAttentionMetadata};
+    let dbg: u32 = match std::env::var("POLYATTN_COOP_DBG").ok().and_then(|v| v.parse().ok()) {
+        Some(d) if (5..=8).contains(&d) => d,
+        _ => {
+            report!("[coop dumps] skipped: POLYATTN_COOP_DBG is not 5..8");
+            return;
+        }
+    };
+    let dev = match WgpuDevice::open() {
+        Ok(d) if d.has_coop() => d,
+        _ => {
+            report!("[coop dumps] skipped: no wgpu device with cooperative matrices");
+            return;
+        }
+    };
+    let _ = dev;
+    let backend = registry::global().get("WGPU").unwrap();
+    for q_len in [16usize, 32] {
+        let params = AttentionParams::new(1, 128, 1);
+        let scale = params.scale;
+        let case = CaseConfig::new(params.clone(), DType::F16, 16);
+        let mut batch =
+            RandomBatch::generate(backend.as_ref(), &case, &BatchSpec::new(&[(q_len, q_len)]), 7)
+                .unwrap();
+        let device = backend.device().unwrap();
+        let spec = *batch.kv_cache.spec();
+        let builder = backend.make_builder(&spec).unwrap();
+        let imp = backend.make_impl(params).unwrap();
+        let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();
+        let metadata = builder.build(0, &common, false).unwrap();
+        let mut out = batch.empty_output().unwrap();
+        imp.forward(
+            &batch.layer,
+            &batch.query,
+            Some(&batch.key),
+            Some(&batch.value),
+            &mut batch.kv_cache,
+            metadata.as_ref(),
+            &mut out,
+        )
+        .unwrap();
+        device.synchronize().unwrap();
+        let got = out.to_f32_vec().unwrap();
+        let (q, k, v) = (&batch.host_query, &batch.host_keys[0], &batch.host_values[0]);
+        let s = |r: usize, j: usize| -> f32 {
+            if j >= q_len {
+                return 0.0;
+            }
+            (0..128).map(|c| q[r * 128 + c] * k[j * 128 + c]).sum::<f32>() * scale
+        };
+        let (what, cols) = match dbg {
+            5 => ("scores", 64),
+            6 => ("probabilities", 64),
+            7 => ("staged V", 128),
+            _ => ("staged Q", 128),
+        };
+        let want = |r: usize, c: usize| -> f32 {
+            match dbg {
+                5 => s(r, c),
+                6 => {
+                    let m = (0..=r).map(|j| s(r, j)).fold(f32::MIN, f32::max);
+                    if c <= r {
+                        (s(r, c) - m).exp()
+                    } else {
+                        0.0
+                    }
+                }
+                7 => {
+                    if r < q_len {
+                        v[r * 128 + c]
+                    } else {
+                        0.0
+                    }
+                }
+                _ => q[r * 128 + c] * scale,
+            }
+        };
+        let mut lines = Vec::new();
+        for r in 0..q_len {
+            let wrong: Vec<usize> = (0..cols)
+                .filter(|&c| {
+                    let w = want(r, c);
+                    (got[r * 128 + c] - w).abs() > 2e-2 + 2e-2 * w.abs()
+                })
+                .collect();
+            if !wrong.is_empty() {
+                let mut l = format!("row {r}: {} wrong", wrong.len());
+                for &c in wrong.iter().take(6) {
+                    l += &format!(" | {c}: {} want {}", got[r * 128 + c], want(r, c));
+                }
+                lines.push(l);
+            }
+        }
+        report!(
+            "[coop dumps] {what}, q_len {q_len}: {} rows wrong\n    {}",
+            lines.len(),
+            lines.join("\n    ")
+        );
+    }
+}
