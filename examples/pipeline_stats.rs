@@ -22,11 +22,19 @@ use std::ffi::{c_char, CStr};
 use ash::vk;
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use polyattn::backends::wgpu::shaders::{AttentionShader, Tiled2};
+use polyattn::backends::wgpu::coop_spirv;
+use polyattn::backends::wgpu::shaders::{self, AttentionShader, Tiled2};
 use polyattn::DType;
 
 /// One specialisation to compile, from a spec string (see the module docs).
 fn parse_spec(spec: &str) -> Option<AttentionShader> {
+    if let Some(rest) = spec.strip_prefix("coop:") {
+        // coop:ROWSxKEYS[:SPLIT]
+        let (shape, split) = rest.split_once(':').unwrap_or((rest, "1"));
+        let (m, n) = shape.split_once('x')?;
+        let (m, n, q) = (m.parse().ok()?, n.parse().ok()?, split.parse().ok()?);
+        return Some(shaders::coop_shader_split(128, m, n, q, true));
+    }
     let (f32_form, rest) = match spec.strip_prefix("f32:") {
         Some(r) => (true, r),
         None => (false, spec),
@@ -76,6 +84,10 @@ const DEFAULT_SPECS: &[&str] = &[
 
 /// SPIR-V for a WGSL module, with the capabilities the backend asks for.
 fn spirv(source: &str) -> Result<Vec<u32>, String> {
+    if source.contains("enable wgpu_cooperative_matrix;") {
+        // The backend's own translation (workgroup accesses marked non-private).
+        return coop_spirv::compile(source);
+    }
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
     let mut caps = Capabilities::SUBGROUP;
     if source.lines().any(|l| l == "enable f16;") {
@@ -166,19 +178,35 @@ impl Vulkan {
             let queues = [vk::DeviceQueueCreateInfo::default()
                 .queue_family_index(qf)
                 .queue_priorities(&prio)];
-            let ext_names: [*const c_char; 1] = [ext.as_ptr()];
+            // Cooperative matrices (and the Vulkan memory model their SPIR-V declares) where
+            // offered, so `coop:` specs compile too.
+            let coop_ext = ash::khr::cooperative_matrix::NAME;
+            let has_coop = instance
+                .enumerate_device_extension_properties(pd)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .any(|e| CStr::from_ptr(e.extension_name.as_ptr()) == coop_ext);
+            let mut ext_names: Vec<*const c_char> = vec![ext.as_ptr()];
+            if has_coop {
+                ext_names.push(coop_ext.as_ptr());
+            }
+            let mut f_coop =
+                vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(has_coop);
             let mut f_exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
                 .pipeline_executable_info(true);
             let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
                 .storage_buffer16_bit_access(true)
                 .uniform_and_storage_buffer16_bit_access(true);
-            let mut f12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(true);
+            let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
+                .shader_float16(true)
+                .vulkan_memory_model(has_coop);
             let info = vk::DeviceCreateInfo::default()
                 .queue_create_infos(&queues)
                 .enabled_extension_names(&ext_names)
                 .push_next(&mut f_exec)
                 .push_next(&mut f11)
-                .push_next(&mut f12);
+                .push_next(&mut f12)
+                .push_next(&mut f_coop);
             let device = match instance.create_device(pd, &info, None) {
                 Ok(d) => d,
                 Err(e) => {

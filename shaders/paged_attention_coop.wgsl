@@ -86,8 +86,9 @@ fn coop_store_chunk(t: u32, w_in: array<KV_RAW, LPT>) {
     }
 }
 
-// Softmax of row r's keys h·BN/2 .. (h+1)·BN/2 of the chunk at c0 (cn keys) for lane pair
-// half h (the other half is lane ^ 1). Returns whether the row's output needs a rescale.
+// Softmax of row r's keys h·KH .. (h+1)·KH of the chunk at c0 (cn keys) for part h of
+// the LPR lanes of the row (lanes differing in their low log2(LPR) bits: the reductions
+// are shuffles over those bits). Returns whether the row's output needs a rescale.
 fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
     let head = head_s[r];
     let live = head != NO_ROW;
@@ -108,7 +109,10 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
         }
         x[i] = v;
     }
-    mx = max(mx, subgroupShuffleXor(mx, 1u));
+    // @unroll
+    for (var i = 0u; i < LOG_LPR; i = i + 1u) {
+        mx = max(mx, subgroupShuffleXor(mx, 1u << i));
+    }
     let m_old = m_s[(par ^ 1u) * BM + r];
     let seen_old = seen_s[(par ^ 1u) * BM + r];
     var m_new = m_old;
@@ -132,8 +136,13 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
         sum = sum + e;
         p_s[r * PS + j0 + i] = f16(e);
     }
-    sum = sum + subgroupShuffleXor(sum, 1u);
-    let saw2 = saw || subgroupShuffleXor(u32(saw), 1u) != 0u;
+    var saw_any = u32(saw);
+    // @unroll
+    for (var i = 0u; i < LOG_LPR; i = i + 1u) {
+        sum = sum + subgroupShuffleXor(sum, 1u << i);
+        saw_any = saw_any | subgroupShuffleXor(saw_any, 1u << i);
+    }
+    let saw2 = saw_any != 0u;
     if h == 0u {
         var alpha = 1.0;
         if m_new != m_old {
@@ -184,7 +193,10 @@ fn main(inp: Inputs) {
     let add_sink = (slot_word >> 31u) == 1u && (params.flags & SINKS) != 0u;
     let sg = inp.sg;
     let lane = inp.lane;
-    let row0 = sg * 16u;
+    // Subgroup sg: row tile sg / NQ (rows row0 .. row0 + 15), part q = sg % NQ of its keys
+    // (phase A) and of its output columns (phase C).
+    let row0 = (sg / NQ) * 16u;
+    let q = sg % NQ;
 
     // Rows: position, query head, running statistics.
     for (var r = t; r < BM; r = r + WG) {
@@ -247,10 +259,13 @@ fn main(inp: Inputs) {
     }
     let zero_c = coopLoadT<coop_mat16x16<f32, C>>(&s_s[0], 16u);
     var qa: array<coop_mat16x16<f16, A>, NT>;
-    var o: array<coop_mat16x16<f32, C>, NT>;
+    var o: array<coop_mat16x16<f32, C>, NTQ>;
     // @unroll
     for (var n = 0u; n < NT; n = n + 1u) {
         qa[n] = coopLoadT<coop_mat16x16<f16, A>>(&kv_s[row0 * KS + n * 16u], KS);
+    }
+    // @unroll
+    for (var n = 0u; n < NTQ; n = n + 1u) {
         o[n] = zero_c;
     }
 
@@ -269,9 +284,9 @@ fn main(inp: Inputs) {
     // The Q tile is in registers: kv_s is free for K.
     workgroupBarrier();
 
-    // Softmax lanes: row 16·sg + lane / 2 (the subgroup's own rows), half lane & 1.
-    let sm_row = row0 + (lane >> 1u);
-    let sm_half = lane & 1u;
+    // Softmax lanes: LPR per row, rows row0 + q·RPW .. + RPW of the subgroup's row tile.
+    let sm_row = row0 + q * RPW + lane / LPR;
+    let sm_half = lane % LPR;
     let n_chunks = select(0u, (hi - lo + BN - 1u) / BN, lo < hi && valid);
     for (var ci = 0u; ci < n_chunks; ci = ci + 1u) {
         let c0 = lo + ci * BN;
@@ -280,9 +295,11 @@ fn main(inp: Inputs) {
         coop_store_chunk(t, raw);
         workgroupBarrier();
         raw = chunk_raw(t, kb, cn, true);
-        // Phase A: S = Q·K^T for the subgroup's 16 rows, 16 keys per C-matrix.
+        // Phase A: S = Q·K^T for the subgroup's 16 rows and its NKQ key tiles (16 keys per
+        // C-matrix).
         // @unroll
-        for (var k = 0u; k < NK; k = k + 1u) {
+        for (var kk = 0u; kk < NKQ; kk = kk + 1u) {
+            let k = q * NKQ + kk;
             var sacc = zero_c;
             // @unroll
             for (var n = 0u; n < NT; n = n + 1u) {
@@ -332,7 +349,7 @@ fn main(inp: Inputs) {
         // barriers need the whole workgroup), those without such rows scale by 1.
         if need != 0u {
             // @unroll
-            for (var n = 0u; n < NT; n = n + 1u) {
+            for (var n = 0u; n < NTQ; n = n + 1u) {
                 coopStoreT(o[n], &s_s[sg * 256u], 16u);
                 workgroupBarrier();
                 // @unroll
@@ -361,10 +378,10 @@ fn main(inp: Inputs) {
             pa[k] = coopLoadT<coop_mat16x16<f16, A>>(&p_s[row0 * PS + k * 16u], PS);
         }
         // @unroll
-        for (var n = 0u; n < NT; n = n + 1u) {
+        for (var n = 0u; n < NTQ; n = n + 1u) {
             // @unroll
             for (var k = 0u; k < NK; k = k + 1u) {
-                let vt = coopLoadT<coop_mat16x16<f16, B>>(&kv_s[k * 16u * KS + n * 16u], KS);
+                let vt = coopLoadT<coop_mat16x16<f16, B>>(&kv_s[k * 16u * KS + (q * NTQ + n) * 16u], KS);
                 o[n] = coopMultiplyAdd(pa[k], vt, o[n]);
             }
         }
@@ -390,14 +407,14 @@ fn main(inp: Inputs) {
         tok = tok_start + (row_start + r) / g;
     }
     // @unroll
-    for (var n = 0u; n < NT; n = n + 1u) {
+    for (var n = 0u; n < NTQ; n = n + 1u) {
         coopStoreT(o[n], &s_s[sg * 256u], 16u);
         workgroupBarrier();
         if live {
             let st = sg * 256u + lane * 8u;
             let lo4 = vec4<f32>(s_s[st], s_s[st + 1u], s_s[st + 2u], s_s[st + 3u]);
             let hi4 = vec4<f32>(s_s[st + 4u], s_s[st + 5u], s_s[st + 6u], s_s[st + 7u]);
-            let col = n * 16u + hh * 8u;
+            let col = (q * NTQ + n) * 16u + hh * 8u;
             if slot == DIRECT && DBG < 5u {
                 var a = vec4<f32>(0.0);
                 var b = vec4<f32>(0.0);
@@ -419,7 +436,7 @@ fn main(inp: Inputs) {
         }
         workgroupBarrier();
     }
-    if live && hh == 0u {
+    if live && hh == 0u && q == 0u {
         if slot == DIRECT {
             if (params.flags & WRITE_LSE) != 0u {
                 var bits = NEG_INF_BITS;

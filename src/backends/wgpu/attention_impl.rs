@@ -394,7 +394,18 @@ impl WgpuAttentionImpl {
         [want, (COOP_ROWS, COOP_KEYS), (COOP_ROWS, COOP_KEYS / 2)]
             .into_iter()
             .filter(|&(m, n)| m % 16 == 0 && n % 16 == 0 && m > 0 && n > 0)
-            .map(|(m, n)| shaders::coop_shader(d, m, n, paged))
+            .map(|(m, n)| {
+                // Subgroups per 16-row tile: the most that fit (4 at 64 x 64: 126 registers,
+                // 16 warps per SM; H200 P2 f16 54 / 58 TFLOP/s at 16k / 32k tokens against 24 /
+                // 27 with one), or POLYATTN_WGPU_COOP_SPLIT.
+                let split = std::env::var("POLYATTN_WGPU_COOP_SPLIT")
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|&q| shaders::coop_split_fits(d, m, n, q))
+                    .or_else(|| [4, 2].into_iter().find(|&q| shaders::coop_split_fits(d, m, n, q)))
+                    .unwrap_or(1);
+                shaders::coop_shader_split(d, m, n, split, paged)
+            })
             .find(|s| self.runs_here(s))
     }
 

@@ -755,11 +755,21 @@ impl AttentionShader {
         if coop {
             s += "enable wgpu_cooperative_matrix;\n";
         }
+        // Coop form: NQ subgroups per 16-row tile (workgroup = 32 · BM / 16 · NQ), each with
+        // NKQ of the chunk's key tiles in phase A and NTQ of the output tiles in phase C; the
+        // softmax gives each row LPR = 2 · NQ lanes (RPW rows per subgroup).
+        let nq = (wg / (2 * self.block_m)).max(1);
         let coop_c = [
-            ("NSG", self.block_m / 16),
+            ("NSG", wg / 32),
+            ("NQ", nq),
             ("NT", self.head_size / 16),
             ("NK", self.block_n / 16),
-            ("KH", self.block_n / 2),
+            ("NTQ", self.head_size / 16 / nq),
+            ("NKQ", self.block_n / 16 / nq),
+            ("RPW", 16 / nq),
+            ("LPR", 2 * nq),
+            ("LOG_LPR", (2 * nq).ilog2()),
+            ("KH", self.block_n / (2 * nq)),
             ("KS", self.head_size + 8),
             ("KV_ROWS", self.block_m.max(self.block_n)),
             ("SS", self.block_n + 4),
@@ -1439,8 +1449,12 @@ pub fn coop_catalog() -> Vec<(String, String)> {
         (96, (32, 64)),
     ] {
         for paged in [true, false] {
-            let s = coop_shader(d, m, n, paged);
-            out.push((s.key(), s.source()));
+            for split in [1, 2, 4] {
+                if coop_split_fits(d, m, n, split) {
+                    let s = coop_shader_split(d, m, n, split, paged);
+                    out.push((s.key(), s.source()));
+                }
+            }
         }
     }
     out
@@ -1449,6 +1463,31 @@ pub fn coop_catalog() -> Vec<(String, String)> {
 /// The coop form ([`Tiled2::coop`]) for f16 activations and an f16 cache: `block_m` rows
 /// (16 per 32-lane subgroup), `block_n` keys per chunk.
 pub fn coop_shader(head_size: u32, block_m: u32, block_n: u32, paged: bool) -> AttentionShader {
+    coop_shader_split(head_size, block_m, block_n, 1, paged)
+}
+
+/// Whether the coop form can give each 16-row tile `split` subgroups at this shape: the
+/// split divides the key tiles of a chunk and the output tiles, the softmax lanes of a row
+/// (2 · split) take a multiple of 4 keys, and the per-subgroup staging tiles (256 floats
+/// each) fit in the score array.
+pub fn coop_split_fits(head_size: u32, block_m: u32, block_n: u32, split: u32) -> bool {
+    split.is_power_of_two()
+        && split <= 8
+        && (block_n / 16) % split == 0
+        && (head_size / 16) % split == 0
+        && (block_n / (2 * split)) % 4 == 0
+        && (block_m / 16) * split * 256 <= block_m * (block_n + 4)
+}
+
+/// The coop form with `split` subgroups per 16-row tile (see [`coop_split_fits`]): more
+/// subgroups per workgroup, fewer output matrices (registers) per subgroup.
+pub fn coop_shader_split(
+    head_size: u32,
+    block_m: u32,
+    block_n: u32,
+    split: u32,
+    paged: bool,
+) -> AttentionShader {
     AttentionShader {
         head_size,
         block_m,
@@ -1459,7 +1498,7 @@ pub fn coop_shader(head_size: u32, block_m: u32, block_n: u32, paged: bool) -> A
         subgroups: true,
         unrolled: true,
         tiled2: Some(Tiled2 {
-            workgroup: block_m * 2,
+            workgroup: block_m * 2 * split,
             max_key_lanes: 32,
             half: true,
             block: TILED2_DEFAULT_BLOCK,
