@@ -27,6 +27,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    cli::log::init();
     let result = match &cli.command {
         Command::Info(a) => cli::info::run(a),
         Command::Check(a) => cli::check::run(a),

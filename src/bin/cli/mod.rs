@@ -3,3 +3,4 @@
 pub mod check;
 pub mod config;
 pub mod info;
+pub mod log;
