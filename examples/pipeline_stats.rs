@@ -190,8 +190,8 @@ impl Vulkan {
             if has_coop {
                 ext_names.push(coop_ext.as_ptr());
             }
-            let mut f_coop =
-                vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(has_coop);
+            let mut f_coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default()
+                .cooperative_matrix(has_coop);
             let mut f_exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
                 .pipeline_executable_info(true);
             let mut f11 = vk::PhysicalDeviceVulkan11Features::default()

@@ -4,41 +4,61 @@
 // VK_KHR_cooperative_matrix), for f16 activations with an f16 cache.
 //
 // Specialisation (the generated header, src/backends/wgpu/shaders.rs): head size D (a
-// multiple of 16), D4 = D / 4, KV_ROWS = max(BM, BN) (kv_s stages the Q tile first), BM = 16·NSG query rows (one 16-row tile per subgroup), BN keys
-// per chunk (a multiple of 16), WG = 32·NSG threads (subgroups of exactly 32 lanes: the host
-// checks), NT = D / 16 and NK = BN / 16 matrix tiles, row strides KS (f16, of kv_s), SS (f32,
-// of s_s) and PS (f16, of p_s), each a multiple of 16 bytes, KH = BN / 2, LPT and the raw-word helpers of
-// attention_chunks.wgsl (KV_RAW = vec4<f16>).
+// multiple of 16), D4 = D / 4, BM query rows (a multiple of 16: RT = BM / 16 row tiles), BN
+// keys per chunk (a multiple of 16), NQ subgroups per row tile (1, 2 or 4), WG = 32·RT·NQ
+// threads in NSG = RT·NQ subgroups of exactly 32 lanes (the host checks), NT = D / 16 and
+// NK = BN / 16 matrix tiles, NTQ = NT / NQ and NKQ = NK / NQ of them per subgroup, LPR =
+// 2·NQ softmax lanes per row (LOG_LPR = log2 LPR) taking KH = BN / LPR keys each, RPW =
+// 16 / NQ rows per subgroup in the softmax, KV_ROWS = max(BM, BN) (kv_s stages the Q tile
+// first), row strides KS (f16, of kv_s), SS (f32, of s_s) and PS (f16, of p_s), each a
+// multiple of 16 bytes, LPT and the raw-word helpers of attention_chunks.wgsl (KV_RAW =
+// vec4<f16>), DBG (0; the diagnosis dumps below) and COOP_TAU.
 //
-// Algorithm (FlashAttention-2 with a lazy rescale). Subgroup g owns query rows 16g..16g+15:
-// its Q tile stays in NT A-matrices, its output in NT f32 C-matrices `o` for the whole item.
-// Per chunk of BN keys:
+// Algorithm (FlashAttention-2 with a lazy rescale). Subgroup g has row tile g / NQ (rows
+// row0 .. row0 + 15) and part q = g % NQ: it holds the tile's Q in NT A-matrices and the
+// output columns q·NTQ·16 .. + NTQ·16 of its rows in NTQ f32 C-matrices `o` for the whole
+// item. Per chunk of BN keys:
 //   K words -> kv_s, barrier; issue the chunk's V loads;
-//   phase A: S = Q·K^T, NK C-matrices of NT multiply-adds each, stored to s_s; barrier;
-//   V words -> kv_s (over K); softmax of the subgroup's own rows (2 lanes per row, BN / 2
-//   keys each, reduced with one shuffle): modifiers, mask, the row's reference maximum m,
-//   P = exp(s − m) as f16 into p_s, l += Σ P; barrier;
-//   issue the next chunk's K loads; phase C: o += P·V (NT·NK multiply-adds); barrier.
+//   phase A: S = Q·K^T for the tile's key tiles q·NKQ .. + NKQ (NT multiply-adds each),
+//   stored to s_s; barrier;
+//   V words -> kv_s (over K); softmax of rows row0 + q·RPW .. + RPW (LPR lanes per row,
+//   reduced with shuffles): modifiers, mask, the row's reference maximum m, P = exp(s − m)
+//   as f16 into p_s, l += Σ P; barrier (the uniform load of the rescale flag);
+//   issue the next chunk's K loads; phase C: o += P·V (NTQ·NK multiply-adds); barrier.
+// Why NQ subgroups per row tile: with one, a subgroup keeps all NT output matrices (64
+// registers at D = 128) and the driver gives it 255 registers, two 128-thread workgroups per
+// SM; split four ways (126 registers, 512 threads) the SM runs 16 subgroups and the H200
+// goes from 26.5 to 57.9 TFLOP/s (P2 f16, 32k tokens).
 // Why the lazy rescale: a cooperative matrix is opaque (no lane knows which row an element
 // belongs to), so o cannot be multiplied by a per-row α in registers. The reference maximum
 // m of a row therefore only moves when a chunk's maximum exceeds it by more than TAU (or
 // before the row's first visible key, while its o is still zero); then α = exp(m_old −
-// m_new) and the subgroup rescales o through workgroup memory (store, scale rows, load: a
-// rare path, taken when any of its rows needs it). Between moves P ≤ exp(TAU) ≈ 2981, well
-// inside f16, with f16's relative precision; l and o accumulate in f32. The result is the
-// same softmax: out = o / l, LSE = m + ln l for whatever reference m the row ended with.
+// m_new) and every subgroup rescales its o through workgroup memory (store, scale rows,
+// load: a rare path, taken when any row of the workgroup needs it). Between moves P ≤
+// exp(TAU) ≈ 2981, well inside f16, with f16's relative precision; l and o accumulate in
+// f32. The result is the same softmax: out = o / l, LSE = m + ln l for whatever reference m
+// the row ended with.
 //
 // Layout: as paged_attention.wgsl (items, q / out [tokens, H, D], lse, scratch partials with
 // (m, l) from ml_offset). Workgroup memory: kv_s holds the scaled Q tile at the start (rows
 // at r·KS, for the A-matrices), then each chunk's K and V (key j at j·KS); s_s the f32
 // scores (row r at r·SS), later the per-subgroup 16×16 staging tiles of the rescale and the
-// epilogue (subgroup g at g·256); p_s the f16 probabilities (row r at r·PS).
+// epilogue (subgroup g at g·256); p_s the f16 probabilities (row r at r·PS). Every
+// workgroup variable is a multiple of 16 bytes (a unit test checks): drivers lay them out
+// back to back in an order of their choosing, and cooperative loads / stores need 16-byte
+// aligned rows (on the H200, a lone 4-byte variable ahead of the f16 arrays made every
+// matrix load read 4 bytes early).
 //
 // Bounds: every index stays inside its array: rows < BM, keys < BN, columns < D; staging
-// g·256 + 255 < BM·SS (BM·SS ≥ 64·NSG·… ≥ 256·NSG as SS ≥ 16); matrix loads / stores touch
-// 16 rows × 16 columns from offsets that leave room for them (row0 + 15 < BM, key0 + 15 <
-// BN, col0 + 15 < D). Keys ≥ cn have zero K / V words and zero probabilities; rows ≥ n_rows
-// have zero queries, zero probabilities and are never stored.
+// g·256 + 255 < BM·SS (the host asks NSG·256 ≤ BM·SS, `coop_split_fits`); matrix loads /
+// stores touch 16 rows × 16 columns from offsets that leave room for them (row0 + 15 < BM,
+// key0 + 15 < BN, col0 + 15 < D). Keys ≥ cn have zero K / V words and zero probabilities;
+// rows ≥ n_rows have zero queries, zero probabilities and are never stored.
+//
+// Diagnosis (DBG, from POLYATTN_COOP_DBG; 0 in normal builds): 1 forces the scores to 0,
+// 2 the probabilities of visible keys to 1, 3 writes per-row statistics instead of the
+// output; 5 / 6 / 7 / 8 write the first chunk's scores / probabilities / staged V / staged
+// Q into each row's output (tests/wgpu_coop.rs `coop_attention_dumps` reads them).
 
 var<workgroup> kv_s: array<f16, KV_ROWS * KS>;
 var<workgroup> s_s: array<f32, BM * SS>;
@@ -52,10 +72,7 @@ var<workgroup> a_s: array<f32, BM>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
 // 1 when a row of the tile needs its output rescaled this chunk (reset after the check);
-// element 0 is used. Four words, not one: every workgroup variable of this shader is a
-// multiple of 16 bytes, so whatever order the driver lays them out in, every array starts
-// 16-byte aligned, as cooperative loads / stores need. The H200's driver (580) placed a
-// lone 4-byte atomic ahead of the f16 arrays: every matrix load then read 4 bytes early.
+// element 0 is used. Four words, not one: see "every workgroup variable" above.
 var<workgroup> rescale_a: array<atomic<u32>, 4>;
 
 // A reference maximum moves only when exceeded by more than this (P ≤ exp(TAU)).
@@ -156,8 +173,7 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
     return rescale;
 }
 
-// EXPERIMENT (debug dumps, POLYATTN_COOP_DBG 5..8): row r's values `vals(j)` for columns
-// j0 .. j0 + n (n a multiple of 4) written as f32 into r's output row, first chunk only.
+// Diagnosis dumps (DBG 5..8): four values `v` at column `col` of row r's output.
 fn coop_dbg_row(r: u32, n_rows: u32, row_start: u32, tok_start: u32, kv_head: u32, col: u32, v: vec4<f32>) {
     if r < n_rows {
         let g = params.group;

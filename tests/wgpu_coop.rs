@@ -503,10 +503,15 @@ fn coop_attention_sources() {
         }
     };
     if !dev.has_coop() {
-        report!("[coop sources] skipped: {} has no cooperative matrices", dev.description());
+        report!(
+            "[coop sources] skipped: {} has no cooperative matrices",
+            dev.description()
+        );
         return;
     }
-    let backend = registry::global().get("WGPU").expect("wgpu backend registered");
+    let backend = registry::global()
+        .get("WGPU")
+        .expect("wgpu backend registered");
     let mut failures = Vec::new();
     for (q_len, hkv, g) in [
         (16usize, 1usize, 1usize),
@@ -521,9 +526,13 @@ fn coop_attention_sources() {
     ] {
         let params = AttentionParams::new(hkv * g, 128, hkv);
         let case = CaseConfig::new(params.clone(), DType::F16, 16);
-        let mut batch =
-            RandomBatch::generate(backend.as_ref(), &case, &BatchSpec::new(&[(q_len, q_len)]), 7)
-                .unwrap();
+        let mut batch = RandomBatch::generate(
+            backend.as_ref(),
+            &case,
+            &BatchSpec::new(&[(q_len, q_len)]),
+            7,
+        )
+        .unwrap();
         let want = reference::attention(&batch).unwrap();
         let device = backend.device().unwrap();
         let spec = *batch.kv_cache.spec();
@@ -548,9 +557,17 @@ fn coop_attention_sources() {
         device.synchronize().unwrap();
         let got = out.to_f32_vec().unwrap();
         let got_lse = lse.to_f32_vec().unwrap();
-        let (qh, kh, vh) = (&batch.host_query, &batch.host_keys[0], &batch.host_values[0]);
+        let (qh, kh, vh) = (
+            &batch.host_query,
+            &batch.host_keys[0],
+            &batch.host_values[0],
+        );
         let find = |x: f32| -> String {
-            for (name, a, w) in [("V", vh, hkv * 128), ("K", kh, hkv * 128), ("Q", qh, h * 128)] {
+            for (name, a, w) in [
+                ("V", vh, hkv * 128),
+                ("K", kh, hkv * 128),
+                ("Q", qh, h * 128),
+            ] {
                 if let Some(i) = a.iter().position(|&y| y == x && x != 0.0) {
                     return format!("{name}[{}][{}][{}]", i / w, (i % w) / 128, i % 128);
                 }
@@ -585,7 +602,14 @@ fn coop_attention_sources() {
                 }
             }
         }
-        report!("[coop sources] q_len {q_len}, {hkv} kv heads x {g}: {}", if lines.is_empty() { "right".to_string() } else { lines.join("\n    ") });
+        report!(
+            "[coop sources] q_len {q_len}, {hkv} kv heads x {g}: {}",
+            if lines.is_empty() {
+                "right".to_string()
+            } else {
+                lines.join("\n    ")
+            }
+        );
         if !lines.is_empty() {
             failures.push(format!("q_len {q_len} g {g}"));
         }
@@ -601,7 +625,10 @@ fn coop_attention_sources() {
 fn coop_attention_dumps() {
     use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
     use polyattn::{registry, AttentionParams, CommonAttentionMetadata};
-    let dbg: u32 = match std::env::var("POLYATTN_COOP_DBG").ok().and_then(|v| v.parse().ok()) {
+    let dbg: u32 = match std::env::var("POLYATTN_COOP_DBG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         Some(d) if (5..=8).contains(&d) => d,
         _ => {
             report!("[coop dumps] skipped: POLYATTN_COOP_DBG is not 5..8");
@@ -621,9 +648,13 @@ fn coop_attention_dumps() {
         let params = AttentionParams::new(1, 128, 1);
         let scale = params.scale;
         let case = CaseConfig::new(params.clone(), DType::F16, 16);
-        let mut batch =
-            RandomBatch::generate(backend.as_ref(), &case, &BatchSpec::new(&[(q_len, q_len)]), 7)
-                .unwrap();
+        let mut batch = RandomBatch::generate(
+            backend.as_ref(),
+            &case,
+            &BatchSpec::new(&[(q_len, q_len)]),
+            7,
+        )
+        .unwrap();
         let device = backend.device().unwrap();
         let spec = *batch.kv_cache.spec();
         let builder = backend.make_builder(&spec).unwrap();
@@ -643,12 +674,19 @@ fn coop_attention_dumps() {
         .unwrap();
         device.synchronize().unwrap();
         let got = out.to_f32_vec().unwrap();
-        let (q, k, v) = (&batch.host_query, &batch.host_keys[0], &batch.host_values[0]);
+        let (q, k, v) = (
+            &batch.host_query,
+            &batch.host_keys[0],
+            &batch.host_values[0],
+        );
         let s = |r: usize, j: usize| -> f32 {
             if j >= q_len {
                 return 0.0;
             }
-            (0..128).map(|c| q[r * 128 + c] * k[j * 128 + c]).sum::<f32>() * scale
+            (0..128)
+                .map(|c| q[r * 128 + c] * k[j * 128 + c])
+                .sum::<f32>()
+                * scale
         };
         let (what, cols) = match dbg {
             5 => ("scores", 64),

@@ -14,8 +14,8 @@ mod common;
 
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::{
-    coop_shared_bytes, tiled2_pipelined_bytes, tiled2_shared_bytes, tiled2h_shared_bytes,
-    AttentionShader, COOP_KEYS, COOP_ROWS,
+    coop_shared_bytes, coop_split_fits, tiled2_pipelined_bytes, tiled2_shared_bytes,
+    tiled2h_shared_bytes, AttentionShader, COOP_KEYS, COOP_ROWS,
 };
 use polyattn::backends::wgpu::{
     kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
@@ -317,6 +317,19 @@ fn check_batch(
         if (bm, bn) != want {
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }
+        // Subgroups per 16-row tile: the one asked for where it fits, else the most that fit.
+        let split = tuning
+            .prefill_coop_split
+            .filter(|&q| coop_split_fits(d, bm, bn, q))
+            .or_else(|| [4, 2].into_iter().find(|&q| coop_split_fits(d, bm, bn, q)))
+            .unwrap_or(1);
+        if prefill.workgroup() != 2 * bm * split {
+            return Err(format!(
+                "prefill kernel {} for {:?}: want {split} subgroups per row tile",
+                prefill.key(),
+                tuning
+            ));
+        }
     } else if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
         // Used wherever it fits (elsewhere the default tile runs, with a warning).
         let want = (own_m.unwrap_or(t.0), own_n.unwrap_or(t.1));
@@ -399,6 +412,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
                 prefill_coop: false,
+                prefill_coop_split: None,
             },
         ),
     ];
@@ -428,6 +442,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
         prefill_workgroup_h: None,
         prefill_block_h: None,
         prefill_coop: false,
+        prefill_coop_split: None,
         ..t2(t, workgroup)
     };
     let serial_h = t2h(serial, 128);
@@ -515,7 +530,8 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             t2(gpu_like, 128),
         ));
         // The cooperative-matrix form (f16 layers, adapters with cooperative matrices):
-        // its default 64 x 64, split-KV partials, and 48-row tiles with 32-key chunks.
+        // its default 64 x 64 (4 subgroups per row tile), split-KV partials, one subgroup per
+        // row tile, and 48-row tiles with 32-key chunks (2 per row tile).
         if dev.has_coop() {
             let coop = WgpuTuning {
                 prefill_coop: true,
@@ -524,6 +540,13 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 ..t2h(gpu_like, 128)
             };
             v.push(("coop prefill (tensor cores), split-KV, 64x64", coop));
+            v.push((
+                "coop prefill (tensor cores), one subgroup per row tile, 64x64",
+                WgpuTuning {
+                    prefill_coop_split: Some(1),
+                    ..coop
+                },
+            ));
             v.push((
                 "coop prefill (tensor cores), one pass, 48-row tiles, 32-key chunks",
                 WgpuTuning {
@@ -571,6 +594,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
                 prefill_coop: false,
+                prefill_coop_split: None,
             },
         ));
         v.push((
@@ -705,6 +729,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_workgroup_h: None,
         prefill_block_h: None,
         prefill_coop: false,
+        prefill_coop_split: None,
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).

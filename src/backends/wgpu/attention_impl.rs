@@ -395,14 +395,17 @@ impl WgpuAttentionImpl {
             .into_iter()
             .filter(|&(m, n)| m % 16 == 0 && n % 16 == 0 && m > 0 && n > 0)
             .map(|(m, n)| {
-                // Subgroups per 16-row tile: the most that fit (4 at 64 x 64: 126 registers,
-                // 16 warps per SM; H200 P2 f16 54 / 58 TFLOP/s at 16k / 32k tokens against 24 /
-                // 27 with one), or POLYATTN_WGPU_COOP_SPLIT.
-                let split = std::env::var("POLYATTN_WGPU_COOP_SPLIT")
-                    .ok()
-                    .and_then(|v| v.parse::<u32>().ok())
+                // Subgroups per 16-row tile (`WgpuTuning::prefill_coop_split`): the one
+                // asked for where it fits the shape, else the most that fit.
+                let split = self
+                    .tuning
+                    .prefill_coop_split
                     .filter(|&q| shaders::coop_split_fits(d, m, n, q))
-                    .or_else(|| [4, 2].into_iter().find(|&q| shaders::coop_split_fits(d, m, n, q)))
+                    .or_else(|| {
+                        [4, 2]
+                            .into_iter()
+                            .find(|&q| shaders::coop_split_fits(d, m, n, q))
+                    })
                     .unwrap_or(1);
                 shaders::coop_shader_split(d, m, n, split, paged)
             })

@@ -170,6 +170,35 @@ mod tests {
         }
     }
 
+    /// Every workgroup variable of every coop shader is a multiple of 16 bytes. Why: the
+    /// driver lays workgroup variables out back to back in an order of its choosing, and
+    /// cooperative loads / stores need 16-byte aligned rows. On the H200 (driver 580) one
+    /// 4-byte atomic placed ahead of the f16 arrays made every matrix load read 4 bytes early
+    /// and the whole kernel wrong, while the same loads in a probe without it were exact.
+    #[test]
+    fn coop_workgroup_variables_keep_16_byte_alignment() {
+        for (key, source) in crate::backends::wgpu::shaders::coop_catalog() {
+            let module =
+                naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{key}: {e}"));
+            let mut layouter = naga::proc::Layouter::default();
+            layouter.update(module.to_ctx()).unwrap();
+            let mut seen = 0;
+            for (_, var) in module.global_variables.iter() {
+                if var.space == naga::AddressSpace::WorkGroup {
+                    let size = layouter[var.ty].size;
+                    let name = var.name.as_deref().unwrap_or("?");
+                    assert_eq!(
+                        size % 16,
+                        0,
+                        "{key}: workgroup variable {name} is {size} bytes"
+                    );
+                    seen += 1;
+                }
+            }
+            assert!(seen >= 5, "{key}: {seen} workgroup variables");
+        }
+    }
+
     #[test]
     fn a_truncated_module_is_an_error() {
         let mut words = vec![0x0723_0203, 0x0001_0300, 0, 10, 0, (5 << 16) | OP_LOAD, 1];

@@ -109,6 +109,13 @@ pub struct WgpuTuning {
     /// (`WgpuDevice::has_coop`) and the tiled2h kernel is asked for; otherwise tiled2h
     /// (`POLYATTN_WGPU_PREFILL_COOP=0` / `1`, default on).
     pub prefill_coop: bool,
+    /// Subgroups per 16-row tile of the cooperative-matrix form
+    /// (`POLYATTN_WGPU_COOP_SPLIT`: 1, 2 or 4; see `shaders::coop_split_fits`). `None`: the
+    /// most that fit the shape (4 at 64 rows × 64 keys: 512 threads). Why more than one: a
+    /// subgroup that owns all of a tile's output matrices needs 255 registers, which leaves
+    /// two 4-subgroup workgroups per SM; split four ways it needs 126 and the SM runs 16
+    /// subgroups (H200, P2 f16 at 32k tokens: 57.9 TFLOP/s against 26.5).
+    pub prefill_coop_split: Option<u32>,
 }
 
 /// Parses a tiled2 register block `KxC` (K 4, 8 or 16 keys; C 1, 2, 4 or 8 vec4 columns).
@@ -226,7 +233,7 @@ impl WgpuTuning {
     /// adapter allows), `POLYATTN_WGPU_PREFILL_TILE` (`BMxBN`),
     /// `POLYATTN_WGPU_PREFILL_KEYS_H`, `POLYATTN_WGPU_PREFILL_ROWS_H` and
     /// `POLYATTN_WGPU_PREFILL_BLOCK` (`KxC`), `POLYATTN_WGPU_PREFILL_PIPELINED` and
-    /// `POLYATTN_WGPU_PREFILL_COOP` (`0` / `1`). A value that does not parse (or is out of
+    /// `POLYATTN_WGPU_PREFILL_COOP` (`0` / `1`), `POLYATTN_WGPU_COOP_SPLIT` (1, 2, 4). A value that does not parse (or is out of
     /// range) is ignored with a warning.
     pub fn for_device(dev: &WgpuDevice) -> Self {
         let cpu = dev.adapter_info().device_type == wgpu::DeviceType::Cpu;
@@ -253,6 +260,7 @@ impl WgpuTuning {
             prefill_block_h: (!cpu).then_some(GPU_PREFILL_BLOCK_H),
             prefill_pipelined: false,
             prefill_coop: true,
+            prefill_coop_split: None,
         }
     }
 
@@ -331,6 +339,15 @@ impl WgpuTuning {
             ),
             prefill_pipelined: flag("POLYATTN_WGPU_PREFILL_PIPELINED", self.prefill_pipelined),
             prefill_coop: flag("POLYATTN_WGPU_PREFILL_COOP", self.prefill_coop),
+            prefill_coop_split: parsed(
+                "POLYATTN_WGPU_COOP_SPLIT",
+                "1, 2 or 4",
+                self.prefill_coop_split,
+                |v| {
+                    let n = v.parse::<u32>().ok()?;
+                    [1, 2, 4].contains(&n).then_some(Some(n))
+                },
+            ),
             prefill_workgroup_h: parsed(
                 "POLYATTN_WGPU_PREFILL_WG_H",
                 "a power of two from 32 to 1024",
@@ -682,6 +699,7 @@ mod tests {
             prefill_block_h: None,
             prefill_pipelined: false,
             prefill_coop: true,
+            prefill_coop_split: None,
         }
     }
 

@@ -819,6 +819,7 @@ impl AttentionShader {
         s += &consts(&c);
         if coop {
             s += &consts(&coop_c);
+            // Diagnosis switch (POLYATTN_COOP_DBG, see the shader's header): 0 unless set.
             s += &format!(
                 "const DBG: u32 = {}u;\n",
                 std::env::var("POLYATTN_COOP_DBG")
@@ -826,14 +827,8 @@ impl AttentionShader {
                     .and_then(|v| v.parse::<u32>().ok())
                     .unwrap_or(0)
             );
-            // EXPERIMENT (uncommitted): POLYATTN_COOP_TAU
-            s += &format!(
-                "const COOP_TAU: f32 = {:?};\n",
-                std::env::var("POLYATTN_COOP_TAU")
-                    .ok()
-                    .and_then(|v| v.parse::<f32>().ok())
-                    .unwrap_or(8.0)
-            );
+            // The lazy rescale's threshold (see paged_attention_coop.wgsl).
+            s += "const COOP_TAU: f32 = 8.0;\n";
         }
         s += &format!(
             "const TILED2: bool = {t2};\nconst F16: bool = {half};\nconst PIPE: bool = {pipe};\n"
