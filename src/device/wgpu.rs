@@ -184,14 +184,17 @@ fn wanted_features() -> wgpu::Features {
 /// Environment switch for cooperative matrices: `0` never requests them.
 pub const COOP_ENV: &str = "POLYATTN_WGPU_COOP";
 
-/// Whether to request `EXPERIMENTAL_COOPERATIVE_MATRIX`: the adapter offers it with the
-/// configuration the coop form uses, f16 and subgroups, and `POLYATTN_WGPU_COOP` is not `0`.
+/// Whether to request `EXPERIMENTAL_COOPERATIVE_MATRIX`: a Vulkan adapter (the coop
+/// shaders are handed over as SPIR-V, which only Vulkan takes through passthrough) offers it
+/// with the configuration the coop form uses, f16 and subgroups, and `POLYATTN_WGPU_COOP`
+/// is not `0`.
 fn wants_coop(adapter: &wgpu::Adapter) -> bool {
     let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
         | wgpu::Features::PASSTHROUGH_SHADERS
         | wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP;
     std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0")
+        && adapter.get_info().backend == wgpu::Backend::Vulkan
         && adapter.features().contains(needed)
         && crate::backends::wgpu::shaders::coop_supported(&adapter.cooperative_matrix_properties())
 }
