@@ -1,8 +1,18 @@
-//! Cooperative matrices as the coop prefill form uses them, one product at a time: 16 × 16
-//! f16 A / B tiles loaded from workgroup memory (row-major A, B row-major and column-major),
-//! multiplied into an f32 C tile, stored row-major, compared exactly with the host (small
-//! integers: every product and sum is exact in f16 / f32). Runs where the wgpu device has
-//! cooperative matrices (`WgpuDevice::has_coop`); prints that it skipped elsewhere.
+//! Cooperative matrices as the coop prefill form (`shaders/paged_attention_coop.wgsl`) uses
+//! them, from the smallest piece up, so that a driver that gets the form wrong shows where:
+//! - `cooperative_matrix_products_are_exact`: one 16 × 16 × 16 product (row-major A, B row-
+//!   and column-major) from workgroup arrays at the kernel's strides and offsets;
+//! - `offset_loads_read_where_asked`: which array elements a load at an offset reads;
+//! - `kernel_shaped_products_are_exact`: both of the kernel's products with its layout;
+//! - `coop_attention_sources`: the attention kernel itself on small batches (tokens that see
+//!   one key must return that key's value), naming where each wrong output came from;
+//! - `coop_attention_dumps`: with `POLYATTN_COOP_DBG` 5–8, the kernel's intermediate scores,
+//!   probabilities and staged tiles against the host's.
+//! Small integers make the products exact in f16 / f32. The GPU tests run where the wgpu
+//! device has cooperative matrices (`WgpuDevice::has_coop`) and print that they skipped
+//! elsewhere; the probe shaders are validated by naga everywhere. (Found this way on the
+//! H200: a 4-byte workgroup variable laid out ahead of the f16 arrays shifted every matrix
+//! load; see `coop_spirv`'s alignment test.)
 
 #[macro_use]
 mod common;
