@@ -126,10 +126,23 @@ pub fn measure<F>(timer: &mut dyn RegionTimer, cfg: &TimingConfig, mut f: F) -> 
 where
     F: FnMut(usize) -> Result<()>,
 {
+    // The first call may compile pipelines or allocate (the WGPU coop prefill compiles for
+    // ~20 s on the H200, its clocks dropping to idle meanwhile): it does not count toward
+    // the warm-up, which starts after it. Timed from its start, such a call ended the
+    // warm-up at once and the first timed repetitions ran at idle clocks (the coop form's
+    // P2 f16 at 4k tokens: 8.9 TFLOP/s as a process's first row, 38.7 after a warm run).
+    let first = Instant::now();
+    timer.start()?;
+    f(0)?;
+    timer.stop()?;
+    let first = first.elapsed();
+    let mut i = 1;
+    let mut calls = 1;
+    // Rows without a warm-up time (CPU): a first call slower than the budget is warm-up
+    // enough, as before.
+    let mut done = cfg.warmup_time.is_zero() && (first > cfg.budget || calls >= cfg.warmup.max(1));
     let t0 = Instant::now();
-    let mut i = 0;
-    let mut calls = 0;
-    loop {
+    while !done {
         // Each warm-up call is bracketed by the timer, which waits for the device: GPU
         // submissions return at once, so an unsynchronised loop would queue seconds of device
         // work per second of host time (a 27 ms WGPU prefill queued ~40 s in one "1 s" warm-up
@@ -141,11 +154,8 @@ where
         calls += 1;
         let e = t0.elapsed();
         // A row slower than the budget (and the warm-up time) stops warming up early.
-        if e > cfg.budget.max(cfg.warmup_time)
-            || (calls >= cfg.warmup.max(1) && e >= cfg.warmup_time)
-        {
-            break;
-        }
+        done = e > cfg.budget.max(cfg.warmup_time)
+            || (calls >= cfg.warmup.max(1) && e >= cfg.warmup_time);
     }
     let mut secs = Vec::new();
     let start = Instant::now();
@@ -264,6 +274,35 @@ mod tests {
         // At least 30 ms of 5 ms warm-up calls (6), then one timed call.
         assert!(calls >= 7, "{calls} calls");
         assert!(t0.elapsed() >= Duration::from_millis(35));
+    }
+
+    #[test]
+    fn a_slow_first_call_does_not_end_the_warm_up() {
+        let cfg = TimingConfig {
+            warmup: 1,
+            warmup_time: Duration::from_millis(30),
+            min_reps: 1,
+            max_reps: 1,
+            budget: Duration::from_millis(20),
+            cap: Duration::from_secs(10),
+        };
+        let mut calls = 0usize;
+        let mut timer = WallTimer::new(&Device::cpu());
+        let s = measure(&mut timer, &cfg, |i| {
+            calls += 1;
+            // The first call "compiles" for 100 ms, longer than budget and warm-up time.
+            std::thread::sleep(Duration::from_millis(if i == 0 { 100 } else { 5 }));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.len(), 1);
+        // The first call, at least 30 ms of 5 ms warm-up calls (6), one timed call.
+        assert!(calls >= 8, "{calls} calls");
+        assert!(
+            s.median() < 0.05,
+            "timed the slow first call: {}",
+            s.median()
+        );
     }
 
     /// A device that runs its queue only when synchronised: each call queues 10 ms of work,
