@@ -8,6 +8,7 @@
 //!   one key must return that key's value), naming where each wrong output came from;
 //! - `coop_attention_dumps`: with `POLYATTN_COOP_DBG` 5–8, the kernel's intermediate scores,
 //!   probabilities and staged tiles against the host's.
+//!
 //! Small integers make the products exact in f16 / f32. The GPU tests run where the wgpu
 //! device has cooperative matrices (`WgpuDevice::has_coop`) and print that they skipped
 //! elsewhere; the probe shaders are validated by naga everywhere. (Found this way on the
@@ -502,9 +503,10 @@ fn probe_shaders_validate() {
 /// random inputs make that nearly unique).
 #[test]
 fn coop_attention_sources() {
+    use polyattn::backends::wgpu::{WgpuAttentionImpl, WgpuTuning};
     use polyattn::reference;
     use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
-    use polyattn::{registry, AttentionParams, CommonAttentionMetadata, Tensor};
+    use polyattn::{registry, AttentionImpl, AttentionParams, CommonAttentionMetadata, Tensor};
     let dev = match WgpuDevice::open() {
         Ok(d) => d,
         Err(e) => {
@@ -523,7 +525,9 @@ fn coop_attention_sources() {
         .get("WGPU")
         .expect("wgpu backend registered");
     let mut failures = Vec::new();
-    for (q_len, hkv, g) in [
+    // Every subgroup split of the 64 x 64 form (one subgroup per row tile sees one row tile's
+    // data only; two or four share a tile's rows).
+    let shapes = [
         (16usize, 1usize, 1usize),
         (32, 1, 1),
         (64, 1, 1),
@@ -533,7 +537,11 @@ fn coop_attention_sources() {
         (16, 2, 1),
         (16, 1, 4),
         (64, 2, 4),
-    ] {
+    ];
+    for (split, (q_len, hkv, g)) in [4u32, 2, 1]
+        .into_iter()
+        .flat_map(|q| shapes.into_iter().map(move |s| (q, s)))
+    {
         let params = AttentionParams::new(hkv * g, 128, hkv);
         let case = CaseConfig::new(params.clone(), DType::F16, 16);
         let mut batch = RandomBatch::generate(
@@ -547,7 +555,11 @@ fn coop_attention_sources() {
         let device = backend.device().unwrap();
         let spec = *batch.kv_cache.spec();
         let builder = backend.make_builder(&spec).unwrap();
-        let imp = backend.make_impl(params).unwrap();
+        let tuning = WgpuTuning {
+            prefill_coop_split: Some(split),
+            ..WgpuTuning::for_device(&dev)
+        };
+        let imp = WgpuAttentionImpl::with_tuning(dev.clone(), params, tuning).unwrap();
         let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();
         let metadata = builder.build(0, &common, false).unwrap();
         let mut out = batch.empty_output().unwrap();
@@ -613,7 +625,7 @@ fn coop_attention_sources() {
             }
         }
         report!(
-            "[coop sources] q_len {q_len}, {hkv} kv heads x {g}: {}",
+            "[coop sources] split {split}, q_len {q_len}, {hkv} kv heads x {g}: {}",
             if lines.is_empty() {
                 "right".to_string()
             } else {
@@ -621,7 +633,7 @@ fn coop_attention_sources() {
             }
         );
         if !lines.is_empty() {
-            failures.push(format!("q_len {q_len} g {g}"));
+            failures.push(format!("split {split} q_len {q_len} g {g}"));
         }
     }
     assert!(failures.is_empty(), "wrong: {failures:?}");
