@@ -24,6 +24,60 @@ use polyattn::backends::wgpu::kernels::{
 use polyattn::device::{CpuStorage, WgpuDevice};
 use polyattn::DType;
 
+/// The wgpu device with cooperative matrices, or `None` after printing why `test` skipped.
+fn coop_device(test: &str) -> Option<WgpuDevice> {
+    match WgpuDevice::open() {
+        Ok(d) if d.has_coop() => Some(d),
+        Ok(d) => {
+            report!(
+                "[{test}] skipped: {} has no cooperative matrices (16x16x16 f16 / f32)",
+                d.description()
+            );
+            None
+        }
+        Err(e) => {
+            report!("[{test}] skipped: no wgpu device ({e})");
+            None
+        }
+    }
+}
+
+/// Runs a one-workgroup probe shader (`src` at binding 1, `dst` at binding 2, filled with
+/// `fill` first) and returns `dst`.
+fn run_probe(
+    dev: &WgpuDevice,
+    key: &str,
+    source: impl FnOnce() -> String,
+    src: &[f32],
+    out_len: usize,
+    fill: f32,
+) -> Vec<f32> {
+    let input = dev
+        .upload(&CpuStorage::F32(src.to_vec()), DType::F32)
+        .unwrap();
+    let out = dev
+        .upload(&CpuStorage::F32(vec![fill; out_len]), DType::F32)
+        .unwrap();
+    let params = ParamBlock::new(dev, 1);
+    let pipe = pipeline(dev, key, source, Bindings::Probe, true).unwrap();
+    let group = bind_group(
+        dev,
+        &pipe,
+        vec![
+            (0, params.binding(0)),
+            (1, whole(input.buffer())),
+            (2, whole(out.buffer())),
+        ],
+    );
+    let mut enc = dev.device().create_command_encoder(&Default::default());
+    dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+    dev.queue().submit([enc.finish()]);
+    match dev.download(&out, DType::F32).unwrap() {
+        CpuStorage::F32(v) => v,
+        _ => unreachable!("an f32 download"),
+    }
+}
+
 /// `PAD` u32 of workgroup memory declared first (an odd count probes the alignment the
 /// driver gives the f16 tiles after it); A and M at row stride `st` from element `off` of
 /// their arrays (as the attention kernel's tiles sit inside larger arrays), C at 20.
@@ -72,20 +126,9 @@ fn shader(pad: u32, st: u32, off: u32) -> String {
 
 #[test]
 fn cooperative_matrix_products_are_exact() {
-    let dev = match WgpuDevice::open() {
-        Ok(d) => d,
-        Err(e) => {
-            report!("[coop ops] skipped: no wgpu device ({e})");
-            return;
-        }
-    };
-    if !dev.has_coop() {
-        report!(
-            "[coop ops] skipped: {} has no cooperative matrices (16x16x16 f16 / f32)",
-            dev.description()
-        );
+    let Some(dev) = coop_device("coop ops") else {
         return;
-    }
+    };
     let a = |i: usize, k: usize| ((i + 2 * k) % 5) as f32 - 2.0;
     let m = |k: usize, j: usize| ((3 * k + j) % 7) as f32 - 3.0;
     let mut src = vec![0.0f32; 512];
@@ -105,31 +148,8 @@ fn cooperative_matrix_products_are_exact() {
         (4, 136, 2176),
         (4, 72, 48),
     ] {
-        let input = dev
-            .upload(&CpuStorage::F32(src.clone()), DType::F32)
-            .unwrap();
-        let out = dev
-            .upload(&CpuStorage::F32(vec![0.0; 512]), DType::F32)
-            .unwrap();
-        let params = ParamBlock::new(&dev, 1);
         let key = format!("coop probe pad{pad} stride{st} offset{off}");
-        let pipe = pipeline(&dev, &key, || shader(pad, st, off), Bindings::Probe, true).unwrap();
-        let group = bind_group(
-            &dev,
-            &pipe,
-            vec![
-                (0, params.binding(0)),
-                (1, whole(input.buffer())),
-                (2, whole(out.buffer())),
-            ],
-        );
-        let mut enc = dev.device().create_command_encoder(&Default::default());
-        dispatch(&mut enc, &pipe, &group, (1, 1, 1));
-        dev.queue().submit([enc.finish()]);
-        let got = match dev.download(&out, DType::F32).unwrap() {
-            CpuStorage::F32(v) => v,
-            _ => unreachable!(),
-        };
+        let got = run_probe(&dev, &key, || shader(pad, st, off), &src, 512, 0.0);
         let mut bad = 0;
         let mut first = String::new();
         for i in 0..16 {
@@ -263,52 +283,18 @@ fn kernel_shaped_probe_validates() {
 
 #[test]
 fn kernel_shaped_products_are_exact() {
-    let dev = match WgpuDevice::open() {
-        Ok(d) => d,
-        Err(e) => {
-            report!("[coop kernel-shaped] skipped: no wgpu device ({e})");
-            return;
-        }
-    };
-    if !dev.has_coop() {
-        report!(
-            "[coop kernel-shaped] skipped: {} has no cooperative matrices",
-            dev.description()
-        );
+    let Some(dev) = coop_device("coop kernel-shaped") else {
         return;
-    }
+    };
     let src = kernel_shaped_inputs();
-    let input = dev
-        .upload(&CpuStorage::F32(src.clone()), DType::F32)
-        .unwrap();
-    let out = dev
-        .upload(&CpuStorage::F32(vec![f32::NAN; 4096 + 8192]), DType::F32)
-        .unwrap();
-    let params = ParamBlock::new(&dev, 1);
-    let pipe = pipeline(
+    let got = run_probe(
         &dev,
         "coop probe kernel-shaped",
         || KERNEL_SHAPED.to_string(),
-        Bindings::Probe,
-        true,
-    )
-    .unwrap();
-    let group = bind_group(
-        &dev,
-        &pipe,
-        vec![
-            (0, params.binding(0)),
-            (1, whole(input.buffer())),
-            (2, whole(out.buffer())),
-        ],
+        &src,
+        4096 + 8192,
+        f32::NAN,
     );
-    let mut enc = dev.device().create_command_encoder(&Default::default());
-    dispatch(&mut enc, &pipe, &group, (1, 1, 1));
-    dev.queue().submit([enc.finish()]);
-    let got = match dev.download(&out, DType::F32).unwrap() {
-        CpuStorage::F32(v) => v,
-        _ => unreachable!(),
-    };
     let (q, k, p, v) = (
         &src[..8192],
         &src[8192..16384],
@@ -401,20 +387,9 @@ fn offset_map_shader(off: u32, st: u32) -> String {
 /// `off + r·st + c`).
 #[test]
 fn offset_loads_read_where_asked() {
-    let dev = match WgpuDevice::open() {
-        Ok(d) => d,
-        Err(e) => {
-            report!("[coop offsets] skipped: no wgpu device ({e})");
-            return;
-        }
-    };
-    if !dev.has_coop() {
-        report!(
-            "[coop offsets] skipped: {} has no cooperative matrices",
-            dev.description()
-        );
+    let Some(dev) = coop_device("coop offsets") else {
         return;
-    }
+    };
     let mut failures = Vec::new();
     for (off, st) in [
         (0u32, 16u32),
@@ -425,38 +400,15 @@ fn offset_loads_read_where_asked() {
         (272, 136),
         (48, 72),
     ] {
-        let input = dev
-            .upload(&CpuStorage::F32(vec![0.0; 4]), DType::F32)
-            .unwrap();
-        let out = dev
-            .upload(&CpuStorage::F32(vec![f32::NAN; 256]), DType::F32)
-            .unwrap();
-        let params = ParamBlock::new(&dev, 1);
         let key = format!("coop offset map {off} {st}");
-        let pipe = pipeline(
+        let got = run_probe(
             &dev,
             &key,
             || offset_map_shader(off, st),
-            Bindings::Probe,
-            true,
-        )
-        .unwrap();
-        let group = bind_group(
-            &dev,
-            &pipe,
-            vec![
-                (0, params.binding(0)),
-                (1, whole(input.buffer())),
-                (2, whole(out.buffer())),
-            ],
+            &[0.0; 4],
+            256,
+            f32::NAN,
         );
-        let mut enc = dev.device().create_command_encoder(&Default::default());
-        dispatch(&mut enc, &pipe, &group, (1, 1, 1));
-        dev.queue().submit([enc.finish()]);
-        let got = match dev.download(&out, DType::F32).unwrap() {
-            CpuStorage::F32(v) => v,
-            _ => unreachable!(),
-        };
         let want = |r: u32, c: u32| ((off + r * st + c) % 2048) as f32;
         report!(
             "[coop offsets] offset {off} stride {st}: [0][0] read element {}, [0][1] {}, [1][0] {} \
@@ -496,6 +448,55 @@ fn probe_shaders_validate() {
     }
 }
 
+/// One prefill request of `q_len` tokens (`hkv` KV heads × `g` query heads each, head size
+/// 128, f16, seed 7) through the wgpu backend with `split` subgroups per coop row tile:
+/// the batch (with its host copies), the output and the LSE, both as f32.
+fn coop_forward(
+    dev: &WgpuDevice,
+    q_len: usize,
+    hkv: usize,
+    g: usize,
+    split: u32,
+) -> (polyattn::testing::RandomBatch, Vec<f32>, Vec<f32>) {
+    use polyattn::backends::wgpu::{
+        WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder, WgpuTuning,
+    };
+    use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
+    use polyattn::{
+        AttentionImpl, AttentionMetadataBuilder, AttentionParams, CommonAttentionMetadata, Device,
+        Tensor,
+    };
+    let params = AttentionParams::new(hkv * g, 128, hkv);
+    let case = CaseConfig::new(params.clone(), DType::F16, 16);
+    let spec = BatchSpec::new(&[(q_len, q_len)]);
+    let mut batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 7).unwrap();
+    let device = Device::Wgpu(dev.clone());
+    let builder = WgpuMetadataBuilder::new(dev.clone(), *batch.kv_cache.spec());
+    let tuning = WgpuTuning {
+        prefill_coop_split: Some(split),
+        ..WgpuTuning::for_device(dev)
+    };
+    let imp = WgpuAttentionImpl::with_tuning(dev.clone(), params, tuning).unwrap();
+    let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();
+    let metadata = builder.build(0, &common, false).unwrap();
+    let mut out = batch.empty_output().unwrap();
+    let mut lse = Tensor::zeros(&device, &[hkv * g, q_len], DType::F32).unwrap();
+    imp.forward_with_lse(
+        &batch.layer,
+        &batch.query,
+        Some(&batch.key),
+        Some(&batch.value),
+        &mut batch.kv_cache,
+        metadata.as_ref(),
+        &mut out,
+        Some(&mut lse),
+    )
+    .unwrap();
+    device.synchronize().unwrap();
+    let (out, lse) = (out.to_f32_vec().unwrap(), lse.to_f32_vec().unwrap());
+    (batch, out, lse)
+}
+
 /// Diagnosis of the coop attention kernel (prints, fails when wrong): one prefill request
 /// of 16 tokens, one head, head size 128, f16. Token 0 sees one key, so its output must be
 /// V[0] exactly (up to f16 rounding) and its LSE the scaled q0·k0. For every wrong output
@@ -503,27 +504,10 @@ fn probe_shaders_validate() {
 /// random inputs make that nearly unique).
 #[test]
 fn coop_attention_sources() {
-    use polyattn::backends::wgpu::{WgpuAttentionImpl, WgpuTuning};
     use polyattn::reference;
-    use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
-    use polyattn::{registry, AttentionImpl, AttentionParams, CommonAttentionMetadata, Tensor};
-    let dev = match WgpuDevice::open() {
-        Ok(d) => d,
-        Err(e) => {
-            report!("[coop sources] skipped: no wgpu device ({e})");
-            return;
-        }
-    };
-    if !dev.has_coop() {
-        report!(
-            "[coop sources] skipped: {} has no cooperative matrices",
-            dev.description()
-        );
+    let Some(dev) = coop_device("coop sources") else {
         return;
-    }
-    let backend = registry::global()
-        .get("WGPU")
-        .expect("wgpu backend registered");
+    };
     let mut failures = Vec::new();
     // Every subgroup split of the 64 x 64 form (one subgroup per row tile sees one row tile's
     // data only; two or four share a tile's rows).
@@ -542,43 +526,9 @@ fn coop_attention_sources() {
         .into_iter()
         .flat_map(|q| shapes.into_iter().map(move |s| (q, s)))
     {
-        let params = AttentionParams::new(hkv * g, 128, hkv);
-        let case = CaseConfig::new(params.clone(), DType::F16, 16);
-        let mut batch = RandomBatch::generate(
-            backend.as_ref(),
-            &case,
-            &BatchSpec::new(&[(q_len, q_len)]),
-            7,
-        )
-        .unwrap();
+        let (batch, got, got_lse) = coop_forward(&dev, q_len, hkv, g, split);
         let want = reference::attention(&batch).unwrap();
-        let device = backend.device().unwrap();
-        let spec = *batch.kv_cache.spec();
-        let builder = backend.make_builder(&spec).unwrap();
-        let tuning = WgpuTuning {
-            prefill_coop_split: Some(split),
-            ..WgpuTuning::for_device(&dev)
-        };
-        let imp = WgpuAttentionImpl::with_tuning(dev.clone(), params, tuning).unwrap();
-        let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();
-        let metadata = builder.build(0, &common, false).unwrap();
-        let mut out = batch.empty_output().unwrap();
         let h = hkv * g;
-        let mut lse = Tensor::zeros(&device, &[h, q_len], DType::F32).unwrap();
-        imp.forward_with_lse(
-            &batch.layer,
-            &batch.query,
-            Some(&batch.key),
-            Some(&batch.value),
-            &mut batch.kv_cache,
-            metadata.as_ref(),
-            &mut out,
-            Some(&mut lse),
-        )
-        .unwrap();
-        device.synchronize().unwrap();
-        let got = out.to_f32_vec().unwrap();
-        let got_lse = lse.to_f32_vec().unwrap();
         let (qh, kh, vh) = (
             &batch.host_query,
             &batch.host_keys[0],
@@ -645,8 +595,6 @@ fn coop_attention_sources() {
 /// without the variable it does nothing).
 #[test]
 fn coop_attention_dumps() {
-    use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch};
-    use polyattn::{registry, AttentionParams, CommonAttentionMetadata};
     let dbg: u32 = match std::env::var("POLYATTN_COOP_DBG")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -657,45 +605,12 @@ fn coop_attention_dumps() {
             return;
         }
     };
-    let dev = match WgpuDevice::open() {
-        Ok(d) if d.has_coop() => d,
-        _ => {
-            report!("[coop dumps] skipped: no wgpu device with cooperative matrices");
-            return;
-        }
+    let Some(dev) = coop_device("coop dumps") else {
+        return;
     };
-    let _ = dev;
-    let backend = registry::global().get("WGPU").unwrap();
     for q_len in [16usize, 32] {
-        let params = AttentionParams::new(1, 128, 1);
-        let scale = params.scale;
-        let case = CaseConfig::new(params.clone(), DType::F16, 16);
-        let mut batch = RandomBatch::generate(
-            backend.as_ref(),
-            &case,
-            &BatchSpec::new(&[(q_len, q_len)]),
-            7,
-        )
-        .unwrap();
-        let device = backend.device().unwrap();
-        let spec = *batch.kv_cache.spec();
-        let builder = backend.make_builder(&spec).unwrap();
-        let imp = backend.make_impl(params).unwrap();
-        let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();
-        let metadata = builder.build(0, &common, false).unwrap();
-        let mut out = batch.empty_output().unwrap();
-        imp.forward(
-            &batch.layer,
-            &batch.query,
-            Some(&batch.key),
-            Some(&batch.value),
-            &mut batch.kv_cache,
-            metadata.as_ref(),
-            &mut out,
-        )
-        .unwrap();
-        device.synchronize().unwrap();
-        let got = out.to_f32_vec().unwrap();
+        let (batch, got, _) = coop_forward(&dev, q_len, 1, 1, 4);
+        let scale = batch.case.params.scale;
         let (q, k, v) = (
             &batch.host_query,
             &batch.host_keys[0],
