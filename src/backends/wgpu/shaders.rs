@@ -511,9 +511,11 @@ pub struct Tiled2 {
 
 /// Replaces the coop form's arrays of cooperative matrices (`var NAME: array<T, N>;`,
 /// indexed only by the literals the unroller leaves: `NAME[Ku]`) by N named variables
-/// `NAME_K`. Why: an array of cooperative matrices in function memory is what naga emits
-/// for them, and the H200's driver computed wrong products through such arrays (the
-/// 16 × 16 products themselves were exact, `tests/wgpu_coop.rs`).
+/// `NAME_K`, so no matrix goes through an array in function memory. (First suspected of
+/// the coop form's wrong results on the H200; the cause was the workgroup layout, see
+/// `coop_spirv`, and `tests/wgpu_coop.rs`'s kernel-shaped probe is exact with arrays. The
+/// named form is what was measured and verified there.) A length that is neither a
+/// header constant nor a literal leaves the array as it is.
 fn coop_scalarise(src: &str, consts: &[(&str, u32)]) -> String {
     let mut out = String::with_capacity(src.len());
     let mut arrays: Vec<(String, u32)> = Vec::new();
@@ -523,12 +525,16 @@ fn coop_scalarise(src: &str, consts: &[(&str, u32)]) -> String {
             if let Some((name, ty)) = rest.split_once(": array<coop_mat") {
                 let ty = format!("coop_mat{ty}");
                 if let Some((elem, n)) = ty.trim_end_matches(">;").rsplit_once(", ") {
-                    let n = consts
+                    let len = consts
                         .iter()
                         .find(|(c, _)| *c == n)
                         .map(|&(_, v)| v)
-                        .or_else(|| n.trim_end_matches('u').parse().ok())
-                        .unwrap_or_else(|| panic!("coop array length {n}"));
+                        .or_else(|| n.trim_end_matches('u').parse().ok());
+                    let Some(n) = len else {
+                        out += line;
+                        out.push('\n');
+                        continue;
+                    };
                     for k in 0..n {
                         out += &format!("    var {name}_{k}: {elem};\n");
                     }
