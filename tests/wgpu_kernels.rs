@@ -14,7 +14,7 @@ mod common;
 
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::{
-    coop_shared_bytes, coop_split_fits, tiled2_pipelined_bytes, tiled2_shared_bytes,
+    coop_shared_bytes, coop_split, tiled2_pipelined_bytes, tiled2_shared_bytes,
     tiled2h_shared_bytes, AttentionShader, COOP_KEYS, COOP_ROWS,
 };
 use polyattn::backends::wgpu::{
@@ -318,11 +318,7 @@ fn check_batch(
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }
         // Subgroups per 16-row tile: the one asked for where it fits, else the most that fit.
-        let split = tuning
-            .prefill_coop_split
-            .filter(|&q| coop_split_fits(d, bm, bn, q))
-            .or_else(|| [4, 2].into_iter().find(|&q| coop_split_fits(d, bm, bn, q)))
-            .unwrap_or(1);
+        let split = coop_split(d, bm, bn, tuning.prefill_coop_split);
         if prefill.workgroup() != 2 * bm * split {
             return Err(format!(
                 "prefill kernel {} for {:?}: want {split} subgroups per row tile",

@@ -395,18 +395,7 @@ impl WgpuAttentionImpl {
             .into_iter()
             .filter(|&(m, n)| m % 16 == 0 && n % 16 == 0 && m > 0 && n > 0)
             .map(|(m, n)| {
-                // Subgroups per 16-row tile (`WgpuTuning::prefill_coop_split`): the one
-                // asked for where it fits the shape, else the most that fit.
-                let split = self
-                    .tuning
-                    .prefill_coop_split
-                    .filter(|&q| shaders::coop_split_fits(d, m, n, q))
-                    .or_else(|| {
-                        [4, 2]
-                            .into_iter()
-                            .find(|&q| shaders::coop_split_fits(d, m, n, q))
-                    })
-                    .unwrap_or(1);
+                let split = shaders::coop_split(d, m, n, self.tuning.prefill_coop_split);
                 shaders::coop_shader_split(d, m, n, split, paged)
             })
             .find(|s| self.runs_here(s))

@@ -176,11 +176,15 @@ pub fn pipeline_with(
                     message: format!("{key} needs PASSTHROUGH_SHADERS, which the device lacks"),
                 });
             }
+            // Passthrough modules state their workgroup size; the generated header has it.
             let wg = source
                 .lines()
                 .find_map(|l| l.strip_prefix("const WG: u32 = "))
-                .and_then(|v| v.trim_end_matches(['u', ';']).parse().ok())
-                .unwrap_or(1);
+                .and_then(|v| v.trim_end_matches(['u', ';']).parse::<u32>().ok())
+                .ok_or_else(|| Error::Device {
+                    backend: "wgpu".into(),
+                    message: format!("{key}: no `const WG: u32` in the generated header"),
+                })?;
             // SAFETY: the words are naga's validated translation of our WGSL (indices
             // clamped into their arrays), changed only by memory-operand flags; the
             // pipeline layout below is the shader's own bindings.

@@ -504,8 +504,8 @@ pub struct Tiled2 {
     pub pipelined: bool,
     /// The cooperative-matrix form (`paged_attention_coop.wgsl`): with `half`, both matrix
     /// products on tensor cores through wgpu's experimental cooperative matrices
-    /// ([`coop_supported`]); one 16-row tile per 32-lane subgroup, so `workgroup` =
-    /// 2·`block_m` and `block` is unused.
+    /// ([`coop_supported`]); each 16-row tile shared by `workgroup` / (2·`block_m`) 32-lane
+    /// subgroups ([`coop_shader_split`]); `block` is unused.
     pub coop: bool,
 }
 
@@ -1480,6 +1480,17 @@ pub fn coop_split_fits(head_size: u32, block_m: u32, block_n: u32, split: u32) -
         && (block_m / 16) * split * 256 <= block_m * (block_n + 4)
 }
 
+/// Subgroups per 16-row tile for the coop form at a shape: `asked` where it fits
+/// ([`coop_split_fits`]), else the most that fit (4 at 64 rows × 64 keys, the fastest on the
+/// H200: see `WgpuTuning::prefill_coop_split`).
+pub fn coop_split(head_size: u32, block_m: u32, block_n: u32, asked: Option<u32>) -> u32 {
+    asked
+        .into_iter()
+        .chain([4, 2])
+        .find(|&q| coop_split_fits(head_size, block_m, block_n, q))
+        .unwrap_or(1)
+}
+
 /// The coop form with `split` subgroups per 16-row tile (see [`coop_split_fits`]): more
 /// subgroups per workgroup, fewer output matrices (registers) per subgroup.
 pub fn coop_shader_split(
@@ -1733,6 +1744,22 @@ pub fn catalog() -> Vec<(String, String, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The coop split: what was asked where it fits, else the most that fit; its workgroup
+    /// is 32 threads per subgroup.
+    #[test]
+    fn coop_split_takes_the_most_that_fit() {
+        assert_eq!(coop_split(128, 64, 64, None), 4);
+        assert_eq!(coop_split(128, 64, 64, Some(1)), 1);
+        assert_eq!(coop_split(128, 64, 64, Some(2)), 2);
+        // 8 does not divide 4 key tiles: the most that fit.
+        assert_eq!(coop_split(128, 64, 64, Some(8)), 4);
+        // 32-key chunks: two key tiles, 16 softmax keys per row.
+        assert_eq!(coop_split(128, 48, 32, None), 2);
+        // 16-key chunks: one key tile, no room for a split.
+        assert_eq!(coop_split(128, 64, 16, Some(4)), 1);
+        assert_eq!(coop_shader_split(128, 64, 64, 4, true).workgroup(), 512);
+    }
 
     #[test]
     fn tiles_fit_the_limits() {
