@@ -3,7 +3,8 @@
 //!
 //! Same shape as the CPU backend: [`WgpuBackend`] (descriptor), [`WgpuMetadataBuilder`]
 //! (per-step metadata and the work plan), [`WgpuAttentionImpl`] (argument checks, then one
-//! command buffer per call), `kernels` (pipeline cache, bind groups, dispatch),
+//! command buffer per call), `kernels` (pipeline cache, bind groups, dispatch), [`coop_spirv`]
+//! (the cooperative-matrix shaders' SPIR-V),
 //! [`shaders`] (WGSL specialisation) and [`probes`] (roofline ceilings and a timestamp
 //! timer for `polyattn bench`).
 //!
@@ -19,7 +20,11 @@
 //! (`POLYATTN_WGPU_PREFILL=tiled` forces it). f16 layers with an f16 cache on adapters with
 //! `SHADER_F16` take its f16 variant tiled2h by default (f16 tiles and packed f16 FMAs, f32
 //! softmax; 1.6x tiled2 on the H200): the one path that does not compute in f32
-//! (`POLYATTN_WGPU_PREFILL=tiled2` keeps them in f32).
+//! (`POLYATTN_WGPU_PREFILL=tiled2` keeps them in f32). Where a Vulkan adapter offers
+//! cooperative matrices (16 × 16 × 16 f16 / f32: the H200's driver), those layers run the
+//! coop form instead (`shaders/paged_attention_coop.wgsl`: both products on tensor cores,
+//! f32 softmax, compiled by [`coop_spirv`] and passed through as SPIR-V; 2× tiled2h on the
+//! H200 from 16k tokens; `POLYATTN_WGPU_COOP=0` / `POLYATTN_WGPU_PREFILL_COOP=0` turn it off).
 
 mod attention_impl;
 pub mod coop_spirv;
