@@ -56,7 +56,6 @@ fn main() -> polyattn::Result<()> {
             query_start_loc: vec![0],
             causal: true,
             block_size: BLOCK,
-            num_blocks,
             ..Default::default()
         };
         let width = 8;

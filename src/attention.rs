@@ -190,13 +190,20 @@ impl AttentionParams {
                 ),
             });
         }
-        if cache.block_size() != common.block_size() || cache.num_blocks() < common.num_blocks() {
+        if cache.block_size() != common.block_size() {
             return Err(Error::config(format!(
-                "KV cache has {} blocks of {} tokens; the batch was validated for {} blocks of {}",
-                cache.num_blocks(),
+                "KV cache has blocks of {} tokens; the batch's metadata was built for blocks of {}",
                 cache.block_size(),
-                common.num_blocks(),
                 common.block_size()
+            )));
+        }
+        if cache.num_blocks() < common.min_cache_blocks() {
+            return Err(Error::metadata(format!(
+                "the batch uses block {} (block table or slot mapping) but the KV cache has {} \
+                 blocks (ids 0..{})",
+                common.min_cache_blocks() - 1,
+                cache.num_blocks(),
+                cache.num_blocks()
             )));
         }
         Ok(())

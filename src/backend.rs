@@ -219,7 +219,10 @@ pub struct SelectorConfig {
     pub has_sink: bool,
     /// Attention type.
     pub attn_type: AttentionType,
-    /// Non-causal attention in the decoder path.
+    /// The layer runs non-causal batches in the paged decoder path (vLLM's
+    /// `use_non_causal`, e.g. a DFlash drafter); causality itself is per batch
+    /// (`BatchDescription::causal`), and a non-causal batch on a backend without
+    /// `supports_non_causal` is an error at forward time.
     pub use_non_causal: bool,
     /// The layer uses ALiBi.
     pub use_alibi: bool,
@@ -227,6 +230,10 @@ pub struct SelectorConfig {
     pub use_sliding_window: bool,
     /// The layer uses a logit soft cap.
     pub use_soft_cap: bool,
+    /// Bytes of the largest KV cache (one layer's) the caller will allocate, when known: a
+    /// backend that cannot hold a cache that large (a wgpu adapter's largest storage binding)
+    /// is rejected up front with "KV cache too large" instead of failing at allocation.
+    pub kv_cache_bytes: Option<u64>,
 }
 
 impl SelectorConfig {
@@ -244,10 +251,13 @@ impl SelectorConfig {
             use_alibi: false,
             use_sliding_window: false,
             use_soft_cap: false,
+            kv_cache_bytes: None,
         }
     }
 
-    /// The configuration a layer with these parameters needs.
+    /// The configuration a layer with these parameters needs, declared causal with no cache
+    /// size: set [`Self::use_non_causal`] (or [`Self::with_non_causal`]) for a layer that runs
+    /// non-causal decoder batches and [`Self::kv_cache_bytes`] when the cache size is known.
     pub fn for_layer(params: &AttentionParams, dtype: DType, block_size: Option<u32>) -> Self {
         SelectorConfig {
             head_size: params.head_size,
@@ -261,7 +271,20 @@ impl SelectorConfig {
             use_alibi: params.alibi_slopes.is_some(),
             use_sliding_window: params.sliding_window.is_some(),
             use_soft_cap: params.logits_soft_cap.is_some_and(|c| c > 0.0),
+            kv_cache_bytes: None,
         }
+    }
+
+    /// The same configuration for a layer that runs non-causal decoder batches.
+    pub fn with_non_causal(mut self, on: bool) -> Self {
+        self.use_non_causal = on;
+        self
+    }
+
+    /// The same configuration with the size of the largest KV cache it will allocate.
+    pub fn with_kv_cache_bytes(mut self, bytes: u64) -> Self {
+        self.kv_cache_bytes = Some(bytes);
+        self
     }
 }
 
@@ -288,6 +311,9 @@ impl fmt::Display for SelectorConfig {
             if on {
                 write!(f, " +{name}")?;
             }
+        }
+        if let Some(b) = self.kv_cache_bytes {
+            write!(f, " kv_cache_bytes={b}")?;
         }
         Ok(())
     }
@@ -412,6 +438,13 @@ pub trait AttentionBackend: Send + Sync {
             )));
         }
         Ok([num_blocks, 2, block_size, num_kv_heads, head_size])
+    }
+
+    /// Checks that a cache of `num_blocks` blocks of `spec` can live on this backend's device
+    /// (beyond [`Self::kv_cache_shape`]'s block and head sizes): a wgpu adapter must hold it
+    /// in one storage binding. `KvCache::new` calls it before allocating.
+    fn check_kv_cache(&self, _spec: &KvCacheSpec, _num_blocks: usize) -> Result<()> {
+        Ok(())
     }
 
     /// Physical order of the logical KV-cache shape (vLLM's `get_kv_cache_stride_order`).

@@ -99,6 +99,17 @@ pub enum Error {
         got: String,
     },
 
+    /// A size, byte count, stride or offset computed from the caller's input does not fit the
+    /// integer type it must be computed in (a shape whose element count wraps around `usize`,
+    /// a cache too large to address).
+    #[error("{what}: size overflows: {detail}")]
+    Overflow {
+        /// Which argument or quantity.
+        what: &'static str,
+        /// The operands, so the caller sees which input was too large.
+        detail: String,
+    },
+
     /// An I/O error (benchmark output, JSON files).
     #[error("I/O error on {path}: {source}")]
     Io {
@@ -139,6 +150,14 @@ impl Error {
     /// Shorthand for a [`Error::Metadata`].
     pub(crate) fn metadata(msg: impl Into<String>) -> Self {
         Error::Metadata(msg.into())
+    }
+
+    /// Shorthand for a [`Error::Overflow`].
+    pub(crate) fn overflow(what: &'static str, detail: impl Into<String>) -> Self {
+        Error::Overflow {
+            what,
+            detail: detail.into(),
+        }
     }
 
     /// Shorthand for a [`Error::Config`].

@@ -33,12 +33,27 @@ impl KvCacheSpec {
         self.cache_dtype.storage_dtype(self.dtype)
     }
 
-    /// Bytes of one block (keys and values).
-    pub fn page_size_bytes(&self) -> usize {
-        2 * self.block_size
-            * self.num_kv_heads
-            * self.head_size
-            * self.storage_dtype().size_in_bytes()
+    /// Bytes of one block (keys and values); [`Error::Overflow`] for a spec too large to
+    /// address.
+    pub fn page_size_bytes(&self) -> Result<usize> {
+        [
+            self.block_size,
+            self.num_kv_heads,
+            self.head_size,
+            self.storage_dtype().size_in_bytes(),
+        ]
+        .iter()
+        .try_fold(2usize, |acc, &x| acc.checked_mul(x))
+        .ok_or_else(|| Error::overflow("KV cache page", format!("2 × {self:?}")))
+    }
+
+    /// Bytes of a cache of `num_blocks` blocks; [`Error::Overflow`] when it does not fit a
+    /// `u64`.
+    pub fn cache_bytes(&self, num_blocks: usize) -> Result<u64> {
+        let page = self.page_size_bytes()? as u64;
+        page.checked_mul(num_blocks as u64).ok_or_else(|| {
+            Error::overflow("KV cache", format!("{num_blocks} blocks of {page} bytes"))
+        })
     }
 }
 
@@ -65,6 +80,7 @@ impl KvCache {
             spec.head_size,
             spec.cache_dtype,
         )?;
+        backend.check_kv_cache(&spec, num_blocks)?;
         let device = backend.device()?;
         Self::with_layout(&device, spec, num_blocks, backend.capabilities().kv_layout)
     }
@@ -87,6 +103,23 @@ impl KvCache {
                 got: spec.dtype.to_string(),
                 expected: "f32, f16 or bf16".into(),
             });
+        }
+        // Block ids are i32 in block tables and slots i64 in slot mappings: a cache must be
+        // addressable by both (its element count is checked by `Tensor::zeros`).
+        if num_blocks == 0 || num_blocks > i32::MAX as usize {
+            return Err(Error::config(format!(
+                "a KV cache needs 1..={} blocks (block ids are i32), got {num_blocks}",
+                i32::MAX
+            )));
+        }
+        if num_blocks
+            .checked_mul(spec.block_size)
+            .is_none_or(|slots| slots > i64::MAX as usize)
+        {
+            return Err(Error::overflow(
+                "KV cache slots",
+                format!("{num_blocks} blocks × {} tokens", spec.block_size),
+            ));
         }
         let shape = Self::physical_shape_of(&spec, num_blocks, layout);
         let data = Tensor::zeros(device, &shape, spec.storage_dtype())?;
@@ -308,6 +341,33 @@ mod tests {
         assert_eq!(hnd.offset(1, 1, 2, 1), (3 * 4 * 2 + 4 + 2) * 8);
         assert_eq!(nhd.data().shape(), &[3, 2, 4, 2, 8]);
         assert_eq!(hnd.data().shape(), &[3, 2, 2, 4, 8]);
-        assert_eq!(spec.page_size_bytes(), 2 * 4 * 2 * 8 * 4);
+        assert_eq!(spec.page_size_bytes().unwrap(), 2 * 4 * 2 * 8 * 4);
+    }
+
+    #[test]
+    fn caches_too_large_to_address_are_errors() {
+        let spec = KvCacheSpec {
+            block_size: 16,
+            num_kv_heads: 8,
+            head_size: 128,
+            dtype: DType::F16,
+            cache_dtype: CacheDType::Auto,
+        };
+        let dev = Device::cpu();
+        for (blocks, what) in [(1usize << 60, "i32"), (0, "1..=")] {
+            let err = KvCache::with_layout(&dev, spec, blocks, KvLayout::Nhd).unwrap_err();
+            assert!(err.to_string().contains(what), "{blocks}: {err}");
+        }
+        // Fits i32 block ids, but 2 × 16 × 8 × 2^56-wide heads wrap the element count.
+        let wide = KvCacheSpec {
+            head_size: 1 << 56,
+            ..spec
+        };
+        let err = KvCache::with_layout(&dev, wide, 4096, KvLayout::Hnd).unwrap_err();
+        assert!(matches!(err, Error::Overflow { .. }), "{err}");
+        assert!(matches!(
+            wide.page_size_bytes().unwrap_err(),
+            Error::Overflow { .. }
+        ));
     }
 }

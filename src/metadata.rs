@@ -29,14 +29,14 @@ pub struct BatchDescription {
     pub block_table: Vec<i32>,
     /// Width of each block-table row.
     pub max_blocks_per_req: usize,
-    /// `[num_tokens]` cache slot of each new token (`block * block_size + offset`), or −1.
+    /// Cache slot of each new token (`block * block_size + offset`), or −1 (PAD_SLOT_ID):
+    /// at least `num_tokens` entries; entries past `num_tokens` (a slot mapping padded to a
+    /// captured graph's token count) must be −1 and are dropped by validation.
     pub slot_mapping: Vec<i64>,
     /// Causal (decoder) attention.
     pub causal: bool,
     /// Tokens per KV-cache block.
     pub block_size: usize,
-    /// Blocks in the KV cache the batch refers to.
-    pub num_blocks: usize,
     /// Optional `[num_reqs]`: true while a request is still prefilling its prompt.
     pub is_prefilling: Option<Vec<bool>>,
 }
@@ -65,6 +65,7 @@ pub struct CommonAttentionMetadata {
     num_actual_tokens: usize,
     max_query_len: usize,
     max_seq_len: usize,
+    min_cache_blocks: usize,
     device: DeviceMetadata,
 }
 
@@ -86,11 +87,15 @@ impl CommonAttentionMetadata {
     ///
     /// Checks: `query_start_loc` starts at 0 and never decreases; one seq_len per request;
     /// each query length ≤ its seq_len; the block table is wide enough for every seq_len;
-    /// every block id a request uses is in `0..num_blocks`; every slot is −1 or in
-    /// `0..num_blocks * block_size`; one slot per token.
-    pub fn new(device: &Device, desc: BatchDescription) -> Result<Self> {
-        let (num_reqs, max_query_len, max_seq_len) = validate(&desc)?;
+    /// every block id a request uses is ≥ 0; every slot is −1 or ≥ 0; one slot per token,
+    /// then only −1 (padding, dropped here). The cache is not known yet: the metadata
+    /// records the fewest blocks a cache needs for every block id and slot it uses
+    /// ([`Self::min_cache_blocks`]), and the forward checks the cache against that.
+    pub fn new(device: &Device, mut desc: BatchDescription) -> Result<Self> {
+        let v = validate(&desc)?;
+        let (num_reqs, max_query_len, max_seq_len) = (v.num_reqs, v.max_query_len, v.max_seq_len);
         let num_actual_tokens = *desc.query_start_loc.last().unwrap_or(&0) as usize;
+        desc.slot_mapping.truncate(num_actual_tokens);
         let dev = DeviceMetadata {
             query_start_loc: Tensor::from_i32(device, &desc.query_start_loc, &[num_reqs + 1])?,
             seq_lens: Tensor::from_i32(device, &desc.seq_lens, &[num_reqs])?,
@@ -107,6 +112,7 @@ impl CommonAttentionMetadata {
             num_actual_tokens,
             max_query_len,
             max_seq_len,
+            min_cache_blocks: v.min_cache_blocks,
             device: dev,
         })
     }
@@ -160,9 +166,10 @@ impl CommonAttentionMetadata {
     pub fn block_size(&self) -> usize {
         self.desc.block_size
     }
-    /// Blocks in the cache.
-    pub fn num_blocks(&self) -> usize {
-        self.desc.num_blocks
+    /// The fewest blocks a KV cache must have for this batch: one more than the largest
+    /// block id a request reads or a slot writes (0 when it touches no block).
+    pub fn min_cache_blocks(&self) -> usize {
+        self.min_cache_blocks
     }
     /// The device copies.
     pub fn device(&self) -> &DeviceMetadata {
@@ -305,7 +312,15 @@ pub fn decode_first_order(
     order
 }
 
-fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
+/// What validation learns of a batch.
+struct Validated {
+    num_reqs: usize,
+    max_query_len: usize,
+    max_seq_len: usize,
+    min_cache_blocks: usize,
+}
+
+fn validate(d: &BatchDescription) -> Result<Validated> {
     if d.query_start_loc.is_empty() {
         return Err(Error::metadata(
             "query_start_loc is empty; it needs num_reqs + 1 entries starting at 0",
@@ -329,10 +344,13 @@ fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
         return Err(Error::metadata("block_size is 0"));
     }
     let table_len = num_reqs.checked_mul(d.max_blocks_per_req).ok_or_else(|| {
-        Error::metadata(format!(
-            "num_reqs {num_reqs} × max_blocks_per_req {} overflows",
-            d.max_blocks_per_req
-        ))
+        Error::overflow(
+            "block_table",
+            format!(
+                "num_reqs {num_reqs} × max_blocks_per_req {}",
+                d.max_blocks_per_req
+            ),
+        )
     })?;
     if d.block_table.len() != table_len {
         return Err(Error::metadata(format!(
@@ -349,7 +367,7 @@ fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
             )));
         }
     }
-    let (mut max_q, mut max_s) = (0usize, 0usize);
+    let (mut max_q, mut max_s, mut max_block) = (0usize, 0usize, None::<usize>);
     for i in 0..num_reqs {
         let (a, b) = (d.query_start_loc[i], d.query_start_loc[i + 1]);
         if b < a {
@@ -377,50 +395,58 @@ fn validate(d: &BatchDescription) -> Result<(usize, usize, usize)> {
                 d.block_size, d.max_blocks_per_req
             )));
         }
-        let row = &d.block_table[i * d.max_blocks_per_req..][..needed];
-        if let Some((j, &b)) = row
+        for (j, &b) in d.block_table[i * d.max_blocks_per_req..][..needed]
             .iter()
             .enumerate()
-            .find(|(_, &b)| b < 0 || b as usize >= d.num_blocks)
         {
-            return Err(Error::metadata(format!(
-                "request {i}: block_table[{i}][{j}] = {b} is out of range 0..{}",
-                d.num_blocks
-            )));
+            if b < 0 {
+                return Err(Error::metadata(format!(
+                    "request {i}: block_table[{i}][{j}] = {b} is negative (block ids are ≥ 0)"
+                )));
+            }
+            max_block = max_block.max(Some(b as usize));
         }
         max_q = max_q.max(q);
         max_s = max_s.max(s);
     }
     let num_tokens = d.query_start_loc[num_reqs] as usize;
-    if d.slot_mapping.len() != num_tokens {
+    if d.slot_mapping.len() < num_tokens {
         return Err(Error::metadata(format!(
-            "slot_mapping has {} entries for {num_tokens} tokens; pad with -1 (PAD_SLOT_ID)",
+            "slot_mapping has {} entries for {num_tokens} tokens; it needs one per token \
+             (-1, PAD_SLOT_ID, for a token that writes nothing)",
             d.slot_mapping.len()
         )));
     }
-    let num_slots = d
-        .num_blocks
-        .checked_mul(d.block_size)
-        .and_then(|n| i64::try_from(n).ok())
-        .ok_or_else(|| {
-            Error::metadata(format!(
-                "num_blocks {} × block_size {} overflows the slot range",
-                d.num_blocks, d.block_size
-            ))
-        })?;
-    if let Some((t, &s)) = d
-        .slot_mapping
+    if let Some(t) = d.slot_mapping[num_tokens..]
         .iter()
-        .enumerate()
-        .find(|(_, &s)| s != PAD_SLOT_ID && !(0..num_slots).contains(&s))
+        .position(|&s| s != PAD_SLOT_ID)
     {
         return Err(Error::metadata(format!(
-            "slot_mapping[{t}] = {s} is out of range: expected -1 or 0..{num_slots} \
-             ({} blocks × {} tokens)",
-            d.num_blocks, d.block_size
+            "slot_mapping[{}] = {} is past the batch's {num_tokens} tokens: padding entries \
+             must be -1 (PAD_SLOT_ID)",
+            num_tokens + t,
+            d.slot_mapping[num_tokens + t]
         )));
     }
-    Ok((num_reqs, max_q, max_s))
+    for (t, &s) in d.slot_mapping[..num_tokens].iter().enumerate() {
+        if s == PAD_SLOT_ID {
+            continue;
+        }
+        if s < 0 {
+            return Err(Error::metadata(format!(
+                "slot_mapping[{t}] = {s} is invalid: expected -1 (PAD_SLOT_ID) or a slot ≥ 0"
+            )));
+        }
+        max_block = max_block.max(Some(s as usize / d.block_size));
+    }
+    // max_block ≤ i64::MAX / 1: adding one cannot wrap a usize.
+    let min_cache_blocks = max_block.map_or(0, |b| b + 1);
+    Ok(Validated {
+        num_reqs,
+        max_query_len: max_q,
+        max_seq_len: max_s,
+        min_cache_blocks,
+    })
 }
 
 /// Backend-specific metadata produced by a builder (vLLM's `AttentionMetadata` marker).
@@ -491,7 +517,6 @@ mod tests {
             slot_mapping: vec![2 * 4, 3 * 4, 3 * 4 + 1, -1],
             causal: true,
             block_size: 4,
-            num_blocks: 4,
             is_prefilling: None,
         }
     }
@@ -503,6 +528,7 @@ mod tests {
         assert_eq!(m.max_query_len(), 3);
         assert_eq!(m.max_seq_len(), 5);
         assert_eq!(m.num_computed_tokens(), vec![4, 0]);
+        assert_eq!(m.min_cache_blocks(), 4);
         let s = m.split_decodes_and_prefills(1, false, true);
         assert_eq!(
             s,
@@ -540,11 +566,14 @@ mod tests {
     #[test]
     fn each_invariant_has_its_error() {
         let mut d = desc();
-        d.block_table[1] = 4;
-        assert!(err(d).contains("block_table[0][1] = 4 is out of range 0..4"));
+        d.block_table[1] = -4;
+        assert!(err(d).contains("block_table[0][1] = -4 is negative"));
         let mut d = desc();
-        d.slot_mapping[0] = 16;
-        assert!(err(d).contains("slot_mapping[0] = 16 is out of range"));
+        d.slot_mapping[0] = -2;
+        assert!(err(d).contains("slot_mapping[0] = -2 is invalid"));
+        let mut d = desc();
+        d.slot_mapping.extend([-1, 7]);
+        assert!(err(d).contains("slot_mapping[5] = 7 is past the batch's 4 tokens"));
         let mut d = desc();
         d.seq_lens[1] = 2;
         assert!(err(d).contains("query length 3 exceeds its sequence length 2"));
@@ -561,5 +590,28 @@ mod tests {
         let mut d = desc();
         d.query_start_loc[0] = 1;
         assert!(err(d).contains("must start at 0"));
+    }
+
+    #[test]
+    fn the_cache_size_a_batch_needs_comes_from_its_blocks_and_slots() {
+        // Unused block-table entries (past a request's seq_len) hold anything and count for
+        // nothing; a slot counts for its block.
+        let mut d = desc();
+        d.block_table[3] = i32::MAX;
+        let m = CommonAttentionMetadata::new(&Device::cpu(), d.clone()).unwrap();
+        assert_eq!(m.min_cache_blocks(), 4);
+        d.slot_mapping[3] = 9 * 4 + 2;
+        let m = CommonAttentionMetadata::new(&Device::cpu(), d).unwrap();
+        assert_eq!(m.min_cache_blocks(), 10);
+    }
+
+    #[test]
+    fn a_slot_mapping_padded_with_pad_slots_is_accepted() {
+        // A graph-padded step: 4 real tokens, the slot mapping padded to 8 with -1.
+        let mut d = desc();
+        d.slot_mapping.extend([PAD_SLOT_ID; 4]);
+        let m = CommonAttentionMetadata::new(&Device::cpu(), d).unwrap();
+        assert_eq!(m.slot_mapping_cpu(), &desc().slot_mapping[..]);
+        assert_eq!(m.device().slot_mapping.shape(), &[4]);
     }
 }

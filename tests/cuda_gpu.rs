@@ -481,8 +481,14 @@ fn random_tensor(
 /// `steps` decode steps of one batch: request r has `base[r] + s` tokens at step s (its new
 /// token at position `base[r] + s - 1`); a block enters a request's row at the step that first
 /// writes into it. Block ids come shuffled from `1..num_blocks`; rows have two spare columns,
-/// so the graph plan's longest context exceeds every request's.
-fn decode_steps(base: &[usize], bs: usize, steps: usize, seed: u64) -> Vec<BatchDescription> {
+/// so the graph plan's longest context exceeds every request's. Returns the steps and the
+/// cache's block count.
+fn decode_steps(
+    base: &[usize],
+    bs: usize,
+    steps: usize,
+    seed: u64,
+) -> (Vec<BatchDescription>, usize) {
     let mut rng = Rng::new(seed);
     let need: Vec<usize> = base.iter().map(|&s| (s + steps - 1).div_ceil(bs)).collect();
     let width = need.iter().copied().max().unwrap_or(0) + 2;
@@ -490,7 +496,7 @@ fn decode_steps(base: &[usize], bs: usize, steps: usize, seed: u64) -> Vec<Batch
     let mut pool: Vec<i32> = (1..num_blocks as i32).collect();
     rng.shuffle(&mut pool);
     let rows: Vec<Vec<i32>> = need.iter().map(|&n| pool.drain(..n).collect()).collect();
-    (0..steps)
+    let descs = (0..steps)
         .map(|s| {
             let mut block_table = vec![0i32; base.len() * width];
             let mut slot_mapping = Vec::new();
@@ -511,11 +517,11 @@ fn decode_steps(base: &[usize], bs: usize, steps: usize, seed: u64) -> Vec<Batch
                 slot_mapping,
                 causal: true,
                 block_size: bs,
-                num_blocks,
                 is_prefilling: None,
             }
         })
-        .collect()
+        .collect();
+    (descs, num_blocks)
 }
 
 /// One configuration of [`graph_replayed_decode_equals_eager`]: three layers (plain; sinks;
@@ -541,9 +547,8 @@ fn graph_case(
         polyattn::Device::Cuda(c) => c.clone(),
         _ => unreachable!("the CUDA backend's device"),
     };
-    let steps = decode_steps(&[1500, 31, 700, 2100, 63], bs, 4, seed);
+    let (steps, num_blocks) = decode_steps(&[1500, 31, 700, 2100, 63], bs, 4, seed);
     let n = steps[0].seq_lens.len();
-    let num_blocks = steps[0].num_blocks;
     let spec = KvCacheSpec {
         block_size: bs,
         num_kv_heads: hkv,

@@ -182,7 +182,6 @@ fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
         slot_mapping: slots,
         causal: true,
         block_size: bs,
-        num_blocks,
         is_prefilling: None,
     };
 

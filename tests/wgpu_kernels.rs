@@ -167,7 +167,6 @@ fn cache_writes_are_bit_exact() {
         slot_mapping: slots.clone(),
         causal: true,
         block_size: bs,
-        num_blocks,
         is_prefilling: None,
     };
     for cache_dtype in [

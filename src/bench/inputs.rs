@@ -125,7 +125,6 @@ pub fn attention_description(
         slot_mapping: Vec::new(),
         causal,
         block_size,
-        num_blocks: nb,
         is_prefilling: None,
     };
     for (i, r) in reqs.iter().enumerate() {
@@ -181,7 +180,7 @@ pub fn attention_set(
         cache_dtype: kv,
     };
     let desc = attention_description(&case.requests, case.block_size, case.causal, seed);
-    let mut cache = KvCache::new(backend, spec, desc.num_blocks)?;
+    let mut cache = KvCache::new(backend, spec, num_blocks(&case.requests, case.block_size))?;
     fill_cache(&device, &mut cache, seed ^ 0xcac4e)?;
     let common = CommonAttentionMetadata::new(&device, desc)?;
     let builder = backend.make_builder(&spec)?;
@@ -254,7 +253,6 @@ pub fn kv_write_set(
         slot_mapping: slots,
         causal: true,
         block_size: bs,
-        num_blocks: nb,
         is_prefilling: None,
     };
     let common = CommonAttentionMetadata::new(&device, desc)?;

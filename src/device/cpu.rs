@@ -2,6 +2,8 @@
 
 use half::{bf16, f16};
 
+use crate::error::{Error, Result};
+
 /// The host CPU as a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuDevice {
@@ -54,17 +56,27 @@ pub enum CpuStorage {
 }
 
 impl CpuStorage {
-    /// `n` zeros of `dtype`.
-    pub fn zeros(n: usize, dtype: crate::DType) -> Self {
+    /// `n` zeros of `dtype`; an allocation the host cannot make is an [`Error::Device`]
+    /// rather than an abort (`n` comes from a caller's shape).
+    pub fn try_zeros(n: usize, dtype: crate::DType) -> Result<Self> {
         use crate::DType;
-        match dtype {
-            DType::F32 => CpuStorage::F32(vec![0.0; n]),
-            DType::F16 => CpuStorage::F16(vec![f16::ZERO; n]),
-            DType::Bf16 => CpuStorage::Bf16(vec![bf16::ZERO; n]),
-            DType::Fp8E4m3 | DType::Fp8E5m2 => CpuStorage::U8(vec![0; n]),
-            DType::I32 => CpuStorage::I32(vec![0; n]),
-            DType::I64 => CpuStorage::I64(vec![0; n]),
+        fn zeros<T: Clone>(n: usize, zero: T, dtype: crate::DType) -> Result<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|e| Error::Device {
+                backend: "CPU".into(),
+                message: format!("allocating {n} elements of {dtype}: {e}"),
+            })?;
+            v.resize(n, zero);
+            Ok(v)
         }
+        Ok(match dtype {
+            DType::F32 => CpuStorage::F32(zeros(n, 0.0, dtype)?),
+            DType::F16 => CpuStorage::F16(zeros(n, f16::ZERO, dtype)?),
+            DType::Bf16 => CpuStorage::Bf16(zeros(n, bf16::ZERO, dtype)?),
+            DType::Fp8E4m3 | DType::Fp8E5m2 => CpuStorage::U8(zeros(n, 0, dtype)?),
+            DType::I32 => CpuStorage::I32(zeros(n, 0, dtype)?),
+            DType::I64 => CpuStorage::I64(zeros(n, 0, dtype)?),
+        })
     }
 
     /// The raw bytes (little-endian element order), for uploads.

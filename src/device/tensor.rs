@@ -36,16 +36,35 @@ pub struct Tensor {
     device: Device,
 }
 
+/// The element count of `shape`, unchecked: only for shapes that [`checked_numel`] accepted.
 fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
+}
+
+/// The element count of `shape`, or [`Error::Overflow`] when the product wraps around
+/// `usize` or the bytes of that many `dtype` elements exceed `isize::MAX` (the most any
+/// allocation can hold). Every tensor's shape passes this check when it is built, so
+/// [`Tensor::numel`] and [`Tensor::size_in_bytes`] cannot overflow afterwards.
+pub fn checked_numel(what: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    let n = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::overflow(what, format!("the element count of shape {shape:?}")))?;
+    match n.checked_mul(dtype.size_in_bytes()) {
+        Some(bytes) if bytes <= isize::MAX as usize => Ok(n),
+        _ => Err(Error::overflow(
+            what,
+            format!("{n} elements of {dtype} (shape {shape:?}) exceed the addressable bytes"),
+        )),
+    }
 }
 
 impl Tensor {
     /// A tensor of zeros.
     pub fn zeros(device: &Device, shape: &[usize], dtype: DType) -> Result<Self> {
-        let n = numel(shape);
+        let n = checked_numel("zeros", shape, dtype)?;
         let storage = match device {
-            Device::Cpu(_) => Storage::Cpu(CpuStorage::zeros(n, dtype)),
+            Device::Cpu(_) => Storage::Cpu(CpuStorage::try_zeros(n, dtype)?),
             Device::Cuda(d) => Storage::Cuda(d.zeros(n, dtype)?),
             Device::Wgpu(d) => Storage::Wgpu(d.zeros(n, dtype)?),
         };
@@ -59,11 +78,12 @@ impl Tensor {
 
     /// Uploads `data` converted to `dtype` (rounding to nearest; fp8 saturates, scale 1).
     pub fn from_f32(device: &Device, data: &[f32], shape: &[usize], dtype: DType) -> Result<Self> {
-        if data.len() != numel(shape) {
+        let n = checked_numel("from_f32", shape, dtype)?;
+        if data.len() != n {
             return Err(Error::shape(
                 "from_f32 data",
                 &[data.len()],
-                format!("{} elements for shape {shape:?}", numel(shape)),
+                format!("{n} elements for shape {shape:?}"),
             ));
         }
         let cpu = match dtype {
@@ -86,7 +106,7 @@ impl Tensor {
 
     /// Uploads i32 data.
     pub fn from_i32(device: &Device, data: &[i32], shape: &[usize]) -> Result<Self> {
-        if data.len() != numel(shape) {
+        if data.len() != checked_numel("from_i32", shape, DType::I32)? {
             return Err(Error::shape(
                 "from_i32 data",
                 &[data.len()],
@@ -98,7 +118,7 @@ impl Tensor {
 
     /// Uploads i64 data.
     pub fn from_i64(device: &Device, data: &[i64], shape: &[usize]) -> Result<Self> {
-        if data.len() != numel(shape) {
+        if data.len() != checked_numel("from_i64", shape, DType::I64)? {
             return Err(Error::shape(
                 "from_i64 data",
                 &[data.len()],
@@ -115,7 +135,7 @@ impl Tensor {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Self> {
-        if cpu.len() != numel(shape) {
+        if cpu.len() != checked_numel("host storage", shape, dtype)? {
             return Err(Error::shape(
                 "host storage",
                 &[cpu.len()],
@@ -199,11 +219,12 @@ impl Tensor {
 
     /// The same elements viewed with another shape of the same element count (no copy).
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
-        if numel(shape) != self.numel() {
+        let n = checked_numel("reshape", shape, self.dtype)?;
+        if n != self.numel() {
             return Err(Error::shape(
                 "reshape",
                 &self.shape,
-                format!("{} elements to view as {shape:?}", numel(shape)),
+                format!("{n} elements to view as {shape:?}"),
             ));
         }
         self.shape = shape.to_vec();
@@ -296,6 +317,35 @@ mod tests {
             assert_eq!(t.to_f32_vec().unwrap(), data, "{dt}");
             assert_eq!(t.size_in_bytes(), 4 * dt.size_in_bytes());
         }
+    }
+
+    #[test]
+    fn shapes_whose_size_overflows_are_errors() {
+        let dev = Device::cpu();
+        // 2^62 · 32 wraps to 0 in a u64 product: an empty slice must not pass for it.
+        let huge = [1usize << 62, 1, 32];
+        for err in [
+            Tensor::from_f32(&dev, &[], &huge, DType::F32).unwrap_err(),
+            Tensor::from_i32(&dev, &[], &huge).unwrap_err(),
+            Tensor::from_i64(&dev, &[], &huge).unwrap_err(),
+            Tensor::zeros(&dev, &huge, DType::F16).unwrap_err(),
+            // No wrap in the count, but more bytes than an allocation can hold.
+            Tensor::zeros(&dev, &[1usize << 62], DType::F32).unwrap_err(),
+            Tensor::from_f32(&dev, &[1.0; 4], &[2, 2], DType::F32)
+                .unwrap()
+                .reshape(&huge)
+                .unwrap_err(),
+        ] {
+            assert!(matches!(err, Error::Overflow { .. }), "{err}");
+            assert!(err.to_string().contains("overflows"), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_allocation_the_host_cannot_make_is_an_error() {
+        // 2^50 f32 zeros pass the size check (4 PiB ≤ isize::MAX) but no machine has them.
+        let err = Tensor::zeros(&Device::cpu(), &[1 << 50], DType::F32).unwrap_err();
+        assert!(err.to_string().contains("allocat"), "{err}");
     }
 
     #[test]

@@ -295,7 +295,6 @@ impl<M: CausalLm> ModelRunner<M> {
             query_start_loc: vec![0],
             causal: true,
             block_size: bs,
-            num_blocks: self.scheduler.pool.num_blocks(),
             max_blocks_per_req: width,
             ..Default::default()
         };

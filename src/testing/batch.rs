@@ -276,7 +276,6 @@ impl RandomBatch {
             slot_mapping,
             causal: case.causal,
             block_size: bs,
-            num_blocks,
             is_prefilling: None,
         };
         let kv_cache = kv_cache.to_device(&device)?;

@@ -107,15 +107,27 @@ impl AttentionBackend for WgpuBackend {
         Ok(Device::Wgpu(WgpuDevice::open()?))
     }
 
-    /// Adapter-dependent check: a tile of this head size must fit the workgroup memory.
+    /// Adapter-dependent checks: a tile of this head size must fit the workgroup memory, and
+    /// a KV cache of the configuration's size (when given) one storage binding.
     fn supports_combination(&self, config: &SelectorConfig) -> Option<Reason> {
         let dev = WgpuDevice::open().ok()?;
+        if let Some(bytes) = config.kv_cache_bytes {
+            if let Err(e) = check_binding(&dev, bytes, "the KV cache") {
+                return Some(Reason::new("KV cache too large", e.to_string()));
+            }
+        }
         if !self.caps.head_sizes.contains(config.head_size) {
             return None; // already reported by the capability check
         }
         tiles_for(&dev, config.head_size)
             .err()
             .map(|e| Reason::new("head_size not supported", e.to_string()))
+    }
+
+    /// The cache must fit one storage binding of the adapter.
+    fn check_kv_cache(&self, spec: &KvCacheSpec, num_blocks: usize) -> Result<()> {
+        let bytes = spec.cache_bytes(num_blocks)?;
+        check_binding(&WgpuDevice::open()?, bytes, "the KV cache")
     }
 
     fn kv_cache_shape(
@@ -140,7 +152,18 @@ impl AttentionBackend for WgpuBackend {
             CacheDType::Fp8E4m3 | CacheDType::Fp8E5m2 => Some(1),
         };
         if let (Some(elem), Ok(dev)) = (elem, WgpuDevice::open()) {
-            let bytes = (num_blocks * 2 * block_size * num_kv_heads * head_size * elem) as u64;
+            let bytes = [2, block_size, num_kv_heads, head_size, elem]
+                .iter()
+                .try_fold(num_blocks as u64, |acc, &x| acc.checked_mul(x as u64))
+                .ok_or_else(|| {
+                    Error::overflow(
+                        "KV cache",
+                        format!(
+                            "{num_blocks} blocks × 2 × {block_size} × {num_kv_heads} × \
+                             {head_size} × {elem} bytes"
+                        ),
+                    )
+                })?;
             check_binding(&dev, bytes, "the KV cache")?;
         }
         Ok([num_blocks, 2, block_size, num_kv_heads, head_size])

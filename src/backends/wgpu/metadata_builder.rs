@@ -745,7 +745,6 @@ mod tests {
             slot_mapping: (0..41).map(|i| 16 * 20 + i).collect(),
             causal: true,
             block_size: 16,
-            num_blocks: 40,
             is_prefilling: None,
         };
         let common = CommonAttentionMetadata::new(&Device::cpu(), desc).unwrap();
