@@ -11,6 +11,11 @@
 //! until then a GPU device is timed by the wall clock between two synchronisations, which
 //! includes launch and synchronisation latency. `POLYATTN_BENCH_TRACE=1` prints every timed
 //! repetition (device-timed region, host time of the call) to stderr.
+//!
+//! The loop's own decisions (how long the warm-up lasted, whether the budget or the cap is
+//! spent) read a [`Clock`] it is handed: [`measure`] uses the host's monotonic clock, and the
+//! unit tests hand [`measure_with`] a clock that advances only when the code under test says
+//! so, so that no test depends on how fast the machine is.
 
 use std::time::{Duration, Instant};
 
@@ -27,22 +32,62 @@ pub trait RegionTimer {
     fn stop(&mut self) -> Result<f64>;
 }
 
-/// The host's monotonic clock, synchronising the device at both ends.
+/// A monotonic clock: the time elapsed since a fixed origin of its own.
+pub trait Clock {
+    /// Time since the clock's origin; never decreases.
+    fn now(&self) -> Duration;
+}
+
+/// The host's monotonic clock (`std::time::Instant`), with its origin at creation.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+/// A clock (the host's monotonic clock by default), synchronising the device at both ends.
 pub struct WallTimer {
     device: Device,
-    t0: Option<Instant>,
+    clock: Box<dyn Clock>,
+    t0: Option<Duration>,
     method: String,
 }
 
 impl WallTimer {
     /// A wall-clock timer for `device`.
     pub fn new(device: &Device) -> Self {
+        Self::with_clock(device, Box::new(MonotonicClock::new()))
+    }
+
+    /// A timer for `device` that reads `clock` (tests hand it a clock they advance).
+    pub fn with_clock(device: &Device, clock: Box<dyn Clock>) -> Self {
         let method = match device {
             Device::Cpu(_) => "wall clock (std::time::Instant)".to_string(),
             _ => "wall clock between device synchronisations (no device timer yet)".to_string(),
         };
         WallTimer {
             device: device.clone(),
+            clock,
             t0: None,
             method,
         }
@@ -56,13 +101,17 @@ impl RegionTimer for WallTimer {
 
     fn start(&mut self) -> Result<()> {
         self.device.synchronize()?;
-        self.t0 = Some(Instant::now());
+        self.t0 = Some(self.clock.now());
         Ok(())
     }
 
     fn stop(&mut self) -> Result<f64> {
         self.device.synchronize()?;
-        Ok(self.t0.take().map_or(0.0, |t| t.elapsed().as_secs_f64()))
+        let now = self.clock.now();
+        Ok(self
+            .t0
+            .take()
+            .map_or(0.0, |t| now.saturating_sub(t).as_secs_f64()))
     }
 }
 
@@ -121,27 +170,42 @@ impl Default for TimingConfig {
 
 /// Runs `f` (given the repetition index, for input rotation) under `cfg` and returns the
 /// timed samples in seconds: at least one warm-up call, then repetitions until `min_reps` and
-/// the `budget` are both reached (or `max_reps`), cut short by the `cap` for slow rows.
-pub fn measure<F>(timer: &mut dyn RegionTimer, cfg: &TimingConfig, mut f: F) -> Result<Samples>
+/// the `budget` are both reached (or `max_reps`), cut short by the `cap` for slow rows. The
+/// warm-up time, budget and cap are read on the host's monotonic clock.
+pub fn measure<F>(timer: &mut dyn RegionTimer, cfg: &TimingConfig, f: F) -> Result<Samples>
 where
     F: FnMut(usize) -> Result<()>,
 {
+    measure_with(timer, &MonotonicClock::new(), cfg, f)
+}
+
+/// [`measure`] with the warm-up time, budget and cap read on `clock`.
+pub fn measure_with<F>(
+    timer: &mut dyn RegionTimer,
+    clock: &dyn Clock,
+    cfg: &TimingConfig,
+    mut f: F,
+) -> Result<Samples>
+where
+    F: FnMut(usize) -> Result<()>,
+{
+    let since = |t: Duration| clock.now().saturating_sub(t);
     // The first call may compile pipelines or allocate (the WGPU coop prefill compiles for
     // ~20 s on the H200, its clocks dropping to idle meanwhile): it does not count toward
     // the warm-up, which starts after it. Timed from its start, such a call ended the
     // warm-up at once and the first timed repetitions ran at idle clocks (the coop form's
     // P2 f16 at 4k tokens: 8.9 TFLOP/s as a process's first row, 38.7 after a warm run).
-    let first = Instant::now();
+    let first = clock.now();
     timer.start()?;
     f(0)?;
     timer.stop()?;
-    let first = first.elapsed();
+    let first = since(first);
     let mut i = 1;
     let mut calls = 1;
     // Rows without a warm-up time (CPU): a first call slower than the budget is warm-up
     // enough, as before.
     let mut done = cfg.warmup_time.is_zero() && (first > cfg.budget || calls >= cfg.warmup.max(1));
-    let t0 = Instant::now();
+    let t0 = clock.now();
     while !done {
         // Each warm-up call is bracketed by the timer, which waits for the device: GPU
         // submissions return at once, so an unsynchronised loop would queue seconds of device
@@ -152,24 +216,24 @@ where
         timer.stop()?;
         i += 1;
         calls += 1;
-        let e = t0.elapsed();
+        let e = since(t0);
         // A row slower than the budget (and the warm-up time) stops warming up early.
         done = e > cfg.budget.max(cfg.warmup_time)
             || (calls >= cfg.warmup.max(1) && e >= cfg.warmup_time);
     }
     let mut secs = Vec::new();
-    let start = Instant::now();
+    let start = clock.now();
     let min_reps = cfg.min_reps.max(1);
     let floor = min_reps.min(MIN_REPS_FLOOR);
     let trace = std::env::var_os("POLYATTN_BENCH_TRACE").is_some_and(|v| v != "0");
     while secs.len() < cfg.max_reps.max(min_reps)
-        && (secs.len() < min_reps || start.elapsed() < cfg.budget)
-        && (secs.len() < floor || start.elapsed() < cfg.cap)
+        && (secs.len() < min_reps || since(start) < cfg.budget)
+        && (secs.len() < floor || since(start) < cfg.cap)
     {
         timer.start()?;
-        let call = Instant::now();
+        let call = clock.now();
         f(i)?;
-        let call = call.elapsed().as_secs_f64();
+        let call = since(call).as_secs_f64();
         let s = timer.stop()?;
         if trace {
             eprintln!(
@@ -239,6 +303,38 @@ impl Samples {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    /// A clock that moves only when a test advances it: the code under test "takes" exactly
+    /// the time the test says, however loaded the machine is.
+    #[derive(Clone, Default)]
+    struct FakeClock(Rc<Cell<Duration>>);
+
+    impl FakeClock {
+        fn advance(&self, by: Duration) {
+            self.0.set(self.0.get() + by);
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Duration {
+            self.0.get()
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A CPU wall timer that reads `clock`.
+    fn timer(clock: &FakeClock) -> WallTimer {
+        WallTimer::with_clock(&Device::cpu(), Box::new(clock.clone()))
+    }
+
+    fn assert_close(got: f64, want: f64) {
+        assert!((got - want).abs() < 1e-12, "{got} s, expected {want} s");
+    }
 
     #[test]
     fn quantiles_interpolate() {
@@ -252,63 +348,103 @@ mod tests {
     }
 
     #[test]
+    fn the_monotonic_clock_does_not_go_back() {
+        let c = MonotonicClock::new();
+        let a = c.now();
+        assert!(c.now() >= a);
+    }
+
+    #[test]
+    fn the_wall_timer_measures_its_clock_between_start_and_stop() {
+        let clock = FakeClock::default();
+        let mut t = timer(&clock);
+        clock.advance(ms(3));
+        t.start().unwrap();
+        clock.advance(ms(7));
+        assert_close(t.stop().unwrap(), 0.007);
+        // A stop without a start measures nothing.
+        assert_eq!(t.stop().unwrap(), 0.0);
+    }
+
+    #[test]
     fn warm_up_lasts_its_minimum_time() {
         let cfg = TimingConfig {
             warmup: 1,
-            warmup_time: Duration::from_millis(30),
+            warmup_time: ms(30),
             min_reps: 1,
             max_reps: 1,
             budget: Duration::from_secs(10),
             cap: Duration::from_secs(10),
         };
+        let clock = FakeClock::default();
         let mut calls = 0usize;
-        let mut timer = WallTimer::new(&Device::cpu());
-        let t0 = Instant::now();
-        let s = measure(&mut timer, &cfg, |_| {
+        let s = measure_with(&mut timer(&clock), &clock, &cfg, |_| {
             calls += 1;
-            std::thread::sleep(Duration::from_millis(5));
+            clock.advance(ms(5));
             Ok(())
         })
         .unwrap();
         assert_eq!(s.len(), 1);
-        // At least 30 ms of 5 ms warm-up calls (6), then one timed call.
-        assert!(calls >= 7, "{calls} calls");
-        assert!(t0.elapsed() >= Duration::from_millis(35));
+        // The first call, 30 ms of 5 ms warm-up calls (6), then one timed call.
+        assert_eq!(calls, 8);
+        assert_eq!(clock.now(), ms(40));
+        assert_close(s.median(), 0.005);
     }
 
     #[test]
     fn a_slow_first_call_does_not_end_the_warm_up() {
         let cfg = TimingConfig {
             warmup: 1,
-            warmup_time: Duration::from_millis(30),
+            warmup_time: ms(30),
             min_reps: 1,
             max_reps: 1,
-            budget: Duration::from_millis(20),
+            budget: ms(20),
             cap: Duration::from_secs(10),
         };
+        let clock = FakeClock::default();
         let mut calls = 0usize;
-        let mut timer = WallTimer::new(&Device::cpu());
-        let s = measure(&mut timer, &cfg, |i| {
+        let s = measure_with(&mut timer(&clock), &clock, &cfg, |i| {
             calls += 1;
             // The first call "compiles" for 100 ms, longer than budget and warm-up time.
-            std::thread::sleep(Duration::from_millis(if i == 0 { 100 } else { 5 }));
+            clock.advance(ms(if i == 0 { 100 } else { 5 }));
             Ok(())
         })
         .unwrap();
         assert_eq!(s.len(), 1);
-        // The first call, at least 30 ms of 5 ms warm-up calls (6), one timed call.
-        assert!(calls >= 8, "{calls} calls");
-        assert!(
-            s.median() < 0.05,
-            "timed the slow first call: {}",
-            s.median()
-        );
+        // The first call, 30 ms of 5 ms warm-up calls (6), one timed call.
+        assert_eq!(calls, 8);
+        assert_close(s.median(), 0.005);
+    }
+
+    #[test]
+    fn rows_without_a_warm_up_time_stop_warming_up_after_a_slow_first_call() {
+        let cfg = TimingConfig {
+            warmup: 3,
+            warmup_time: Duration::ZERO,
+            min_reps: 2,
+            max_reps: 2,
+            budget: ms(20),
+            cap: Duration::from_secs(10),
+        };
+        let clock = FakeClock::default();
+        let mut calls = 0usize;
+        let s = measure_with(&mut timer(&clock), &clock, &cfg, |_| {
+            calls += 1;
+            clock.advance(ms(50));
+            Ok(())
+        })
+        .unwrap();
+        // A first call over the budget is warm-up enough: it and the two timed calls.
+        assert_eq!(calls, 3);
+        assert_eq!(s.len(), 2);
+        assert_close(s.median(), 0.05);
     }
 
     /// A device that runs its queue only when synchronised: each call queues 10 ms of work,
-    /// `stop` waits for the queue (as the GPU timers do).
+    /// `stop` waits for the queue (as the GPU timers do) and the clock moves by that much.
     struct QueueTimer {
-        queued: std::rc::Rc<std::cell::Cell<u32>>,
+        queued: Rc<Cell<u32>>,
+        clock: FakeClock,
     }
 
     impl RegionTimer for QueueTimer {
@@ -320,7 +456,7 @@ mod tests {
         }
         fn stop(&mut self) -> Result<f64> {
             let n = self.queued.replace(0);
-            std::thread::sleep(Duration::from_millis(10) * n);
+            self.clock.advance(ms(10) * n);
             Ok(0.01 * n as f64)
         }
     }
@@ -329,27 +465,33 @@ mod tests {
     fn warm_up_waits_for_the_device() {
         let cfg = TimingConfig {
             warmup: 1,
-            warmup_time: Duration::from_millis(50),
+            warmup_time: ms(50),
             min_reps: 1,
             max_reps: 1,
             budget: Duration::from_secs(10),
             cap: Duration::from_secs(10),
         };
-        let queued = std::rc::Rc::new(std::cell::Cell::new(0));
+        let clock = FakeClock::default();
+        let queued = Rc::new(Cell::new(0));
         let mut timer = QueueTimer {
             queued: queued.clone(),
+            clock: clock.clone(),
         };
         let mut calls = 0usize;
-        let t0 = Instant::now();
-        measure(&mut timer, &cfg, |_| {
+        measure_with(&mut timer, &clock, &cfg, |_| {
             calls += 1;
+            // Without a wait per call the queue never drains and the clock never moves.
+            assert!(
+                calls < 1000,
+                "the warm-up queued work without waiting for the device"
+            );
             queued.set(queued.get() + 1);
             Ok(())
         })
         .unwrap();
-        // 50 ms of 10 ms device calls: ~5 warm-up calls and one timed, not thousands queued.
-        assert!((5..=9).contains(&calls), "{calls} calls");
-        assert!(t0.elapsed() < Duration::from_millis(150));
+        // The first call, 50 ms of 10 ms device calls (5) and one timed.
+        assert_eq!(calls, 7);
+        assert_eq!(clock.now(), ms(70));
     }
 
     #[test]
@@ -362,14 +504,14 @@ mod tests {
             budget: Duration::from_secs(10),
             cap: Duration::from_secs(10),
         };
+        let clock = FakeClock::default();
         let mut seen = Vec::new();
-        let mut timer = WallTimer::new(&Device::cpu());
-        let s = measure(&mut timer, &cfg, |i| {
+        let s = measure_with(&mut timer(&clock), &clock, &cfg, |i| {
             seen.push(i);
             Ok(())
         })
         .unwrap();
-        // Fast calls: the budget is not reached, so max_reps bounds the timed loop.
+        // Calls that take no time: the budget is not reached, so max_reps bounds the loop.
         assert_eq!(s.len(), 6);
         assert_eq!(seen, (0..8).collect::<Vec<_>>());
         // A zero cap: slow rows stop at the floor of three repetitions.
@@ -377,7 +519,49 @@ mod tests {
             cap: Duration::ZERO,
             ..cfg
         };
-        let s = measure(&mut timer, &cfg, |_| Ok(())).unwrap();
+        let s = measure_with(&mut timer(&clock), &clock, &cfg, |_| Ok(())).unwrap();
         assert_eq!(s.len(), MIN_REPS_FLOOR);
+    }
+
+    #[test]
+    fn the_budget_and_the_cap_end_the_timed_loop() {
+        let clock = FakeClock::default();
+        let run = |cfg: &TimingConfig, step: Duration| {
+            measure_with(&mut timer(&clock), &clock, cfg, |_| {
+                clock.advance(step);
+                Ok(())
+            })
+            .unwrap()
+            .len()
+        };
+        let budget = TimingConfig {
+            warmup: 1,
+            warmup_time: Duration::ZERO,
+            min_reps: 1,
+            max_reps: 1000,
+            budget: ms(10),
+            cap: Duration::from_secs(10),
+        };
+        // 1 ms calls: repetitions until 10 ms were spent timing.
+        assert_eq!(run(&budget, ms(1)), 10);
+        // min_reps beyond the budget still run.
+        assert_eq!(
+            run(
+                &TimingConfig {
+                    min_reps: 25,
+                    ..budget
+                },
+                ms(1)
+            ),
+            25
+        );
+        let capped = TimingConfig {
+            min_reps: 100,
+            cap: ms(50),
+            ..budget
+        };
+        // Slow rows: past the floor, the cap ends the loop below min_reps.
+        assert_eq!(run(&capped, ms(10)), 5);
+        assert_eq!(run(&capped, ms(20)), MIN_REPS_FLOOR);
     }
 }

@@ -18,6 +18,15 @@
 //! subgroups and f16, unless `POLYATTN_WGPU_COOP=0`: wgpu marks it experimental (its
 //! implementation may have bugs), so it can be turned off without rebuilding.
 //!
+//! **No window system.** polyattn computes and never presents, so on Linux its Vulkan
+//! instance enables no window-system surface extension (`VK_KHR_wayland_surface`,
+//! `VK_KHR_xlib_surface`, `VK_KHR_xcb_surface`); the other backends come from a second wgpu
+//! instance. Why: Mesa's implicit `VK_LAYER_MESA_device_select` layer, seeing a surface
+//! extension enabled, connects to the Wayland and X servers inside
+//! `vkEnumeratePhysicalDevices` to find the GPU that drives the display, and on a headless
+//! machine libwayland-client then prints "error: XDG_RUNTIME_DIR is invalid or not set in the
+//! environment." once per enumeration call, although nothing failed.
+//!
 //! **GL fallback.** Without a Vulkan driver wgpu finds Mesa's OpenGL `llvmpipe` instead: it
 //! works but has neither f16 nor subgroups. [`WgpuDevice::is_gl_fallback`] says so, and the
 //! backend reports it; CI sets `WGPU_BACKEND=vulkan` so a broken install fails loudly.
@@ -58,7 +67,7 @@ fn device_error(message: impl Into<String>) -> Error {
 
 /// The opened adapter and everything cached on it.
 struct Inner {
-    _instance: wgpu::Instance,
+    _instances: Vec<wgpu::Instance>,
     adapter: wgpu::Adapter,
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -199,11 +208,84 @@ fn wants_coop(adapter: &wgpu::Adapter) -> bool {
         && crate::backends::wgpu::shaders::coop_supported(&adapter.cooperative_matrix_properties())
 }
 
+/// Window-system surface extensions of Vulkan that polyattn, which never presents, does not
+/// enable (see the module docs: "No window system").
+#[cfg(target_os = "linux")]
+const WINDOW_SYSTEM_EXTENSIONS: [&std::ffi::CStr; 3] = [
+    c"VK_KHR_wayland_surface",
+    c"VK_KHR_xlib_surface",
+    c"VK_KHR_xcb_surface",
+];
+
+/// A wgpu instance of the Vulkan backend alone, created without the window-system surface
+/// extensions; `None` when Vulkan cannot be initialised (no loader or driver), as wgpu's own
+/// instance would skip it.
+#[cfg(target_os = "linux")]
+fn compute_only_vulkan_instance(desc: &wgpu::InstanceDescriptor) -> Option<wgpu::Instance> {
+    use wgpu::hal;
+    let hal_desc = hal::InstanceDescriptor {
+        name: "polyattn",
+        flags: desc.flags,
+        memory_budget_thresholds: desc.memory_budget_thresholds,
+        backend_options: desc.backend_options.clone(),
+        telemetry: None,
+        display: None,
+    };
+    let drop_window_system: Box<hal::vulkan::CreateInstanceCallback> = Box::new(|args| {
+        args.extensions
+            .retain(|e| !WINDOW_SYSTEM_EXTENSIONS.contains(e));
+    });
+    // SAFETY: the callback only takes the three window-system surface extensions out of the
+    // list (wgpu-hal documents the list as add-only). wgpu-hal uses those extensions only to
+    // create surfaces, and checks that each one was enabled before it does; polyattn never
+    // creates a surface, and it does not hand this instance to anyone who could.
+    let raw =
+        unsafe { hal::vulkan::Instance::init_with_callback(&hal_desc, Some(drop_window_system)) };
+    match raw {
+        // SAFETY: `raw` is a Vulkan instance that wgpu-hal just created; wgpu owns it from
+        // here on.
+        Ok(raw) => Some(unsafe { wgpu::Instance::from_hal::<hal::api::Vulkan>(raw) }),
+        Err(e) => {
+            tracing::debug!("wgpu: no Vulkan instance: {e}");
+            None
+        }
+    }
+}
+
+/// The wgpu instances to enumerate adapters from, with the backends each one serves: on
+/// Linux a compute-only Vulkan instance and a second one for the other backends, elsewhere
+/// wgpu's own instance.
+fn instances(backends: wgpu::Backends) -> Vec<(wgpu::Instance, wgpu::Backends)> {
+    let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    let mut out = Vec::new();
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+    let mut rest = backends;
+    #[cfg(target_os = "linux")]
+    if backends.contains(wgpu::Backends::VULKAN) {
+        rest.remove(wgpu::Backends::VULKAN);
+        if let Some(vk) = compute_only_vulkan_instance(&desc) {
+            out.push((vk, wgpu::Backends::VULKAN));
+        }
+    }
+    if !rest.is_empty() {
+        let desc = wgpu::InstanceDescriptor {
+            backends: rest,
+            ..desc
+        };
+        out.push((wgpu::Instance::new(desc), rest));
+    }
+    out
+}
+
 fn open_uncached() -> Result<WgpuDevice> {
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     let backends = wgpu::Backends::all().with_env();
-    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    let mut adapters = Vec::new();
+    let mut instances_kept = Vec::new();
+    for (instance, served) in instances(backends) {
+        adapters.extend(pollster::block_on(instance.enumerate_adapters(served)));
+        instances_kept.push(instance);
+    }
+    let instances = instances_kept;
     let adapter = choose_adapter(adapters)?;
     let info = adapter.get_info();
     let mut features =
@@ -257,7 +339,7 @@ fn open_uncached() -> Result<WgpuDevice> {
         .collect();
     Ok(WgpuDevice {
         inner: Arc::new(Inner {
-            _instance: instance,
+            _instances: instances,
             adapter,
             device,
             queue,
