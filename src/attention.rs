@@ -173,6 +173,16 @@ impl AttentionParams {
         common: &crate::CommonAttentionMetadata,
     ) -> Result<()> {
         let spec = cache.spec();
+        if spec.dtype != dtype {
+            return Err(Error::DType {
+                what: "query",
+                got: dtype.to_string(),
+                expected: format!(
+                    "{} (the activation dtype the KV cache was built for)",
+                    spec.dtype
+                ),
+            });
+        }
         if spec.num_kv_heads != self.num_kv_heads || spec.head_size != self.head_size {
             return Err(Error::config(format!(
                 "KV cache holds {} heads of size {}, the layer needs {} of size {}",
@@ -210,16 +220,27 @@ impl AttentionParams {
     }
 
     /// Checks the inputs of a KV-cache update (`do_kv_cache_update`) and returns their dtype:
-    /// the key's, which must be an activation dtype (f32, f16, bf16); key and value must both
-    /// be `[≥rows, num_kv_heads, head_size]` of it.
-    pub fn check_kv_update(&self, key: &Tensor, value: &Tensor, rows: usize) -> Result<DType> {
-        let dtype = key.dtype();
-        if !dtype.is_activation() {
-            return Err(Error::DType {
-                what: "key",
-                got: dtype.to_string(),
-                expected: "f32, f16 or bf16".into(),
-            });
+    /// key and value must both be `[≥rows, num_kv_heads, head_size]` of the activation dtype
+    /// `cache` was built for (whatever it stores: an f16 or fp8 cache still takes the layer's
+    /// activations, so a key of another dtype is an error naming the key, not the cache).
+    pub fn check_kv_update(
+        &self,
+        key: &Tensor,
+        value: &Tensor,
+        rows: usize,
+        cache: &KvCache,
+    ) -> Result<DType> {
+        let dtype = cache.spec().dtype;
+        for (what, t) in [("key", key), ("value", value)] {
+            if t.dtype() != dtype {
+                return Err(Error::DType {
+                    what,
+                    got: t.dtype().to_string(),
+                    expected: format!(
+                        "{dtype} (the layer's activation dtype, which the KV cache was built for)"
+                    ),
+                });
+            }
         }
         self.check_kv_input("key", key, rows, dtype)?;
         self.check_kv_input("value", value, rows, dtype)?;

@@ -167,7 +167,18 @@ struct Setup {
 }
 
 fn setup(b: &dyn AttentionBackend, dtype: DType) -> Result<Setup, Box<dyn std::error::Error>> {
-    let params = AttentionParams::new(8, 64, 2);
+    setup_with_cache(b, dtype, CacheDType::Auto)
+}
+
+fn setup_with_cache(
+    b: &dyn AttentionBackend,
+    dtype: DType,
+    cache_dtype: CacheDType,
+) -> Result<Setup, Box<dyn std::error::Error>> {
+    let params = AttentionParams {
+        kv_cache_dtype: cache_dtype,
+        ..AttentionParams::new(8, 64, 2)
+    };
     let case = CaseConfig::new(params.clone(), dtype, 16);
     let spec = BatchSpec::new(&[(1, 20), (5, 5), (3, 19)]);
     let batch = RandomBatch::generate(b, &case, &spec, 11)?;
@@ -176,7 +187,7 @@ fn setup(b: &dyn AttentionBackend, dtype: DType) -> Result<Setup, Box<dyn std::e
         num_kv_heads: 2,
         head_size: 64,
         dtype,
-        cache_dtype: CacheDType::Auto,
+        cache_dtype,
     })?;
     let common = CommonAttentionMetadata::new(&b.device()?, batch.desc.clone())?;
     let md = builder.build(0, &common, false)?;
@@ -215,6 +226,67 @@ fn is_shape(e: &Error) -> bool {
 
 fn is_dtype(e: &Error) -> bool {
     matches!(e, Error::DType { .. })
+}
+
+/// A key or value whose dtype is not the layer's activation dtype is an error that names the
+/// key or value, whatever the cache stores (an `auto` cache of the activation dtype, or an
+/// explicit f16 / fp8 cache that would otherwise convert anything silently).
+#[test]
+fn keys_and_values_must_have_the_activation_dtype() {
+    for_each_backend("kv_input_dtypes", |backend| {
+        let b = backend.as_ref();
+        let dev = b.device()?;
+        for cache_dtype in [CacheDType::Auto, CacheDType::F16, CacheDType::Fp8E4m3] {
+            let config = SelectorConfig::new(64, DType::F32, cache_dtype);
+            if !b.validate_configuration(&config).is_empty() {
+                continue;
+            }
+            let s = setup_with_cache(b, DType::F32, cache_dtype)?;
+            let (n, hkv, d) = (s.n, 2, 64);
+            let layer = &s.batch.layer;
+            let md = s.md.as_ref();
+            let (q, k, v) = (&s.batch.query, &s.batch.key, &s.batch.value);
+            for (what, other) in [("key", DType::F16), ("value", DType::Bf16)] {
+                let mut cache = s.batch.kv_cache.clone();
+                let before = cache.data().to_f32_vec()?;
+                let mut out = s.batch.empty_output()?;
+                let wrong = Tensor::from_f32(&dev, &vec![0.5; n * hkv * d], &[n, hkv, d], other)?;
+                let (kk, vv) = if what == "key" {
+                    (&wrong, v)
+                } else {
+                    (k, &wrong)
+                };
+                let r = s
+                    .imp
+                    .forward(layer, q, Some(kk), Some(vv), &mut cache, md, &mut out);
+                let label = format!("{cache_dtype} cache, {other} {what}");
+                match r {
+                    Err(Error::DType { what: w, .. }) if w == what => {}
+                    Err(e) => {
+                        return Err(fail(format!(
+                            "{label}: expected a {what} dtype error, got {e}"
+                        )))
+                    }
+                    Ok(()) => return Err(fail(format!("{label}: accepted"))),
+                }
+                let r = s.imp.do_kv_cache_update(layer, kk, vv, &mut cache, md);
+                ensure(
+                    matches!(&r, Err(Error::DType { what: w, .. }) if *w == what),
+                    || format!("{label}: do_kv_cache_update gave {r:?}"),
+                )?;
+                // Nothing was written by the rejected calls.
+                let after = cache.data().to_f32_vec()?;
+                ensure(
+                    before
+                        .iter()
+                        .zip(&after)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    || format!("{label}: a rejected call changed the cache"),
+                )?;
+            }
+        }
+        Ok(())
+    });
 }
 
 #[test]

@@ -42,6 +42,26 @@ fn driver_error(what: &str, e: DriverError) -> Error {
     device_error(format!("{what}: {e}"))
 }
 
+/// Whether a driver error leaves the context unusable: after a kernel faults (an illegal
+/// address, a trap, a hardware exception) every later call on that context fails with the
+/// same code, whatever it is.
+fn is_sticky(e: &DriverError) -> bool {
+    use cu::cudaError_enum as E;
+    matches!(
+        e.0,
+        E::CUDA_ERROR_ILLEGAL_ADDRESS
+            | E::CUDA_ERROR_LAUNCH_FAILED
+            | E::CUDA_ERROR_LAUNCH_TIMEOUT
+            | E::CUDA_ERROR_ASSERT
+            | E::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | E::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | E::CUDA_ERROR_MISALIGNED_ADDRESS
+            | E::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | E::CUDA_ERROR_INVALID_PC
+            | E::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
 fn driver_status() -> std::result::Result<i32, String> {
     static STATUS: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
     STATUS
@@ -95,6 +115,9 @@ struct CudaInner {
     sm_count: u32,
     max_smem_optin: u32,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    /// The first sticky fault seen on this context, with what was running: every later call
+    /// reports it instead of the driver's repeat of the code on some unrelated operation.
+    fault: OnceLock<String>,
 }
 
 /// A CUDA GPU: its driver context (opened once per ordinal and shared) and the stream that
@@ -185,7 +208,38 @@ impl CudaDevice {
             sm_count: sm_count.max(1) as u32,
             max_smem_optin: max_smem_optin.max(0) as u32,
             modules: Mutex::new(HashMap::new()),
+            fault: OnceLock::new(),
         })
+    }
+
+    /// A driver error of an operation on this device; a sticky one is recorded as the
+    /// device's fault (see [`CudaDevice::fault`]).
+    pub(crate) fn driver_error(&self, what: &str, e: DriverError) -> Error {
+        let message = format!("{what}: {e}");
+        if is_sticky(&e) {
+            self.inner.fault.get_or_init(|| message.clone());
+        }
+        device_error(message)
+    }
+
+    /// The fault that made this device's context unusable, if one happened: a kernel's
+    /// illegal address, trap or hardware exception, named with the operation that reported
+    /// it. The context cannot recover; the process must be restarted to use the GPU again.
+    pub fn fault(&self) -> Option<&str> {
+        self.inner.fault.get().map(String::as_str)
+    }
+
+    /// `Ok` unless the device has faulted: then the one error every later call returns,
+    /// naming the original fault.
+    pub(crate) fn check_healthy(&self) -> Result<()> {
+        match self.fault() {
+            None => Ok(()),
+            Some(f) => Err(device_error(format!(
+                "CUDA device {} is unusable after an earlier fault ({f}); the driver keeps the \
+                 context in error, so every later call fails: restart the process",
+                self.inner.ordinal
+            ))),
+        }
     }
 
     /// The GPU ordinal.
@@ -291,7 +345,7 @@ impl CudaDevice {
                     .inner
                     .ctx
                     .new_stream()
-                    .map_err(|e| driver_error("creating the capture stream", e))?;
+                    .map_err(|e| self.driver_error("creating the capture stream", e))?;
                 self.inner.capture_stream.get_or_init(|| s).clone()
             }
         };
@@ -304,7 +358,7 @@ impl CudaDevice {
                 cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         }
-        .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
+        .map_err(|e| self.driver_error("cuStreamBeginCapture", e))?;
         let guard = CaptureGuard {
             ctx: self.inner.ctx.clone(),
             stream,
@@ -321,7 +375,7 @@ impl CudaDevice {
         let graph = match (result, ended) {
             (Err(e), _) => return Err(e),
             (Ok(()), Err(e)) => {
-                return Err(driver_error(
+                return Err(self.driver_error(
                     "CUDA graph capture failed (the driver invalidated it: something in the \
                      captured region cannot be captured)",
                     e,
@@ -335,7 +389,7 @@ impl CudaDevice {
         // SAFETY: the executable graph is live (owned by `graph`) and the stream is the
         // device's main stream, which lives as long as the device.
         unsafe { cudarc::driver::result::graph::upload(graph.exec, self.inner.stream.cu_stream()) }
-            .map_err(|e| driver_error("cuGraphUpload", e))?;
+            .map_err(|e| self.driver_error("cuGraphUpload", e))?;
         Ok(graph)
     }
 
@@ -356,18 +410,22 @@ impl CudaDevice {
     /// Waits until all work queued on the device's stream has finished. An error inside a
     /// graph capture.
     pub fn synchronize(&self) -> Result<()> {
+        self.check_healthy()?;
         if self.is_capturing() {
             return Err(self.capture_error("stream synchronize"));
         }
         self.inner
             .stream
             .synchronize()
-            .map_err(|e| driver_error("stream synchronize", e))
+            .map_err(|e| self.driver_error("stream synchronize", e))
     }
 
     /// `len` zeros of `dtype`. An error inside a graph capture (a graph must not allocate).
     pub fn zeros(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
-        let bytes = len * dtype.size_in_bytes();
+        self.check_healthy()?;
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| Error::overflow("CUDA buffer", format!("{len} elements of {dtype}")))?;
         if self.is_capturing() {
             return Err(self.capture_error(&format!("allocating {bytes} bytes")));
         }
@@ -375,7 +433,7 @@ impl CudaDevice {
             .inner
             .stream
             .alloc_zeros::<u8>(bytes.max(1))
-            .map_err(|e| driver_error(&format!("allocating {bytes} bytes"), e))?;
+            .map_err(|e| self.driver_error(&format!("allocating {bytes} bytes"), e))?;
         Ok(CudaStorage { buf, bytes })
     }
 
@@ -388,7 +446,7 @@ impl CudaDevice {
             self.inner
                 .stream
                 .memcpy_htod(src, &mut s.buf.slice_mut(..src.len()))
-                .map_err(|e| driver_error("host-to-device copy", e))?;
+                .map_err(|e| self.driver_error("host-to-device copy", e))?;
         }
         Ok(s)
     }
@@ -396,6 +454,7 @@ impl CudaDevice {
     /// Downloads to host storage of `dtype` (waits for the work queued before it). An error
     /// inside a graph capture.
     pub fn download(&self, s: &CudaStorage, dtype: DType) -> Result<CpuStorage> {
+        self.check_healthy()?;
         if self.is_capturing() {
             return Err(self.capture_error("a device-to-host copy"));
         }
@@ -404,7 +463,7 @@ impl CudaDevice {
             self.inner
                 .stream
                 .memcpy_dtoh(&s.buf.slice(..s.bytes), &mut host)
-                .map_err(|e| driver_error("device-to-host copy", e))?;
+                .map_err(|e| self.driver_error("device-to-host copy", e))?;
             self.synchronize()?;
         }
         Ok(CpuStorage::from_bytes(&host, dtype))
@@ -414,7 +473,7 @@ impl CudaDevice {
     pub fn fill_zeros(&self, s: &mut CudaStorage) -> Result<()> {
         self.stream()
             .memset_zeros(&mut s.buf)
-            .map_err(|e| driver_error("memset", e))
+            .map_err(|e| self.driver_error("memset", e))
     }
 
     /// Queues a device-to-device copy of `src` into `dst` (`dst` at least as large;
@@ -428,7 +487,7 @@ impl CudaDevice {
         }
         self.stream()
             .memcpy_dtod(&src.buf, &mut dst.buf)
-            .map_err(|e| driver_error("device-to-device copy", e))
+            .map_err(|e| self.driver_error("device-to-device copy", e))
     }
 
     /// An uninitialised-looking (zeroed) buffer of `bytes` bytes.
@@ -483,7 +542,7 @@ impl CudaDevice {
                 self.inner.stream.cu_stream(),
             )
         }
-        .map_err(|e| driver_error("host-to-device copy", e))
+        .map_err(|e| self.driver_error("host-to-device copy", e))
     }
 
     /// The module cached under `key`, or the one `build` produces (a cubin or PTX image),
@@ -510,7 +569,7 @@ impl CudaDevice {
             .inner
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(image))
-            .map_err(|e| driver_error(&format!("loading module {key}"), e))?;
+            .map_err(|e| self.driver_error(&format!("loading module {key}"), e))?;
         modules.insert(key.to_string(), module.clone());
         Ok(module)
     }
@@ -613,8 +672,9 @@ impl CudaGraph {
         make_current(&inner.ctx)?;
         // SAFETY: the executable graph is owned by `self` and live; the stream is the device's
         // main stream. The caller keeps the captured buffers alive (type docs).
+        self.device.check_healthy()?;
         unsafe { cudarc::driver::result::graph::launch(self.exec, inner.stream.cu_stream()) }
-            .map_err(|e| driver_error("cuGraphLaunch", e))
+            .map_err(|e| self.device.driver_error("cuGraphLaunch", e))
     }
 
     /// The device the graph was captured on.
@@ -699,5 +759,101 @@ impl fmt::Debug for CudaStorage {
         f.debug_struct("CudaStorage")
             .field("bytes", &self.bytes)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel that stores to address 0: the illegal-address fault, written in PTX so the
+    /// driver's JIT builds it without NVRTC.
+    const FAULTING_PTX: &str = "
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry polyattn_fault()
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    mov.u64 %rd1, 0;
+    mov.u32 %r1, 1;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+
+    /// Set in the child process that faults (a fault poisons the context of the whole
+    /// process, so it must not happen inside the test binary's shared process).
+    const CHILD: &str = "CUDA_FAULT_TEST_CHILD";
+
+    #[test]
+    fn after_a_fault_every_call_names_the_original_fault() {
+        if std::env::var_os(CHILD).is_some() {
+            fault_then_check();
+            return;
+        }
+        if let Err(why) = CudaDevice::driver_status()
+            .and_then(|_| CudaDevice::new(0).map(|_| ()).map_err(|e| e.to_string()))
+        {
+            eprintln!(
+                "SKIP after_a_fault_every_call_names_the_original_fault: no CUDA device ({why})"
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "device::cuda::tests::after_a_fault_every_call_names_the_original_fault",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+    }
+
+    fn fault_then_check() {
+        let dev = CudaDevice::new(0).unwrap();
+        assert!(dev.fault().is_none());
+        let module = dev
+            .inner
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(FAULTING_PTX))
+            .unwrap();
+        let f = module.load_function("polyattn_fault").unwrap();
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes no argument; that it faults is the point of the test.
+        let launched = unsafe { dev.stream().launch_builder(&f).launch(cfg) };
+        if let Err(e) = launched {
+            let _ = dev.driver_error("kernel launch", e);
+        }
+        let first = dev.synchronize().unwrap_err().to_string();
+        let fault = dev.fault().expect("the fault is recorded").to_string();
+        assert!(fault.contains("ILLEGAL_ADDRESS"), "{fault}");
+        assert!(first.contains("ILLEGAL_ADDRESS"), "{first}");
+        // Every later call, whatever it is, names the original fault.
+        let later = [
+            dev.zeros(16, DType::F32).map(|_| ()).unwrap_err(),
+            dev.synchronize().unwrap_err(),
+            dev.upload(&CpuStorage::F32(vec![1.0; 4]), DType::F32)
+                .map(|_| ())
+                .unwrap_err(),
+        ];
+        for e in later {
+            let m = e.to_string();
+            assert!(m.contains("earlier fault") && m.contains(&fault), "{m}");
+        }
     }
 }

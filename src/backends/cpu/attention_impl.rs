@@ -159,7 +159,9 @@ impl AttentionImpl for CpuAttentionImpl {
     ) -> Result<()> {
         let md = self.metadata(metadata)?;
         let slots = md.common.slot_mapping_cpu();
-        let dtype = self.params.check_kv_update(key, value, slots.len())?;
+        let dtype = self
+            .params
+            .check_kv_update(key, value, slots.len(), kv_cache)?;
         self.check_cache(kv_cache, dtype, md)?;
         let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, dtype)?;
         let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, dtype)?;

@@ -652,7 +652,7 @@ impl AttentionImpl for CudaAttentionImpl {
         let md = self.metadata(metadata)?;
         let p = &self.params;
         let n = md.common.slot_mapping_cpu().len();
-        let dtype = p.check_kv_update(key, value, n)?;
+        let dtype = p.check_kv_update(key, value, n, kv_cache)?;
         let k = tensor_ptr(&self.device, key, "key")?;
         let v = tensor_ptr(&self.device, value, "value")?;
         let cache = self.check_cache(kv_cache, dtype, md)?;

@@ -466,6 +466,17 @@ pub(crate) fn launch<P: DeviceRepr>(
     if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
         return Ok(());
     }
+    // The driver's grid limits (x < 2^31, y and z ≤ 65535, 1024 threads a block): a grid
+    // past them is a typed error here, not a launch failure that names no size.
+    let (gx, gy, gz) = cfg.grid_dim;
+    let (bx, by, bz) = cfg.block_dim;
+    if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 || bx * by * bz > 1024 {
+        return Err(Error::config(format!(
+            "a CUDA launch of grid {:?} × block {:?} exceeds the device's limits (grid x < 2^31, \
+             y and z ≤ 65535, 1024 threads a block): the batch is too large for one launch",
+            cfg.grid_dim, cfg.block_dim
+        )));
+    }
     if cfg.shared_mem_bytes > 48 * 1024 {
         if cfg.shared_mem_bytes > device.max_shared_memory_per_block() {
             return Err(nvrtc_error(format!(
@@ -484,6 +495,7 @@ pub(crate) fn launch<P: DeviceRepr>(
         }
         .map_err(|e| nvrtc_error(format!("raising the shared-memory limit: {e}")))?;
     }
+    device.check_healthy()?;
     let stream = device.stream();
     let mut b = stream.launch_builder(f);
     b.arg(params);
@@ -495,7 +507,7 @@ pub(crate) fn launch<P: DeviceRepr>(
     // kernel's header requires (checked by the impl before the launch); work is stream-ordered.
     unsafe { b.launch(cfg) }
         .map(|_| ())
-        .map_err(|e| nvrtc_error(format!("kernel launch failed: {e}")))
+        .map_err(|e| device.driver_error("kernel launch", e))
 }
 
 /// `ReshapeParams` of `reshape_and_cache.cu`.

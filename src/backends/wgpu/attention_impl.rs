@@ -519,7 +519,7 @@ impl WgpuAttentionImpl {
         md: &WgpuAttentionMetadata,
     ) -> Result<()> {
         let rows = md.common.slot_mapping_cpu().len();
-        let dtype = self.params.check_kv_update(key, value, rows)?;
+        let dtype = self.params.check_kv_update(key, value, rows, kv_cache)?;
         self.check_cache(kv_cache, dtype, md)
     }
 
