@@ -1,5 +1,6 @@
 //! The impl contracts ([`AttentionImpl`], [`MlaAttentionImpl`]), their constructor parameters
-//! ([`AttentionParams`]) and the model-facing layer object ([`Attention`]).
+//! ([`AttentionParams`]) and the per-layer state ([`AttentionLayer`]). The model-facing layer
+//! object, which also selects a backend, is [`crate::layer::Attention`].
 //!
 //! vLLM constructs one impl per layer with the layer's hyper-parameters, then calls
 //! `forward(layer, query, key, value, kv_cache, attn_metadata, output)` every step. polyattn
@@ -7,12 +8,12 @@
 //! into the cache (vLLM's `forward_includes_kv_cache_update = True` behaviour), so model code
 //! makes one call per layer; `do_kv_cache_update` stays available on its own.
 
-use crate::backend::{AttentionBackend, AttentionType, BackendRef, SelectorConfig};
+use crate::capability::AttentionType;
 use crate::device::Tensor;
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::metadata::{AttentionMetadata, AttentionMetadataBuilder};
+use crate::metadata::AttentionMetadata;
 
 /// The hyper-parameters an impl is constructed with (vLLM's `AttentionImpl.__init__`).
 #[derive(Clone, Debug, PartialEq)]
@@ -378,7 +379,7 @@ pub trait AttentionImpl: Send + Sync {
 /// on the latent cache with absorbed weights, prefill as MHA. There is no plain `forward`.
 ///
 /// No built-in backend implements it yet; the contract is fixed here so that MLA backends and
-/// plugins plug into the same registry and selector (`use_mla` in [`SelectorConfig`]).
+/// plugins plug into the same registry and selector (`use_mla` in [`SelectorConfig`](crate::backend::SelectorConfig)).
 pub trait MlaAttentionImpl: Send + Sync {
     /// Decode: `q [B, N, kv_lora_rank + rope_dim]` against the latent cache
     /// `[blocks, block_size, kv_lora_rank + rope_dim]`; writes `output [B, N, kv_lora_rank]`
@@ -405,100 +406,6 @@ pub trait MlaAttentionImpl: Send + Sync {
         metadata: &dyn AttentionMetadata,
         output: &mut Tensor,
     ) -> Result<()>;
-}
-
-/// The model-facing attention layer: one per model layer, identical on every backend.
-///
-/// It owns the layer state and the backend's impl; model code builds the batch metadata once
-/// per step with the backend's builder ([`Attention::backend`]) and calls [`Attention::forward`].
-pub struct Attention {
-    layer: AttentionLayer,
-    backend: BackendRef,
-    imp: Box<dyn AttentionImpl>,
-}
-
-impl Attention {
-    /// Builds the layer on the backend the selector picks for it (honouring
-    /// `POLYATTN_BACKEND`).
-    pub fn new(
-        layer: AttentionLayer,
-        params: AttentionParams,
-        dtype: crate::DType,
-        block_size: Option<u32>,
-    ) -> Result<Self> {
-        params.validate()?;
-        let config = SelectorConfig::for_layer(&params, dtype, block_size);
-        let backend = crate::selector::get_attn_backend(&config)?;
-        Self::on_backend(layer, params, backend)
-    }
-
-    /// Builds the layer on a given backend (no selection), after validating the
-    /// configuration against it.
-    pub fn on_backend(
-        layer: AttentionLayer,
-        params: AttentionParams,
-        backend: BackendRef,
-    ) -> Result<Self> {
-        params.validate()?;
-        let imp = backend.make_impl(params)?;
-        Ok(Attention {
-            layer,
-            backend,
-            imp,
-        })
-    }
-
-    /// The backend it runs on.
-    pub fn backend(&self) -> &dyn AttentionBackend {
-        self.backend.as_ref()
-    }
-
-    /// A shared handle to its backend.
-    pub fn backend_ref(&self) -> BackendRef {
-        self.backend.clone()
-    }
-
-    /// The layer state.
-    pub fn layer(&self) -> &AttentionLayer {
-        &self.layer
-    }
-
-    /// The impl.
-    pub fn imp(&self) -> &dyn AttentionImpl {
-        self.imp.as_ref()
-    }
-
-    /// A metadata builder for this layer's KV-cache group.
-    pub fn make_builder(
-        &self,
-        spec: &crate::kv_cache::KvCacheSpec,
-    ) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        self.backend.make_builder(spec)
-    }
-
-    /// Runs the layer: writes `key` / `value` into the cache, attends, fills `output`.
-    pub fn forward(
-        &self,
-        query: &Tensor,
-        key: Option<&Tensor>,
-        value: Option<&Tensor>,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-        output: &mut Tensor,
-    ) -> Result<()> {
-        self.imp
-            .forward(&self.layer, query, key, value, kv_cache, metadata, output)
-    }
-}
-
-impl std::fmt::Debug for Attention {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Attention")
-            .field("layer", &self.layer)
-            .field("backend", &self.backend.name())
-            .field("params", self.imp.params())
-            .finish()
-    }
 }
 
 #[cfg(test)]

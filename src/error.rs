@@ -3,7 +3,7 @@
 //! Every message says what was wrong and, where there is one, what would be valid: a user who
 //! sees it should not need to read the source to fix the call.
 
-use crate::backend::Reason;
+use crate::capability::Reason;
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

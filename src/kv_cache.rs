@@ -5,8 +5,12 @@
 //! physical order follows the backend's [`KvLayout`]: NHD keeps a token's heads together, HND a
 //! head's tokens together (what a CPU or GPU kernel that walks one head wants). Slot `s` is
 //! token `s % block_size` of block `s / block_size`.
+//!
+//! The cache knows nothing of backends: [`KvCache::with_layout`] allocates one on a device in
+//! a given layout, and `KvCache::new`, which applies a backend's shape rules and layout, is
+//! implemented next to the descriptor in [`crate::backend`].
 
-use crate::backend::{AttentionBackend, KvLayout};
+use crate::capability::KvLayout;
 use crate::device::{Device, Tensor};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
@@ -67,24 +71,6 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Allocates a zeroed cache with the layout and shape rules of `backend`.
-    pub fn new(
-        backend: &dyn AttentionBackend,
-        spec: KvCacheSpec,
-        num_blocks: usize,
-    ) -> Result<Self> {
-        backend.kv_cache_shape(
-            num_blocks,
-            spec.block_size,
-            spec.num_kv_heads,
-            spec.head_size,
-            spec.cache_dtype,
-        )?;
-        backend.check_kv_cache(&spec, num_blocks)?;
-        let device = backend.device()?;
-        Self::with_layout(&device, spec, num_blocks, backend.capabilities().kv_layout)
-    }
-
     /// Allocates a zeroed cache with an explicit layout.
     pub fn with_layout(
         device: &Device,

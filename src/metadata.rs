@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::fmt::Debug;
 
-use crate::backend::GraphCaptureSupport;
+use crate::capability::GraphCaptureSupport;
 use crate::device::{Device, Tensor};
 use crate::error::{Error, Result};
 

@@ -21,7 +21,7 @@
 //! keys and values *as the cache stores them*. [`merge_attn_states`] is the f64 version of
 //! vLLM's LSE merge and [`compare`] checks a backend's f32 results against any of these.
 
-use crate::backend::AttentionType;
+use crate::capability::AttentionType;
 use crate::error::{Error, Result};
 use crate::testing::{RandomBatch, Tolerance};
 
