@@ -19,8 +19,12 @@
 //! `--naive-max-gflop`), the floor to beat (§7). Slow rows stop after three repetitions once
 //! `--cap` seconds were spent timing them, so the C set takes a few minutes on 2 cores.
 //!
+//! Rows are printed on stdout as each finishes, and the `--json` file is rewritten whole
+//! (atomically) after each one, so a run stopped part-way keeps every finished row
+//! ([`sink`]); `--quiet` silences only the progress bar on stderr.
+//!
 //! Modules: [`shapes`] (the table), [`formulas`] (§8), [`timing`], [`peaks`], [`inputs`],
-//! [`naive`], [`report`], [`chart`], [`machine`].
+//! [`naive`], [`report`], [`sink`], [`chart`], [`machine`].
 
 pub mod chart;
 pub mod formulas;
@@ -31,6 +35,7 @@ pub mod naive;
 pub mod peaks;
 pub mod report;
 pub mod shapes;
+pub mod sink;
 pub mod timing;
 
 use std::collections::BTreeMap;
@@ -168,7 +173,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5)]
     pub probe_trials: usize,
 
-    /// No progress bar on stderr.
+    /// No progress bar on stderr (rows are still printed on stdout as they finish).
     #[arg(long)]
     pub quiet: bool,
 }
@@ -247,15 +252,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut files: Vec<BenchFile> = Vec::new();
     let mut sources: Vec<String> = Vec::new();
     if args.from.is_empty() {
+        // Prints each row as it finishes and keeps the --json file current.
         let file = run_benchmarks(args)?;
         if let Some(path) = &args.json {
-            file.save(path)?;
             eprintln!("wrote {}", path.display());
             sources.push(path.display().to_string());
         } else {
             sources.push("this run".into());
         }
-        print!("{}", report::table(&file));
         files.push(file);
     } else {
         for p in &args.from {
@@ -564,6 +568,16 @@ impl Progress {
         self.done += 1;
     }
 
+    /// Clears the bar from a terminal, so that a row printed on stdout does not land on it
+    /// (the next [`Progress::show`] draws it again).
+    fn clear(&self) {
+        if !self.quiet && self.tty {
+            let mut e = std::io::stderr().lock();
+            let _ = write!(e, "\r\x1b[2K");
+            let _ = e.flush();
+        }
+    }
+
     fn finish(&self) {
         if !self.quiet && self.tty {
             eprintln!();
@@ -711,12 +725,23 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
     let any_gpu = jobs
         .iter()
         .any(|j| matches!(&j.backend, Ok(b) if b.device_kind() != DeviceKind::Cpu));
-    let mut machine = Machine::collect(any_gpu);
+    let mut progress = Progress::new(
+        jobs.iter().map(|j| 1 + usize::from(j.naive)).sum(),
+        args.quiet,
+    );
+    let mut sink = sink::ResultSink::new(
+        std::io::stdout(),
+        args.json.clone(),
+        BenchFile {
+            schema: SCHEMA.into(),
+            generator: format!("polyattn bench {}", env!("CARGO_PKG_VERSION")),
+            command: command_line(),
+            machine: Machine::collect(any_gpu),
+            peaks: Vec::new(),
+            rows: Vec::new(),
+        },
+    )?;
     let mut peaks_by_device: BTreeMap<String, Option<Peaks>> = BTreeMap::new();
-    let mut peaks_list: Vec<Peaks> = Vec::new();
-    let mut rows: Vec<Row> = Vec::new();
-    let total: usize = jobs.iter().map(|j| 1 + usize::from(j.naive)).sum();
-    let mut progress = Progress::new(total, args.quiet);
     let max_bytes = args
         .max_gb
         .map(|g| g * 1e9)
@@ -729,7 +754,7 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             Err((name, why)) => {
                 let mut r = blank_row(&job.case, name, "", job.dtype, job.kv);
                 r.note = Some(why.clone());
-                rows.push(r);
+                emit(&mut sink, &progress, r)?;
                 progress.step();
                 continue;
             }
@@ -740,7 +765,7 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
                 let mut r = blank_row(&job.case, backend.name(), "", job.dtype, job.kv);
                 r.status = Status::Error;
                 r.note = Some(e.to_string());
-                rows.push(r);
+                emit(&mut sink, &progress, r)?;
                 progress.step();
                 continue;
             }
@@ -755,7 +780,8 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             };
             let p = match peaks::measure(&device, job.dtype, &cfg) {
                 Ok(p) => {
-                    peaks_list.push(p.clone());
+                    progress.clear();
+                    sink.ceilings(p.clone())?;
                     Some(p)
                 }
                 Err(e) => {
@@ -779,7 +805,7 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
                     sets.min(2),
                     max / 1e9
                 ));
-                rows.push(row);
+                emit(&mut sink, &progress, row)?;
                 progress.step();
                 if job.naive {
                     progress.step();
@@ -812,7 +838,7 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
                 row.note = Some(e.to_string());
             }
         }
-        rows.push(row);
+        emit(&mut sink, &progress, row)?;
         progress.step();
 
         if job.naive {
@@ -845,24 +871,25 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
                 r.timer = Some(timer.method().to_string());
                 r.note = Some("naive matmul→softmax→matmul, full score rows".into());
             }
-            rows.push(r);
+            emit(&mut sink, &progress, r)?;
             progress.step();
         }
     }
     progress.show("done");
     progress.finish();
-    machine.finish();
-    for row in &mut rows {
-        label_kernel_switches(row, std::env::vars());
-    }
-    Ok(BenchFile {
-        schema: SCHEMA.into(),
-        generator: format!("polyattn bench {}", env!("CARGO_PKG_VERSION")),
-        command: command_line(),
-        machine,
-        peaks: peaks_list,
-        rows,
-    })
+    sink.finish(|f| f.machine.finish())
+}
+
+/// Hands a finished row to the sink (printed, saved), with the kernel switches of its backend
+/// noted.
+fn emit<W: std::io::Write>(
+    sink: &mut sink::ResultSink<W>,
+    progress: &Progress,
+    mut row: Row,
+) -> Result<()> {
+    label_kernel_switches(&mut row, std::env::vars());
+    progress.clear();
+    sink.row(row)
 }
 
 /// Builds the input sets of one row, times it, and checks the output is finite.

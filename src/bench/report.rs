@@ -141,11 +141,13 @@ pub struct BenchFile {
 }
 
 impl BenchFile {
-    /// Writes pretty JSON.
+    /// Writes pretty JSON, atomically: the whole document goes to a temporary file beside
+    /// `path`, which is then renamed over it, so `path` always holds a complete file (the
+    /// previous one or this one) even when the process is stopped while writing.
     pub fn save(&self, path: &Path) -> Result<()> {
         let s =
             serde_json::to_string_pretty(self).map_err(|e| Error::config(format!("JSON: {e}")))?;
-        write_file(path, &(s + "\n"))
+        write_file_atomic(path, &(s + "\n"))
     }
 
     /// Reads a file written by `polyattn bench --json` or the Python reference.
@@ -181,6 +183,23 @@ pub fn write_file(path: &Path, text: &str) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     }
     std::fs::write(path, text).map_err(|e| io_err(path, e))
+}
+
+/// Writes `text` to a temporary file in the folder of `path` (created when missing), then
+/// renames it over `path`: readers see the old content or the new, never a partial file.
+pub fn write_file_atomic(path: &Path, text: &str) -> Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::config(format!("{}: not a file name", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    write_file(&tmp, text)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err(path, e)
+    })
 }
 
 /// `1234.5`, `12.3`, `0.0213`: three or four significant digits without exponent.
@@ -279,6 +298,28 @@ pub fn peaks_lines(peaks: &[Peaks]) -> Vec<String> {
         .collect()
 }
 
+/// One table line: text columns left-aligned, numeric ones (3..=8) right-aligned, padded to
+/// `w` (a cell wider than its column pushes the rest right).
+fn table_line(c: &[String], w: &[usize; 10]) -> String {
+    let mut s = String::new();
+    for (i, x) in c.iter().enumerate() {
+        let pad = w[i].saturating_sub(x.chars().count());
+        if (3..=8).contains(&i) {
+            s.push_str(&" ".repeat(pad));
+            s.push_str(x);
+        } else {
+            s.push_str(x);
+            if i < 9 {
+                s.push_str(&" ".repeat(pad));
+            }
+        }
+        if i < 9 {
+            s.push_str("  ");
+        }
+    }
+    s.trim_end().to_string()
+}
+
 /// The readable table: peaks first, then one line per row.
 pub fn table(file: &BenchFile) -> String {
     let mut out = String::new();
@@ -293,30 +334,25 @@ pub fn table(file: &BenchFile) -> String {
             w[i] = w[i].max(c.chars().count());
         }
     }
-    let line = |c: &[String]| {
-        let mut s = String::new();
-        for (i, x) in c.iter().enumerate() {
-            let pad = w[i].saturating_sub(x.chars().count());
-            if (3..=8).contains(&i) {
-                s.push_str(&" ".repeat(pad));
-                s.push_str(x);
-            } else {
-                s.push_str(x);
-                if i < 9 {
-                    s.push_str(&" ".repeat(pad));
-                }
-            }
-            if i < 9 {
-                s.push_str("  ");
-            }
-        }
-        s.trim_end().to_string()
-    };
-    let _ = writeln!(out, "{}", line(&HEADERS.map(String::from)));
+    let _ = writeln!(out, "{}", table_line(&HEADERS.map(String::from), &w));
     for r in &rows {
-        let _ = writeln!(out, "{}", line(r));
+        let _ = writeln!(out, "{}", table_line(r, &w));
     }
     out
+}
+
+/// Column widths of the table printed row by row while a run goes on (the rows are not
+/// known yet): wide enough for the usual ids, backends and numbers.
+const STREAM_WIDTHS: [usize; 10] = [24, 9, 17, 9, 15, 8, 8, 7, 10, 0];
+
+/// The header of the table printed row by row ([`stream_line`] gives each row).
+pub fn stream_header() -> String {
+    table_line(&HEADERS.map(String::from), &STREAM_WIDTHS)
+}
+
+/// One row of the table printed row by row, in the columns of [`stream_header`].
+pub fn stream_line(r: &Row) -> String {
+    table_line(&cells(r), &STREAM_WIDTHS)
 }
 
 /// Our rows against reference rows (PyTorch SDPA on the same card): per case, our median and
