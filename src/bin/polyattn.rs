@@ -1,4 +1,4 @@
-//! `polyattn`: what runs here (`info`), is it right (`check`), how fast (`bench`).
+//! `polyattn`: what runs here (`info`), is it right (`check`, `fuzz`), how fast (`bench`).
 
 use std::process::ExitCode;
 
@@ -20,6 +20,9 @@ enum Command {
     Info(cli::info::InfoArgs),
     /// One random batch on every available backend, checked against the f64 reference.
     Check(cli::check::CheckArgs),
+    /// Seeded random valid batches against the reference and invalid inputs that must be
+    /// typed errors, for a number of cases or seconds; exits non-zero on any failure.
+    Fuzz(cli::fuzz::FuzzArgs),
     /// Benchmarks on the perf-anchor shapes, with fractions of the ceilings measured in the
     /// same run (`--json`, an SVG roofline, `--compare` with the PyTorch reference).
     Bench(Box<polyattn::bench::BenchArgs>),
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Info(a) => cli::info::run(a),
         Command::Check(a) => cli::check::run(a),
+        Command::Fuzz(a) => cli::fuzz::run(a),
         Command::Bench(a) => polyattn::bench::run(a).map(|()| true),
     };
     match result {

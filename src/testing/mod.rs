@@ -3,6 +3,7 @@
 //! bodies on their own devices.
 
 mod batch;
+pub mod fuzz;
 mod rng;
 
 pub use batch::{round_to, round_to_cache, BatchSpec, CaseConfig, RandomBatch};

@@ -2,5 +2,6 @@
 
 pub mod check;
 pub mod config;
+pub mod fuzz;
 pub mod info;
 pub mod log;
