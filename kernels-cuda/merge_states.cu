@@ -6,7 +6,9 @@
 // b = exp(lse_s - m); out = o_p * (a / (a+b)) + o_s * (b / (a+b)) in f32 (the weights are
 // formed first, then multiplied); out_lse = ln(a+b) + m. Tokens t >= prefill_tokens copy the
 // suffix (out = o_s, out_lse = lse_s). Both sides empty gives out = 0 and out_lse = -inf (vLLM
-// gives NaN there; src/backends/cpu/kernels/merge_states.rs documents the choice).
+// gives NaN there; src/backends/cpu/kernels/merge_states.rs documents the choice). A side of
+// weight 0 (empty or underflowed) is excluded by selection, so NaN / inf in its row never
+// reaches the output.
 //
 // Grid: merge_attn_states_vec (the host's choice when D % 8 == 0): one thread per 8
 // consecutive elements of a (t, h) row (row r = t * H + h, D / 8 threads per row, flat over
@@ -87,8 +89,9 @@ extern "C" __global__ void merge_attn_states(const MergeParams p) {
         return;
     }
     for (int d = threadIdx.x; d < p.head_size; d += blockDim.x) {
-        const float v = pa_load(p.o_p, row + d, p.in_dtype) * wa +
-                        pa_load(p.o_s, row + d, p.in_dtype) * wb;
+        const float vp = wa != 0.0f ? pa_load(p.o_p, row + d, p.in_dtype) * wa : 0.0f;
+        const float vs = wb != 0.0f ? pa_load(p.o_s, row + d, p.in_dtype) * wb : 0.0f;
+        const float v = vp + vs;
         pa_store(p.out, row + d, p.out_dtype, v);
     }
     if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = lse;
@@ -144,7 +147,12 @@ extern "C" __global__ void merge_attn_states_vec(const MergeParams p) {
     float wa, wb;
     const float lse = pm_weights(lp, ls_raw, &wa, &wb);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) vs[k] = lse == -PA_INF ? 0.0f : vp[k] * wa + vs[k] * wb;
+    for (int k = 0; k < 8; ++k) {
+        // A side of weight 0 is dropped by selection (0 * inf is NaN).
+        const float a = wa != 0.0f ? vp[k] * wa : 0.0f;
+        const float b = wb != 0.0f ? vs[k] * wb : 0.0f;
+        vs[k] = lse == -PA_INF ? 0.0f : a + b;
+    }
     pm_store8(p.out, i, p.out_dtype, vs);
     if (p.out_lse != 0 && c == 0) p.out_lse[li] = lse;
 }

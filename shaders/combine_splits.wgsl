@@ -100,7 +100,8 @@ fn main(
                     let a = exp(m - m_new);
                     let b = exp(mls[j].x - m_new);
                     l = l * a + mls[j].y * b;
-                    o = o * a + parts[j] * b;
+                    // A partial that saw no key (l = 0) adds nothing, by selection.
+                    o = o * a + select(vec4<f32>(0.0), parts[j] * b, mls[j].y > 0.0);
                     m = m_new;
                 }
             }

@@ -4,6 +4,8 @@
 //   m = max(lse_p, lse_s), a = exp(lse_p − m), b = exp(lse_s − m),
 //   out = o_p·a/(a+b) + o_s·b/(a+b), out_lse = ln(a+b) + m;
 //   both sides empty: out = 0, out_lse = −inf (the CPU backend's choice; vLLM gives NaN);
+//   a side that is empty or whose weight is 0 is excluded by selection: its output row is
+//   not read (or its product is not added), so NaN / inf there cannot reach the result;
 //   tokens t ≥ prefill_tokens_with_context copy the suffix.
 // Computed in f32 like the CPU kernel (src/backends/cpu/kernels/merge_states.rs).
 //
@@ -62,11 +64,11 @@ fn main(
     } else if is_empty(lp) && is_empty(ls) {
         o = vec4<f32>(0.0);
     } else if is_empty(lp) {
-        // a = 0, b = 1: out = o_p·0 + o_s·1, out_lse = lse_s.
-        o = po_load4(e) * 0.0 + so_load4(e);
+        // a = 0, b = 1: out = o_s (o_p is not read: an empty side's row may hold anything).
+        o = so_load4(e);
         out_bits = ls;
     } else if is_empty(ls) {
-        o = po_load4(e) + so_load4(e) * 0.0;
+        o = po_load4(e);
         out_bits = lp;
     } else {
         let fp = bitcast<f32>(lp);
@@ -75,7 +77,11 @@ fn main(
         let a = exp(fp - m);
         let b = exp(fs - m);
         let z = a + b;
-        o = po_load4(e) * (a / z) + so_load4(e) * (b / z);
+        // A side whose weight underflowed to 0 is dropped by selection, not by a zero
+        // product (0 · inf is NaN).
+        let zero = vec4<f32>(0.0);
+        o = select(zero, po_load4(e) * (a / z), a > 0.0)
+            + select(zero, so_load4(e) * (b / z), b > 0.0);
         out_bits = bitcast<u32>(log(z) + m);
     }
     out_store4(e, o);

@@ -81,28 +81,30 @@
 //     loads; an f16 cache is bound as array<vec4<f16>>, so K / V words go to kv_s without
 //     conversion). Phase A (`tile_scores_h`): per score a vec4<f16> partial — four
 //     independent f16 accumulators — takes one vec4<f16> FMA (2 packed HFMA2) per vec4
-//     column; after FA = 32 columns (at D ≤ 128: at the end of the dot product) its lanes
-//     are added pairwise in f16 and the two halves added to the f32 score. The softmax
+//     column; after FA = 4 columns its lanes are added pairwise in f16 and the two halves
+//     added to the f32 score, so the score is an f32 sum of short f16 partials. The softmax
 //     (modifiers, mask, max, exp, sums, running m / l / α) stays f32; P is rounded to f16
 //     when stored. Phase C: per key, hacc += vec4<f16>(p)·v (vec4<f16> FMAs into f16
 //     partials `hacc`, one per output vec4), and after the chunk's BN keys acc = acc·α + hacc
 //     in f32, so no f16 sum spans more than one chunk and the error does not grow with the
 //     sequence length.
-//     Error bound (u = 2^-11, the f16 unit roundoff): a phase-A lane sums at most FA = 32
-//     products of f16 values (q pre-scaled, one rounding) with one rounding per FMA, plus
-//     one pairwise add, so |Δs| ≤ 34u·Σ_i |q_i·scale·k_i| in the worst case; rounding errors
-//     of random sign grow like √34, not 34: for the tests' unit-normal q, k at D = 128
-//     (Σ|q_i k_i|·scale ≈ 7, partial sums mostly below 2) a typical |Δs| is ~2e-3. A score
-//     error δ perturbs the output by at most ~|δ|·max|v − out|. Phase C: each hacc lane sums
-//     ≤ BN products p·v (p ≤ 1 rounded to f16, v exact) per chunk, so the chunk's error is
-//     ≤ (BN + 1)u·Σ p|v| and the output's, after dividing by l ≥ Σ p, ≤ (BN + 1)u·max|v|
-//     (8e-3·max|v| at BN = 16), whatever the sequence length; typically ~√BN·u·|v|. Against
-//     the f16 tolerance of the shared tests (atol 1.5e-2, rtol 1e-2) that leaves a margin:
-//     on lavapipe, unit-normal inputs at D = 128 (256 and 1024 keys) and D = 64 (2048 keys)
-//     gave max |error| 4.6e-3 / 3.3e-3 / 2.8e-3 against tiled2's 7.5e-4 / 8.2e-4 / 7.4e-4
-//     (measured when this form was added). Not for activations whose partial sums can leave the f16 range (|x| >
-//     65504: an inf / NaN output) or whose scores are large (an |s| ~ 30 partial has an
-//     f16 ulp of 2^-6): those layers keep tiled2.
+//     Error bound (u = 2^-11, the f16 unit roundoff; q pre-scaled, rounded once to f16):
+//     phase A: a lane sums FA = 4 products with one rounding per FMA, then one pairwise
+//     add, each rounding relative to a partial of at most 8 products, so
+//     |Δs| ≤ 6u·Σ_i |q_i·scale·k_i| (plus the f32 sum's ~D/8·2^-24 relative, negligible),
+//     whatever the head size and the size of the logit: an f16 sum over the whole dot
+//     product (the earlier FA = 32) rounds relative to partials that grow with the logit,
+//     an absolute error of ~ulp(|s|/4) per step (|s| ≈ 30: 2^-8) that reached 3.6e-2 in
+//     the output at D = 136. Rounding errors of random sign grow like √(D/4), not D: at
+//     D = 128 and |s| ~ 30 a typical |Δs| is ~2e-3. A score error δ perturbs the output by
+//     at most ~|δ|·max|v − out|. Phase C: each hacc lane sums ≤ BN products p·v (p ≤ 1
+//     rounded to f16, v exact) per chunk, so the chunk's error is ≤ (BN + 1)u·Σ p|v| and
+//     the output's, after dividing by l ≥ Σ p, ≤ (BN + 1)u·max|v| whatever the sequence
+//     length and the logit range (p ≤ 1 bounds every partial by Σ p|v|); typically
+//     ~√BN·u·|v| (4e-3·|v| at BN = 64). Against the f16 tolerance of the shared tests
+//     (atol 1.5e-2, rtol 1e-2) that leaves a margin (tests/stale_cache.rs drives |s| to ~30
+//     at D = 136 and 256). Not for activations whose partial sums can leave the f16 range
+//     (|x| > 65504: an inf / NaN output): those layers keep tiled2.
 // All forms share `tile_scores` (phase A; tiled2h branches to `tile_scores_h`), the
 // phase-C function `out_chunk` (tiled2h: with its f16 partials) and the epilogue; the
 // generator (`AttentionShader::source`) sets DU = JU = 1, KB_LEN = BN, M_BUFS = 1 and

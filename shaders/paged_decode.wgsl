@@ -61,8 +61,14 @@
 // granules, so every granule address is aligned; items come from validated metadata (keys <
 // seq_len ≤ width·block_size, block ids < the cache's blocks, tokens < the query's rows,
 // n_rows ≤ ROWS, slots < the scratch's). Keys past the range read granules of key 0 of
-// block 0 (inside the buffer) and are masked; lanes past the last granule (NG not a multiple
-// of TPK) re-read granule NG − 1 and are masked; rows ≥ n_rows are never loaded or stored.
+// block 0 (inside the buffer); lanes past the last granule (NG not a multiple of TPK)
+// re-read granule NG − 1; rows ≥ n_rows are never loaded or stored.
+//
+// Stale cache contents: any slot the item may not read (block 0, the tail of a last block,
+// keys outside every row's window) may hold NaN or ±inf. Such a key is excluded by
+// selection, never by multiplying by zero: its score is never used (the softmax takes only
+// keys that are in range and visible, and gives the rest p = 0 by assignment), and its V
+// granules are replaced by 0 through `select` before P·V (0 · inf is NaN).
 
 @group(0) @binding(2) var<storage, read> kv_buf: array<Gran>;
 @group(0) @binding(3) var<storage, read> block_table: array<i32>;
@@ -294,7 +300,12 @@ fn main(
 
         // 3. Online softmax per row, then acc += P·V. A step whose keys are all in range,
         //    visible to every row and unmodified (the common case) takes the short form.
+        //    `klive` bit u: key u is in range and visible to some row; the V granules of the
+        //    other keys (stale cache contents: NaN / inf possible) are replaced by 0 before
+        //    P·V, since p = 0 times inf would still be NaN.
+        var klive = 0u;
         if no_modifier && it >= plain.x && it + STEP <= plain.y {
+            klive = (1u << U) - 1u;
             // @unroll
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 if r < n_rows {
@@ -342,6 +353,7 @@ fn main(
                             live = live | (1u << u);
                         }
                     }
+                    klive = klive | live;
                     var sum = 0.0;
                     // @unroll
                     for (var u = 0u; u < U; u = u + 1u) {
@@ -369,9 +381,10 @@ fn main(
         }
         // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
+            let key_ok = (klive & (1u << u)) != 0u;
             // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
-                let live = FULL == 1u || c + k * TPK < NG;
+                let live = key_ok && (FULL == 1u || c + k * TPK < NG);
                 // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
                     let vv = select(vec4<f32>(0.0), unpack4(cur.vgr[u * GPT + k], i), live);

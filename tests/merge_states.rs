@@ -74,6 +74,12 @@ fn cases() -> Vec<Case> {
 }
 
 fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
+    run_case_poisoned(backend, c, false)
+}
+
+/// One merge; with `poison_empty`, the output row of every empty side (LSE +inf) holds NaN /
+/// ±inf on the device (the reference merges the clean rows): an empty side must not be read.
+fn run_case_poisoned(backend: &BackendRef, c: &Case, poison_empty: bool) -> Outcome {
     let device = backend.device()?;
     let (t, h, d) = (c.num_tokens, c.num_heads, c.head_size);
     let mut rng = Rng::new(c.seed);
@@ -101,6 +107,33 @@ fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
     }
     let prefix_lse = upload(&lp, &[h, t], DType::F32)?;
     let suffix_lse = upload(&ls, &[h, t], DType::F32)?;
+    // What the reference merges: the rows as the device holds them before any poison.
+    let (ref_prefix, ref_suffix) = (prefix.to_f32_vec()?, suffix.to_f32_vec()?);
+    let (prefix, suffix) = if poison_empty {
+        let poisons = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        // Tokens from prefill_tokens_with_context on copy the suffix verbatim: not poisoned.
+        let merged = c.prefill_tokens_with_context.unwrap_or(t).min(t);
+        let poisoned = |rows: &[f32], l: &[f32]| -> Vec<f32> {
+            let mut v = rows.to_vec();
+            for tok in 0..merged {
+                for head in 0..h {
+                    if l[head * t + tok] == f32::INFINITY {
+                        let row = (tok * h + head) * d;
+                        for (i, x) in v[row..row + d].iter_mut().enumerate() {
+                            *x = poisons[(row + i) % 3];
+                        }
+                    }
+                }
+            }
+            v
+        };
+        (
+            upload(&poisoned(&ref_prefix, &lp), &[t, h, d], c.dtype)?,
+            upload(&poisoned(&ref_suffix, &ls), &[t, h, d], c.dtype)?,
+        )
+    } else {
+        (prefix, suffix)
+    };
     const SENTINEL: f32 = 7.5;
     let mut output = upload(&vec![SENTINEL; t * h * d], &[t, h, d], c.dtype)?;
     let mut output_lse = upload(&vec![SENTINEL; h * t], &[h, t], DType::F32)?;
@@ -118,9 +151,9 @@ fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
 
     // The reference merges exactly what the device holds (inputs rounded to the dtype).
     let want = reference::merge_attn_states(
-        &prefix.to_f32_vec()?,
+        &ref_prefix,
         &lp,
-        &suffix.to_f32_vec()?,
+        &ref_suffix,
         &ls,
         t,
         h,
@@ -155,6 +188,19 @@ fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
 #[test]
 fn merge_matches_reference() {
     for_each_case("merge_attn_states", &cases(), Case::info, run_case);
+}
+
+#[test]
+fn an_empty_side_is_never_read() {
+    // NaN / ±inf in the output rows of empty sides (as a kernel that wrote nothing there
+    // would leave them) must not reach the merged output: excluded by selection, not by a
+    // zero weight.
+    for_each_case(
+        "merge_attn_states_poisoned_empty",
+        &cases(),
+        Case::info,
+        |b, c| run_case_poisoned(b, c, true),
+    );
 }
 
 #[test]

@@ -623,9 +623,11 @@ fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32, pipe
 
 /// vec4 columns of Q·K^T summed in one f16 partial accumulator of the tiled2h form (`FA`
 /// in `shaders/paged_attention.wgsl`): each of its four lanes sums at most this many
-/// products before the partial is added to the f32 score (at head size ≤ 128: once, at
-/// the end of the dot product; see the shader header for the error bound).
-pub const TILED2H_PARTIAL_COLUMNS: u32 = 32;
+/// products before the partial is added to the f32 score, so the score is an f32 sum of
+/// short f16 partials and its rounding error stays a fixed fraction of Σ|q_i·k_i| whatever
+/// the head size and the logit range (see the shader header for the bound). A multiple of
+/// every phase-A step (`DU`: 1, 2 or 4).
+pub const TILED2H_PARTIAL_COLUMNS: u32 = 4;
 
 /// vec4 columns per unrolled phase-A step of the tiled2h form (`DU` in
 /// `shaders/paged_attention.wgsl`; the f32 forms take the largest of 4, 2, 1 dividing D / 4).
@@ -812,6 +814,7 @@ impl AttentionShader {
             ("JU", unroll_by(self.block_n)),
             ("LPT", (self.block_n * d4).div_ceil(wg)),
             ("KB_LEN", if t2 { 1 } else { self.block_n }),
+            // A multiple of every DU (1, 2 or 4).
             ("FA", TILED2H_PARTIAL_COLUMNS),
             // The pipelined form double-buffers K / V, the probabilities and α; both tiled2
             // forms keep two halves of running maxima.

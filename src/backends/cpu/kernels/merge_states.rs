@@ -5,7 +5,8 @@
 //! `a = exp(lse_p − m)`, `b = exp(lse_s − m)`, `out = o_p·a/(a+b) + o_s·b/(a+b)`,
 //! `out_lse = ln(a+b) + m`. Tokens at or after `prefill_tokens_with_context` copy the suffix.
 //! Both sides empty (`−inf` twice) gives NaN in vLLM; here it gives output 0 and LSE `−inf`,
-//! the value of attention over no keys, so an empty merge cannot poison later merges.
+//! the value of attention over no keys, so an empty merge cannot poison later merges. A side
+//! of weight 0 is not read at all, so NaN / inf in an empty side's row cannot reach the output.
 //!
 //! Layout: outputs `[T][H][D]` f32 rows, LSEs `[H][T]`.
 
@@ -29,8 +30,20 @@ pub fn merge_row(out: &mut [f32], o_p: &[f32], lse_p: f32, o_s: &[f32], lse_s: f
     let b = (ls - m).exp();
     let z = a + b;
     let (wa, wb) = (a / z, b / z);
-    for ((o, &p), &s) in out.iter_mut().zip(o_p).zip(o_s) {
-        *o = p * wa + s * wb;
+    // A side of weight 0 (empty, or underflowed) is not read: its row may hold anything,
+    // and 0 · inf would be NaN.
+    if wa == 0.0 {
+        for (o, &s) in out.iter_mut().zip(o_s) {
+            *o = s * wb;
+        }
+    } else if wb == 0.0 {
+        for (o, &p) in out.iter_mut().zip(o_p) {
+            *o = p * wa;
+        }
+    } else {
+        for ((o, &p), &s) in out.iter_mut().zip(o_p).zip(o_s) {
+            *o = p * wa + s * wb;
+        }
     }
     z.ln() + m
 }
@@ -91,6 +104,36 @@ mod tests {
             f32::INFINITY,
         );
         assert_eq!((out, l), ([0.0, 0.0], f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn an_empty_side_is_not_read() {
+        let mut out = [0.0; 2];
+        let l = merge_row(
+            &mut out,
+            &[f32::NAN, f32::INFINITY],
+            f32::INFINITY,
+            &[3.0, 4.0],
+            0.5,
+        );
+        assert_eq!((out, l), ([3.0, 4.0], 0.5));
+        let l = merge_row(
+            &mut out,
+            &[1.0, 2.0],
+            0.5,
+            &[f32::NEG_INFINITY, f32::NAN],
+            f32::NEG_INFINITY,
+        );
+        assert_eq!((out, l), ([1.0, 2.0], 0.5));
+        // A weight that underflows to 0 drops its side too.
+        let l = merge_row(
+            &mut out,
+            &[f32::NAN, f32::INFINITY],
+            -200.0,
+            &[3.0, 4.0],
+            0.0,
+        );
+        assert_eq!((out, l), ([3.0, 4.0], 0.0));
     }
 
     #[test]
