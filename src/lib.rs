@@ -45,6 +45,7 @@ pub mod metadata;
 pub mod ops;
 pub mod reference;
 pub mod registry;
+pub mod rng;
 pub mod runner;
 pub mod selector;
 pub mod testing;
@@ -84,6 +85,7 @@ mod layering {
         ("error", 1),
         ("dtype", 2),
         ("fp8", 3),
+        ("rng", 3),
         ("device", 4),
         ("metadata", 5),
         ("kv_cache", 6),

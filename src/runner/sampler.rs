@@ -2,7 +2,7 @@
 //! request's own seeded random stream.
 
 use super::request::SamplingParams;
-use crate::testing::Rng;
+use crate::rng::Rng;
 
 /// Index of the largest logit (the lowest index among equal maxima; NaN never wins).
 pub fn argmax(logits: &[f32]) -> u32 {

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use super::request::{RequestId, SamplingParams};
 use crate::error::Result;
 use crate::kv_cache::BlockPool;
-use crate::testing::Rng;
+use crate::rng::Rng;
 
 /// One request's state between steps.
 #[derive(Debug)]

@@ -19,7 +19,7 @@ use crate::fp8;
 use crate::kv_cache::{KvCache, KvCacheSpec};
 use crate::metadata::BatchDescription;
 
-use super::rng::Rng;
+use crate::rng::Rng;
 
 /// Query and KV lengths of each request: vLLM's `BatchSpec`.
 #[derive(Clone, Debug, PartialEq, Eq)]

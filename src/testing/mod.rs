@@ -4,10 +4,9 @@
 
 mod batch;
 pub mod fuzz;
-mod rng;
 
 pub use batch::{round_to, round_to_cache, BatchSpec, CaseConfig, RandomBatch};
-pub use rng::Rng;
+pub use crate::rng::Rng;
 
 use crate::dtype::DType;
 

@@ -1,5 +1,6 @@
-//! A small seeded generator (SplitMix64): the same seed gives the same batch on every
-//! machine and every crate version, which `rand` does not promise.
+//! A small seeded generator (SplitMix64) for the runner's sampling and the test batches: the
+//! same seed gives the same numbers on every machine and every crate version, which `rand`
+//! does not promise, so a sampled generation and a failing test case can be replayed.
 
 /// SplitMix64 pseudo-random numbers.
 #[derive(Clone, Debug)]
