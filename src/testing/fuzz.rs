@@ -82,9 +82,9 @@ impl Profile {
                 invalid_per_mille: 450,
             },
             Profile::Long => Limits {
-                max_reqs: 8,
-                max_query: 300,
-                max_context: 1500,
+                max_reqs: 6,
+                max_query: 160,
+                max_context: 800,
                 max_kv_heads: 4,
                 max_group: 4,
                 head_sizes: &[
