@@ -25,7 +25,7 @@ fn fuzz_ci_seeds() {
     for_each_backend("fuzz", |backend| {
         let name = backend.name().to_string();
         let mut tally = Tally::default();
-        let mut valid = 0;
+        let (mut valid, mut invalid) = (0, 0);
         let verbose = std::env::var_os("POLYATTN_FUZZ_VERBOSE").is_some();
         let start = std::time::Instant::now();
         for i in 0..CASES {
@@ -35,13 +35,17 @@ fn fuzz_ci_seeds() {
             if verbose {
                 report!("[fuzz] {name} {r} ({:.2} s)", t0.elapsed().as_secs_f64());
             }
-            if r.label.starts_with("valid") && r.verdict == Verdict::Pass {
-                valid += 1;
+            if r.verdict == Verdict::Pass {
+                if r.label.starts_with("valid") {
+                    valid += 1;
+                } else if r.label.starts_with("invalid") {
+                    invalid += 1;
+                }
             }
             tally.add(&r);
         }
         report!(
-            "[fuzz] {name}: {} passed ({valid} valid batches), {} failed, {} skipped ({:.1} s)",
+            "[fuzz] {name}: {} passed ({valid} valid batches, {invalid} invalid inputs), {} failed, {} skipped ({:.1} s)",
             tally.passed,
             tally.failed,
             tally.skipped,
@@ -65,12 +69,16 @@ fn fuzz_ci_seeds() {
             )));
         }
         // Skips are configurations the backend refuses; most cases must have run.
-        ensure(tally.passed as u64 * 4 >= CASES * 3 && valid > 0, || {
-            format!(
-                "only {} of {CASES} cases ran ({valid} valid); the suite tests too little",
-                tally.passed
-            )
-        })
+        ensure(
+            tally.passed as u64 * 4 >= CASES * 3 && valid > 0 && invalid > 0,
+            || {
+                format!(
+                    "only {} of {CASES} cases ran ({valid} valid, {invalid} invalid); the suite \
+                 tests too little",
+                    tally.passed
+                )
+            },
+        )
     });
 }
 
