@@ -1014,11 +1014,11 @@ fn run_invalid(
             return Verdict::Skip(why);
         }
     };
-    let (what, class, outcome) = match mutate_and_run(b, rng, base) {
+    *label = "invalid (setting up)".into();
+    let (what, class, outcome) = match mutate_and_run(b, rng, base, label) {
         Ok(x) => x,
         Err(e) => {
-            *label = "invalid (setup)".into();
-            return Verdict::Fail(format!("setting up the valid base batch failed: {e}"));
+            return Verdict::Fail(format!("setting up the invalid case failed: {e}"));
         }
     };
     *label = format!("invalid: {what}");
@@ -1098,10 +1098,14 @@ fn wraps_small(dims: &[usize], elem: usize) -> bool {
     checked.is_none() && wrapped.wrapping_mul(elem) <= 1 << 26
 }
 
+/// A constructor call that must fail (run after the label is set, so a panic names it).
+type Construct<'a> = Box<dyn FnOnce() -> Result<()> + 'a>;
+
 fn mutate_and_run(
     b: &dyn AttentionBackend,
     rng: &mut Rng,
     base: Base,
+    label: &mut String,
 ) -> Result<(String, Class, Refusal)> {
     let device = b.device()?;
     let Base {
@@ -1147,26 +1151,27 @@ fn mutate_and_run(
 
     // Mutations checked at construction (the pipe never runs): overflowing sizes and
     // layer scales.
-    let constructed: Option<(String, Result<()>)> = match kind {
+    let dev = &device;
+    let constructed: Option<(String, Construct)> = match kind {
         0 => {
             let dims = [1usize << 62, 1, 32];
             Some((
                 format!("Tensor::from_f32 with shape {dims:?} and an empty slice"),
-                Tensor::from_f32(&device, &[], &dims, dtype).map(|_| ()),
+                Box::new(move || Tensor::from_f32(dev, &[], &dims, dtype).map(|_| ())),
             ))
         }
         1 => {
             let dims = [(1usize << 63) | 1, 2, h, d];
             Some((
                 format!("Tensor::zeros with shape {dims:?} (element count wraps)"),
-                zeros(&dims, dtype).map(|_| ()),
+                Box::new(move || zeros(&dims, dtype).map(|_| ())),
             ))
         }
         2 => {
             let dims = [1usize << 62];
             Some((
                 format!("Tensor::zeros of {dims:?} f32 (byte count overflows)"),
-                zeros(&dims, DType::F32).map(|_| ()),
+                Box::new(move || zeros(&dims, DType::F32).map(|_| ())),
             ))
         }
         3 | 4 => {
@@ -1184,26 +1189,28 @@ fn mutate_and_run(
             };
             Some((
                 format!("KvCache::new with {blocks_n} blocks"),
-                KvCache::new(b, spec, blocks_n).map(|_| ()),
+                Box::new(move || KvCache::new(b, spec, blocks_n).map(|_| ())),
             ))
         }
         5 => {
             let dims = [1usize << 33, 1usize << 31, 1];
             Some((
                 format!("Tensor::from_i32 with shape {dims:?} and an empty slice"),
-                Tensor::from_i32(&device, &[], &dims).map(|_| ()),
+                Box::new(move || Tensor::from_i32(dev, &[], &dims).map(|_| ())),
             ))
         }
         6 => {
             let s = pick(rng, &[f32::NAN, 0.0, -1.0, f32::INFINITY]);
             Some((
                 format!("AttentionLayer k_scale {s}"),
-                AttentionLayer::new("fuzz").with_scales(s, 1.0).map(|_| ()),
+                Box::new(move || AttentionLayer::new("fuzz").with_scales(s, 1.0).map(|_| ())),
             ))
         }
         _ => None,
     };
-    if let Some((what, res)) = constructed {
+    if let Some((what, construct)) = constructed {
+        *label = format!("invalid: {what} [{tag}]");
+        let res = construct();
         let class = if kind <= 5 {
             Class::Overflow
         } else {
@@ -1582,6 +1589,7 @@ fn mutate_and_run(
             }
         },
     };
+    *label = format!("invalid: {what} [{tag}]");
     let outcome = pipe.execute(b)?;
     Ok((format!("{what} [{tag}]"), class, outcome))
 }
