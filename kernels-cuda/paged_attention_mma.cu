@@ -31,8 +31,7 @@
 //     size happens once per key row, and a 16-byte copy costs a shared load and two adds.
 //     One barrier per tile: the one after the wait makes tile i visible, and since every
 //     warp is then past tile i-1, it also frees that buffer and publishes the addresses, so
-//     tile i+1's copy is issued right after it (-DPA_MMA_SYNC1=0, an A/B form: the copy is
-//     issued before the wait and a second barrier ends each tile).
+//     tile i+1's copy is issued right after it.
 //  3. Each 64-key tile is computed in sub-tiles of SUBK keys (64, except 32 in the soft cap /
 //     ALiBi form at MT = 2; -DPA_MMA_SUBK overrides), so that the live scores fit in
 //     registers beside the MT * D / 2 accumulators, each one online-softmax step. S = Q K^T: per warp MT x 16 x SUBK scores (ldmatrix.x4 on K rows
@@ -104,16 +103,6 @@
 #else
 #define MMA_SUBK ((MMA_MT == 1 || PA_MMA_PLAIN == 1) ? 64 : 32)
 #endif
-// PA_MMA_SYNC1 = 1 (the default; POLYATTN_CUDA_MMA_SYNC1=0 builds 0 for A/B runs): one
-// barrier per key tile instead of two (1-4% faster on the H200, P2 bf16, 2026-11-30). The
-// copy of tile i+1 is issued right after the barrier that makes tile i visible (all warps
-// are then past tile i-1, so its buffer is free and the row addresses written after it are
-// visible), and waited for completely at the next tile; with 0 the copy is issued before
-// the wait for tile i and a second barrier ends each tile.
-#ifndef PA_MMA_SYNC1
-#define PA_MMA_SYNC1 1
-#endif
-#define MMA_SYNC1 (PA_MMA_SYNC1 != 0)
 static_assert(MMA_MT == 1 || MMA_MT == 2, "one or two m16 tiles per warp");
 static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "4 or 8 warps per CTA");
 static_assert(MMA_SUBK == 32 || MMA_SUBK == 64, "32 or 64 keys per softmax step");
@@ -410,8 +399,7 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         const pa_u32 k_st = k_sa0 + stage * TILE_B;
         const pa_u32 v_st = v_sa0 + stage * TILE_B;
         // Tile i+1's copy into the other buffer: right after the one barrier, which also
-        // proves that every warp finished tile i-1 with that buffer (PA_MMA_SYNC1, the
-        // default), or before the wait for tile i (two barriers a tile).
+        // proves that every warp finished tile i-1 with that buffer.
         auto load_next = [&]() {
             if (c0 + MMA_KEYS < span_hi) {
                 pa_mma_load_kv<D>(cache, krow_s[stage ^ 1], v_delta_b,
@@ -419,15 +407,10 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
             }
             ptx_cp_async_commit();  // possibly empty: keeps one group per tile
         };
-        if (!MMA_SYNC1) load_next();
         const int block2 = table_entry(c0 + 2 * MMA_KEYS);
-        if (MMA_SYNC1) {
-            ptx_cp_async_wait<0>();  // tile i (and Q): the only group in flight
-        } else {
-            ptx_cp_async_wait<1>();  // this tile's group (and Q) is complete, the next may fly
-        }
+        ptx_cp_async_wait<0>();  // tile i (and Q): the only group in flight
         __syncthreads();
-        if (MMA_SYNC1) load_next();
+        load_next();
         if (Q_REGS && c0 == first) {
 #pragma unroll
             for (int t = 0; t < (Q_REGS ? MT : 1); ++t) {
@@ -565,9 +548,8 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
         // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile ago,
         // before the barrier this tile began with).
         if (owner) krow_s[stage][tid] = row_address(c0 + 2 * MMA_KEYS + tid, block2);
-        // This buffer is consumed before it is refilled and krow_s is written: with
-        // PA_MMA_SYNC1 the next tile's barrier proves both.
-        if (!MMA_SYNC1) __syncthreads();
+        // This buffer is consumed before it is refilled and krow_s is written: the next
+        // tile's barrier proves both.
     }
     ptx_cp_async_wait<0>();  // no copy outlives the CTA (an item with no key still loaded Q)
 

@@ -70,18 +70,14 @@
 #define DEC_KEYS 16    // keys per chunk
 #define DEC_STAGES 3   // ring stages per warp
 #define DEC_MAX_SPLITS 128  // most splits of one token (the planner's DECODE_MAX_SPLITS)
-// PD_SPEC_BT = 1 (the default; POLYATTN_CUDA_DECODE_SPEC=0 builds 0 for A/B runs): a layer
-// without a sliding window reads the block-table entries of each warp's first DEC_STAGES
-// chunks right after its work item, in parallel with query_start_loc / seq_lens (H200,
-// 2026-11-30: D4 53.8-53.9 vs 54.5 us without). Why: without a window the visible range
+// Early block-table reads: a layer without a sliding window reads the block-table entries
+// of each warp's first DEC_STAGES chunks right after its work item, in parallel with
+// query_start_loc / seq_lens. Why: without a window the visible range
 // starts at the item's kv_lo, so the chunks' positions are known before seq_lens arrives,
 // and the chain item -> seq_lens -> block table -> first copies loses one memory round trip
 // (a single long request's decode runs as one wave, so every CTA waits it out at once).
 // An entry is used only for a chunk that exists (position < seq_len); the read index is
 // clamped to the block-table row, so a chunk past the end reads a valid but unused entry.
-#ifndef PD_SPEC_BT
-#define PD_SPEC_BT 1
-#endif
 
 // Fused split combine (step 5 below), run by every CTA of a split token after it has written
 // its partials; only the token's last CTA to arrive merges. Arrival (the pattern of a
@@ -93,8 +89,8 @@
 // (ld.global.cg: this CTA never cached them in L1). Warp w merges query heads head0 + w, w + 4, ...: M = max(lse_s..., sink), Z = sum
 // exp(lse_s - M) + exp(sink - M), out = sum exp(lse_s - M) / Z * o_s, lse = M + ln Z (out 0
 // and lse -inf when M = -inf); a split of weight 0 (an empty key range, LSE -inf) wrote a
-// zero partial. Why fused: a separate combine launch cost ~5 us on the H200, a tenth of a 32k-token
-// decode step.
+// zero partial. Why fused: a separate combine launch costs several microseconds, a tenth of a
+// long-context decode step on a large GPU.
 template <int D>
 __device__ __forceinline__ void pd_merge_if_last(const AttnParams& p, const WorkItem& it,
                                                  int head0) {
@@ -253,8 +249,8 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     const int t4 = lane & 3;
     const int hc = it.head_count;
     const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
-    // PD_SPEC_BT: the first chunks' block ids, before seq_lens is known (see its define).
-    const bool spec = PD_SPEC_BT && !(p.window > 0) && p.bt_stride > 0;
+    // The first chunks' block ids, before seq_lens is known (early block-table reads, above).
+    const bool spec = !(p.window > 0) && p.bt_stride > 0;
     pa_i64 spec_block[DEC_STAGES];
     if (spec) {
         const int cb = it.kv_lo - it.kv_lo % DEC_KEYS;

@@ -136,25 +136,14 @@ fn run_time_variants_select_their_entry_points() {
             &[a.as_str(), b.as_str(), c.as_str()],
             &[name],
         );
-        // Without the early block-table reads (POLYATTN_CUDA_DECODE_SPEC=0).
-        check(
-            &kernels::PAGED_DECODE,
-            &[a.as_str(), b.as_str(), c.as_str(), "-DPD_SPEC_BT=0"],
-            &[name],
-        );
     }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
         for shape in kernels::MMA_SHAPES {
             for plain in [true, false] {
                 let variant = kernels::mma_variant(dtype, head_size, shape, plain);
-                let mut defines: Vec<&str> = variant.iter().map(String::as_str).collect();
+                let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
                 let name = kernels::mma_function_name(dtype, head_size).expect("variant");
                 check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
-                // The two-barrier pipeline (POLYATTN_CUDA_MMA_SYNC1=0), plain builds.
-                if plain {
-                    defines.push("-DPA_MMA_SYNC1=0");
-                    check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
-                }
             }
         }
     }

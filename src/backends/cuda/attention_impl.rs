@@ -24,32 +24,14 @@ use super::kernels::{
     self, attention_function_name, attention_smem_bytes, attention_variant, code,
     decode_function_name, decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes,
     mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
-    DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, MMA_SHAPES, PAGED_ATTENTION,
-    PAGED_ATTENTION_MMA, PAGED_DECODE, RESHAPE_AND_CACHE,
+    DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
+    PAGED_DECODE, RESHAPE_AND_CACHE,
 };
 use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
-
-/// The environment variable that turns the tensor-core prefill kernel off (`0`, `false`,
-/// `off`, `no`). On by default: it passed the shared suite, tests/cuda_gpu.rs and
-/// compute-sanitizer memcheck / racecheck / synccheck on the H200 (2026-11-29).
-pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";
+use super::tuning::CudaTuning;
 
 /// Requests with at least this many query tokens go to the tensor-core kernel when it is on.
 pub const MMA_MIN_QUERY_LEN: usize = 16;
-
-fn mma_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_switch(MMA_ENV, true))
-}
-
-/// The environment variable that forces the query rows per CTA of the tensor-core prefill
-/// kernel (64, 128 or 256; with [`MMA_WARPS_ENV`] one of [`MMA_SHAPES`]) instead of the
-/// per-batch choice of [`mma_shape_for`].
-pub const MMA_ROWS_ENV: &str = "POLYATTN_CUDA_MMA_ROWS";
-
-/// The environment variable that chooses the warps per CTA of the tensor-core prefill kernel
-/// (4 or 8); see [`MMA_ROWS_ENV`].
-pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 
 /// The tensor-core prefill kernel's CTA shape for small prefill batches: 64 rows on 4 warps
 /// (one m16 tile per warp; about 185 registers).
@@ -65,83 +47,9 @@ pub const MMA_SHAPE_LARGE: MmaShape = MmaShape {
 
 /// [`MMA_SHAPE_LARGE`] is used when its plan has at least this many CTAs per SM (two full
 /// waves at its two resident CTAs per SM); below that, half as many rows per CTA balance the
-/// causal tiles' unequal lengths better. Measured on the H200 (2026-11-30, P2 bf16): 1 x 1k
-/// tokens (256 large CTAs) ran at 142 TFLOP/s on 64 rows and 116 on 128; 1 x 4k (1024) at
-/// 215 and 256; 1 x 16k at 243 and 296; 8 x 4k at 218 and 265.
+/// causal tiles' unequal lengths better (a 1k-token prefill, 256 large CTAs on a 132-SM GPU,
+/// runs faster on 64 rows; from 4k tokens 128 rows win; benches/RESULTS.md).
 pub const MMA_LARGE_MIN_CTAS_PER_SM: usize = 4;
-
-/// The environment variable that forces the keys per online-softmax step of the
-/// tensor-core prefill kernel (`32` or `64`; by default 64, except 32 in the soft cap /
-/// ALiBi build with two m16 tiles per warp, where 64 spills registers). A tuning knob for
-/// benchmarks.
-pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
-
-/// The `-DPA_MMA_SUBK` option [`MMA_SUBK_ENV`] asks for, if any.
-fn forced_mma_subk() -> Option<&'static str> {
-    static SUBK: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
-    *SUBK.get_or_init(|| match std::env::var(MMA_SUBK_ENV).ok()?.trim() {
-        "32" => Some("-DPA_MMA_SUBK=32"),
-        "64" => Some("-DPA_MMA_SUBK=64"),
-        v => {
-            tracing::warn!("{MMA_SUBK_ENV}={v} is not 32 or 64; ignored");
-            None
-        }
-    })
-}
-
-/// The environment variable that switches the tensor-core prefill kernel's
-/// one-barrier-per-tile pipeline (`PA_MMA_SYNC1` in paged_attention_mma.cu) off with `0`:
-/// an A/B knob. On by default since it measured 1-4% faster on the H200 (2026-11-30, P2
-/// bf16: 329.5 vs 322.4 TFLOP/s at 1 x 32k, 291.6 vs 280.5 at 1 x 4k) and passed racecheck.
-pub const MMA_SYNC1_ENV: &str = "POLYATTN_CUDA_MMA_SYNC1";
-
-/// The `-DPA_MMA_SYNC1=0` option when [`MMA_SYNC1_ENV`] is off (`0`, `false`, `off`, `no`).
-fn forced_mma_sync1() -> Option<&'static str> {
-    static SYNC1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    (!*SYNC1.get_or_init(|| env_switch(MMA_SYNC1_ENV, true))).then_some("-DPA_MMA_SYNC1=0")
-}
-
-/// The environment variable that switches off (`0`) the tensor-core decode kernel's early
-/// block-table reads (its first entries read before `seq_lens`; `PD_SPEC_BT` in
-/// paged_decode.cu): an A/B knob. On by default since the H200 measured D4 at 53.9 vs
-/// 54.5 us with it (2026-11-30) and its sanitizer runs were clean.
-pub const DECODE_SPEC_ENV: &str = "POLYATTN_CUDA_DECODE_SPEC";
-
-/// The `-DPD_SPEC_BT=0` option when [`DECODE_SPEC_ENV`] is off (`0`, `false`, `off`, `no`).
-fn forced_decode_spec() -> Option<&'static str> {
-    static SPEC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    (!*SPEC.get_or_init(|| env_switch(DECODE_SPEC_ENV, true))).then_some("-DPD_SPEC_BT=0")
-}
-
-/// The CTA shape forced by [`MMA_ROWS_ENV`] / [`MMA_WARPS_ENV`], if either is set.
-fn forced_mma_shape() -> Option<MmaShape> {
-    static SHAPE: std::sync::OnceLock<Option<MmaShape>> = std::sync::OnceLock::new();
-    *SHAPE.get_or_init(|| {
-        let rows_v = std::env::var(MMA_ROWS_ENV).ok();
-        let warps_v = std::env::var(MMA_WARPS_ENV).ok();
-        if rows_v.is_none() && warps_v.is_none() {
-            return None;
-        }
-        let parse = |v: &Option<String>| v.as_deref().map(|v| v.trim().parse::<usize>().ok());
-        let rows = parse(&rows_v).unwrap_or(Some(MMA_SHAPE_SMALL.rows));
-        // A row count alone keeps the fewest warps that can hold it.
-        let warps = parse(&warps_v).unwrap_or(match rows {
-            Some(r) if r > 128 => Some(8),
-            _ => Some(4),
-        });
-        match (rows, warps) {
-            (Some(rows), Some(warps)) if MMA_SHAPES.contains(&MmaShape { rows, warps }) => {
-                Some(MmaShape { rows, warps })
-            }
-            _ => {
-                tracing::warn!(
-                    "{MMA_ROWS_ENV}={rows_v:?} / {MMA_WARPS_ENV}={warps_v:?} do not name one of {MMA_SHAPES:?}; choosing per batch"
-                );
-                None
-            }
-        }
-    })
-}
 
 /// The tensor-core prefill kernel's CTA shape for the requests of `query_start_loc` with at
 /// least `min_q` query tokens: the forced one, else [`MMA_SHAPE_LARGE`] when its plan would
@@ -154,7 +62,7 @@ pub fn mma_shape_for(
     num_kv_heads: usize,
     sm_count: usize,
 ) -> MmaShape {
-    if let Some(s) = forced_mma_shape() {
+    if let Some(s) = CudaTuning::get().mma_shape {
         return s;
     }
     let g = group.max(1);
@@ -171,48 +79,6 @@ pub fn mma_shape_for(
         MMA_SHAPE_LARGE
     } else {
         MMA_SHAPE_SMALL
-    }
-}
-
-/// The environment variable that turns the tensor-core decode kernel on (`1`, `true`, `on`,
-/// `yes`) or off (`0`, `false`, `off`, `no`); see [`DECODE_DEFAULT`].
-pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
-
-/// Whether the tensor-core decode kernel runs when `POLYATTN_CUDA_DECODE` is unset: on; it
-/// passed tests/cuda_gpu.rs, the shared suite and compute-sanitizer memcheck / racecheck on
-/// the H200 (2026-11-29).
-pub const DECODE_DEFAULT: bool = true;
-
-fn decode_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_switch(DECODE_ENV, DECODE_DEFAULT))
-}
-
-/// The environment variable that decides whether the tensor-core decode kernel reads fp8
-/// caches (E4M3 / E5M2, converted to 16 bits in shared memory): `0|false|off|no` sends fp8
-/// decodes to the CUDA-core split-KV kernel; see [`DECODE_FP8_DEFAULT`].
-pub const DECODE_FP8_ENV: &str = "POLYATTN_CUDA_DECODE_FP8";
-
-/// Whether fp8 caches go to the tensor-core decode kernel when `POLYATTN_CUDA_DECODE_FP8` is
-/// unset: on. Its fp8 variants passed tests/cuda_gpu.rs (graph replay included), the shared
-/// suite and compute-sanitizer memcheck / racecheck on the H200 (2026-11-30), and read fp8
-/// caches 3.5-9x faster there than the CUDA-core kernel (benches/RESULTS.md).
-pub const DECODE_FP8_DEFAULT: bool = true;
-
-fn decode_fp8_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_switch(DECODE_FP8_ENV, DECODE_FP8_DEFAULT))
-}
-
-/// `default` unless the variable `name` says `0|false|off|no` or `1|true|on|yes`.
-fn env_switch(name: &str, default: bool) -> bool {
-    match std::env::var(name) {
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "0" | "false" | "off" | "no" => false,
-            "1" | "true" | "on" | "yes" => true,
-            _ => default,
-        },
-        Err(_) => default,
     }
 }
 
@@ -339,18 +205,21 @@ impl CudaAttentionImpl {
     /// The tensor-core kernel for this layer and batch, when enabled and applicable: f16 /
     /// bf16 activations with a cache of the same dtype, a supported head size, sm_80+.
     fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<&'static str> {
-        if !mma_enabled() || dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
+        if !CudaTuning::get().mma
+            || dtype != cache_dtype
+            || self.device.compute_capability() < (8, 0)
+        {
             return None;
         }
         mma_function_name(dtype, self.params.head_size)
     }
 
     /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations
-    /// with a cache of the same dtype (or an fp8 cache when `POLYATTN_CUDA_DECODE_FP8` allows
-    /// it), head size 64, 96 or 128, sm_80+.
+    /// with a cache of the same dtype or an fp8 cache (converted to 16 bits in shared memory,
+    /// its scales folded into the scores and the output), head size 64, 96 or 128, sm_80+.
     fn decode_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<&'static str> {
-        let cache_ok = cache_dtype == dtype || (cache_dtype.is_fp8() && decode_fp8_enabled());
-        if !decode_enabled() || !cache_ok || self.device.compute_capability() < (8, 0) {
+        let cache_ok = cache_dtype == dtype || cache_dtype.is_fp8();
+        if !CudaTuning::get().decode || !cache_ok || self.device.compute_capability() < (8, 0) {
             return None;
         }
         decode_function_name(dtype, cache_dtype, self.params.head_size)
@@ -366,8 +235,7 @@ impl CudaAttentionImpl {
     ) -> Result<(cudarc::driver::CudaFunction, usize)> {
         let d = self.params.head_size;
         let [a, b, c] = decode_variant(dtype, cache_dtype, d);
-        let mut opts = vec![a.as_str(), b.as_str(), c.as_str()];
-        opts.extend(forced_decode_spec());
+        let opts = [a.as_str(), b.as_str(), c.as_str()];
         let f = kernels::function(&self.device, &PAGED_DECODE, &opts, name)?;
         let smem = decode_smem_bytes(d, cache_dtype);
         let slots = *self.decode_slots[usize::from(cache_dtype.is_fp8())].get_or_init(|| {
@@ -447,8 +315,7 @@ impl CudaAttentionImpl {
         let plain = self.params.soft_cap().is_none() && self.params.alibi_slopes.is_none();
         let variant = mma_variant(dtype, self.params.head_size, shape, plain);
         let mut opts: Vec<&str> = variant.iter().map(String::as_str).collect();
-        opts.extend(forced_mma_subk());
-        opts.extend(forced_mma_sync1());
+        opts.extend(CudaTuning::get().mma_subk_define());
         let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &opts, name)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.items.len() as u32, 1, 1),
@@ -917,12 +784,13 @@ impl AttentionImpl for CudaAttentionImpl {
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernels::MMA_SHAPES;
     use super::*;
 
     #[test]
     fn cta_shape_follows_the_prefill_size() {
         // Without POLYATTN_CUDA_MMA_ROWS / _WARPS (tests run with them unset).
-        if forced_mma_shape().is_some() {
+        if CudaTuning::get().mma_shape.is_some() {
             eprintln!("skipped: a CTA shape is forced by the environment");
             return;
         }

@@ -16,9 +16,6 @@ use crate::metadata::AttentionMetadataBuilder;
 use super::kernels;
 use super::{CudaAttentionImpl, CudaMetadataBuilder};
 
-/// The environment variable that picks the GPU ordinal (default 0).
-pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
-
 /// The CUDA backend descriptor (name `CUDA`, ranked first).
 ///
 /// Available when the driver library loads, GPU `POLYATTN_CUDA_DEVICE` (default 0) opens and
@@ -34,11 +31,7 @@ impl CudaBackend {
     /// The descriptor for the GPU named by `POLYATTN_CUDA_DEVICE` (default 0). Touches no
     /// driver until asked.
     pub fn new() -> Self {
-        let ordinal = std::env::var(CUDA_DEVICE_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        Self::with_ordinal(ordinal)
+        Self::with_ordinal(super::tuning::CudaTuning::get().device)
     }
 
     /// The descriptor for GPU `ordinal`.
@@ -74,10 +67,9 @@ impl CudaBackend {
                 // Full CUDA graphs of pure decode batches (every query length 1, a fixed
                 // padded batch size), with metadata from build_for_graph_capture: persistent
                 // arrays, fixed-layout work lists, persistent split-KV scratch. Prefills, mixed
-                // batches and cascade run eagerly. See CudaMetadataBuilder's docs. Verified on
-                // the H200 (2026-11-29): tests/cuda_gpu.rs graph_* (replays bit-identical to
-                // eager forwards, bf16 / f16 / fp8 caches) and compute-sanitizer memcheck, 0
-                // errors.
+                // batches and cascade run eagerly. See CudaMetadataBuilder's docs;
+                // tests/cuda_gpu.rs graph_* checks that replays are bit-identical to eager
+                // forwards (bf16 / f16 / fp8 caches).
                 graph_capture: GraphCaptureSupport::UniformSingleTokenDecode,
                 // A head's tokens adjacent: a 16-key chunk of one head is one contiguous read.
                 kv_layout: KvLayout::Hnd,

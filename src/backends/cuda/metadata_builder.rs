@@ -50,29 +50,6 @@ pub const MIN_KEYS_PER_SPLIT: usize = 256;
 pub const DECODE_MAX_SPLITS: usize = 128;
 /// Fewest keys per split on the decode kernel (two 16-key chunks per warp).
 pub const DECODE_MIN_KEYS_PER_SPLIT: usize = 128;
-/// The environment variable that forces the split count asked of every splittable decode
-/// token on the decode kernel (1..=[`DECODE_MAX_SPLITS`]; still capped by
-/// [`DECODE_MIN_KEYS_PER_SPLIT`]) instead of [`decode_split_target`]'s wave rule. A tuning
-/// knob for benchmarks (`polyattn bench` D4 rows).
-pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
-
-/// [`DECODE_SPLITS_ENV`], read once; `None` when unset or not a count in range.
-fn forced_decode_splits() -> Option<usize> {
-    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        let v = std::env::var(DECODE_SPLITS_ENV).ok()?;
-        match v.trim().parse::<usize>() {
-            Ok(n) if (1..=DECODE_MAX_SPLITS).contains(&n) => Some(n),
-            _ => {
-                tracing::warn!(
-                    "{DECODE_SPLITS_ENV}={v} is not a count in 1..={DECODE_MAX_SPLITS}; ignored"
-                );
-                None
-            }
-        }
-    })
-}
-
 /// Wave efficiency (CTAs / (waves x slots)) the decode split count aims for.
 const DECODE_WAVE_EFFICIENCY: f64 = 0.95;
 
@@ -268,7 +245,9 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
                 })
                 .sum()
         };
-        forced_decode_splits().unwrap_or_else(|| decode_split_target(key.slots, max_split, ctas))
+        super::tuning::CudaTuning::get()
+            .decode_splits
+            .unwrap_or_else(|| decode_split_target(key.slots, max_split, ctas))
     } else {
         // CTAs without splitting decide how much splitting is worth it.
         let base_ctas: usize = (0..num_reqs)
@@ -372,8 +351,8 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     // Requests in order of their longest item (the GPU starts CTAs in grid order, so a long
     // request's tiles do not start last and stretch the tail), each request's items kept
     // together (last query tile first). Why not longest-first item by item: CTAs of one
-    // request share its K/V in L2, and interleaving all requests' tiles measured 2% slower
-    // on P2.b8s4k (H200, 2026-11-30: 278 vs 283 TFLOP/s).
+    // request share its K/V in L2, and interleaving all requests' tiles measured slower
+    // on multi-request prefills (P2.b8s4k).
     let mut runs: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     for (i, it) in items.iter().enumerate() {
         match runs.last_mut() {
@@ -448,11 +427,13 @@ pub fn plan_graph_work(inp: PlanInputs<'_>, key: &PlanKey, max_seq_len: usize) -
     // The most keys a single decode token can see.
     let vis_max = key.window.map_or(max_seq_len, |w| w.min(max_seq_len));
     let want = if key.slots > 0 {
-        forced_decode_splits().unwrap_or_else(|| {
-            decode_split_target(key.slots, max_split, |w| {
-                num_reqs * ctas_per_req * split_shape(vis_max, w, max_split, min_keys).0
+        super::tuning::CudaTuning::get()
+            .decode_splits
+            .unwrap_or_else(|| {
+                decode_split_target(key.slots, max_split, |w| {
+                    num_reqs * ctas_per_req * split_shape(vis_max, w, max_split, min_keys).0
+                })
             })
-        })
     } else {
         let base = num_reqs * ctas_per_req;
         if base == 0 {

@@ -1,0 +1,239 @@
+//! [`CudaTuning`]: every environment knob of the CUDA kernel family, parsed once by
+//! [`CudaTuning::from_env`] (docs/TUNING.md lists them with the other families').
+
+use std::sync::OnceLock;
+
+use super::kernels::{MmaShape, MMA_SHAPES};
+use super::metadata_builder::DECODE_MAX_SPLITS;
+
+#[allow(dead_code)] // Each family uses the part of the shared parser its knobs need.
+#[path = "../tuning_env.rs"]
+mod tuning_env;
+use tuning_env::Env;
+
+/// Turns the tensor-core prefill kernel off (`0`) or on (`1`); see [`CudaTuning::mma`].
+pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";
+/// Forces the query rows per CTA of the tensor-core prefill kernel; see
+/// [`CudaTuning::mma_shape`].
+pub const MMA_ROWS_ENV: &str = "POLYATTN_CUDA_MMA_ROWS";
+/// Forces the warps per CTA of the tensor-core prefill kernel; see [`CudaTuning::mma_shape`].
+pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
+/// Forces the keys per online-softmax step of the tensor-core prefill kernel; see
+/// [`CudaTuning::mma_subk`].
+pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
+/// Turns the tensor-core decode kernel off (`0`) or on (`1`); see [`CudaTuning::decode`].
+pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
+/// Forces the split count of every decode token; see [`CudaTuning::decode_splits`].
+pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
+/// Picks the GPU ordinal; see [`CudaTuning::device`].
+pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
+
+/// The knobs of the CUDA kernel family. [`CudaTuning::default`] is what runs when no
+/// variable is set; [`CudaTuning::get`] is the process's tuning, read from the environment
+/// once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaTuning {
+    /// Run prefill requests of at least
+    /// [`MMA_MIN_QUERY_LEN`](super::MMA_MIN_QUERY_LEN) query tokens (f16 / bf16 with a
+    /// same-dtype cache, head size 64 / 96 / 128, sm_80+) on the tensor-core prefill kernel
+    /// (`paged_attention_mma.cu`); off, they run on the CUDA-core kernel. [`MMA_ENV`]:
+    /// `0` / `1`; default on.
+    pub mma: bool,
+    /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
+    /// (the default) chooses per batch
+    /// ([`mma_shape_for`](super::attention_impl::mma_shape_for)). [`MMA_ROWS_ENV`] (64,
+    /// 128 or 256) and [`MMA_WARPS_ENV`] (4 or 8); a row count alone takes the fewest warps
+    /// that hold it (4 up to 128 rows, 8 for 256), a warp count alone 64 rows.
+    pub mma_shape: Option<MmaShape>,
+    /// Keys per online-softmax step of the tensor-core prefill kernel (`-DPA_MMA_SUBK`):
+    /// 32 or 64. `None` (the default): 64, except 32 in the soft cap / ALiBi build with two
+    /// m16 tiles per warp, where 64 keys spill registers. [`MMA_SUBK_ENV`].
+    pub mma_subk: Option<u32>,
+    /// Run single-token decodes (f16 / bf16 activations with a same-dtype or fp8 cache,
+    /// head size 64 / 96 / 128, sm_80+) on the tensor-core split-KV decode kernel
+    /// (`paged_decode.cu`); off, they run on the CUDA-core split-KV kernel. [`DECODE_ENV`]:
+    /// `0` / `1`; default on.
+    pub decode: bool,
+    /// Splits asked of every splittable decode token on the decode kernel (1 to
+    /// [`DECODE_MAX_SPLITS`], still capped by the fewest keys per split); `None` (the
+    /// default): the wave-filling rule of the planner. [`DECODE_SPLITS_ENV`].
+    pub decode_splits: Option<usize>,
+    /// The GPU ordinal the backend opens. [`CUDA_DEVICE_ENV`]: a non-negative integer;
+    /// default 0.
+    pub device: usize,
+}
+
+impl Default for CudaTuning {
+    fn default() -> Self {
+        CudaTuning {
+            mma: true,
+            mma_shape: None,
+            mma_subk: None,
+            decode: true,
+            decode_splits: None,
+            device: 0,
+        }
+    }
+}
+
+impl CudaTuning {
+    /// The process's tuning: [`CudaTuning::from_env`], read on first use.
+    pub fn get() -> &'static CudaTuning {
+        static TUNING: OnceLock<CudaTuning> = OnceLock::new();
+        TUNING.get_or_init(CudaTuning::from_env)
+    }
+
+    /// The defaults with every variable that is set applied; a value that does not parse
+    /// keeps its default and is warned about (`tracing`).
+    pub fn from_env() -> Self {
+        Self::from_lookup(&tuning_env::process_env)
+    }
+
+    /// [`CudaTuning::from_env`] with the variables read through `lookup`.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Self {
+        let env = Env::new(lookup);
+        let d = CudaTuning::default();
+        CudaTuning {
+            mma: env.switch(MMA_ENV, d.mma),
+            mma_shape: mma_shape(&env),
+            mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
+            decode: env.switch(DECODE_ENV, d.decode),
+            decode_splits: env.get(
+                DECODE_SPLITS_ENV,
+                &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
+                None,
+                "the wave rule",
+                |v| {
+                    let n = v.parse::<usize>().ok()?;
+                    (1..=DECODE_MAX_SPLITS).contains(&n).then_some(Some(n))
+                },
+            ),
+            device: env.int_in(CUDA_DEVICE_ENV, 0..=usize::MAX, d.device),
+        }
+    }
+
+    /// The `-DPA_MMA_SUBK` option [`CudaTuning::mma_subk`] asks for, if any.
+    pub fn mma_subk_define(&self) -> Option<&'static str> {
+        match self.mma_subk {
+            Some(32) => Some("-DPA_MMA_SUBK=32"),
+            Some(64) => Some("-DPA_MMA_SUBK=64"),
+            _ => None,
+        }
+    }
+}
+
+/// [`CudaTuning::mma_shape`] from its two variables.
+fn mma_shape(env: &Env) -> Option<MmaShape> {
+    let rows_v = env.raw(MMA_ROWS_ENV);
+    let warps_v = env.raw(MMA_WARPS_ENV);
+    if rows_v.is_none() && warps_v.is_none() {
+        return None;
+    }
+    let parse = |v: &Option<String>| v.as_deref().map(|v| v.trim().parse::<usize>().ok());
+    let rows = parse(&rows_v).unwrap_or(Some(64));
+    let warps = parse(&warps_v).unwrap_or(match rows {
+        Some(r) if r > 128 => Some(8),
+        _ => Some(4),
+    });
+    match (rows, warps) {
+        (Some(rows), Some(warps)) if MMA_SHAPES.contains(&MmaShape { rows, warps }) => {
+            Some(MmaShape { rows, warps })
+        }
+        _ => {
+            let shapes: Vec<String> = MMA_SHAPES
+                .iter()
+                .map(|s| format!("{} rows on {} warps", s.rows, s.warps))
+                .collect();
+            tracing::warn!(
+                "{MMA_ROWS_ENV}={} / {MMA_WARPS_ENV}={} is not one of {}; using the default \
+                 (chosen per batch)",
+                rows_v.as_deref().unwrap_or("(unset)"),
+                warps_v.as_deref().unwrap_or("(unset)"),
+                shapes.join(", ")
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuning(pairs: &[(&str, &str)]) -> CudaTuning {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CudaTuning::from_lookup(&move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        assert_eq!(tuning(&[]), CudaTuning::default());
+        assert_eq!(CudaTuning::default().mma_subk_define(), None);
+    }
+
+    #[test]
+    fn every_knob_parses() {
+        let t = tuning(&[
+            (MMA_ENV, "0"),
+            (MMA_ROWS_ENV, "128"),
+            (MMA_WARPS_ENV, "8"),
+            (MMA_SUBK_ENV, "32"),
+            (DECODE_ENV, "off"),
+            (DECODE_SPLITS_ENV, "12"),
+            (CUDA_DEVICE_ENV, "3"),
+        ]);
+        assert_eq!(
+            t,
+            CudaTuning {
+                mma: false,
+                mma_shape: Some(MmaShape {
+                    rows: 128,
+                    warps: 8
+                }),
+                mma_subk: Some(32),
+                decode: false,
+                decode_splits: Some(12),
+                device: 3,
+            }
+        );
+        assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
+        // A row count alone takes the fewest warps that hold it.
+        let s = |rows| tuning(&[(MMA_ROWS_ENV, rows)]).mma_shape;
+        assert_eq!(
+            s("256"),
+            Some(MmaShape {
+                rows: 256,
+                warps: 8
+            })
+        );
+        assert_eq!(
+            s("128"),
+            Some(MmaShape {
+                rows: 128,
+                warps: 4
+            })
+        );
+    }
+
+    #[test]
+    fn rejected_values_keep_the_defaults() {
+        let t = tuning(&[
+            (MMA_ENV, "maybe"),
+            (MMA_ROWS_ENV, "96"),
+            (MMA_SUBK_ENV, "48"),
+            (DECODE_SPLITS_ENV, "0"),
+            (CUDA_DEVICE_ENV, "-1"),
+        ]);
+        assert_eq!(t, CudaTuning::default());
+        assert_eq!(tuning(&[(DECODE_SPLITS_ENV, "129")]).decode_splits, None);
+        assert_eq!(tuning(&[(MMA_WARPS_ENV, "x")]).mma_shape, None);
+    }
+}
