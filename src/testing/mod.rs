@@ -5,8 +5,8 @@
 mod batch;
 pub mod fuzz;
 
-pub use batch::{round_to, round_to_cache, BatchSpec, CaseConfig, RandomBatch};
 pub use crate::rng::Rng;
+pub use batch::{round_to, round_to_cache, BatchSpec, CaseConfig, RandomBatch};
 
 use crate::dtype::DType;
 
