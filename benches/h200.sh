@@ -4,32 +4,33 @@
 #   ../shared/gpu/pack.sh --test attention_correctness --test kv_cache --test merge_states \
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
-# Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma (default: check tests
+# Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
+# sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
 # default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
 # kernel (P2.b1s4k) through Nsight Compute (speed of light, warp states, occupancy, source
 # counters) into $OUT/ncu-prefill.log; ncu-p2: the same kernel on P2.b8s4k beside P2.b1s32k
 # (instructions, tensor-pipe activity, active warps, stalls); wgpu-modes: the large WGPU decode rows in a WGPU-only
 # process and after CUDA, traced per repetition; wgpu-unroll: WGPU rows
-# with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0; decode-fp8 /
-# sanitize-fp8: fp8 caches on the tensor-core decode kernel (POLYATTN_CUDA_DECODE_FP8=1: tests,
-# D1 / D4 fp8 rows, memcheck / racecheck); mma-shapes: every CTA shape of the tensor-core
+# with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0;
+# sanitize-fp8: fp8 caches on the tensor-core decode kernel (memcheck / racecheck of the fp8
+# decode test); fp8-bench: the D rows with an fp8 cache; mma-shapes: every CTA shape of the tensor-core
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
 # decode-splits: D4 / D1.b1s4k with forced decode split counts (POLYATTN_CUDA_DECODE_SPLITS);
-# ncu-decode: the decode kernel of D4 through Nsight Compute; decode-spec: the decode
-# kernel's early block-table reads (the default: tests, sanitizers, D rows beside
-# POLYATTN_CUDA_DECODE_SPEC=0); sync1: the one-barrier prefill pipeline (the default: tests,
-# racecheck, P2 beside POLYATTN_CUDA_MMA_SYNC1=0); subk64: the 128-row
+# ncu-decode: the decode kernel of D4 through Nsight Compute; decode-sanitize: the decode
+# kernel's tests, graph tests and memcheck / racecheck of its sanitizer set, then the D rows;
+# subk64: the 128-row
 # prefill with 64-key softmax steps (POLYATTN_CUDA_MMA_SUBK=64, spills registers);
 # sanitize-prefill: racecheck of every CTA shape, memcheck / synccheck of the 128-row form
 # on the prefill sanitizer set, memcheck of large_prefill;
-# wgpu-prefill: the tiled2 WGPU prefill form (POLYATTN_WGPU_PREFILL=tiled2) checked by the
-# shared suite at 128 and 64 threads, then the P2 rows with the tiled form (default) beside
-# tiled2 at 128, 64 and 32 threads and with 64x16 tiles; wgpu-f16: the f16 WGPU prefill form
-# (POLYATTN_WGPU_PREFILL=tiled2h) checked by the shared suite and wgpu_kernels, then P2 at 4k
-# and 16k with f16 activations (f16 cache) for tiled2 beside tiled2h at 128 and 64 threads;
-# wgpu-f16-sweep: tiled2h shapes through POLYATTN_WGPU_PREFILL_ROWS_H / _KEYS_H / _WG_H /
-# _BLOCK_H / _PIPELINED (P2 f16 at 4k and 16k, with register counts); wgpu-splits: the small-batch WGPU decode rows traced, then with shorter partials / more
+# wgpu-prefill: the fused-softmax WGPU prefill form (POLYATTN_WGPU_PREFILL=fused-softmax)
+# checked by the shared suite at 128 and 64 threads, then the P2 rows with the default form
+# beside fused-softmax at 128, 64 and 32 threads and with 64x16 tiles; wgpu-f16: the
+# fused-softmax f16 form (POLYATTN_WGPU_PREFILL=fused-softmax-f16) checked by the shared suite
+# and wgpu_kernels, then P2 at 4k and 16k with f16 activations (f16 cache) for fused-softmax
+# beside fused-softmax-f16 at 128 and 64 threads; wgpu-f16-sweep: fused-softmax-f16 shapes
+# through POLYATTN_WGPU_PREFILL_ROWS_H / _KEYS_H / _WG_H / _BLOCK_H (P2 f16 at 4k and 16k, with
+# register counts); wgpu-splits: the small-batch WGPU decode rows traced, then with shorter partials / more
 # splits (POLYATTN_WGPU_SPLIT_MIN_KEYS 32 / 64, _MAX_SPLITS 128 / 256).
 # Logs go to $OUT.
 set -u
@@ -96,7 +97,7 @@ done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-fp8 ] || continue
   for tool in memcheck racecheck; do
-    run $tool-fp8 150 env POLYATTN_CUDA_DECODE_FP8=1 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu fp8_decode --test-threads=1
+    run $tool-fp8 150 compute-sanitizer --tool $tool --error-exitcode 99 $B/test-cuda_gpu fp8_decode --test-threads=1
   done
 done
 . $B/on-device.sh
@@ -129,8 +130,7 @@ for p in "${phases[@]}"; do
         --section InstructionStats --section SchedulerStats --metrics "$STALLS" \
         $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16 --budget 0.05 --no-svg ;;
     ncu-p2)
-      # Why P2 at 4k tokens per request runs ~12% slower per FLOP than at 32k (2026-11-30:
-      # 279-286 vs 320 TFLOP/s): one launch each of b8s4k and b1s32k, instructions, tensor
+      # Why P2 at 4k tokens per request runs slower per FLOP than at 32k: one launch each of b8s4k and b1s32k, instructions, tensor
       # pipe activity, active warps and stall reasons side by side.
       for sh in P2.b8s4k.p16 P2.b1s32k.p16; do
         run ncu-$sh 200 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 5 \
@@ -153,45 +153,29 @@ for p in "${phases[@]}"; do
         run "splits$n" 60 "${e[@]}" $B/bin-polyattn bench --backend cuda \
           --shapes D4.b1s32k,D1.b1s4k,D1.b8s4k --budget 0.3 --no-svg
       done ;;
-    decode-spec)
-      # Early block-table reads in the decode kernel (the default since 2026-11-30): tests,
-      # racecheck / memcheck of the decode set, then the decode rows beside
-      # POLYATTN_CUDA_DECODE_SPEC=0.
-      run spec-test 150 $B/test-cuda_gpu decode
-      run spec-graph 100 $B/test-cuda_gpu graph
+    decode-sanitize)
+      # The decode kernel: tests, graph replays, memcheck / racecheck of its sanitizer set,
+      # then the decode rows.
+      run decode-test 150 $B/test-cuda_gpu decode
+      run decode-graph 100 $B/test-cuda_gpu graph
       for tool in memcheck racecheck; do
-        run spec-$tool 150 compute-sanitizer --tool $tool \
+        run decode-$tool 150 compute-sanitizer --tool $tool \
           --error-exitcode 99 $B/test-cuda_gpu decode_kernel_sanitizer_set --test-threads=1
       done
-      run spec-bench 90 $B/bin-polyattn bench --backend cuda \
-        --shapes $SHAPES_D --budget 0.3 --json "$OUT/cuda-decode-spec.json" --no-svg
-      run spec0-bench 90 env POLYATTN_CUDA_DECODE_SPEC=0 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D --budget 0.3 --no-svg ;;
+      run decode-bench 90 $B/bin-polyattn bench --backend cuda \
+        --shapes $SHAPES_D --budget 0.3 --json "$OUT/cuda-decode.json" --no-svg ;;
     ncu-decode)
       # The decode kernel of a D4 step (splits merged inside it), two launches.
       run ncu-decode 120 ncu --clock-control none -k regex:paged_decode --launch-skip 20 \
         --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
         $B/bin-polyattn bench --backend cuda --shapes D4.b1s32k --budget 0.05 --no-svg ;;
-    sync1)
-      # The one-barrier-per-tile pipeline of the tensor-core prefill (the default since
-      # 2026-11-30): correctness, racecheck on both default CTA shapes, then P2 beside
-      # POLYATTN_CUDA_MMA_SYNC1=0.
-      run sync1-test 150 $B/test-cuda_gpu prefill
-      for r in 64 128; do
-        run sync1-racecheck$r 120 env POLYATTN_CUDA_MMA_ROWS=$r \
-          compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
-      done
-      run sync1-bench 90 $B/bin-polyattn bench --backend cuda \
-        --shapes $SHAPES_P --budget 0.3 --json "$OUT/cuda-sync1.json" --no-svg
-      run sync0-bench 90 env POLYATTN_CUDA_MMA_SYNC1=0 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     subk64)
       run subk64-test 100 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
         $B/test-cuda_gpu long_prefill --test-threads=1
       run subk64-bench 90 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
         $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
-    decode-fp8)
-      run fp8-cuda_gpu 100 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-cuda_gpu --test-threads=1 --nocapture
-      run fp8-attention 60 env POLYATTN_CUDA_DECODE_FP8=1 $B/test-attention_correctness --nocapture
-      run fp8-bench 120 env POLYATTN_CUDA_DECODE_FP8=1 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D \
+    fp8-bench)
+      run fp8-bench 120 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D \
         --kv-dtype fp8_e4m3 --budget 0.3 --json "$OUT/cuda-fp8.json" --no-svg ;;
     wgpu-unroll)
       run wgpu-unrolled 150 $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P,$SHAPES_D --budget 0.3 \
@@ -200,31 +184,30 @@ for p in "${phases[@]}"; do
         --shapes P2.b1s4k.p16,D1.b8s4k,D4.b1s32k --budget 0.3 --no-svg ;;
     wgpu-modes)
       # WGPU-only processes have timed the >= 1 GB decode rows several times slower (and
-      # bimodal) than a process that ran CUDA first (2026-11-30): the same rows both ways,
+      # bimodal) than a process that ran CUDA first: the same rows both ways,
       # each repetition traced (device region, host time of the call) to stderr in the log.
       run wgpu-only 120 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend wgpu \
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg
       run wgpu-after-cuda 150 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend cuda,wgpu \
         --shapes D1.b8s4k,D1.b16s16k,D1.b64s4k --budget 0.3 --no-svg ;;
     wgpu-f16-sweep)
-      # tiled2h shapes through its own knobs (rows, keys, threads, register block; `p`:
-      # pipelined), each with the specialisation that actually compiled (a shape that does
-      # not fit falls back) and the driver's register count (needs the pipeline_stats
-      # example: pack.sh --example pipeline_stats).
-      for cfg in 64:64:512:4x1 64:64:256:4x4 64:32:512:4x1 64:32:512:4x1p 48:64:512:4x1; do
+      # fused-softmax-f16 shapes through its own knobs (rows, keys, threads, register block),
+      # each with the specialisation that actually compiled (a shape that does not fit falls
+      # back) and the driver's register count (needs the pipeline_stats example: pack.sh
+      # --example pipeline_stats).
+      for cfg in 64:64:512:4x1 64:64:256:4x4 64:32:512:4x1 48:64:512:4x1; do
         IFS=: read -r rows keys wg blk <<<"$cfg"
-        pipe=0; [ "${blk%p}" != "$blk" ] && pipe=1 && blk=${blk%p}
         [ -x $B/example-pipeline_stats ] && $B/example-pipeline_stats \
-          "${rows}x${keys}:$wg:$blk$([ $pipe = 1 ] && echo p)" 2>&1 | grep -o "Register Count=[0-9]*"
-        run f16-r$rows-k$keys-wg$wg-b$blk-p$pipe 60 env POLYATTN_WGPU_LOG_PIPELINES=1 \
+          "${rows}x${keys}:$wg:$blk" 2>&1 | grep -o "Register Count=[0-9]*"
+        run f16-r$rows-k$keys-wg$wg-b$blk 60 env POLYATTN_WGPU_LOG_PIPELINES=1 \
+          POLYATTN_WGPU_PREFILL=fused-softmax-f16 \
           POLYATTN_WGPU_PREFILL_ROWS_H=$rows POLYATTN_WGPU_PREFILL_KEYS_H=$keys \
           POLYATTN_WGPU_PREFILL_WG_H=$wg POLYATTN_WGPU_PREFILL_BLOCK_H=$blk \
-          POLYATTN_WGPU_PREFILL_PIPELINED=$pipe $B/bin-polyattn bench --backend wgpu \
-          --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
-        grep -o "pipeline .attention.*" "$OUT/f16-r$rows-k$keys-wg$wg-b$blk-p$pipe.log" | sort -u
+          $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
+        grep -o "pipeline .attention.*" "$OUT/f16-r$rows-k$keys-wg$wg-b$blk.log" | sort -u
       done ;;
     wgpu-splits)
-      # WGPU decode at small batch is latency-bound (D1.b1s4k 59 us for 16.7 MB, 2026-11-30:
+      # WGPU decode at small batch is latency-bound (D1.b1s4k reads 16.7 MB in
       # 256 workgroups of 128 keys each, ~2 per SM): the rows traced (host call vs device
       # region), then shorter partials / more splits through the tuning knobs.
       run wgpu-trace 60 env POLYATTN_BENCH_TRACE=1 $B/bin-polyattn bench --backend wgpu \
@@ -237,31 +220,31 @@ for p in "${phases[@]}"; do
         done
       done ;;
     wgpu-prefill)
-      run t2-attention 150 env POLYATTN_WGPU_PREFILL=tiled2 $B/test-attention_correctness --nocapture
-      run t2wg64-attention 150 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_WG=64 \
+      run t2-attention 150 env POLYATTN_WGPU_PREFILL=fused-softmax $B/test-attention_correctness --nocapture
+      run t2wg64-attention 150 env POLYATTN_WGPU_PREFILL=fused-softmax POLYATTN_WGPU_PREFILL_WG=64 \
         $B/test-attention_correctness --nocapture
       run t1-bench 90 $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 \
-        --json "$OUT/wgpu-tiled.json" --no-svg
+        --json "$OUT/wgpu-default.json" --no-svg
       for v in 128 64 32; do
-        run t2wg$v-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_WG=$v \
+        run t2wg$v-bench 90 env POLYATTN_WGPU_PREFILL=fused-softmax POLYATTN_WGPU_PREFILL_WG=$v \
           $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 \
-          --json "$OUT/wgpu-tiled2-wg$v.json" --no-svg
+          --json "$OUT/wgpu-fused-wg$v.json" --no-svg
       done
-      run t2tile64x16-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 POLYATTN_WGPU_PREFILL_TILE=64x16 \
+      run t2tile64x16-bench 90 env POLYATTN_WGPU_PREFILL=fused-softmax POLYATTN_WGPU_PREFILL_TILE=64x16 \
         $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     wgpu-f16)
-      run t2h-attention 150 env POLYATTN_WGPU_PREFILL=tiled2h $B/test-attention_correctness --nocapture
+      run t2h-attention 150 env POLYATTN_WGPU_PREFILL=fused-softmax-f16 $B/test-attention_correctness --nocapture
       run t2h-wgpu_kernels 150 $B/test-wgpu_kernels --test-threads=1 --nocapture
-      run t2-f16-bench 90 env POLYATTN_WGPU_PREFILL=tiled2 $B/bin-polyattn bench --backend wgpu \
-        --shapes $SHAPES_PH --dtype f16 --budget 0.3 --json "$OUT/wgpu-tiled2-f16.json" --no-svg
+      run t2-f16-bench 90 env POLYATTN_WGPU_PREFILL=fused-softmax $B/bin-polyattn bench --backend wgpu \
+        --shapes $SHAPES_PH --dtype f16 --budget 0.3 --json "$OUT/wgpu-fused-f16.json" --no-svg
       for v in 128 64; do
-        run t2h-wg$v-bench 90 env POLYATTN_WGPU_PREFILL=tiled2h POLYATTN_WGPU_PREFILL_WG=$v \
+        run t2h-wg$v-bench 90 env POLYATTN_WGPU_PREFILL=fused-softmax-f16 POLYATTN_WGPU_PREFILL_WG=$v \
           $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 \
-          --json "$OUT/wgpu-tiled2h-wg$v.json" --no-svg
+          --json "$OUT/wgpu-fused-f16-wg$v.json" --no-svg
       done
-      # tiled2h's own chunk length (its f16 tiles leave room for more keys per chunk).
+      # the f16 form's own chunk length (its f16 tiles leave room for more keys per chunk).
       for n in 32 64; do
-        run t2h-keys$n-bench 90 env POLYATTN_WGPU_PREFILL=tiled2h POLYATTN_WGPU_PREFILL_KEYS_H=$n \
+        run t2h-keys$n-bench 90 env POLYATTN_WGPU_PREFILL=fused-softmax-f16 POLYATTN_WGPU_PREFILL_KEYS_H=$n \
           $B/bin-polyattn bench --backend wgpu --shapes $SHAPES_PH --dtype f16 --budget 0.3 --no-svg
       done ;;
     bench)

@@ -11,11 +11,11 @@
 //!
 //! ```text
 //! cargo run --release --example pipeline_stats                  # the built-in list
-//! cargo run --release --example pipeline_stats -- 64x64:512:4x1 96x32:256:4x4p
+//! cargo run --release --example pipeline_stats -- 64x64:512:4x1 96x32:256:4x4 coop:64x64:4
 //! ```
-//! A spec is `ROWSxKEYS:THREADS:KxC` for the f16 form (tiled2h) at head size 128 with
-//! subgroups of 32, paged f16 cache, unrolled; a trailing `p` asks for the pipelined variant,
-//! a leading `f32:` for the f32 form (tiled2).
+//! A spec is `ROWSxKEYS:THREADS:KxC` for the fused-softmax f16 form (tiled2h) at head size
+//! 128 with subgroups of 32, paged f16 cache, unrolled; a leading `f32:` asks for the f32
+//! fused-softmax form (tiled2), `coop:ROWSxKEYS[:SPLIT]` for the cooperative-matrix form.
 
 use std::ffi::{c_char, CStr};
 
@@ -39,10 +39,6 @@ fn parse_spec(spec: &str) -> Option<AttentionShader> {
         Some(r) => (true, r),
         None => (false, spec),
     };
-    let (rest, pipelined) = match rest.strip_suffix('p') {
-        Some(r) => (r, true),
-        None => (rest, false),
-    };
     let mut parts = rest.split(':');
     let (m, n) = parts.next()?.split_once('x')?;
     let wg: u32 = parts.next()?.parse().ok()?;
@@ -62,24 +58,23 @@ fn parse_spec(spec: &str) -> Option<AttentionShader> {
             max_key_lanes: 32,
             half: !f32_form,
             block: (k.parse().ok()?, c.parse().ok()?),
-            pipelined,
             coop: false,
         }),
     })
 }
 
-/// The shapes the H200 sweeps of 2026-11-30 timed (P2 f16, TFLOP/s at 4k / 16k in the
-/// comments), so their register counts can be read beside the times.
+/// The f16 shapes the tuning sweeps time (benches/RESULTS.md), so their register counts can
+/// be read beside the times: the GPU default first.
 const DEFAULT_SPECS: &[&str] = &[
-    "64x64:512:4x1",  // 23.9 / 25.9 (the GPU default)
-    "64x64:512:4x4",  // 23.0 / 24.9
-    "64x64:256:4x4",  // 21.9 / 23.8
-    "64x64:1024:4x1", // 21.5 / 23.2
-    "64x32:128:4x4",  // 15.7 / 17.2 (the morning's default)
-    "64x32:512:4x1",  // 19.5 / 20.9
-    "64x32:512:4x1p", // 18.1 / 19.4 (pipelined)
-    "32x32:128:4x4",  // 19.2 / 20.7
+    "64x64:512:4x1",
+    "64x64:512:4x4",
+    "64x64:256:4x4",
+    "64x64:1024:4x1",
+    "64x32:128:4x4",
+    "64x32:512:4x1",
+    "32x32:128:4x4",
     "f32:64x16:128:4x4",
+    "coop:64x64:4",
 ];
 
 /// SPIR-V for a WGSL module, with the capabilities the backend asks for.

@@ -44,8 +44,6 @@ const SOFT_CAP: u32 = 4u;
 const ALIBI: u32 = 8u;
 const SINKS: u32 = 16u;
 const WRITE_LSE: u32 = 32u;
-// paged_decode.wgsl only: the dispatch puts the KV heads on x (see its `main`).
-const HEADS_INNER: u32 = 64u;
 const DIRECT: u32 = 0x7fffffffu;
 const NO_ROW: u32 = 0xffffffffu;
 

@@ -3,8 +3,7 @@
 //
 // Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
 // (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 and F16
-// (the form, below) with DU, JU, LPT, LOG_KL, KB_LEN, S_ROW, FA, KV_SCALED, PIPE and its
-// buffer counts (KV_BUFS, V_OFF, S_BUFS, S_HALF, M_BUFS, A_BUFS), the
+// (the form, below) with DU, JU, LPT, LOG_KL, KB_LEN, S_ROW, FA, KV_SCALED, M_BUFS, the
 // element type SH / SH4 of the query, key / value and probability tiles in workgroup memory
 // (f32 / vec4<f32>; f16 / vec4<f16> when F16), the dtypes of
 // queries / outputs and of keys / values, and the key source: the paged KV cache
@@ -45,7 +44,8 @@
 // ((slot·Hkv + kv_head)·BM + r)·D4 vec4, then (m, l) vec4s from ml_offset.
 //
 // Three forms, chosen by the header's TILED2 and F16 (the host's
-// `POLYATTN_WGPU_PREFILL=tiled|tiled2|tiled2h`, for prefill items only; decode tiles always
+// `POLYATTN_WGPU_PREFILL=three-phase|fused-softmax|fused-softmax-f16`: tiled, tiled2,
+// tiled2h below; for prefill items only; decode tiles always
 // take the tiled form):
 //   * tiled (TILED2 false, WG = 128): per chunk, key addresses -> barrier -> K -> barrier
 //     -> A -> barrier -> B (softmax_rows) with V loaded over K -> barrier -> C -> barrier.
@@ -69,12 +69,6 @@
 //     with WG threads (WG = 64 gives 4 × 4 blocks in both phases of a 32 × 32 tile at
 //     D = 128, twice the FMAs per shared-memory load of 128 threads' 2 × 4; the host's
 //     `POLYATTN_WGPU_PREFILL_BLOCK` asks for other blocks).
-//     Pipelined (PIPE, either tiled2 form; `POLYATTN_WGPU_PREFILL_PIPELINED=1`): iteration i
-//     stores K(i) and V(i − 1) (V at V_OFF), issues the loads of V(i) and K(i + 1), then
-//     after one barrier runs phase A of chunk i and phase C of chunk i − 1 (probabilities
-//     at S_HALF·parity, α at BM·parity), then a second barrier: 2 barriers per chunk,
-//     every load in flight across both phases, at the price of double buffers (at 48 KiB
-//     and D = 128 in f16: 64 rows × 32 keys).
 //   * tiled2h (TILED2 and F16 true; `enable f16;` is emitted for this form only, which the
 //     host picks for f16 activations with an f16 cache on adapters with SHADER_F16): the
 //     tiled2 form with q_s, kv_s and s_s holding f16 (half the workgroup memory and shared
@@ -115,18 +109,17 @@
 // < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored
 // (tiled2 loads nothing for keys ≥ cn: their words are zero). Shared-memory indices:
 // a_j + i·KL < BN, c_col + i·CL < D4, rows clamped to BM − 1, u < BN·D4 for the chunk
-// stores (plus V_OFF = BN·KV_ROW < the array's 2·BN·KV_ROW when pipelined), parity halves
-// below M_BUFS / A_BUFS / S_BUFS; every other index is bounded by its loop.
+// stores, parity halves below M_BUFS; every other index is bounded by its loop.
 
 var<workgroup> q_s: array<SH4, BM * D4>;
-// Keys, then values (the pipelined form: keys, and values from V_OFF).
-var<workgroup> kv_s: array<SH4, BN * KV_ROW * KV_BUFS>;
+// Keys, then values.
+var<workgroup> kv_s: array<SH4, BN * KV_ROW>;
 // Running maxima: M_BUFS halves of BM (tiled2 forms: chunk ci writes half ci & 1 and reads
 // the other, so the lanes of a row group never read a maximum one of them is replacing).
 var<workgroup> m_s: array<f32, BM * M_BUFS>;
 var<workgroup> l_s: array<f32, BM>;
-// Rescale factors α (the pipelined form: one half per chunk parity).
-var<workgroup> a_s: array<f32, BM * A_BUFS>;
+// Rescale factors α.
+var<workgroup> a_s: array<f32, BM>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
 // Key addresses (tiled; 1 entry in the tiled2 forms, which keep them in registers).
@@ -215,10 +208,9 @@ fn tile_scores_h(a_j: u32, a_rg: u32) -> array<f32, RPT_A * KPT> {
     return s;
 }
 
-// tiled2: unpacks this thread's raw words into kv_s from element `off` (0: keys; V_OFF:
-// values), times `scale` (fp8 caches only: the host passes 1 for the others, KV_SCALED
-// false).
-fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32, off: u32) {
+// tiled2: unpacks this thread's raw words (keys or values) into kv_s, times `scale` (fp8
+// caches only: the host passes 1 for the others, KV_SCALED false).
+fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32) {
     var w = w_in;
     // @unroll
     for (var i = 0u; i < LPT; i = i + 1u) {
@@ -228,7 +220,7 @@ fn chunk_store(t: u32, w_in: array<KV_RAW, LPT>, scale: f32, off: u32) {
             if KV_SCALED {
                 x = x * SH(scale);
             }
-            kv_s[off + (u / D4) * KV_ROW + u % D4] = x;
+            kv_s[(u / D4) * KV_ROW + u % D4] = x;
         }
     }
 }
@@ -257,8 +249,8 @@ fn tiled_stage(t: u32, cn: u32, v: bool, scale: f32) {
 // row group hold all BN scores of their rows; the row max and sum are reduced across them
 // in registers. Reads the running maxima from m_s half par ^ 1 and writes the new ones to
 // half par (so no lane reads a maximum another lane of its group is replacing); stores
-// the probabilities at s_off and α at a_off.
-fn scores_softmax(a_j: u32, a_rg: u32, c0: u32, cn: u32, par: u32, s_off: u32, a_off: u32) {
+// the probabilities in s_s and α in a_s.
+fn scores_softmax(a_j: u32, a_rg: u32, c0: u32, cn: u32, par: u32) {
     var s = tile_scores(a_j, a_rg);
     // @unroll
     for (var k = 0u; k < RPT_A; k = k + 1u) {
@@ -291,7 +283,7 @@ fn scores_softmax(a_j: u32, a_rg: u32, c0: u32, cn: u32, par: u32, s_off: u32, a
             }
             sum = sum + e;
             if r < BM {
-                s_set(s_off + r * S_ROW + a_j + i * KL, e);
+                s_set(r * S_ROW + a_j + i * KL, e);
             }
         }
         sum = lanes_sum(sum);
@@ -299,27 +291,25 @@ fn scores_softmax(a_j: u32, a_rg: u32, c0: u32, cn: u32, par: u32, s_off: u32, a
             let alpha = exp(m_old - m_new);
             l_s[r] = l_s[r] * alpha + sum;
             m_s[par * BM + r] = m_new;
-            a_s[a_off + r] = alpha;
+            a_s[r] = alpha;
         }
     }
 }
 
-// Phase C: acc = acc·α + P·V over the chunk's first jn keys (V at V_OFF in kv_s, P at s_off,
-// α at a_off), JU keys per iteration. Rows past n_rows have zero probabilities and are
+// Phase C: acc = acc·α + P·V over the chunk's first jn keys (V in kv_s, P in s_s, α in
+// a_s), JU keys per iteration. Rows past n_rows have zero probabilities and are
 // never stored; rows past BM are clamped. tiled2h (F16): the chunk's P·V in f16 partial
 // sums `hacc`, added to acc after it.
 fn out_chunk(
     c_col: u32,
     c_rg: u32,
     jn: u32,
-    s_off: u32,
-    a_off: u32,
     acc_in: array<vec4<f32>, RPT_C * CPT>,
 ) -> array<vec4<f32>, RPT_C * CPT> {
     var acc = acc_in;
     // @unroll
     for (var k = 0u; k < RPT_C; k = k + 1u) {
-        let alpha = a_s[a_off + min(c_rg + k * RGC, BM - 1u)];
+        let alpha = a_s[min(c_rg + k * RGC, BM - 1u)];
         // @unroll
         for (var i = 0u; i < CPT; i = i + 1u) {
             acc[k * CPT + i] = acc[k * CPT + i] * alpha;
@@ -339,7 +329,7 @@ fn out_chunk(
         if TILED2 {
             // @unroll
             for (var k = 0u; k < RPT_C; k = k + 1u) {
-                pr[k] = s_get4(s_off + min(c_rg + k * RGC, BM - 1u) * S_ROW + j0);
+                pr[k] = s_get4(min(c_rg + k * RGC, BM - 1u) * S_ROW + j0);
             }
         }
         // @unroll
@@ -348,7 +338,7 @@ fn out_chunk(
             var vv: array<SH4, CPT>;
             // @unroll
             for (var i = 0u; i < CPT; i = i + 1u) {
-                vv[i] = kv_s[V_OFF + j * KV_ROW + c_col + i * CL];
+                vv[i] = kv_s[j * KV_ROW + c_col + i * CL];
             }
             // @unroll
             for (var k = 0u; k < RPT_C; k = k + 1u) {
@@ -356,7 +346,7 @@ fn out_chunk(
                 if TILED2 {
                     pk = pr[k][min(jj, 3u)];
                 } else {
-                    pk = SH(s_get(s_off + min(c_rg + k * RGC, BM - 1u) * S_ROW + j));
+                    pk = SH(s_get(min(c_rg + k * RGC, BM - 1u) * S_ROW + j));
                 }
                 // @unroll
                 for (var i = 0u; i < CPT; i = i + 1u) {
@@ -420,9 +410,7 @@ fn main(inp: Inputs) {
         for (var b = 0u; b < M_BUFS; b = b + 1u) {
             m_s[b * BM + r] = m0;
         }
-        for (var b = 0u; b < A_BUFS; b = b + 1u) {
-            a_s[b * BM + r] = 1.0;
-        }
+        a_s[r] = 1.0;
         l_s[r] = l0;
     }
     // Queries, scaled.
@@ -462,11 +450,9 @@ fn main(inp: Inputs) {
     for (var e = 0u; e < RPT_C * CPT; e = e + 1u) {
         acc[e] = vec4<f32>(0.0);
     }
-    // tiled2: the key bases and raw K words of the next chunk, in registers (the pipelined
-    // form also holds the V words of the chunk whose phase C comes next).
+    // tiled2: the key bases and raw K words of the next chunk, in registers.
     var kb: array<u32, LPT>;
     var raw: array<KV_RAW, LPT>;
-    var rawv: array<KV_RAW, LPT>;
     if TILED2 && lo < hi {
         kb = chunk_bases(t, lo, min(BN, hi - lo), kv_head, kv_row);
         raw = chunk_raw(t, kb, min(BN, hi - lo), false);
@@ -475,100 +461,63 @@ fn main(inp: Inputs) {
 
     // Chunks; the running maxima of chunk ci go to m_s half ci & 1 (tiled2 forms).
     let n_chunks = select(0u, (hi - lo + BN - 1u) / BN, lo < hi);
-    if PIPE {
-        // Pipelined: iteration ci stores K(ci) and V(ci − 1), issues the loads of V(ci) and
-        // K(ci + 1), then runs phase A of chunk ci beside phase C of chunk ci − 1 between
-        // the same two barriers (2 per chunk; K, V, the probabilities and α double
-        // buffered so neither phase waits for the other).
-        for (var ci = 0u; ci <= n_chunks; ci = ci + 1u) {
-            let c0 = lo + ci * BN;
-            let par = ci & 1u;
-            let has_a = ci < n_chunks;
-            let has_c = ci > 0u;
-            var cn = 0u;
-            if has_a {
-                cn = min(BN, hi - c0);
-                chunk_store(t, raw, params.k_scale, 0u);
-            }
-            if has_c {
-                chunk_store(t, rawv, params.v_scale, V_OFF);
-            }
-            if has_a {
-                rawv = chunk_raw(t, kb, cn, true);
-                let c1 = c0 + BN;
-                if c1 < hi {
-                    kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
-                    raw = chunk_raw(t, kb, min(BN, hi - c1), false);
-                }
+    for (var ci = 0u; ci < n_chunks; ci = ci + 1u) {
+        let c0 = lo + ci * BN;
+        let cn = min(BN, hi - c0);
+        if TILED2 {
+            // K (loaded during the last chunk's phase C) into shared memory; this chunk's
+            // V loads are issued before phase A and stored after it.
+            chunk_store(t, raw, params.k_scale);
+            workgroupBarrier();
+            raw = chunk_raw(t, kb, cn, true);
+            if a_rg < RGA {
+                scores_softmax(a_j, a_rg, c0, cn, ci & 1u);
             }
             workgroupBarrier();
-            if has_a && a_rg < RGA {
-                scores_softmax(a_j, a_rg, c0, cn, par, par * S_HALF, par * BM);
+            chunk_store(t, raw, params.v_scale);
+            workgroupBarrier();
+            // The next chunk's K loads, in flight during phase C.
+            let c1 = c0 + BN;
+            if c1 < hi {
+                kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
+                raw = chunk_raw(t, kb, min(BN, hi - c1), false);
             }
-            if has_c && c_rg < RGC {
-                acc = out_chunk(c_col, c_rg, BN, (par ^ 1u) * S_HALF, (par ^ 1u) * BM, acc);
+        } else {
+            for (var j = t; j < cn; j = j + WG) {
+                kbase_s[min(j, KB_LEN - 1u)] = key_base(c0 + j, kv_head, kv_row);
             }
             workgroupBarrier();
-        }
-    } else {
-        for (var ci = 0u; ci < n_chunks; ci = ci + 1u) {
-            let c0 = lo + ci * BN;
-            let cn = min(BN, hi - c0);
-            if TILED2 {
-                // K (loaded during the last chunk's phase C) into shared memory; this chunk's
-                // V loads are issued before phase A and stored after it.
-                chunk_store(t, raw, params.k_scale, 0u);
-                workgroupBarrier();
-                raw = chunk_raw(t, kb, cn, true);
-                if a_rg < RGA {
-                    scores_softmax(a_j, a_rg, c0, cn, ci & 1u, 0u, 0u);
-                }
-                workgroupBarrier();
-                chunk_store(t, raw, params.v_scale, 0u);
-                workgroupBarrier();
-                // The next chunk's K loads, in flight during phase C.
-                let c1 = c0 + BN;
-                if c1 < hi {
-                    kb = chunk_bases(t, c1, min(BN, hi - c1), kv_head, kv_row);
-                    raw = chunk_raw(t, kb, min(BN, hi - c1), false);
-                }
-            } else {
-                for (var j = t; j < cn; j = j + WG) {
-                    kbase_s[min(j, KB_LEN - 1u)] = key_base(c0 + j, kv_head, kv_row);
-                }
-                workgroupBarrier();
-                tiled_stage(t, cn, false, params.k_scale);
-                workgroupBarrier();
+            tiled_stage(t, cn, false, params.k_scale);
+            workgroupBarrier();
 
-                // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
-                // discarded by phase B); rows past BM are clamped and not stored.
-                if a_rg < RGA {
-                    let s = tile_scores(a_j, a_rg);
-                    // @unroll
-                    for (var k = 0u; k < RPT_A; k = k + 1u) {
-                        let r = a_rg + k * RGA;
-                        if r < BM {
-                            // @unroll
-                            for (var i = 0u; i < KPT; i = i + 1u) {
-                                s_set(r * S_ROW + a_j + i * KL, s[k * KPT + i]);
-                            }
+            // Phase A: S = Q·K^T. Rows past n_rows hold zero queries (their scores are
+            // discarded by phase B); rows past BM are clamped and not stored.
+            if a_rg < RGA {
+                let s = tile_scores(a_j, a_rg);
+                // @unroll
+                for (var k = 0u; k < RPT_A; k = k + 1u) {
+                    let r = a_rg + k * RGA;
+                    if r < BM {
+                        // @unroll
+                        for (var i = 0u; i < KPT; i = i + 1u) {
+                            s_set(r * S_ROW + a_j + i * KL, s[k * KPT + i]);
                         }
                     }
                 }
-                workgroupBarrier();
-
-                // Phase B (rows) while V is loaded over K.
-                softmax_rows(inp, c0, cn);
-                tiled_stage(t, cn, true, params.v_scale);
-                workgroupBarrier();
-            }
-            // Phase C over the chunk's first jn keys (cn; tiled2: all BN, whose keys ≥ cn
-            // have zero values and probabilities).
-            if c_rg < RGC {
-                acc = out_chunk(c_col, c_rg, select(cn, BN, TILED2), 0u, 0u, acc);
             }
             workgroupBarrier();
+
+            // Phase B (rows) while V is loaded over K.
+            softmax_rows(inp, c0, cn);
+            tiled_stage(t, cn, true, params.v_scale);
+            workgroupBarrier();
         }
+        // Phase C over the chunk's first jn keys (cn; tiled2: all BN, whose keys ≥ cn
+        // have zero values and probabilities).
+        if c_rg < RGC {
+            acc = out_chunk(c_col, c_rg, select(cn, BN, TILED2), acc);
+        }
+        workgroupBarrier();
     }
     // The half of m_s holding the final running maxima (tiled2 forms: that of the last
     // chunk, or of the initial values, half 1, when there was none).

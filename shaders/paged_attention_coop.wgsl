@@ -12,7 +12,7 @@
 // 16 / NQ rows per subgroup in the softmax, KV_ROWS = max(BM, BN) (kv_s stages the Q tile
 // first), row strides KS (f16, of kv_s), SS (f32, of s_s) and PS (f16, of p_s), each a
 // multiple of 16 bytes, LPT and the raw-word helpers of attention_chunks.wgsl (KV_RAW =
-// vec4<f16>), DBG (0; the diagnosis dumps below) and COOP_TAU.
+// vec4<f16>) and COOP_TAU.
 //
 // Algorithm (FlashAttention-2 with a lazy rescale). Subgroup g has row tile g / NQ (rows
 // row0 .. row0 + 15) and part q = g % NQ: it holds the tile's Q in NT A-matrices and the
@@ -54,11 +54,6 @@
 // stores touch 16 rows × 16 columns from offsets that leave room for them (row0 + 15 < BM,
 // key0 + 15 < BN, col0 + 15 < D). Keys ≥ cn have zero K / V words and zero probabilities;
 // rows ≥ n_rows have zero queries, zero probabilities and are never stored.
-//
-// Diagnosis (DBG, from POLYATTN_COOP_DBG; 0 in normal builds): 1 forces the scores to 0,
-// 2 the probabilities of visible keys to 1, 3 writes per-row statistics instead of the
-// output; 5 / 6 / 7 / 8 write the first chunk's scores / probabilities / staged V / staged
-// Q into each row's output (tests/wgpu_coop.rs `coop_attention_dumps` reads them).
 
 var<workgroup> kv_s: array<f16, KV_ROWS * KS>;
 var<workgroup> s_s: array<f32, BM * SS>;
@@ -146,9 +141,6 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
         var e = 0.0;
         if x[i] > NO_MAX {
             e = exp(x[i] - m_new);
-            if DBG == 2u {
-                e = 1.0;
-            }
         }
         sum = sum + e;
         p_s[r * PS + j0 + i] = f16(e);
@@ -171,17 +163,6 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
         seen_s[par * BM + r] = select(seen_old, 1u, saw2);
     }
     return rescale;
-}
-
-// Diagnosis dumps (DBG 5..8): four values `v` at column `col` of row r's output.
-fn coop_dbg_row(r: u32, n_rows: u32, row_start: u32, tok_start: u32, kv_head: u32, col: u32, v: vec4<f32>) {
-    if r < n_rows {
-        let g = params.group;
-        let rr = row_start + r;
-        let tok = tok_start + rr / g;
-        let head = kv_head * g + rr % g;
-        out_store4((tok * params.num_heads + head) * D + col, v);
-    }
 }
 
 @compute @workgroup_size(WG)
@@ -265,14 +246,6 @@ fn main(inp: Inputs) {
         s_s[u] = 0.0;
     }
     workgroupBarrier();
-    if DBG == 8u {
-        for (var u = t; u < BM * D4; u = u + WG) {
-            let r = u / D4;
-            let e = r * KS + (u % D4) * 4u;
-            coop_dbg_row(r, n_rows, row_start, tok_start, kv_head, (u % D4) * 4u,
-                vec4<f32>(f32(kv_s[e]), f32(kv_s[e + 1u]), f32(kv_s[e + 2u]), f32(kv_s[e + 3u])));
-        }
-    }
     let zero_c = coopLoadT<coop_mat16x16<f32, C>>(&s_s[0], 16u);
     var qa: array<coop_mat16x16<f16, A>, NT>;
     var o: array<coop_mat16x16<f32, C>, NTQ>;
@@ -322,20 +295,9 @@ fn main(inp: Inputs) {
                 let kt = coopLoad<coop_mat16x16<f16, B>>(&kv_s[k * 16u * KS + n * 16u], KS);
                 sacc = coopMultiplyAdd(qa[n], kt, sacc);
             }
-            if DBG == 1u {
-                sacc = zero_c;
-            }
             coopStoreT(sacc, &s_s[row0 * SS + k * 16u], SS);
         }
         workgroupBarrier();
-        if DBG == 5u && ci == 0u {
-            for (var i = 0u; i < KH; i = i + 4u) {
-                let j = sm_half * KH + i;
-                let b = sm_row * SS + j;
-                coop_dbg_row(sm_row, n_rows, row_start, tok_start, kv_head, j,
-                    vec4<f32>(s_s[b], s_s[b + 1u], s_s[b + 2u], s_s[b + 3u]));
-            }
-        }
         coop_store_chunk(t, raw);
         let rescale = coop_softmax_row(sm_row, sm_half, c0, cn, par);
         let any_rescale = subgroupAny(rescale);
@@ -345,22 +307,6 @@ fn main(inp: Inputs) {
         // The barrier after the softmax, and whether any subgroup must rescale (a value
         // uniform across the workgroup, as the branch below needs).
         let need = workgroupUniformLoad(&rescale_a[0]);
-        if DBG == 6u && ci == 0u {
-            for (var i = 0u; i < KH; i = i + 4u) {
-                let j = sm_half * KH + i;
-                let b = sm_row * PS + j;
-                coop_dbg_row(sm_row, n_rows, row_start, tok_start, kv_head, j,
-                    vec4<f32>(f32(p_s[b]), f32(p_s[b + 1u]), f32(p_s[b + 2u]), f32(p_s[b + 3u])));
-            }
-        }
-        if DBG == 7u && ci == 0u {
-            for (var u = t; u < BN * D4; u = u + WG) {
-                let r = u / D4;
-                let e = r * KS + (u % D4) * 4u;
-                coop_dbg_row(r, n_rows, row_start, tok_start, kv_head, (u % D4) * 4u,
-                    vec4<f32>(f32(kv_s[e]), f32(kv_s[e + 1u]), f32(kv_s[e + 2u]), f32(kv_s[e + 3u])));
-            }
-        }
         // Rare: some row's reference maximum moved; every subgroup takes this path (the
         // barriers need the whole workgroup), those without such rows scale by 1.
         if need != 0u {
@@ -431,20 +377,16 @@ fn main(inp: Inputs) {
             let lo4 = vec4<f32>(s_s[st], s_s[st + 1u], s_s[st + 2u], s_s[st + 3u]);
             let hi4 = vec4<f32>(s_s[st + 4u], s_s[st + 5u], s_s[st + 6u], s_s[st + 7u]);
             let col = (q * NTQ + n) * 16u + hh * 8u;
-            if slot == DIRECT && DBG < 5u {
+            if slot == DIRECT {
                 var a = vec4<f32>(0.0);
                 var b = vec4<f32>(0.0);
                 if l > 0.0 {
                     a = lo4 / l;
                     b = hi4 / l;
                 }
-                if DBG == 3u {
-                    a = vec4<f32>(l, m, lo4.x, hi4.x);
-                    b = vec4<f32>(f32(n_chunks), f32(lo), f32(hi), f32(r));
-                }
                 out_store4((tok * H + head) * D + col, a);
                 out_store4((tok * H + head) * D + col + 4u, b);
-            } else if slot != DIRECT {
+            } else {
                 let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
                 scratch[prow * D4 + col / 4u] = lo4;
                 scratch[prow * D4 + col / 4u + 1u] = hi4;

@@ -4,11 +4,11 @@
 // pass (combine_splits.wgsl) as paged_attention.wgsl; it differs in how one workgroup
 // walks its keys.
 //
-// Algorithm: a workgroup runs one item for one KV head: with the HEADS_INNER flag (the
-// default) workgroup (h, y + z·65535) runs item y + z·65535 for KV head h, so the Hkv
+// Algorithm: a workgroup runs one item for one KV head: workgroup (h, y + z·65535) runs
+// item y + z·65535 for KV head h (the KV heads on the inner dispatch dimension), so the Hkv
 // workgroups of an item are dispatched together and read the same cache blocks at the same
 // time (one block holds every head's keys: the pages and DRAM rows it touches serve all of
-// them); without it workgroup (x + z·65535, y) runs item x + z·65535 for KV head y. The
+// them). The
 // item's n_rows ≤ ROWS query rows (the GQA group of each of its tokens, row rr = row_start + r
 // is token rr / g, query head kv_head·g + rr % g) run against its key range, so every key and
 // value is read once for all the query heads that share it. The WG invocations form
@@ -23,9 +23,8 @@
 //   1. issues the 2·U·GPT granule loads of its keys' K and V, then the block-table reads of
 //      the keys it loads next (they overlap the loads in flight; one read for all U keys when
 //      they share a block: the range starts at a multiple of U and U divides the block
-//      size); with PREFETCH (the default) those loads are the next step's, issued before
-//      this step's granules (loaded one step earlier) are used, so two steps of loads are in
-//      flight while it computes;
+//      size); those loads are the next step's, issued before this step's granules (loaded
+//      one step earlier) are used, so two steps of loads are in flight while it computes;
 //   2. forms partial dot products of its query granules (registers, pre-scaled by
 //      scale·k_scale) with each key, and sums them over the TPK lanes with
 //      subgroupShuffleXor (log2 TPK steps);
@@ -44,7 +43,7 @@
 //
 // Specialisation (generated header, see `DecodeShader` in src/backends/wgpu/shaders.rs):
 // D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, LOG_TPK, GPT = ceil(NG / TPK),
-// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS, PREFETCH (0 / 1), FULL (1 when TPK divides NG:
+// QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS, FULL (1 when TPK divides NG:
 // no lane is ever past the last granule, the masks fold away); the granule type `Gran`;
 // `q_load4` / `out_store4` for the query dtype; `unpack4(w, i)`, the i-th four elements of a
 // granule as f32 (exact integer unpacking, common.wgsl). Loops marked `// @unroll` (all over
@@ -169,14 +168,10 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
     @builtin(subgroup_id) sg_id: u32,
 ) {
-    // Heads inner (the default): workgroup (h, y + z·nwg.y) runs item y + z·nwg.y for KV
-    // head h, so the Hkv workgroups of one item start together and walk the same blocks.
-    var item = flat_group(wid, nwg);
-    var kv_head = wid.y;
-    if (params.flags & HEADS_INNER) != 0u {
-        item = wid.z * nwg.y + wid.y;
-        kv_head = wid.x;
-    }
+    // Heads inner: workgroup (h, y + z·nwg.y) runs item y + z·nwg.y for KV head h, so the
+    // Hkv workgroups of one item start together and walk the same blocks.
+    let item = wid.z * nwg.y + wid.y;
+    let kv_head = wid.x;
     if item >= params.num_items {
         return;
     }
@@ -243,28 +238,24 @@ fn main(
     let no_modifier = (params.flags & (SOFT_CAP | ALIBI)) == 0u;
     let one_block = lo % U == 0u && params.block_size % U == 0u;
 
-    // Element bases of the keys whose granules load next. With PREFETCH the granules of
-    // step `it` + STEP load while step `it` is computed (two steps of loads in flight).
+    // Element bases of the keys whose granules load next. The granules of step `it` + STEP
+    // load while step `it` is computed (two steps of loads in flight).
     var kb = key_bases(lo + kg * U, hi, kv_head, kv_row, one_block);
     var nxt: Granules;
-    if PREFETCH != 0u && lo < hi {
+    if lo < hi {
         nxt = load_step(kb, c);
         kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row, one_block);
     }
 
     for (var it = lo; it < hi; it = it + STEP) {
-        // 1. Loads: this step's K and V granules (or the next step's, with PREFETCH), then
-        //    the addresses of the step after (their block-table reads overlap the loads).
+        // 1. Loads: the next step's K and V granules (this step's were loaded one step
+        //    earlier), then the addresses of the step after (their block-table reads overlap
+        //    the loads).
         var cur = nxt;
-        if PREFETCH != 0u {
-            if it + STEP < hi {
-                nxt = load_step(kb, c);
-            }
-            kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block);
-        } else {
-            cur = load_step(kb, c);
-            kb = key_bases(it + STEP + kg * U, hi, kv_head, kv_row, one_block);
+        if it + STEP < hi {
+            nxt = load_step(kb, c);
         }
+        kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block);
 
         // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
         var s: array<f32, U * ROWS>;

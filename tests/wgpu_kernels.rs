@@ -14,11 +14,11 @@ mod common;
 
 use half::{bf16, f16};
 use polyattn::backends::wgpu::shaders::{
-    coop_shared_bytes, coop_split, tiled2_pipelined_bytes, tiled2_shared_bytes,
-    tiled2h_shared_bytes, AttentionShader, COOP_KEYS, COOP_ROWS,
+    coop_shared_bytes, coop_split, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
+    COOP_KEYS, COOP_ROWS,
 };
 use polyattn::backends::wgpu::{
-    kernels, prefill_tile_fits, PrefillKernel, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
+    kernels, prefill_tile_fits, PrefillForm, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
     WgpuTuning, PREFILL_TILED2_WORKGROUP,
 };
 use polyattn::device::WgpuDevice;
@@ -254,18 +254,17 @@ fn check_batch(
     let limit = dev.limits().max_compute_workgroup_storage_size;
     let (d, bm, bn) = (p.head_size as u32, prefill.block_m, prefill.block_n);
     let t2_fits = tiled2_shared_bytes(d, bm, bn) <= limit;
-    let t2h = tuning.prefill_kernel == PrefillKernel::Tiled2H
+    let t2h = tuning.prefill_form.allows_f16()
         && dev.has_f16()
         && case.dtype == DType::F16
         && kv_dtype == DType::F16
         && tiled2h_shared_bytes(d, bm, bn) <= limit;
-    let t2 = !t2h && tuning.prefill_kernel.is_tiled2() && t2_fits;
+    let t2 = !t2h && tuning.prefill_form.is_fused() && t2_fits;
     // The coop form where the tuning asks for it and the device has cooperative matrices
     // with 32-lane subgroups, for f16 layers with an f16 cache at head sizes that are
     // multiples of 16 up to 128; its own checks end here.
     let info = dev.adapter_info();
-    let want_coop = tuning.prefill_kernel == PrefillKernel::Tiled2H
-        && tuning.prefill_coop
+    let want_coop = tuning.prefill_form == PrefillForm::CooperativeMatrix
         && tuning.subgroups
         && dev.has_coop()
         && (info.subgroup_min_size, info.subgroup_max_size) == (32, 32)
@@ -291,13 +290,6 @@ fn check_batch(
         .prefill_rows_h
         .filter(|&m| got_t2h && tiled2h_shared_bytes(d, m, bn) <= limit);
     if own_n.is_some_and(|n| n != bn) || own_m.is_some_and(|m| m != bm) {
-        return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
-    }
-    // The pipelined variant wherever the tuning asks for it and its double buffers fit.
-    let want_pipe = tuning.prefill_pipelined
-        && prefill.tiled2.is_some()
-        && tiled2_pipelined_bytes(d, bm, bn, got_t2h) <= limit;
-    if want_pipe != prefill.tiled2.is_some_and(|t| t.pipelined) {
         return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
     }
     // The coop form takes tiled2h's rows / keys knobs where they are multiples of 16 (and
@@ -397,24 +389,23 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 subgroups: false,
                 prefill_tiles: true,
                 unrolled: true,
-                prefill_kernel: PrefillKernel::Tiled,
+                prefill_form: PrefillForm::ThreePhase,
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
                 prefill_keys_h: None,
                 prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
-                prefill_pipelined: false,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
-                prefill_coop: false,
                 prefill_coop_split: None,
+                ..base
             },
         ),
     ];
     // The tiled2 prefill form: without subgroups (one lane per row group) and with them,
     // loops and unrolled, 128 and 64 threads.
     let t2 = |t: WgpuTuning, workgroup: u32| WgpuTuning {
-        prefill_kernel: PrefillKernel::Tiled2,
+        prefill_form: PrefillForm::FusedSoftmax,
         prefill_workgroup: workgroup,
         ..t
     };
@@ -431,12 +422,12 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
     // GPU's 64 x 16 tile (f16 layers; every other layer falls back to tiled2).
     // (The tiled2h-only thread count and block of the GPU defaults cleared, so `workgroup`
     // and `prefill_block` apply.)
-    // (Cooperative matrices off: these exercise tiled2h where the coop form would run.)
+    // (The fused-softmax f16 form without cooperative matrices: these exercise tiled2h
+    // where the coop form would run.)
     let t2h = |t: WgpuTuning, workgroup: u32| WgpuTuning {
-        prefill_kernel: PrefillKernel::Tiled2H,
+        prefill_form: PrefillForm::FusedSoftmaxF16,
         prefill_workgroup_h: None,
         prefill_block_h: None,
-        prefill_coop: false,
         prefill_coop_split: None,
         ..t2(t, workgroup)
     };
@@ -468,34 +459,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
             ..t2h(serial, 512)
         },
     ));
-    // The pipelined tiled2 forms (POLYATTN_WGPU_PREFILL_PIPELINED): f16 with its own
-    // 48-key chunks (not a power of two: 6 keys per thread), f32 at 128 threads.
-    v.push((
-        "tiled2h prefill pipelined (serial), 48-key chunks, 256 threads",
-        WgpuTuning {
-            prefill_pipelined: true,
-            prefill_keys_h: Some(48),
-            ..t2h(serial, 256)
-        },
-    ));
-    v.push((
-        "tiled2 prefill pipelined (serial), 128 threads",
-        WgpuTuning {
-            prefill_pipelined: true,
-            ..t2(serial, 128)
-        },
-    ));
     if dev.has_subgroups() {
-        v.push((
-            "tiled2h prefill pipelined (subgroups), 32-row tiles, 4x1 blocks, 512 threads",
-            WgpuTuning {
-                subgroups: true,
-                prefill_pipelined: true,
-                prefill_rows_h: Some(32),
-                prefill_block: (4, 1),
-                ..t2h(serial, 512)
-            },
-        ));
         v.push((
             "tiled2h prefill (subgroups), 64-key chunks, 16x8 blocks, 64 threads",
             WgpuTuning {
@@ -529,7 +493,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
         // row tile, and 48-row tiles with 32-key chunks (2 per row tile).
         if dev.has_coop() {
             let coop = WgpuTuning {
-                prefill_coop: true,
+                prefill_form: PrefillForm::CooperativeMatrix,
                 prefill_rows_h: None,
                 prefill_keys_h: None,
                 ..t2h(gpu_like, 128)
@@ -579,17 +543,16 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 subgroups: true,
                 prefill_tiles: false,
                 unrolled: false,
-                prefill_kernel: PrefillKernel::Tiled,
+                prefill_form: PrefillForm::ThreePhase,
                 prefill_workgroup: PREFILL_TILED2_WORKGROUP,
                 prefill_tile: None,
                 prefill_keys_h: None,
                 prefill_rows_h: None,
                 prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
-                prefill_pipelined: false,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
-                prefill_coop: false,
                 prefill_coop_split: None,
+                ..base
             },
         ));
         v.push((
@@ -714,17 +677,17 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         subgroups: true,
         prefill_tiles: false,
         unrolled: false,
-        prefill_kernel: PrefillKernel::Tiled,
+        prefill_form: PrefillForm::ThreePhase,
         prefill_workgroup: PREFILL_TILED2_WORKGROUP,
         prefill_tile: None,
         prefill_keys_h: None,
         prefill_rows_h: None,
         prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
-        prefill_pipelined: false,
         prefill_workgroup_h: None,
         prefill_block_h: None,
-        prefill_coop: false,
         prefill_coop_split: None,
+        // The decode kernel's knobs (and the rest) as the environment sets them.
+        ..WgpuTuning::for_device(dev)
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).
@@ -788,9 +751,9 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
     failures
 }
 
-/// The split-KV decode kernel's A/B switches (README's environment table) keep it correct:
-/// child processes run `check_decode_kernel` with prefetching off and the work items on the
-/// fastest dispatch dimension, and with odd keys per step.
+/// The split-KV decode kernel's environment knobs (docs/TUNING.md) keep it correct: child
+/// processes run `check_decode_kernel` with odd keys per step (`POLYATTN_WGPU_DECODE_KEYS`)
+/// and with 256-thread workgroups (`POLYATTN_WGPU_DECODE_WG`).
 #[test]
 fn decode_kernel_switches() {
     if std::env::var_os("POLYATTN_WGPU_DECODE_CHILD").is_some() {
@@ -805,11 +768,8 @@ fn decode_kernel_switches() {
     }
     let exe = std::env::current_exe().expect("test binary");
     let runs: [&[(&str, &str)]; 2] = [
-        &[
-            ("POLYATTN_WGPU_DECODE_PREFETCH", "0"),
-            ("POLYATTN_WGPU_DECODE_HEADS_INNER", "0"),
-        ],
         &[("POLYATTN_WGPU_DECODE_KEYS", "3")],
+        &[("POLYATTN_WGPU_DECODE_WG", "256")],
     ];
     for vars in runs {
         let mut cmd = std::process::Command::new(&exe);

@@ -24,12 +24,13 @@ use super::kernels::{
     bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
     upload_words, whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
-use super::metadata_builder::{PlanKey, PrefillKernel, WgpuAttentionMetadata, WgpuTuning};
+use super::metadata_builder::{PlanKey, WgpuAttentionMetadata};
 use super::shaders::{
     self, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
     AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, COOP_KEYS,
-    COOP_ROWS, DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP, ELEMENTWISE_WORKGROUP,
+    COOP_ROWS, DECODE_MAX_ROWS, ELEMENTWISE_WORKGROUP,
 };
+use super::tuning::{PrefillForm, WgpuTuning};
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
 const CAUSAL: u32 = 1;
@@ -38,7 +39,6 @@ const SOFT_CAP: u32 = 4;
 const ALIBI: u32 = 8;
 const SINKS: u32 = 16;
 const WRITE_LSE: u32 = 32;
-const HEADS_INNER: u32 = 64;
 
 /// Parameter slots: reshape, decode attention, prefill attention, combine, split-KV decode.
 const SLOT_RESHAPE: usize = 0;
@@ -55,46 +55,6 @@ const _: () = assert!(MAX_HEAD_SIZE <= 4 * super::shaders::COMBINE_WORKGROUP as 
 /// One recorded dispatch: pipeline, bind group, workgroups.
 type Pass = (wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32, u32));
 
-/// How the split-KV decode kernel (`paged_decode.wgsl`) is used. It runs decode items of at
-/// most [`DECODE_MAX_ROWS`] rows when the tuning asks for subgroups; other items, and layers
-/// it cannot run (see [`WgpuAttentionImpl::decode_shader`]), take the decode tile of
-/// `paged_attention.wgsl`. For tuning runs: `POLYATTN_WGPU_DECODE_KERNEL=0` turns it off,
-/// `POLYATTN_WGPU_DECODE_KEYS` sets the keys per key group per step (1–16)
-/// and `POLYATTN_WGPU_DECODE_WG` the workgroup size (a power of two). Whether its loops are
-/// unrolled follows [`WgpuTuning::unrolled`]. `POLYATTN_WGPU_DECODE_PREFETCH=0` turns off its
-/// software pipelining ([`DecodeShader::prefetch`]) and `POLYATTN_WGPU_DECODE_HEADS_INNER=0`
-/// puts the work items back on the fastest dispatch dimension (the order before the KV heads
-/// became the inner one), for A/B runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct DecodeKernelConfig {
-    enabled: bool,
-    keys_per_step: u32,
-    workgroup: u32,
-    prefetch: bool,
-    heads_inner: bool,
-}
-
-impl DecodeKernelConfig {
-    fn from_env() -> Self {
-        fn var(name: &str, default: u32) -> u32 {
-            match std::env::var(name) {
-                Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-                    tracing::warn!("{name}={v} does not parse; using the default");
-                    default
-                }),
-                Err(_) => default,
-            }
-        }
-        DecodeKernelConfig {
-            enabled: var("POLYATTN_WGPU_DECODE_KERNEL", 1) != 0,
-            keys_per_step: var("POLYATTN_WGPU_DECODE_KEYS", DECODE_KEYS_PER_STEP),
-            workgroup: var("POLYATTN_WGPU_DECODE_WG", DECODE_WORKGROUP),
-            prefetch: var("POLYATTN_WGPU_DECODE_PREFETCH", 1) != 0,
-            heads_inner: var("POLYATTN_WGPU_DECODE_HEADS_INNER", 1) != 0,
-        }
-    }
-}
-
 /// Buffers reused across calls.
 #[derive(Debug)]
 struct State {
@@ -110,7 +70,6 @@ pub struct WgpuAttentionImpl {
     decode_tile: (u32, u32),
     prefill_tile: (u32, u32),
     tuning: WgpuTuning,
-    decode_kernel: DecodeKernelConfig,
     /// `[alibi slopes H][sinks H]` f32.
     layer_consts: wgpu::Buffer,
     state: Mutex<State>,
@@ -201,9 +160,7 @@ impl WgpuAttentionImpl {
             subgroups: tuning.subgroups && dev.has_subgroups(),
             ..tuning
         };
-        let decode_kernel = DecodeKernelConfig::from_env();
         Ok(WgpuAttentionImpl {
-            decode_kernel,
             state: Mutex::new(State {
                 params: ParamBlock::new(&dev, SLOTS),
                 scratch: None,
@@ -229,8 +186,8 @@ impl WgpuAttentionImpl {
         q_dtype: DType,
         cache: &KvCache,
     ) -> Option<DecodeShader> {
-        let cfg = &self.decode_kernel;
-        if !cfg.enabled || !self.tuning.subgroups || !self.dev.has_subgroups() {
+        let cfg = &self.tuning;
+        if !cfg.decode_kernel || !self.tuning.subgroups || !self.dev.has_subgroups() {
             return None;
         }
         let kv_dtype = cache.spec().storage_dtype();
@@ -253,22 +210,22 @@ impl WgpuAttentionImpl {
             kv_dtype,
             (info.subgroup_min_size, info.subgroup_max_size),
             self.dev.limits().max_compute_workgroup_storage_size,
-            cfg.keys_per_step,
-            cfg.workgroup,
+            cfg.decode_keys_per_step,
+            cfg.decode_workgroup,
         )
         .map(|s| DecodeShader {
             unrolled: self.tuning.unrolled,
-            prefetch: cfg.prefetch,
             ..s
         })
     }
 
     /// The `paged_attention.wgsl` specialisation that runs the decode tiles (`prefill`
     /// false) or the prefill tiles of this layer, for queries of `q_dtype` and keys of
-    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tiled2h form when the
-    /// tuning asks for it ([`PrefillKernel::Tiled2H`]), the adapter has `SHADER_F16`, both
-    /// dtypes are f16 and it can run here (`runs_here`); else the tiled2 form when
-    /// the tuning asks for either and it can run here; otherwise the tiled form.
+    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tuning's
+    /// [`PrefillForm`] where it can run here (`runs_here`), else the next simpler one:
+    /// cooperative matrix (f16 activations and cache, a device with cooperative matrices),
+    /// fused softmax f16 (f16 activations and cache, `SHADER_F16`), fused softmax, three
+    /// phase. Decode tiles always take the three-phase form.
     pub fn tile_shader(
         &self,
         prefill: bool,
@@ -292,8 +249,8 @@ impl WgpuAttentionImpl {
             unrolled: self.tuning.unrolled,
             tiled2: None,
         };
-        let kernel = self.tuning.prefill_kernel;
-        if !prefill || !kernel.is_tiled2() {
+        let form = self.tuning.prefill_form;
+        if !prefill || !form.is_fused() {
             return tiled;
         }
         let max_key_lanes = if self.tuning.subgroups {
@@ -307,26 +264,14 @@ impl WgpuAttentionImpl {
                 max_key_lanes,
                 half: false,
                 block: self.tuning.prefill_block,
-                pipelined: false,
                 coop: false,
             }),
             ..tiled
         };
-        // The pipelined variant of a shape first when the tuning asks for it.
-        let pipelined = |s: AttentionShader| AttentionShader {
-            tiled2: s.tiled2.map(|t| Tiled2 {
-                pipelined: true,
-                ..t
-            }),
-            ..s
-        };
         let pick = |s: AttentionShader| -> Option<AttentionShader> {
-            [pipelined(s), s]
-                .into_iter()
-                .skip(usize::from(!self.tuning.prefill_pipelined))
-                .find(|s| self.runs_here(s))
+            Some(s).filter(|s| self.runs_here(s))
         };
-        if kernel == PrefillKernel::Tiled2H {
+        if form.allows_f16() {
             let t2h = AttentionShader {
                 tiled2: t2.tiled2.map(|t| Tiled2 {
                     half: true,
@@ -337,7 +282,7 @@ impl WgpuAttentionImpl {
                 ..t2
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
-            if f16_inputs {
+            if f16_inputs && form == PrefillForm::CooperativeMatrix {
                 if let Some(s) = self.coop_shader(paged) {
                     return s;
                 }
@@ -377,8 +322,7 @@ impl WgpuAttentionImpl {
     fn coop_shader(&self, paged: bool) -> Option<AttentionShader> {
         let info = self.dev.adapter_info();
         let d = self.params.head_size as u32;
-        let usable = self.tuning.prefill_coop
-            && self.dev.has_coop()
+        let usable = self.dev.has_coop()
             && self.tuning.subgroups
             && info.subgroup_min_size == 32
             && info.subgroup_max_size == 32
@@ -822,17 +766,11 @@ impl AttentionImpl for WgpuAttentionImpl {
                 LoopBounding::Off,
             )?;
             let hkv = p.num_kv_heads as u32;
-            let heads_inner = self.decode_kernel.heads_inner;
-            let order = if heads_inner { HEADS_INNER } else { 0 };
-            slots[SLOT_DECODE_FAST] = attn_words(list.count, flags | order);
+            slots[SLOT_DECODE_FAST] = attn_words(list.count, flags);
             let group = attention_group(&pipe, SLOT_DECODE_FAST, &list.buffer);
+            // The KV heads on x: the workgroups of one item run side by side on its blocks.
             let (a, b) = grid(dev, list.count as u64)?;
-            let dims = if heads_inner {
-                (hkv, a, b)
-            } else {
-                (a, hkv, b)
-            };
-            passes.push((pipe, group, dims));
+            passes.push((pipe, group, (hkv, a, b)));
         }
         if let Some(list) = &plan.combine {
             let shader = CombineShader { out_dtype: dtype };

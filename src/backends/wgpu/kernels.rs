@@ -130,9 +130,12 @@ pub enum LoopBounding {
     Off,
 }
 
-/// [`pipeline`], choosing the loop bounding. `POLYATTN_WGPU_LOOP_BOUNDING=1` forces the
-/// counters everywhere (A/B timing), `=0` is ignored for shaders that ask for them.
-/// `POLYATTN_WGPU_LOG_PIPELINES=1` prints the key of every pipeline compiled (to stderr).
+/// [`pipeline`], choosing the loop bounding. [`PipelineTuning::loop_bounding`]
+/// (`POLYATTN_WGPU_LOOP_BOUNDING=1`) forces the counters everywhere;
+/// [`PipelineTuning::log_pipelines`] prints the key of every pipeline compiled (to stderr).
+///
+/// [`PipelineTuning::loop_bounding`]: super::tuning::PipelineTuning::loop_bounding
+/// [`PipelineTuning::log_pipelines`]: super::tuning::PipelineTuning::log_pipelines
 pub fn pipeline_with(
     dev: &WgpuDevice,
     key: &str,
@@ -141,9 +144,11 @@ pub fn pipeline_with(
     needs_subgroups: bool,
     loops: LoopBounding,
 ) -> Result<wgpu::ComputePipeline> {
-    let loops = match std::env::var("POLYATTN_WGPU_LOOP_BOUNDING").as_deref() {
-        Ok("1") => LoopBounding::Forced,
-        _ => loops,
+    let knobs = super::tuning::PipelineTuning::get();
+    let loops = if knobs.loop_bounding {
+        LoopBounding::Forced
+    } else {
+        loops
     };
     if needs_subgroups && !dev.has_subgroups() {
         return Err(Error::Device {
@@ -154,7 +159,7 @@ pub fn pipeline_with(
     dev.cached_pipeline(key, |device| {
         // Which specialisation a tuning knob actually produced (a tile or blocking that
         // does not fit falls back to another form): `POLYATTN_WGPU_LOG_PIPELINES=1`.
-        if std::env::var_os("POLYATTN_WGPU_LOG_PIPELINES").is_some_and(|v| v != "0") {
+        if knobs.log_pipelines {
             eprintln!("polyattn wgpu: compiling pipeline `{key}`");
         }
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);

@@ -13,18 +13,16 @@
 //! (decode tiles with split-KV partials merged by `combine_splits`, prefill tiles without),
 //! and `merge_attn_states` for [`crate::ops::merge_attn_states`]. Everything computes in f32;
 //! f16, bf16 and fp8 are unpacked from u32 words, so no adapter feature is required. The
-//! subgroup softmax is used when the adapter has `SUBGROUP`. Prefill tiles take the
-//! kernel's tiled2 form ([`PrefillKernel`]): register-prefetched K/V, softmax fused into the
-//! score phase, fewer barriers (twice the tiled form's speed on the H200); a layer whose
-//! tiled2 workgroup memory does not fit the adapter runs the tiled form
-//! (`POLYATTN_WGPU_PREFILL=tiled` forces it). f16 layers with an f16 cache on adapters with
-//! `SHADER_F16` take its f16 variant tiled2h by default (f16 tiles and packed f16 FMAs, f32
-//! softmax; 1.6x tiled2 on the H200): the one path that does not compute in f32
-//! (`POLYATTN_WGPU_PREFILL=tiled2` keeps them in f32). Where a Vulkan adapter offers
-//! cooperative matrices (16 × 16 × 16 f16 / f32: the H200's driver), those layers run the
-//! coop form instead (`shaders/paged_attention_coop.wgsl`: both products on tensor cores,
-//! f32 softmax, compiled by [`coop_spirv`] and passed through as SPIR-V; 2× tiled2h on the
-//! H200 from 16k tokens; `POLYATTN_WGPU_COOP=0` / `POLYATTN_WGPU_PREFILL_COOP=0` turn it off).
+//! subgroup softmax is used when the adapter has `SUBGROUP`. Prefill tiles take one of four
+//! forms ([`PrefillForm`]), the best that can run the layer: cooperative matrix
+//! (`shaders/paged_attention_coop.wgsl`: both products on tensor cores through wgpu's
+//! experimental cooperative matrices, f32 softmax, compiled by [`coop_spirv`] and passed
+//! through as SPIR-V; f16 layers with an f16 cache on Vulkan adapters that offer 16 × 16 × 16
+//! f16 / f32 matrices), fused softmax f16 (f16 tiles and packed f16 FMAs, f32 softmax; f16
+//! layers on `SHADER_F16` adapters: the one path besides the cooperative-matrix form that does
+//! not compute in f32), fused softmax (register-prefetched K/V, softmax fused into the score
+//! phase, fewer barriers) and three phase (what every adapter runs, and the decode tiles).
+//! Every knob of the family is a field of [`WgpuTuning`] (docs/TUNING.md).
 
 mod attention_impl;
 pub mod coop_spirv;
@@ -33,11 +31,14 @@ pub mod kernels;
 mod metadata_builder;
 pub mod probes;
 pub mod shaders;
+pub mod tuning;
 
 pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
 pub use metadata_builder::{
-    parse_block, parse_tile, CascadePlan, Plan, PlanKey, PrefillKernel, WgpuAttentionMetadata,
-    WgpuMetadataBuilder, WgpuTuning, WorkList, GPU_PREFILL_BLOCK_H, GPU_PREFILL_KEYS_H,
-    GPU_PREFILL_TILE, GPU_PREFILL_WG_H, PREFILL_TILED2_WORKGROUP,
+    CascadePlan, Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList,
+};
+pub use tuning::{
+    parse_block, parse_tile, PipelineTuning, PrefillForm, WgpuTuning, GPU_PREFILL_BLOCK_H,
+    GPU_PREFILL_KEYS_H, GPU_PREFILL_TILE, GPU_PREFILL_WG_H, PREFILL_TILED2_WORKGROUP,
 };

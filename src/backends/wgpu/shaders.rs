@@ -478,7 +478,8 @@ impl AttentionBlocking {
 /// registers, phase B (softmax) is fused into phase A (row max and sum reduced over the
 /// row group's lanes with subgroup shuffles), phase C runs whole chunks (zero-padded) with
 /// unrolled key steps: 4 barriers per chunk instead of 5 and no serial softmax phase.
-/// Selected with `POLYATTN_WGPU_PREFILL=tiled2` (see [`crate::backends::wgpu::WgpuTuning`]).
+/// The shader of [`crate::backends::wgpu::PrefillForm::FusedSoftmax`] and, with `half` /
+/// `coop`, of the f16 and cooperative-matrix forms (`POLYATTN_WGPU_PREFILL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tiled2 {
     /// Threads per workgroup (a power of two).
@@ -489,19 +490,14 @@ pub struct Tiled2 {
     /// The tiled2h form: Q, K, V and P in workgroup memory as f16, Q·K^T and P·V with
     /// `vec4<f16>` FMAs into f16 partial sums flushed into f32 (softmax statistics and the
     /// output accumulators stay f32). Needs the adapter's `SHADER_F16`; the host selects it
-    /// for f16 activations and an f16 cache only (`POLYATTN_WGPU_PREFILL=tiled2h`).
+    /// for f16 activations and an f16 cache only
+    /// ([`crate::backends::wgpu::PrefillForm::FusedSoftmaxF16`]).
     pub half: bool,
     /// Per-thread register block `(keys, cols)`: at least `keys` keys per thread in phase
     /// A and `cols` vec4 output columns per thread in phase C
     /// ([`AttentionBlocking::tiled2_with`]); [`TILED2_DEFAULT_BLOCK`] unless tuned
     /// (`POLYATTN_WGPU_PREFILL_BLOCK`).
     pub block: (u32, u32),
-    /// The pipelined form: phase A of chunk i and phase C of chunk i − 1 run between the
-    /// same two barriers (2 per chunk instead of 4), K and V of a chunk stored in one step,
-    /// the next chunk's K and V loads in flight during both phases; K / V, probabilities
-    /// and α double-buffered in workgroup memory ([`tiled2_pipelined_bytes`]).
-    /// `POLYATTN_WGPU_PREFILL_PIPELINED=1`.
-    pub pipelined: bool,
     /// The cooperative-matrix form (`paged_attention_coop.wgsl`): with `half`, both matrix
     /// products on tensor cores through wgpu's experimental cooperative matrices
     /// ([`coop_supported`]); each 16-row tile shared by `workgroup` / (2·`block_m`) 32-lane
@@ -592,32 +588,24 @@ pub const TILED2_DEFAULT_BLOCK: (u32, u32) = (4, 4);
 /// so phase C loads four probabilities at once), no key addresses, and one more float per
 /// row (the new running maxima).
 pub fn tiled2_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
-    tiled2_bytes_with(head_size, block_m, block_n, 4, false)
-}
-
-/// Bytes of workgroup memory the pipelined tiled2 forms ([`Tiled2::pipelined`]) need:
-/// twice the key / value and probability tiles and one more word per row (α per chunk
-/// parity), with `half` for f16 tiles (tiled2h).
-pub fn tiled2_pipelined_bytes(head_size: u32, block_m: u32, block_n: u32, half: bool) -> u32 {
-    tiled2_bytes_with(head_size, block_m, block_n, if half { 2 } else { 4 }, true)
+    tiled2_bytes_with(head_size, block_m, block_n, 4)
 }
 
 /// Bytes of workgroup memory the tiled2h form ([`Tiled2::half`]) needs for a tile shape:
 /// the tiled2 form's ([`tiled2_shared_bytes`]) with queries, keys / values and
 /// probabilities stored as f16 (half of their bytes); the per-row statistics stay f32.
 pub fn tiled2h_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
-    tiled2_bytes_with(head_size, block_m, block_n, 2, false)
+    tiled2_bytes_with(head_size, block_m, block_n, 2)
 }
 
 /// The tiled2 forms' workgroup memory with `elem` bytes per query, key, value and
-/// probability element (`pipe`: the pipelined form's double buffers).
-fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32, pipe: bool) -> u32 {
+/// probability element.
+fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32) -> u32 {
     let d4 = head_size / 4;
-    let bufs = if pipe { 2 } else { 1 };
     block_m * d4 * 4 * elem // queries
-        + bufs * block_n * (d4 + 1) * 4 * elem // keys, then values (pipe: both)
-        + bufs * block_m * (block_n + 4) * elem // probabilities
-        + block_m * (6 + bufs - 1) * 4 // m (2 halves), l, alpha (pipe: 2), position, head
+        + block_n * (d4 + 1) * 4 * elem // keys, then values
+        + block_m * (block_n + 4) * elem // probabilities
+        + block_m * 6 * 4 // m (2 halves), l, alpha, position, head
         + 4 // the unused key-address slot
 }
 
@@ -677,7 +665,7 @@ impl AttentionShader {
             if self.unrolled { " unrolled" } else { "" },
             match self.tiled2 {
                 Some(t) => format!(
-                    " tiled2{} wg{} kl{}{}{}",
+                    " tiled2{} wg{} kl{}{}",
                     if t.half { "h" } else { "" },
                     t.workgroup,
                     t.max_key_lanes,
@@ -686,7 +674,6 @@ impl AttentionShader {
                     } else {
                         format!(" b{}x{}", t.block.0, t.block.1)
                     },
-                    if t.pipelined { " pipelined" } else { "" }
                 )
                 .replace(" tiled2h", if t.coop { " coop" } else { " tiled2h" }),
                 None => String::new(),
@@ -698,9 +685,6 @@ impl AttentionShader {
     pub fn shared_bytes(&self) -> u32 {
         match self.tiled2 {
             Some(t) if t.coop => coop_shared_bytes(self.head_size, self.block_m, self.block_n),
-            Some(t) if t.pipelined => {
-                tiled2_pipelined_bytes(self.head_size, self.block_m, self.block_n, t.half)
-            }
             Some(t) if t.half => tiled2h_shared_bytes(self.head_size, self.block_m, self.block_n),
             Some(_) => tiled2_shared_bytes(self.head_size, self.block_m, self.block_n),
             None => attention_shared_bytes(self.head_size, self.block_m, self.block_n),
@@ -743,7 +727,6 @@ impl AttentionShader {
             .unwrap_or_else(|| panic!("{}: no register blocking", self.key()));
         let t2 = self.tiled2.is_some();
         let half = self.tiled2.is_some_and(|t| t.half);
-        let pipe = self.tiled2.is_some_and(|t| t.pipelined);
         let coop = self.tiled2.is_some_and(|t| t.coop);
         let s_row = self.block_n + if t2 { 4 } else { 1 };
         // tiled2: DU vec4 columns per phase-A step, JU keys per phase-C step (the tiled
@@ -800,9 +783,8 @@ impl AttentionShader {
             ("CL", b.col_lanes),
             ("RGC", b.out_row_groups),
             ("RPT_C", self.block_m.div_ceil(b.out_row_groups)),
-            // tiled2h steps 2 vec4 columns at a time (H200, P2 f16 at 4k / 16k, 512
-            // threads: 25.8 / 28.1 TFLOP/s against 24.4 / 26.4 with 4, 25.6 / 27.7 with 1,
-            // 2026-11-30); the f32 form keeps 4.
+            // tiled2h steps 2 vec4 columns at a time (faster than 4 or 1 on large GPUs);
+            // the f32 form keeps 4.
             (
                 "DU",
                 if half {
@@ -816,32 +798,16 @@ impl AttentionShader {
             ("KB_LEN", if t2 { 1 } else { self.block_n }),
             // A multiple of every DU (1, 2 or 4).
             ("FA", TILED2H_PARTIAL_COLUMNS),
-            // The pipelined form double-buffers K / V, the probabilities and α; both tiled2
-            // forms keep two halves of running maxima.
-            ("KV_BUFS", if pipe { 2 } else { 1 }),
-            ("V_OFF", if pipe { self.block_n * (d4 + 1) } else { 0 }),
-            ("S_BUFS", if pipe { 2 } else { 1 }),
-            ("S_HALF", self.block_m * s_row),
+            // Both tiled2 forms keep two halves of running maxima.
             ("M_BUFS", if t2 { 2 } else { 1 }),
-            ("A_BUFS", if pipe { 2 } else { 1 }),
         ];
         s += &consts(&c);
         if coop {
             s += &consts(&coop_c);
-            // Diagnosis switch (POLYATTN_COOP_DBG, see the shader's header): 0 unless set.
-            s += &format!(
-                "const DBG: u32 = {}u;\n",
-                std::env::var("POLYATTN_COOP_DBG")
-                    .ok()
-                    .and_then(|v| v.parse::<u32>().ok())
-                    .unwrap_or(0)
-            );
             // The lazy rescale's threshold (see paged_attention_coop.wgsl).
             s += "const COOP_TAU: f32 = 8.0;\n";
         }
-        s += &format!(
-            "const TILED2: bool = {t2};\nconst F16: bool = {half};\nconst PIPE: bool = {pipe};\n"
-        );
+        s += &format!("const TILED2: bool = {t2};\nconst F16: bool = {half};\n");
         // The element type of the query, key / value and probability tiles in workgroup
         // memory (SH, SH4): f16 in the tiled2h form, f32 otherwise.
         s += if half {
@@ -860,12 +826,12 @@ impl AttentionShader {
             // paged_attention_coop.wgsl declares its own score and probability arrays.
             ""
         } else if half {
-            "var<workgroup> s_s: array<vec4<f16>, BM * S_ROW * S_BUFS / 4u>;\n\
+            "var<workgroup> s_s: array<vec4<f16>, BM * S_ROW / 4u>;\n\
              fn s_get(i: u32) -> f32 {\n    return f32(s_s[i >> 2u][i & 3u]);\n}\n\
              fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = f16(v);\n}\n\
              fn s_get4(i: u32) -> vec4<f16> {\n    return s_s[i >> 2u];\n}\n"
         } else if t2 {
-            "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW * S_BUFS / 4u>;\n\
+            "var<workgroup> s_s: array<vec4<f32>, BM * S_ROW / 4u>;\n\
              fn s_get(i: u32) -> f32 {\n    return s_s[i >> 2u][i & 3u];\n}\n\
              fn s_set(i: u32, v: f32) {\n    s_s[i >> 2u][i & 3u] = v;\n}\n\
              fn s_get4(i: u32) -> vec4<f32> {\n    return s_s[i >> 2u];\n}\n"
@@ -952,7 +918,7 @@ pub const DECODE_WORKGROUP: u32 = 128;
 /// row live in registers.
 pub const DECODE_MAX_ROWS: u32 = 8;
 /// Keys each key group loads per step (`U`): 2·U granule loads per lane and step (twice
-/// that in flight with [`DecodeShader::prefetch`]).
+/// that in flight: the next step's loads are issued before this step computes).
 pub const DECODE_KEYS_PER_STEP: u32 = 4;
 
 /// One specialisation of `paged_decode.wgsl`, the split-KV decode kernel (needs subgroup
@@ -977,10 +943,6 @@ pub struct DecodeShader {
     /// per-thread arrays in registers. CPU adapters (lavapipe) run the loops as written:
     /// LLVM compiles the unrolled kernel several times slower and runs it no faster.
     pub unrolled: bool,
-    /// Software pipelining: load the next step's granules before computing this step's,
-    /// so each lane keeps two steps of loads in flight (costs one more step of granule
-    /// registers).
-    pub prefetch: bool,
 }
 
 fn prev_pow2(x: u32) -> u32 {
@@ -1051,7 +1013,6 @@ impl DecodeShader {
             q_dtype,
             kv_dtype,
             unrolled: true,
-            prefetch: true,
         };
         (s.shared_bytes() <= max_shared_bytes).then_some(s)
     }
@@ -1069,7 +1030,7 @@ impl DecodeShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "decode d{} r{} t{} u{} w{} q{} kv{}{}{}",
+            "decode d{} r{} t{} u{} w{} q{} kv{}{}",
             self.head_size,
             self.rows,
             self.lanes_per_key,
@@ -1077,7 +1038,6 @@ impl DecodeShader {
             self.workgroup,
             short(self.q_dtype),
             short(self.kv_dtype),
-            if self.prefetch { " prefetch" } else { "" },
             if self.unrolled { " unrolled" } else { "" }
         )
     }
@@ -1103,7 +1063,6 @@ impl DecodeShader {
             ("NKG", self.key_groups()),
             ("U", self.keys_per_step),
             ("ROWS", self.rows),
-            ("PREFETCH", self.prefetch as u32),
             ("FULL", (ng % self.lanes_per_key == 0) as u32),
         ];
         s += &consts(&c);
@@ -1517,7 +1476,6 @@ pub fn coop_shader_split(
             max_key_lanes: 32,
             half: true,
             block: TILED2_DEFAULT_BLOCK,
-            pipelined: false,
             coop: true,
         }),
     }
@@ -1566,7 +1524,6 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             max_key_lanes,
             half: false,
             block: TILED2_DEFAULT_BLOCK,
-            pipelined: false,
             coop: false,
         }),
         ..s
@@ -1598,30 +1555,27 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         ));
         push(s.key(), s.source(), true);
     }
-    // The GPU defaults of tiled2h (64 rows x 64 keys, 512 threads, 4 x 1 blocks), paged and
-    // dense, and the pipelined variants: tiled2h at 64 x 32 (the largest at 48 KiB) and
-    // tiled2 in f32 in the 32 KiB tile with loops.
-    let shaped =
-        |s: AttentionShader, (m, n): (u32, u32), wg: u32, block, pipelined| AttentionShader {
-            block_m: m,
-            block_n: n,
-            tiled2: s.tiled2.map(|t| Tiled2 {
-                workgroup: wg,
-                block,
-                pipelined,
-                ..t
-            }),
-            ..s
-        };
+    // The GPU defaults of tiled2h (64 rows x 64 keys, 512 threads, 4 x 1 blocks) and 64 x 32
+    // tiles, paged and dense, and tiled2 in f32 in the 32 KiB tile with loops.
+    let shaped = |s: AttentionShader, (m, n): (u32, u32), wg: u32, block| AttentionShader {
+        block_m: m,
+        block_n: n,
+        tiled2: s.tiled2.map(|t| Tiled2 {
+            workgroup: wg,
+            block,
+            ..t
+        }),
+        ..s
+    };
     for paged in [true, false] {
         let h = half(t2(
             attn(128, tile48, DType::F16, DType::F16, paged, true),
             ATTENTION_WORKGROUP,
             32,
         ));
-        let s = shaped(h, (64, 64), 512, (4, 1), false);
+        let s = shaped(h, (64, 64), 512, (4, 1));
         push(s.key(), s.source(), true);
-        let s = shaped(h, (64, 32), 512, (4, 1), true);
+        let s = shaped(h, (64, 32), 512, (4, 1));
         push(s.key(), s.source(), true);
     }
     let tile32 = choose_tile(128, 32 * 1024, TileKind::Prefill).expect("d128 fits 32 KiB");
@@ -1632,7 +1586,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
     );
     let s = AttentionShader {
         unrolled: false,
-        ..shaped(f, tile32, 128, TILED2_DEFAULT_BLOCK, true)
+        ..shaped(f, tile32, 128, TILED2_DEFAULT_BLOCK)
     };
     push(s.key(), s.source(), false);
     // tiled2h (f16) and tiled2 (f32): head sizes 4 to 512 at 32 KiB with subgroups of 8 and
@@ -1688,18 +1642,11 @@ pub fn catalog() -> Vec<(String, String, bool)> {
     // The split-KV decode kernel: every dtype pairing at head size 128, unrolled for
     // subgroups of 32 (NVIDIA) and with loops for 8 (lavapipe); other head sizes, row
     // counts, step lengths and subgroup sizes (4 to 64) in f32 and bf16 caches, alternately
-    // unrolled and not (the unrolled modules are large: naga takes ~1 s for each in debug),
-    // with and without prefetching (it follows the unrolling in the dtype pairings and
-    // alternates against it in the rest).
+    // unrolled and not (the unrolled modules are large: naga takes ~1 s for each in debug).
     let decode = |d: u32, rows: u32, q: DType, kv: DType, sg: u32, u: u32, unrolled: bool| {
         let limit = if sg >= 32 { 48 * 1024 } else { 32 * 1024 };
-        DecodeShader::choose(d, rows, q, kv, (sg, sg), limit, u, DECODE_WORKGROUP).map(|s| {
-            DecodeShader {
-                unrolled,
-                prefetch: unrolled == (sg != 16),
-                ..s
-            }
-        })
+        DecodeShader::choose(d, rows, q, kv, (sg, sg), limit, u, DECODE_WORKGROUP)
+            .map(|s| DecodeShader { unrolled, ..s })
     };
     for (sg, unrolled) in [(32u32, true), (8, false)] {
         for q in ACTIVATION_DTYPES {
@@ -1953,7 +1900,6 @@ mod tests {
                 max_key_lanes: 32,
                 half: false,
                 block: TILED2_DEFAULT_BLOCK,
-                pipelined: false,
                 coop: false,
             }),
             ..a
