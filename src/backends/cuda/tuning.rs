@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 use super::kernels::{MmaShape, MMA_SHAPES};
 use super::metadata_builder::DECODE_MAX_SPLITS;
 
-#[allow(dead_code)] // Each family uses the part of the shared parser its knobs need.
+// The shared parser, included by each family until `src/backends/mod.rs` declares it once
+// (then: `use crate::backends::tuning_env`); each family uses the part its knobs need.
+#[allow(dead_code, clippy::duplicate_mod)]
 #[path = "../tuning_env.rs"]
 mod tuning_env;
 use tuning_env::Env;
