@@ -145,6 +145,14 @@ mod layering {
     #[test]
     fn imports_follow_the_layers() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        if !src.is_dir() {
+            // A test binary carried to another machine (the GPU host) without the sources.
+            eprintln!(
+                "SKIP imports_follow_the_layers: no source tree at {}",
+                src.display()
+            );
+            return;
+        }
         let mut files = Vec::new();
         visit(&src, &mut files);
         let mut upward = Vec::new();
