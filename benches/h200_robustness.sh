@@ -25,14 +25,14 @@ run() { # run NAME SECONDS CMD...: logs to $OUT/NAME.log, prints its summary lin
   grep -E '^\[|test result|panicked|FAIL|ERROR SUMMARY|passed, |error:|within tolerance|^(CPU|CUDA|WGPU) ' "$OUT/$name.log" | head -40
   echo "-- $name rc=$rc"
 }
-memcheck() { compute-sanitizer --tool memcheck --error-exitcode 99 "$@"; }
+MEMCHECK="compute-sanitizer --tool memcheck --error-exitcode 99"
 for p in "$@"; do
   case $p in
   sanitize)
-    run memcheck-fuzz-cuda $((FUZZ_SECS + 120)) memcheck $B/bin-polyattn fuzz --backend cuda --seconds "$FUZZ_SECS" --seed 18000
-    run memcheck-stale-cache 300 memcheck $B/test-stale_cache --test-threads=1
-    run memcheck-isolation 200 memcheck $B/test-isolation --test-threads=1
-    run memcheck-merge-states 120 memcheck $B/test-merge_states --test-threads=1
+    run memcheck-fuzz-cuda $((FUZZ_SECS + 120)) $MEMCHECK $B/bin-polyattn fuzz --backend cuda --seconds "$FUZZ_SECS" --seed 18000
+    run memcheck-stale-cache 300 $MEMCHECK $B/test-stale_cache --test-threads=1
+    run memcheck-isolation 200 $MEMCHECK $B/test-isolation --test-threads=1
+    run memcheck-merge-states 120 $MEMCHECK $B/test-merge_states --test-threads=1
     ;;
   tests)
     for t in stale_cache validation isolation concurrency fuzz merge_states kv_cache \

@@ -111,6 +111,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub generation: Vec<PathBuf>,
 
+    /// Appends these hand-written Markdown files to RESULTS.md, in order (runs that are not
+    /// benchmark rows: sanitizer and fuzzer runs on a GPU, with their card and date; repeatable).
+    #[arg(long)]
+    pub notes: Vec<PathBuf>,
+
     /// Prints the selected cases and exits.
     #[arg(long)]
     pub list: bool,
@@ -200,6 +205,7 @@ impl Default for BenchArgs {
             compare: Vec::new(),
             results_md: None,
             generation: Vec::new(),
+            notes: Vec::new(),
             list: false,
             dump_shapes: None,
             warmup: 3,
@@ -341,6 +347,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 .collect();
             md.push('\n');
             md.push_str(&generation::section(&records, &names));
+        }
+        for p in &args.notes {
+            let text = std::fs::read_to_string(p).map_err(|source| Error::Io {
+                path: p.display().to_string(),
+                source,
+            })?;
+            md.push('\n');
+            md.push_str(text.trim_end());
+            md.push('\n');
         }
         report::write_file(md_path, &md)?;
         eprintln!("wrote {}", md_path.display());
