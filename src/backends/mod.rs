@@ -10,4 +10,5 @@
 
 pub mod cpu;
 pub mod cuda;
+pub(crate) mod tuning_env;
 pub mod wgpu;

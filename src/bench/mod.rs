@@ -1027,7 +1027,7 @@ mod tests {
         let env = [
             ("POLYATTN_WGPU_UNROLL", "0"),
             ("POLYATTN_CUDA_MMA", "0"),
-            ("POLYATTN_CUDA_DECODE_FP8", "1"),
+            ("POLYATTN_CUDA_DECODE_SPLITS", "4"),
             ("POLYATTN_CUDA_DEVICE", "0"),
             ("PATH", "/bin"),
         ];
@@ -1035,7 +1035,7 @@ mod tests {
         label_kernel_switches(&mut cuda, vars(&env));
         assert_eq!(
             cuda.note.as_deref(),
-            Some("with POLYATTN_CUDA_DECODE_FP8=1 POLYATTN_CUDA_MMA=0")
+            Some("with POLYATTN_CUDA_DECODE_SPLITS=4 POLYATTN_CUDA_MMA=0")
         );
         let mut wgpu = row("WGPU", "ok", Some("split-KV"));
         label_kernel_switches(&mut wgpu, vars(&env));

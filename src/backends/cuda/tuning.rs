@@ -6,12 +6,7 @@ use std::sync::OnceLock;
 use super::kernels::{MmaShape, MMA_SHAPES};
 use super::metadata_builder::DECODE_MAX_SPLITS;
 
-// The shared parser, included by each family until `src/backends/mod.rs` declares it once
-// (then: `use crate::backends::tuning_env`); each family uses the part its knobs need.
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "../tuning_env.rs"]
-mod tuning_env;
-use tuning_env::Env;
+use crate::backends::tuning_env::{self, Env};
 
 /// Turns the tensor-core prefill kernel off (`0`) or on (`1`); see [`CudaTuning::mma`].
 pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";

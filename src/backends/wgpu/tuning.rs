@@ -8,12 +8,7 @@ use crate::device::WgpuDevice;
 
 use super::shaders::{DECODE_KEYS_PER_STEP, DECODE_WORKGROUP, TILED2_DEFAULT_BLOCK};
 
-// The shared parser, included by each family until `src/backends/mod.rs` declares it once
-// (then: `use crate::backends::tuning_env`); each family uses the part its knobs need.
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "../tuning_env.rs"]
-mod tuning_env;
-use tuning_env::Env;
+use crate::backends::tuning_env::{self, Env};
 
 /// The prefill tile GPUs ask for (where it fits; CPU adapters take the first candidate that
 /// fits, see `shaders::choose_tile`): 64 query rows × 16 keys, the fastest tile of the
