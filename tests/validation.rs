@@ -804,3 +804,41 @@ fn cascade_with_alibi_or_window_is_refused() {
         Ok(())
     });
 }
+
+/// A KV cache larger than the device can hold is refused before anything is allocated: about
+/// 256 TiB (i32::MAX blocks of 128 KiB) is more than any device or host address space. Where
+/// a backend knows its limit from the configuration (wgpu: one storage binding), the selector
+/// refuses it up front with "KV cache too large".
+#[test]
+fn caches_larger_than_the_device_are_refused_up_front() {
+    for_each_backend("kv_cache_size", |backend| {
+        let b = backend.as_ref();
+        let spec = KvCacheSpec {
+            block_size: 16,
+            num_kv_heads: 8,
+            head_size: 128,
+            dtype: DType::F32,
+            cache_dtype: CacheDType::Auto,
+        };
+        let blocks = i32::MAX as usize;
+        let bytes = spec.cache_bytes(blocks)?;
+        ensure(bytes > 1 << 47, || {
+            format!("{bytes} bytes is not beyond every device")
+        })?;
+        match KvCache::new(b, spec, blocks) {
+            Ok(_) => return Err(fail(format!("a {bytes}-byte cache was allocated"))),
+            Err(Error::Config(_) | Error::Device { .. } | Error::Overflow { .. }) => {}
+            Err(e) => return Err(fail(format!("unexpected error kind: {e:?}"))),
+        }
+        if b.name() == "WGPU" {
+            let config =
+                SelectorConfig::new(128, DType::F32, CacheDType::Auto).with_kv_cache_bytes(bytes);
+            let reasons = b.validate_configuration(&config);
+            ensure(
+                reasons.iter().any(|r| r.code == "KV cache too large"),
+                || format!("WGPU accepted a {bytes}-byte cache: {reasons:?}"),
+            )?;
+        }
+        Ok(())
+    });
+}
