@@ -63,24 +63,6 @@ fn cases(args: &CheckArgs) -> Vec<(DType, CacheDType)> {
         .collect()
 }
 
-fn backends() -> Result<Vec<BackendRef>> {
-    let reg = registry::global();
-    match selector::forced_backend_from_env() {
-        Some(name) => {
-            let b = reg.get(&name).ok_or_else(|| Error::UnknownBackend {
-                name: name.clone(),
-                valid: reg.names(),
-            })?;
-            Ok(vec![b])
-        }
-        None => Ok(reg
-            .backends()
-            .into_iter()
-            .filter(|b| b.availability().is_available())
-            .collect()),
-    }
-}
-
 /// One row of the report.
 struct Row {
     backend: String,
@@ -136,7 +118,7 @@ fn run_one(
 
 /// Runs the check; returns false when any backend is out of tolerance or fails.
 pub fn run(args: &CheckArgs) -> Result<bool> {
-    let list = backends()?;
+    let list = super::run_on(selector::forced_backend_from_env())?;
     println!(
         "polyattn check: {} heads / {} KV heads, head size {}, block size {}, seed {}",
         args.num_heads, args.num_kv_heads, args.head_size, args.block_size, args.seed

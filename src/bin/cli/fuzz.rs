@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use polyattn::selector::{self, BACKEND_ENV};
 use polyattn::testing::fuzz::{self, Profile, Tally, Verdict};
-use polyattn::{registry, BackendRef, Error, Result};
+use polyattn::{Error, Result};
 
 /// Arguments of `polyattn fuzz`.
 #[derive(Args, Debug)]
@@ -43,35 +43,6 @@ fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
     s.parse().map_err(|e: Error| e.to_string())
 }
 
-fn backends(args: &FuzzArgs) -> Result<Vec<BackendRef>> {
-    let reg = registry::global();
-    let forced = args
-        .backend
-        .clone()
-        .or_else(selector::forced_backend_from_env);
-    match forced {
-        Some(name) => {
-            let b = reg.get(&name).ok_or_else(|| Error::UnknownBackend {
-                name: name.clone(),
-                valid: reg.names(),
-            })?;
-            if let polyattn::Availability::Unavailable(why) = b.availability() {
-                return Err(Error::ForcedBackendInvalid {
-                    name: b.name().into(),
-                    reasons: vec![polyattn::Reason::new("backend unavailable", why)],
-                    valid: reg.names(),
-                });
-            }
-            Ok(vec![b])
-        }
-        None => Ok(reg
-            .backends()
-            .into_iter()
-            .filter(|b| b.availability().is_available())
-            .collect()),
-    }
-}
-
 /// When a backend's run stops.
 enum Budget {
     Cases(u64),
@@ -80,7 +51,11 @@ enum Budget {
 
 /// Runs the fuzzer; returns false when any case failed or nothing passed.
 pub fn run(args: &FuzzArgs) -> Result<bool> {
-    let list = backends(args)?;
+    let list = super::run_on(
+        args.backend
+            .clone()
+            .or_else(selector::forced_backend_from_env),
+    )?;
     if list.is_empty() {
         println!("polyattn fuzz: no backend is available");
         return Ok(false);

@@ -5,3 +5,32 @@ pub mod config;
 pub mod fuzz;
 pub mod info;
 pub mod log;
+
+use polyattn::{registry, Availability, BackendRef, Error, Reason, Result};
+
+/// The backends a subcommand runs on: the one `forced` names (an error if it is unknown or
+/// unavailable here), else every available backend in ranking order.
+pub fn run_on(forced: Option<String>) -> Result<Vec<BackendRef>> {
+    let reg = registry::global();
+    match forced {
+        Some(name) => {
+            let b = reg.get(&name).ok_or_else(|| Error::UnknownBackend {
+                name: name.clone(),
+                valid: reg.names(),
+            })?;
+            if let Availability::Unavailable(why) = b.availability() {
+                return Err(Error::ForcedBackendInvalid {
+                    name: b.name().into(),
+                    reasons: vec![Reason::new("backend unavailable", why)],
+                    valid: reg.names(),
+                });
+            }
+            Ok(vec![b])
+        }
+        None => Ok(reg
+            .backends()
+            .into_iter()
+            .filter(|b| b.availability().is_available())
+            .collect()),
+    }
+}
