@@ -86,18 +86,22 @@ pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
+/// A lookup over fixed `(name, value)` pairs, for the families' tuning tests.
+#[cfg(test)]
+pub(crate) fn table(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<String> {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn table(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
 
     #[test]
     fn unset_parsed_and_rejected_values() {

@@ -420,14 +420,7 @@ impl PipelineTuning {
 mod tests {
     use super::*;
 
-    fn lookup(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::backends::tuning_env::table as lookup;
 
     #[test]
     fn prefill_form_names_parse() {
