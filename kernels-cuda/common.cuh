@@ -204,9 +204,10 @@ __device__ __forceinline__ float pa_warp_max(float v) {
 
 // ---------------------------------------------------------------- attention work and parameters
 //
-// Shared by paged_attention.cu and paged_attention_mma.cu; mirrored by `WorkItem` and
-// `AttnParams` in src/backends/cuda/kernels.rs (sizes asserted on both sides). See
-// paged_attention.cu for the meaning of every field.
+// Shared by paged_attention.cu, paged_attention_mma.cu and paged_decode.cu. `WorkItem` and
+// `SplitGroup` are the planner's records (src/plan/work_item.rs, which documents every field
+// and asserts every offset; the WGSL kernels declare the same struct); `AttnParams` mirrors
+// src/backends/cuda/kernels.rs. Sizes are asserted on both sides.
 
 struct WorkItem {
     int req;
@@ -220,9 +221,17 @@ struct WorkItem {
     int split;
     int num_splits;
     int part_tok;  // partial-buffer token index of q_start (num_splits > 1)
-    int pad_;
+    int q_pos;     // sequence position of q_start (the CUDA kernels derive it themselves)
 };
-static_assert(sizeof(WorkItem) == 48, "WorkItem must match kernels.rs");
+static_assert(sizeof(WorkItem) == 48, "WorkItem must match src/plan/work_item.rs");
+
+struct SplitGroup {
+    int q_start;
+    int q_len;
+    int part_tok;
+    int num_splits;
+};
+static_assert(sizeof(SplitGroup) == 16, "SplitGroup must match src/plan/work_item.rs");
 
 struct AttnParams {
     const void* q;

@@ -8,8 +8,8 @@
 // size is bucketed at compile time as DPL = ceil(head_size / 32) (one kernel per bucket,
 // `paged_attention_dpl{1..8}`), so per-lane register arrays have fixed sizes.
 //
-// Work: the host cuts the batch into work items (WorkItem below, built once per step and
-// layer shape by src/backends/cuda/metadata_builder.rs): query tokens
+// Work: the host cuts the batch into work items (WorkItem in common.cuh, planned once per step
+// and layer shape by src/plan): query tokens
 // [q_start, q_start + q_len) of request `req`, query heads
 // kv_head*group + [head_start, head_start + head_count) (all share KV head `kv_head`), keys of
 // positions [kv_lo, kv_hi). One CTA (4 warps) per item; q_len * head_count <= 16 rows.
@@ -274,18 +274,9 @@ PA_DEFINE(7)
 PA_DEFINE(8)
 #endif
 
-// Split-KV combine. One CTA per (split token, query head): the token's num_splits partials
-// (out f32 [D], lse) are merged with the sink (if any) in the denominator:
-// M = max(lse_s..., sink), Z = sum exp(lse_s - M) + exp(sink - M), out = sum exp(lse_s - M)/Z *
-// o_s, lse = M + ln Z. A partial with lse = -inf (its key range was empty) has weight 0.
-//
-// `list` holds (token, part_tok, num_splits, 0) per split token; bounds: token < num_tokens,
-// part_tok < n_part_tokens, num_splits <= the number of partial planes allocated.
-extern "C" __global__ void combine_splits(const AttnParams p, const int4* list) {
-    const int4 e = list[blockIdx.x];
-    const int t = e.x;
-    const int pt = e.y;
-    const int ns = e.z;
+// One token of a split group: merges its partials for query head blockIdx.y.
+__device__ __forceinline__ void combine_token(const AttnParams& p, const int t, const int pt,
+                                              const int ns) {
     const int h = blockIdx.y;
     const int D = p.head_size;
     float mx = (p.use_sinks && p.sinks != 0) ? p.sinks[h] : -PA_INF;
@@ -313,4 +304,19 @@ extern "C" __global__ void combine_splits(const AttnParams p, const int4* list) 
         pa_store(p.out, obase + d, p.out_dtype, v);
     }
     if (threadIdx.x == 0 && p.lse != 0) p.lse[(pa_i64)h * p.num_tokens + t] = mx + logf(z);
+}
+
+// Split-KV combine. One CTA per (split group, query head), the group's tokens one after the
+// other: each token's num_splits partials (out f32 [D], lse) are merged with the sink (if
+// any) in the denominator: M = max(lse_s..., sink), Z = sum exp(lse_s - M) + exp(sink - M),
+// out = sum exp(lse_s - M)/Z * o_s, lse = M + ln Z. A partial with lse = -inf (its key range
+// was empty) has weight 0.
+//
+// `groups` holds one SplitGroup per split query range; bounds: q_start + q_len <= num_tokens,
+// part_tok + q_len <= n_part_tokens, num_splits <= the number of partial planes allocated.
+extern "C" __global__ void combine_splits(const AttnParams p, const SplitGroup* groups) {
+    const SplitGroup grp = groups[blockIdx.x];
+    for (int i = 0; i < grp.q_len; ++i) {
+        combine_token(p, grp.q_start + i, grp.part_tok + i, grp.num_splits);
+    }
 }

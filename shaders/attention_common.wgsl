@@ -30,12 +30,32 @@ struct Params {
     k_scale: f32,
     v_scale: f32,
     ml_offset: u32,
-    // Rows of one decode partial in `scratch` (the combine's BMD); paged_decode.wgsl only.
-    decode_rows: u32,
+    // Partial-buffer tokens of the split groups (the token stride of a partial plane).
+    n_part_tokens: u32,
     // log2(block_size) when the block size is a power of two, else 0xffffffff;
     // paged_decode.wgsl only.
     block_shift: u32,
-    pad2: u32,
+    // Block-table row width (paged), 0 for dense K/V (encoder attention).
+    bt_width: u32,
+}
+
+// A work item of the planner (src/plan/work_item.rs documents every field and asserts its
+// offsets; kernels-cuda/common.cuh declares the same twelve). Row r of an item is token
+// q_start + r / head_count, query head kv_head·group + head_start + r % head_count, at
+// position q_pos + r / head_count.
+struct WorkItem {
+    req: u32,
+    q_start: u32,
+    q_len: u32,
+    kv_head: u32,
+    head_start: u32,
+    head_count: u32,
+    kv_lo: u32,
+    kv_hi: u32,
+    split: u32,
+    num_splits: u32,
+    part_tok: u32,
+    q_pos: u32,
 }
 
 const CAUSAL: u32 = 1u;
@@ -48,10 +68,24 @@ const DIRECT: u32 = 0x7fffffffu;
 const NO_ROW: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read> items: array<u32>;
+@group(0) @binding(4) var<storage, read> items: array<WorkItem>;
 @group(0) @binding(5) var<storage, read> layer: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<u32>;
 @group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;
+
+// The block-table row offset of an item's request (paged cache), or the first K/V row of its
+// request (dense K/V, bt_width = 0: positions count from the request's first token).
+fn item_kv_row(it: WorkItem) -> u32 {
+    return select(it.q_start - it.q_pos, it.req * params.bt_width, params.bt_width != 0u);
+}
+
+// The scratch row of a split item's row r (token offset r / head_count, query head `head`):
+// partial planes [split][partial token][query head], each row D4 vec4 and its (m, l) vec4 at
+// ml_offset + the row.
+fn partial_row(it: WorkItem, r: u32, head: u32) -> u32 {
+    let pt = it.part_tok + r / it.head_count;
+    return (it.split * params.n_part_tokens + pt) * params.num_heads + head;
+}
 
 // Is key position `kp` visible to a query at position `p`? (The tile's key range is
 // already clipped to [kv_lo, kv_hi).)

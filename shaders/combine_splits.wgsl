@@ -15,17 +15,18 @@
 //
 // Specialisation (generated header): WG (≥ D4: the host takes head sizes ≤ 4·WG), BATCH (the
 // loops over it are unrolled, `// @unroll`) and `out_store4` for the output dtype. The head
-// size D and the rows of a decode partial (BMD) are run-time parameters.
+// size D and the partial-token count are run-time parameters.
 //
-// Work: workgroup (x + z·65535, y) merges group x+z·65535 for query head y; a group is 4 u32:
-// first batch token, number of tokens, first partial slot, number of splits. Its tokens are
-// merged one after the other.
+// Work: workgroup (x + z·65535, y) merges split group x+z·65535 for query head y; a group (a
+// `SplitGroup` of the planner, src/plan/work_item.rs) is the first batch token, the number of
+// tokens, their first partial token and the number of splits. Its tokens are merged one
+// after the other.
 //
-// Layout: scratch partial row of (slot, kv_head, r) at ((slot·Hkv + kv_head)·BMD + r)·D4
-// vec4, its (m, l) at ml_offset + that row; r = i·g + head % g for token i of the group.
-// out [tokens, H, D]; lse [H, num_tokens] f32 bits.
-// Bounds: groups and slots come from the host plan that sized `scratch`; i < n_tok; threads
-// past SL·D4 load nothing; workgroup arrays are indexed below WG.
+// Layout: scratch partial row of (split s, partial token p, head h) at
+// ((s·n_part_tokens + p)·H + h)·D4 vec4, its (m, l) at ml_offset + that row (as
+// `partial_row` in attention_common.wgsl). out [tokens, H, D]; lse [H, num_tokens] f32 bits.
+// Bounds: groups come from the host plan that sized `scratch`; i < q_len; threads past
+// SL·D4 load nothing; workgroup arrays are indexed below WG.
 
 struct Params {
     num_tokens: u32,
@@ -36,7 +37,7 @@ struct Params {
     ml_offset: u32,
     write_lse: u32,
     head_size: u32,
-    decode_rows: u32,
+    n_part_tokens: u32,
     pad0: u32,
     pad1: u32,
     pad2: u32,
@@ -44,7 +45,15 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> scratch: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> groups: array<u32>;
+// The planner's split group (src/plan/work_item.rs; SplitGroup in kernels-cuda/common.cuh).
+struct SplitGroup {
+    q_start: u32,
+    q_len: u32,
+    part_tok: u32,
+    num_splits: u32,
+}
+
+@group(0) @binding(2) var<storage, read> groups: array<SplitGroup>;
 @group(0) @binding(4) var<storage, read_write> lse: array<u32>;
 
 var<workgroup> acc_s: array<vec4<f32>, WG>;
@@ -61,20 +70,16 @@ fn main(
         return;
     }
     let head = wid.y;
-    let g = params.group;
-    let kv_head = head / g;
-    let tok_start = groups[gi * 4u];
-    let n_tok = groups[gi * 4u + 1u];
-    let split_base = groups[gi * 4u + 2u];
-    let n_splits = groups[gi * 4u + 3u];
+    let grp = groups[gi];
+    let tok_start = grp.q_start;
+    let n_tok = grp.q_len;
+    let n_splits = grp.num_splits;
     let D = params.head_size;
     let D4 = D / 4u;
-    let BMD = params.decode_rows;
     let lanes = max(WG / D4, 1u);
     let col = t % D4;
     let sl = t / D4;
     for (var i = 0u; i < n_tok; i = i + 1u) {
-        let r = i * g + head % g;
         var m = NO_MAX;
         var l = 0.0;
         var o = vec4<f32>(0.0);
@@ -89,7 +94,7 @@ fn main(
                     mls[j] = vec4<f32>(NO_MAX, 0.0, 0.0, 0.0);
                     parts[j] = vec4<f32>(0.0);
                     if s < n_splits {
-                        let prow = ((split_base + s) * params.num_kv_heads + kv_head) * BMD + r;
+                        let prow = (s * params.n_part_tokens + grp.part_tok + i) * params.num_heads + head;
                         mls[j] = scratch[params.ml_offset + prow];
                         parts[j] = scratch[prow * D4 + col];
                     }

@@ -19,14 +19,14 @@
 // softmax_serial.wgsl or softmax_subgroup.wgsl; `Params`, the flags, `visible`, `modify` and `key_range` from
 // attention_common.wgsl.
 //
-// Work: workgroup (x + z·65535, y) runs work item x+z·65535 for KV head y. An item is 8 u32
-// (built on the host from validated metadata): first batch token of its request, first row
-// and number of rows of the tile (row R of a request is token R / g, query head
-// kv_head·g + R % g: the g query heads of a KV head share every key the tile loads), the
-// request's context length (token i sits at absolute position ctx + i), the key range
-// [kv_lo, kv_hi), the block-table row offset (paged) or first K/V row (dense), and the
-// partial slot (0x7fffffff: write the output directly; otherwise a split-KV partial) with
-// bit 31 set when this item adds the sink logit (once per row).
+// Work: workgroup x + z·65535 runs work item x + z·65535, a `WorkItem` of the planner
+// (attention_common.wgsl; built on the host from validated metadata): q_len tokens from
+// q_start × head_count query heads of KV head kv_head (row r: token q_start + r / head_count,
+// head kv_head·g + head_start + r % head_count, position q_pos + r / head_count; the query
+// heads of a KV head share every key the tile loads), against the key range [kv_lo, kv_hi)
+// of request `req`. An unsplit item (num_splits = 1) writes the output; a split item writes
+// a partial of plane `split` at partial token part_tok + r / head_count; split 0 adds the
+// sink logit (once per row).
 //
 // Per chunk of BN keys: key addresses -> K into shared memory -> S = (q·scale)·K^T (phase A)
 // -> per row: soft cap c·tanh(s/c), ALiBi −slope·|pos − j| (FlashAttention's form: slope·(j − pos)
@@ -41,7 +41,8 @@
 // Layout: q / out [tokens, H, D]; lse [H, num_tokens] (f32 bits); paged KV cache
 // [blocks, 2, ...] with the element strides in Params (NHD and HND alike); block table
 // [reqs, width] i32; layer = [alibi slopes H][sinks H] f32; scratch = partial rows
-// ((slot·Hkv + kv_head)·BM + r)·D4 vec4, then (m, l) vec4s from ml_offset.
+// ((split·n_part_tokens + partial token)·H + head)·D4 vec4, then (m, l) vec4s from
+// ml_offset (`partial_row`).
 //
 // Three forms, chosen by the header's TILED2 and F16 (the host's
 // `POLYATTN_WGPU_PREFILL=three-phase|fused-softmax|fused-softmax-f16`: tiled, tiled2,
@@ -105,8 +106,8 @@
 // S_ROW = BN + 1 for the tiled form (its loops as before tiled2 existed).
 //
 // Bounds relied on: every item comes from metadata validated on the host — tokens < the
-// query's rows, keys < seq_len ≤ width·block_size, block ids < the cache's blocks, slots
-// < the scratch's; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored
+// query's rows, keys < seq_len ≤ width·block_size, block ids < the cache's blocks, partial
+// rows < the scratch's; q_len · head_count ≤ BM; rows ≥ n_rows and keys ≥ the chunk length are never loaded or stored
 // (tiled2 loads nothing for keys ≥ cn: their words are zero). Shared-memory indices:
 // a_j + i·KL < BN, c_col + i·CL < D4, rows clamped to BM − 1, u < BN·D4 for the chunk
 // stores, parity halves below M_BUFS; every other index is bounded by its loop.
@@ -375,29 +376,25 @@ fn main(inp: Inputs) {
     if item >= params.num_items {
         return;
     }
-    let kv_head = inp.wid.y;
+    let it = items[item];
+    let kv_head = it.kv_head;
     let g = params.group;
     let H = params.num_heads;
-    let w = item * 8u;
-    let tok_start = items[w];
-    let row_start = items[w + 1u];
-    let n_rows = items[w + 2u];
-    let ctx = items[w + 3u];
-    let kv_lo = items[w + 4u];
-    let kv_hi = items[w + 5u];
-    let kv_row = items[w + 6u];
-    let slot_word = items[w + 7u];
-    let slot = slot_word & 0x7fffffffu;
-    let add_sink = (slot_word >> 31u) == 1u && (params.flags & SINKS) != 0u;
+    let hc = it.head_count;
+    let n_rows = it.q_len * hc;
+    let kv_lo = it.kv_lo;
+    let kv_hi = it.kv_hi;
+    let kv_row = item_kv_row(it);
+    let direct = it.num_splits == 1u;
+    let add_sink = it.split == 0u && (params.flags & SINKS) != 0u;
 
     // Rows: position, query head, running statistics.
     for (var r = t; r < BM; r = r + WG) {
         var m0 = NO_MAX;
         var l0 = 0.0;
         if r < n_rows {
-            let rr = row_start + r;
-            let head = kv_head * g + rr % g;
-            pos_s[r] = ctx + rr / g;
+            let head = kv_head * g + it.head_start + r % hc;
+            pos_s[r] = it.q_pos + r / hc;
             head_s[r] = head;
             if add_sink {
                 m0 = layer[H + head];
@@ -419,17 +416,16 @@ fn main(inp: Inputs) {
         let c = u % D4;
         var v = vec4<f32>(0.0);
         if r < n_rows {
-            let rr = row_start + r;
-            let tok = tok_start + rr / g;
-            let head = kv_head * g + rr % g;
+            let tok = it.q_start + r / hc;
+            let head = kv_head * g + it.head_start + r % hc;
             v = q_load4((tok * H + head) * D + c * 4u) * params.scale;
         }
         q_s[u] = SH4(v);
     }
 
     // Keys any row of the tile can see.
-    let p_min = ctx + row_start / g;
-    let p_max = ctx + (row_start + n_rows - 1u) / g;
+    let p_min = it.q_pos;
+    let p_max = it.q_pos + it.q_len - 1u;
     let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
@@ -533,8 +529,8 @@ fn main(inp: Inputs) {
                 let l = l_s[r];
                 let m = m_s[m_fin + r];
                 let head = head_s[r];
-                let tok = tok_start + (row_start + r) / g;
-                if slot == DIRECT {
+                let tok = it.q_start + r / hc;
+                if direct {
                     // @unroll
                     for (var i = 0u; i < CPT; i = i + 1u) {
                         var o = vec4<f32>(0.0);
@@ -551,7 +547,7 @@ fn main(inp: Inputs) {
                         lse[head * params.num_tokens + tok] = bits;
                     }
                 } else {
-                    let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
+                    let prow = partial_row(it, r, head);
                     // @unroll
                     for (var i = 0u; i < CPT; i = i + 1u) {
                         scratch[prow * D4 + c_col + i * CL] = acc[k * CPT + i];

@@ -174,20 +174,17 @@ fn main(inp: Inputs) {
     let item_id = flat_group(inp.wid, inp.nwg);
     let valid = item_id < params.num_items;
     let item = select(0u, item_id, valid);
-    let kv_head = inp.wid.y;
+    let it = items[item];
+    let kv_head = it.kv_head;
     let g = params.group;
     let H = params.num_heads;
-    let w = item * 8u;
-    let tok_start = items[w];
-    let row_start = items[w + 1u];
-    let n_rows = select(0u, items[w + 2u], valid);
-    let ctx = items[w + 3u];
-    let kv_lo = items[w + 4u];
-    let kv_hi = items[w + 5u];
-    let kv_row = items[w + 6u];
-    let slot_word = items[w + 7u];
-    let slot = slot_word & 0x7fffffffu;
-    let add_sink = (slot_word >> 31u) == 1u && (params.flags & SINKS) != 0u;
+    let hc = it.head_count;
+    let n_rows = select(0u, it.q_len * hc, valid);
+    let kv_lo = it.kv_lo;
+    let kv_hi = it.kv_hi;
+    let kv_row = item_kv_row(it);
+    let direct = it.num_splits == 1u;
+    let add_sink = it.split == 0u && (params.flags & SINKS) != 0u;
     let sg = inp.sg;
     let lane = inp.lane;
     // Subgroup sg: row tile sg / NQ (rows row0 .. row0 + 15), part q = sg % NQ of its keys
@@ -200,9 +197,8 @@ fn main(inp: Inputs) {
         var m0 = NO_MAX;
         var l0 = 0.0;
         if r < n_rows {
-            let rr = row_start + r;
-            let head = kv_head * g + rr % g;
-            pos_s[r] = ctx + rr / g;
+            let head = kv_head * g + it.head_start + r % hc;
+            pos_s[r] = it.q_pos + r / hc;
             head_s[r] = head;
             if add_sink {
                 m0 = layer[H + head];
@@ -228,9 +224,8 @@ fn main(inp: Inputs) {
         let c = u % D4;
         var v = vec4<f32>(0.0);
         if r < n_rows {
-            let rr = row_start + r;
-            let tok = tok_start + rr / g;
-            let head = kv_head * g + rr % g;
+            let tok = it.q_start + r / hc;
+            let head = kv_head * g + it.head_start + r % hc;
             v = q_load4((tok * H + head) * D + c * 4u) * params.scale;
         }
         let e = r * KS + c * 4u;
@@ -259,8 +254,8 @@ fn main(inp: Inputs) {
     }
 
     // Keys any row of the tile can see.
-    let p_min = ctx + row_start / g;
-    let p_max = ctx + (row_start + n_rows - 1u) / g;
+    let p_min = it.q_pos;
+    let p_max = it.q_pos + it.q_len - 1u;
     let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
@@ -366,7 +361,7 @@ fn main(inp: Inputs) {
         l = l_s[r];
         m = m_s[m_fin + r];
         head = head_s[r];
-        tok = tok_start + (row_start + r) / g;
+        tok = it.q_start + r / hc;
     }
     // @unroll
     for (var n = 0u; n < NTQ; n = n + 1u) {
@@ -377,7 +372,7 @@ fn main(inp: Inputs) {
             let lo4 = vec4<f32>(s_s[st], s_s[st + 1u], s_s[st + 2u], s_s[st + 3u]);
             let hi4 = vec4<f32>(s_s[st + 4u], s_s[st + 5u], s_s[st + 6u], s_s[st + 7u]);
             let col = (q * NTQ + n) * 16u + hh * 8u;
-            if slot == DIRECT {
+            if direct {
                 var a = vec4<f32>(0.0);
                 var b = vec4<f32>(0.0);
                 if l > 0.0 {
@@ -387,7 +382,7 @@ fn main(inp: Inputs) {
                 out_store4((tok * H + head) * D + col, a);
                 out_store4((tok * H + head) * D + col + 4u, b);
             } else {
-                let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
+                let prow = partial_row(it, r, head);
                 scratch[prow * D4 + col / 4u] = lo4;
                 scratch[prow * D4 + col / 4u + 1u] = hi4;
             }
@@ -395,7 +390,7 @@ fn main(inp: Inputs) {
         workgroupBarrier();
     }
     if live && hh == 0u && q == 0u {
-        if slot == DIRECT {
+        if direct {
             if (params.flags & WRITE_LSE) != 0u {
                 var bits = NEG_INF_BITS;
                 if l > 0.0 {
@@ -404,7 +399,7 @@ fn main(inp: Inputs) {
                 lse[head * params.num_tokens + tok] = bits;
             }
         } else {
-            let prow = (slot * params.num_kv_heads + kv_head) * BM + r;
+            let prow = partial_row(it, r, head);
             scratch[params.ml_offset + prow] = vec4<f32>(m, l, 0.0, 0.0);
         }
     }

@@ -4,14 +4,13 @@
 // pass (combine_splits.wgsl) as paged_attention.wgsl; it differs in how one workgroup
 // walks its keys.
 //
-// Algorithm: a workgroup runs one item for one KV head: workgroup (h, y + z·65535) runs
-// item y + z·65535 for KV head h (the KV heads on the inner dispatch dimension), so the Hkv
-// workgroups of an item are dispatched together and read the same cache blocks at the same
-// time (one block holds every head's keys: the pages and DRAM rows it touches serve all of
-// them). The
-// item's n_rows ≤ ROWS query rows (the GQA group of each of its tokens, row rr = row_start + r
-// is token rr / g, query head kv_head·g + rr % g) run against its key range, so every key and
-// value is read once for all the query heads that share it. The WG invocations form
+// Algorithm: workgroup x + z·65535 runs work item x + z·65535 (a `WorkItem`, see
+// attention_common.wgsl), one KV head's part of a tile; the planner lists the Hkv items of a
+// tile and split side by side, so they are dispatched together and read the same cache
+// blocks at the same time (one block holds every head's keys: the pages and DRAM rows it
+// touches serve all of them). The item's n_rows ≤ ROWS query rows (row r is token
+// q_start + r / head_count, query head kv_head·g + head_start + r % head_count) run against
+// its key range, so every key and value is read once for all the query heads that share it. The WG invocations form
 // NKG = WG / TPK key groups of TPK lanes; lanes of a key group lie in one subgroup (TPK
 // divides the subgroup size, both powers of two; kg and the lane come from subgroup_id and
 // subgroup_invocation_id, not from the local index). Key group kg takes keys
@@ -51,15 +50,14 @@
 // (queries, accumulators, loaded granules, scores) is then indexed by constants only and
 // lives in registers.
 //
-// Layout: as paged_attention.wgsl; the cache is bound as array<Gran> (granules).
-// Partial row of (slot, kv_head, r) at ((slot·Hkv + kv_head)·decode_rows + r)·D4 vec4,
-// its (m, l) at ml_offset + that row.
+// Layout: as paged_attention.wgsl (partials at `partial_row`); the cache is bound as
+// array<Gran> (granules).
 //
 // Bounds relied on: the host uses this kernel only when the cache's element strides (block,
 // K→V, token, head) and D are multiples of G and the cache buffer is a whole number of
 // granules, so every granule address is aligned; items come from validated metadata (keys <
 // seq_len ≤ width·block_size, block ids < the cache's blocks, tokens < the query's rows,
-// n_rows ≤ ROWS, slots < the scratch's). Keys past the range read granules of key 0 of
+// n_rows ≤ ROWS, partial rows < the scratch's). Keys past the range read granules of key 0 of
 // block 0 (inside the buffer); lanes past the last granule (NG not a multiple of TPK)
 // re-read granule NG − 1; rows ≥ n_rows are never loaded or stored.
 //
@@ -168,26 +166,23 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
     @builtin(subgroup_id) sg_id: u32,
 ) {
-    // Heads inner: workgroup (h, y + z·nwg.y) runs item y + z·nwg.y for KV head h, so the
-    // Hkv workgroups of one item start together and walk the same blocks.
-    let item = wid.z * nwg.y + wid.y;
-    let kv_head = wid.x;
+    // The planner lists the Hkv items of one tile and split side by side, so they start
+    // together and walk the same blocks.
+    let item = flat_group(wid, nwg);
     if item >= params.num_items {
         return;
     }
+    let wi = items[item];
+    let kv_head = wi.kv_head;
     let g = params.group;
     let H = params.num_heads;
-    let w = item * 8u;
-    let tok_start = items[w];
-    let row_start = items[w + 1u];
-    let n_rows = min(items[w + 2u], ROWS);
-    let ctx = items[w + 3u];
-    let kv_lo = items[w + 4u];
-    let kv_hi = items[w + 5u];
-    let kv_row = items[w + 6u];
-    let slot_word = items[w + 7u];
-    let slot = slot_word & 0x7fffffffu;
-    let add_sink = (slot_word >> 31u) == 1u && (params.flags & SINKS) != 0u;
+    let hc = wi.head_count;
+    let n_rows = min(wi.q_len * hc, ROWS);
+    let kv_lo = wi.kv_lo;
+    let kv_hi = wi.kv_hi;
+    let kv_row = item_kv_row(wi);
+    let direct = wi.num_splits == 1u;
+    let add_sink = wi.split == 0u && (params.flags & SINKS) != 0u;
 
     let kg = sg_id * (sg_size / TPK) + lane / TPK;
     let c = lane % TPK;
@@ -202,10 +197,10 @@ fn main(
     let qscale = params.scale * params.k_scale;
     // @unroll
     for (var r = 0u; r < ROWS; r = r + 1u) {
-        let rr = row_start + min(r, n_rows - 1u);
-        head[r] = kv_head * g + rr % g;
-        pos[r] = ctx + rr / g;
-        let tok = tok_start + rr / g;
+        let rr = min(r, n_rows - 1u);
+        head[r] = kv_head * g + wi.head_start + rr % hc;
+        pos[r] = wi.q_pos + rr / hc;
+        let tok = wi.q_start + rr / hc;
         m[r] = NO_MAX;
         l[r] = 0.0;
         if add_sink && kg == 0u && r < n_rows {
@@ -227,8 +222,8 @@ fn main(
         }
     }
 
-    let p_min = ctx + row_start / g;
-    let p_max = ctx + (row_start + n_rows - 1u) / g;
+    let p_min = wi.q_pos;
+    let p_max = wi.q_pos + (n_rows - 1u) / hc;
     let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
@@ -421,14 +416,13 @@ fn main(
                 }
             }
             workgroupBarrier();
-            let rr = row_start + r;
-            let tok = tok_start + rr / g;
+            let tok = wi.q_start + r / hc;
             for (var col = t; col < D4; col = col + WG) {
                 var o = vec4<f32>(0.0);
                 for (var q = 0u; q < NKG; q = q + 1u) {
                     o = o + red_s[q * D4 + col];
                 }
-                if slot == DIRECT {
+                if direct {
                     var res = vec4<f32>(0.0);
                     if big_l > 0.0 {
                         res = o / big_l;
@@ -442,7 +436,7 @@ fn main(
                         lse[head[r] * params.num_tokens + tok] = bits;
                     }
                 } else {
-                    let prow = (slot * params.num_kv_heads + kv_head) * params.decode_rows + r;
+                    let prow = partial_row(wi, r, head[r]);
                     scratch[prow * D4 + col] = o;
                     if col == 0u {
                         scratch[params.ml_offset + prow] = vec4<f32>(big_m, big_l, 0.0, 0.0);

@@ -43,6 +43,7 @@ pub mod kv_cache;
 pub mod layer;
 pub mod metadata;
 pub mod ops;
+pub mod plan;
 pub mod reference;
 pub mod registry;
 pub mod rng;
@@ -86,6 +87,7 @@ mod layering {
         ("dtype", 2),
         ("fp8", 3),
         ("rng", 3),
+        ("plan", 3),
         ("device", 4),
         ("metadata", 5),
         ("kv_cache", 6),

@@ -25,10 +25,11 @@ use super::kernels::{
     decode_function_name, decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes,
     mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
     DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
-    PAGED_DECODE, RESHAPE_AND_CACHE,
+    PAGED_DECODE, RESHAPE_AND_CACHE, ROWS_PER_ITEM,
 };
-use super::metadata_builder::{CudaAttentionMetadata, Pass, PlanKey, WorkPlan};
+use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
 use super::tuning::CudaTuning;
+use crate::plan::{Pass, PlanKey, SplitRule};
 
 /// Requests with at least this many query tokens go to the tensor-core kernel when it is on.
 pub const MMA_MIN_QUERY_LEN: usize = 16;
@@ -54,7 +55,7 @@ pub const MMA_LARGE_MIN_CTAS_PER_SM: usize = 4;
 /// The tensor-core prefill kernel's CTA shape for the requests of `query_start_loc` with at
 /// least `min_q` query tokens: the forced one, else [`MMA_SHAPE_LARGE`] when its plan would
 /// have [`MMA_LARGE_MIN_CTAS_PER_SM`] CTAs per SM, else [`MMA_SHAPE_SMALL`]. Host arithmetic
-/// only (the same count [`plan_work`](super::metadata_builder::plan_work) makes).
+/// only (the same count [`plan_work`](crate::plan::plan_work) makes).
 pub fn mma_shape_for(
     query_start_loc: &[i32],
     min_q: usize,
@@ -262,23 +263,23 @@ impl CudaAttentionImpl {
     /// scratch buffer, the arrival counters in its split counters.
     fn launch_decode(
         &self,
-        plan: &WorkPlan,
+        plan: &CudaPlan,
         base: &AttnParams,
         md: &CudaAttentionMetadata,
         f: &cudarc::driver::CudaFunction,
         cache_dtype: DType,
     ) -> Result<()> {
         let items = match &plan.items_dev {
-            Some(i) if !plan.items.is_empty() => i,
+            Some(i) if !plan.work.items.is_empty() => i,
             _ => return Ok(()),
         };
         let p = &self.params;
         let (h, d) = (p.num_heads, p.head_size);
         let mut params = *base;
         params.items = items.device_ptr();
-        let n_split = plan.split_tokens.len();
+        let n_split = plan.work.n_part_tokens;
         if n_split > 0 {
-            let planes = plan.max_splits * n_split * h;
+            let planes = plan.work.max_splits * n_split * h;
             // part_out (16-byte aligned: planes * d * 4 is a multiple of 256 for d % 64 == 0,
             // of 16 otherwise), then part_lse.
             let out_bytes = (planes * d * 4).div_ceil(256) * 256;
@@ -289,7 +290,7 @@ impl CudaAttentionImpl {
             params.split_counters = md.split_counters(n_split * h)?;
         }
         let cfg = LaunchConfig {
-            grid_dim: (plan.items.len() as u32, 1, 1),
+            grid_dim: (plan.work.items.len() as u32, 1, 1),
             block_dim: (DECODE_THREADS, 1, 1),
             shared_mem_bytes: decode_smem_bytes(d, cache_dtype),
         };
@@ -299,14 +300,14 @@ impl CudaAttentionImpl {
     /// Queues the tensor-core kernel over `plan` (items of up to 64 rows, never split).
     fn launch_mma(
         &self,
-        plan: &WorkPlan,
+        plan: &CudaPlan,
         base: &AttnParams,
         name: &str,
         dtype: DType,
         shape: MmaShape,
     ) -> Result<()> {
         let items = match &plan.items_dev {
-            Some(i) if !plan.items.is_empty() => i,
+            Some(i) if !plan.work.items.is_empty() => i,
             _ => return Ok(()),
         };
         let mut params = *base;
@@ -318,7 +319,7 @@ impl CudaAttentionImpl {
         opts.extend(CudaTuning::get().mma_subk_define());
         let f = kernels::function(&self.device, &PAGED_ATTENTION_MMA, &opts, name)?;
         let cfg = LaunchConfig {
-            grid_dim: (plan.items.len() as u32, 1, 1),
+            grid_dim: (plan.work.items.len() as u32, 1, 1),
             block_dim: (shape.threads(), 1, 1),
             shared_mem_bytes: mma_smem_bytes(self.params.head_size, shape.rows),
         };
@@ -330,21 +331,21 @@ impl CudaAttentionImpl {
     /// metadata, so a captured launch never allocates).
     fn launch_attention(
         &self,
-        plan: &WorkPlan,
+        plan: &CudaPlan,
         base: &AttnParams,
         md: &CudaAttentionMetadata,
     ) -> Result<()> {
         let items = match &plan.items_dev {
-            Some(i) if !plan.items.is_empty() => i,
+            Some(i) if !plan.work.items.is_empty() => i,
             _ => return Ok(()),
         };
         let p = &self.params;
         let (h, d) = (p.num_heads, p.head_size);
         let mut params = *base;
         params.items = items.device_ptr();
-        let n_split = plan.split_tokens.len();
+        let n_split = plan.work.n_part_tokens;
         if n_split > 0 {
-            let planes = plan.max_splits * n_split * h;
+            let planes = plan.work.max_splits * n_split * h;
             // part_out (256-byte aligned), then part_lse.
             let out_bytes = (planes * d * 4).div_ceil(256) * 256;
             let ptr = md.scratch(out_bytes + planes * 4)?;
@@ -357,12 +358,12 @@ impl CudaAttentionImpl {
         let variant = attention_variant(d);
         let f = kernels::function(&self.device, &PAGED_ATTENTION, &[&variant], name)?;
         let cfg = LaunchConfig {
-            grid_dim: (plan.items.len() as u32, 1, 1),
+            grid_dim: (plan.work.items.len() as u32, 1, 1),
             block_dim: (ATTN_THREADS, 1, 1),
             shared_mem_bytes: attention_smem_bytes(d),
         };
         kernels::launch(&self.device, &f, cfg, &params, None)?;
-        if let Some(list) = &plan.split_dev {
+        if let Some(list) = &plan.groups_dev {
             let f = kernels::function(
                 &self.device,
                 &PAGED_ATTENTION,
@@ -370,7 +371,7 @@ impl CudaAttentionImpl {
                 "combine_splits",
             )?;
             let cfg = LaunchConfig {
-                grid_dim: (n_split as u32, h as u32, 1),
+                grid_dim: (plan.work.groups.len() as u32, h as u32, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -636,16 +637,20 @@ impl AttentionImpl for CudaAttentionImpl {
             v_scale: 1.0,
             ..Default::default()
         };
-        let key_for = |pass: Pass, causal: bool, dense: bool, allow_split: bool| PlanKey {
+        let key_for = |pass: Pass, causal: bool, dense: bool, split: SplitRule| PlanKey {
             pass,
             dense,
-            allow_split,
+            split,
             ..PlanKey::new(
                 p.num_queries_per_kv(),
                 p.num_kv_heads,
                 causal,
                 p.sliding_window,
+                ROWS_PER_ITEM,
             )
+        };
+        let two_per_sm = SplitRule::TwoPerSm {
+            sm_count: self.device.sm_count() as usize,
         };
 
         if encoder {
@@ -662,7 +667,7 @@ impl AttentionImpl for CudaAttentionImpl {
             base.v_dense = self.check_kv_input("value", v, n, dtype)?;
             base.dense = 1;
             base.cache_dtype = base.q_dtype;
-            let plan = md.plan(&key_for(Pass::Full, false, true, false))?;
+            let plan = md.plan(&key_for(Pass::Full, false, true, SplitRule::Never))?;
             return self.launch_attention(&plan, &base, md);
         }
 
@@ -701,8 +706,11 @@ impl AttentionImpl for CudaAttentionImpl {
                     let key = PlanKey {
                         max_q: decode_end,
                         rows: DECODE_ROWS_PER_ITEM,
-                        slots,
-                        ..key_for(Pass::Full, causal, false, true)
+                        split: SplitRule::FillWaves {
+                            slots,
+                            fixed: CudaTuning::get().decode_splits,
+                        },
+                        ..key_for(Pass::Full, causal, false, SplitRule::Never)
                     };
                     let plan = md.plan(&key)?;
                     self.launch_decode(&plan, &base, md, &f, cache_dtype)?;
@@ -710,7 +718,7 @@ impl AttentionImpl for CudaAttentionImpl {
                 let short = PlanKey {
                     min_q: decode_end,
                     max_q: mma_start,
-                    ..key_for(Pass::Full, causal, false, true)
+                    ..key_for(Pass::Full, causal, false, two_per_sm)
                 };
                 let plan = md.plan(&short)?;
                 self.launch_attention(&plan, &base, md)?;
@@ -725,7 +733,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     let long = PlanKey {
                         min_q: mma_start,
                         rows: shape.rows,
-                        ..key_for(Pass::Full, causal, false, false)
+                        ..key_for(Pass::Full, causal, false, SplitRule::Never)
                     };
                     let plan = md.plan(&long)?;
                     self.launch_mma(&plan, &base, name, dtype, shape)?;
@@ -748,7 +756,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     Pass::Prefix(cascade.prefix_len),
                     false,
                     false,
-                    false,
+                    SplitRule::Never,
                 ))?;
                 self.launch_attention(&plan, &prefix, md)?;
                 // Suffix: each request's own keys after the prefix, causal, no sinks.
@@ -761,7 +769,7 @@ impl AttentionImpl for CudaAttentionImpl {
                     Pass::Suffix(cascade.prefix_len),
                     causal,
                     false,
-                    false,
+                    SplitRule::Never,
                 ))?;
                 self.launch_attention(&plan, &suffix, md)?;
                 launch_merge(

@@ -574,35 +574,8 @@ pub struct MergeParams {
     pub prefill_tokens: i32,
 }
 
-/// `WorkItem` of `paged_attention.cu`: one CTA's rows and keys.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct WorkItem {
-    /// Request.
-    pub req: i32,
-    /// First query token (batch index).
-    pub q_start: i32,
-    /// Query tokens.
-    pub q_len: i32,
-    /// KV head.
-    pub kv_head: i32,
-    /// First query head within the KV head's group.
-    pub head_start: i32,
-    /// Query heads.
-    pub head_count: i32,
-    /// First key position.
-    pub kv_lo: i32,
-    /// One past the last key position.
-    pub kv_hi: i32,
-    /// Split index (0 when unsplit).
-    pub split: i32,
-    /// Splits of this token range (1: unsplit, writes the final output).
-    pub num_splits: i32,
-    /// Partial-buffer token index of `q_start` (split items).
-    pub part_tok: i32,
-    /// Padding.
-    pub pad_: i32,
-}
+/// The work item the attention kernels read (`WorkItem` in `common.cuh`).
+pub use crate::plan::WorkItem;
 
 /// `AttnParams` of `paged_attention.cu`.
 #[repr(C)]
@@ -683,7 +656,6 @@ pub struct AttnParams {
 
 const _: () = assert!(std::mem::size_of::<ReshapeParams>() == 72);
 const _: () = assert!(std::mem::size_of::<MergeParams>() == 72);
-const _: () = assert!(std::mem::size_of::<WorkItem>() == 48);
 const _: () = assert!(std::mem::size_of::<AttnParams>() == 200);
 
 // SAFETY: plain `repr(C)` structs of integers and floats whose layouts match the kernels'

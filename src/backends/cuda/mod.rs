@@ -35,10 +35,7 @@ pub mod tuning;
 
 pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_MIN_QUERY_LEN};
 pub use descriptor::CudaBackend;
-pub use metadata_builder::{
-    plan_graph_work, plan_work, CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, Pass,
-    PlanInputs, PlanKey, WorkPlan, MAX_SPLITS, MIN_KEYS_PER_SPLIT,
-};
+pub use metadata_builder::{CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, CudaPlan};
 pub use tuning::{
     CudaTuning, CUDA_DEVICE_ENV, DECODE_ENV, DECODE_SPLITS_ENV, MMA_ENV, MMA_ROWS_ENV,
     MMA_SUBK_ENV, MMA_WARPS_ENV,

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 
 use super::kernels::{MmaShape, MMA_SHAPES};
-use super::metadata_builder::DECODE_MAX_SPLITS;
+use crate::plan::DECODE_MAX_SPLITS;
 
 use crate::backends::tuning_env::{self, Env};
 

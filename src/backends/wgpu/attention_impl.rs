@@ -629,10 +629,10 @@ impl AttentionImpl for WgpuAttentionImpl {
             }
         }
 
-        // Split-KV scratch: partial rows of D4 vec4, then one (m, l) vec4 per row.
+        // Split-KV scratch: partial rows [split][partial token][query head] of D4 vec4, then
+        // one (m, l) vec4 per row.
         let d4 = (p.head_size / 4) as u64;
-        let partial_rows =
-            plan.partial_slots as u64 * p.num_kv_heads as u64 * self.decode_tile.0 as u64;
+        let partial_rows = plan.max_splits as u64 * plan.n_part_tokens as u64 * p.num_heads as u64;
         let scratch_bytes = partial_rows * (d4 + 1) * 16;
         if scratch_bytes > 0 {
             check_binding(dev, scratch_bytes, "split-KV scratch")?;
@@ -681,6 +681,12 @@ impl AttentionImpl for WgpuAttentionImpl {
             self.kv_scales(layer)
         };
         let bs = kv_cache.block_size() as u32;
+        // The WGSL kernels address the block table by request (0: dense K/V).
+        let bt_width = if encoder_attn {
+            0
+        } else {
+            common.max_blocks_per_req() as u32
+        };
         let block_shift = if bs.is_power_of_two() {
             bs.trailing_zeros()
         } else {
@@ -705,8 +711,9 @@ impl AttentionImpl for WgpuAttentionImpl {
                 .f(ks)
                 .f(vs)
                 .u(ml_offset)
-                .u(self.decode_tile.0)
+                .u(plan.n_part_tokens)
                 .u(block_shift)
+                .u(bt_width)
                 .w
         };
         let lse_binding = lse_buf
@@ -749,7 +756,7 @@ impl AttentionImpl for WgpuAttentionImpl {
             slots[slot] = attn_words(list.count, flags);
             let group = attention_group(&pipe, slot, &list.buffer);
             let (x, z) = grid(dev, list.count as u64)?;
-            passes.push((pipe, group, (x, p.num_kv_heads as u32, z)));
+            passes.push((pipe, group, (x, 1, z)));
         }
         if let Some(list) = &plan.decode_fast {
             let shader = self
@@ -765,12 +772,10 @@ impl AttentionImpl for WgpuAttentionImpl {
                 true,
                 LoopBounding::Off,
             )?;
-            let hkv = p.num_kv_heads as u32;
             slots[SLOT_DECODE_FAST] = attn_words(list.count, flags);
             let group = attention_group(&pipe, SLOT_DECODE_FAST, &list.buffer);
-            // The KV heads on x: the workgroups of one item run side by side on its blocks.
-            let (a, b) = grid(dev, list.count as u64)?;
-            passes.push((pipe, group, (hkv, a, b)));
+            let (x, z) = grid(dev, list.count as u64)?;
+            passes.push((pipe, group, (x, 1, z)));
         }
         if let Some(list) = &plan.combine {
             let shader = CombineShader { out_dtype: dtype };
@@ -791,7 +796,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 .u(ml_offset)
                 .u(lse_buf.is_some() as u32)
                 .u(p.head_size as u32)
-                .u(self.decode_tile.0)
+                .u(plan.n_part_tokens)
                 .w;
             let group = bind_group(
                 dev,

@@ -7,13 +7,14 @@
 //! the first layer that runs a step builds them ([`WgpuAttentionMetadata::plan`]) and every
 //! later layer with the same shape reuses them: one small upload per step, not per layer.
 //!
-//! **Plan.** Requests whose rows (query tokens × group) fit one decode tile become decode
-//! items over their whole key range, split into several partial items (flash-decoding) when
-//! the batch alone would not fill the device ([`WgpuTuning`]); the partials are merged by a
-//! combine pass. Decode items of at most [`PlanKey::fast_decode_rows`] rows go to their own
-//! list, run by the split-KV decode kernel (`paged_decode.wgsl`) when the layer can use it;
-//! both decode lists share the partial slots and the combine pass. Other requests are cut
-//! into prefill tiles of up to `prefill_rows` rows with no split. Cascade batches (a shared prefix) run the same plan: the prefix is part of every
+//! **Plan** ([`plan_lists`], with [`crate::plan`]). Requests whose rows (query tokens ×
+//! group) fit one decode tile become decode items over their whole key range, split into
+//! several partial items (flash-decoding) when the batch alone would not fill the device
+//! ([`WgpuTuning`]); the partials are merged by a combine pass. Decode items of at most
+//! [`PlanKey::fast_decode_rows`] rows go to their own list, run by the split-KV decode kernel
+//! (`paged_decode.wgsl`) when the layer can use it; both decode lists share the partial
+//! buffer and the combine pass. Other requests are cut into prefill tiles of up to
+//! `prefill_rows` rows with no split. Cascade batches (a shared prefix) run the same plan: the prefix is part of every
 //! request's own key range, and since the builder checks that the prefix lies inside every
 //! request's cached context, every query sees all of it under the causal mask too — the
 //! result equals vLLM's prefix pass + suffix pass + merge, sinks counted once.
@@ -33,13 +34,11 @@ use crate::metadata::{
 
 use super::kernels::upload_words;
 use super::tuning::WgpuTuning;
-
-/// u32 words per work item (see `shaders/paged_attention.wgsl`).
-pub const ITEM_WORDS: usize = 8;
-/// Partial-slot value of an item that writes the output directly.
-pub const DIRECT_SLOT: u32 = 0x7fff_ffff;
-/// Item flag: this item adds the sink logit to its rows.
-pub const SINK_FLAG: u32 = 1 << 31;
+#[cfg(doc)]
+use crate::plan::WorkItem;
+use crate::plan::{
+    plan_work, ItemOrder, PlanInputs, PlanKey as PlanKey0, SplitGroup, SplitRule, WorkPlan,
+};
 
 /// What a plan depends on besides the batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,12 +62,12 @@ pub struct PlanKey {
     pub tuning: WgpuTuning,
 }
 
-/// A list of work items (or combine groups) on the device.
+/// A list of work items (or split groups) on the device.
 #[derive(Clone, Debug)]
 pub struct WorkList {
-    /// The u32 words.
+    /// The records ([`WorkItem`] or [`SplitGroup`]).
     pub buffer: wgpu::Buffer,
-    /// Number of entries.
+    /// Number of records.
     pub count: u32,
 }
 
@@ -83,10 +82,12 @@ pub struct Plan {
     pub decode: Option<WorkList>,
     /// Items for the prefill tile shape.
     pub prefill: Option<WorkList>,
-    /// Combine groups: first token, tokens, first partial slot, splits.
+    /// Split groups of both decode lists, for the combine pass.
     pub combine: Option<WorkList>,
-    /// Partial slots the decode items write.
-    pub partial_slots: u32,
+    /// Partial tokens of the split groups.
+    pub n_part_tokens: u32,
+    /// Most splits of a group.
+    pub max_splits: u32,
 }
 
 /// Shared-prefix (cascade) request, validated.
@@ -129,130 +130,147 @@ impl WgpuAttentionMetadata {
     }
 }
 
-/// The host side of a plan.
+/// The host side of a plan: the three item lists (the two decode lists share one partial
+/// buffer and one combine).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PlanWords {
-    /// Decode items for the split-KV decode kernel.
-    pub decode_fast: Vec<u32>,
-    /// Decode items for the decode tile of paged_attention.wgsl.
-    pub decode: Vec<u32>,
-    /// Prefill items.
-    pub prefill: Vec<u32>,
-    /// Combine groups (first token, tokens, first partial slot, splits).
-    pub groups: Vec<u32>,
-    /// Partial slots the decode items write.
-    pub slots: u32,
+pub struct PlanLists {
+    /// Items for the split-KV decode kernel.
+    pub decode_fast: WorkPlan,
+    /// Items for the decode tile of paged_attention.wgsl.
+    pub decode: WorkPlan,
+    /// Prefill items (never split).
+    pub prefill: WorkPlan,
 }
 
-/// The host side of a plan: item words, combine-group words, partial slots.
-pub fn plan_words(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanWords {
-    let qsl = common.query_start_loc_cpu();
-    let seq_lens = common.seq_lens_cpu();
-    let width = common.max_blocks_per_req() as u32;
-    let g = key.group;
-    let (mut fast, mut dec, mut pre, mut groups) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut slots = 0u32;
-    let is_decode = |q: u32| !key.dense && q > 0 && q * g <= key.decode_rows;
-    let n_dec = (0..common.num_reqs())
-        .filter(|&r| is_decode(common.query_len(r) as u32))
-        .count() as u32;
-    for r in 0..common.num_reqs() {
-        let q = common.query_len(r) as u32;
-        if q == 0 {
-            continue;
-        }
-        let tok = qsl[r] as u32;
-        let s = seq_lens[r] as u32;
-        let rows = q * g;
-        if is_decode(q) {
-            let dec = if rows <= key.fast_decode_rows {
-                &mut fast
-            } else {
-                &mut dec
-            };
-            let ctx = s - q;
-            let lo = key.window.map_or(0, |w| (ctx + 1).saturating_sub(w));
-            let keys = s - lo;
-            let splits = key.tuning.splits(keys, n_dec, key.num_kv_heads);
-            if splits <= 1 {
-                dec.extend([
-                    tok,
-                    0,
-                    rows,
-                    ctx,
-                    0,
-                    s,
-                    r as u32 * width,
-                    DIRECT_SLOT | SINK_FLAG,
-                ]);
-            } else {
-                let chunk = keys.div_ceil(splits).div_ceil(16) * 16;
-                let n = keys.div_ceil(chunk);
-                for i in 0..n {
-                    let a = lo + i * chunk;
-                    let b = (a + chunk).min(s);
-                    let flag = if i == 0 { SINK_FLAG } else { 0 };
-                    dec.extend([
-                        tok,
-                        0,
-                        rows,
-                        ctx,
-                        a,
-                        b,
-                        r as u32 * width,
-                        (slots + i) | flag,
-                    ]);
-                }
-                groups.extend([tok, q, slots, n]);
-                slots += n;
-            }
-        } else {
-            let (ctx, hi, kv_row) = if key.dense {
-                (0, q, tok)
-            } else {
-                (s - q, s, r as u32 * width)
-            };
-            let mut row = 0;
-            while row < rows {
-                let n = key.prefill_rows.min(rows - row);
-                pre.extend([tok, row, n, ctx, 0, hi, kv_row, DIRECT_SLOT | SINK_FLAG]);
-                row += n;
-            }
-        }
+impl PlanLists {
+    /// The split groups of both decode lists.
+    pub fn groups(&self) -> Vec<SplitGroup> {
+        [&self.decode_fast.groups[..], &self.decode.groups[..]].concat()
     }
-    PlanWords {
-        decode_fast: fast,
-        decode: dec,
-        prefill: pre,
-        groups,
-        slots,
+
+    /// Partial tokens of both decode lists.
+    pub fn n_part_tokens(&self) -> usize {
+        self.decode_fast.n_part_tokens + self.decode.n_part_tokens
+    }
+
+    /// Most splits of any group.
+    pub fn max_splits(&self) -> usize {
+        self.decode_fast.max_splits.max(self.decode.max_splits)
+    }
+}
+
+/// Plans a batch for the wgpu kernels with [`crate::plan`]: requests whose rows (query
+/// tokens × group) fit the split-KV decode kernel, those that fit a decode tile, and the
+/// rest in prefill tiles. Decode requests split by [`SplitRule::PerRequest`] over both decode
+/// lists; items are in the order of each kernel's dispatch ([`ItemOrder`]).
+pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists {
+    let g = key.group.max(1) as usize;
+    let inp = PlanInputs {
+        query_start_loc: common.query_start_loc_cpu(),
+        seq_lens: common.seq_lens_cpu(),
+    };
+    // Longest query of each decode list (0: the list is empty).
+    let dec_max = if key.dense {
+        0
+    } else {
+        key.decode_rows as usize / g
+    };
+    let fast_max = (key.fast_decode_rows as usize / g).min(dec_max);
+    let decode_requests = (0..common.num_reqs())
+        .filter(|&r| (1..=dec_max).contains(&common.query_len(r)))
+        .count();
+    let t = &key.tuning;
+    let split = SplitRule::PerRequest {
+        min_keys: t.split_min_keys as usize,
+        target: t.target_workgroups as usize,
+        max_splits: t.max_splits as usize,
+        requests: decode_requests,
+    };
+    let base = PlanKey0 {
+        dense: key.dense,
+        ..PlanKey0::new(
+            g,
+            key.num_kv_heads as usize,
+            common.causal(),
+            key.window.map(|w| w as usize),
+            1,
+        )
+    };
+    let decode_fast = plan_work(
+        inp,
+        &PlanKey0 {
+            rows: key.fast_decode_rows.max(1) as usize,
+            min_q: 1,
+            max_q: fast_max + 1,
+            split,
+            order: ItemOrder::BatchKvHeadInner,
+            ..base
+        },
+    );
+    let mut decode = plan_work(
+        inp,
+        &PlanKey0 {
+            rows: key.decode_rows.max(1) as usize,
+            min_q: fast_max + 1,
+            max_q: dec_max + 1,
+            split,
+            order: ItemOrder::BatchKvHeadOuter,
+            ..base
+        },
+    );
+    decode.shift_parts(decode_fast.n_part_tokens);
+    let prefill = plan_work(
+        inp,
+        &PlanKey0 {
+            rows: key.prefill_rows.max(1) as usize,
+            min_q: dec_max + 1,
+            split: SplitRule::Never,
+            order: ItemOrder::BatchKvHeadOuter,
+            ..base
+        },
+    );
+    PlanLists {
+        decode_fast,
+        decode,
+        prefill,
     }
 }
 
 fn build_plan(dev: &WgpuDevice, common: &CommonAttentionMetadata, key: &PlanKey) -> Result<Plan> {
-    let w = plan_words(common, key);
-    let fast_rows = w
+    let lists = plan_lists(common, key);
+    let fast_rows = lists
         .decode_fast
-        .chunks(ITEM_WORDS)
-        .map(|c| c[2])
+        .items
+        .iter()
+        .map(|i| (i.q_len * i.head_count) as u32)
         .max()
         .unwrap_or(0);
-    let list = |label: &str, words: Vec<u32>, stride: usize| -> Result<Option<WorkList>> {
-        if words.is_empty() {
+    fn list<T: bytemuck::Pod>(
+        dev: &WgpuDevice,
+        label: &str,
+        records: &[T],
+    ) -> Result<Option<WorkList>> {
+        if records.is_empty() {
             return Ok(None);
         }
         Ok(Some(WorkList {
-            buffer: upload_words(dev, label, &words)?,
-            count: (words.len() / stride) as u32,
+            buffer: upload_words(dev, label, bytemuck::cast_slice(records))?,
+            count: records.len() as u32,
         }))
-    };
+    }
+    let groups = lists.groups();
     Ok(Plan {
-        decode_fast: list("polyattn split-KV decode items", w.decode_fast, ITEM_WORDS)?,
+        decode_fast: list(
+            dev,
+            "polyattn split-KV decode items",
+            &lists.decode_fast.items,
+        )?,
         fast_rows,
-        decode: list("polyattn decode items", w.decode, ITEM_WORDS)?,
-        prefill: list("polyattn prefill items", w.prefill, ITEM_WORDS)?,
-        combine: list("polyattn combine groups", w.groups, 4)?,
-        partial_slots: w.slots,
+        decode: list(dev, "polyattn decode items", &lists.decode.items)?,
+        prefill: list(dev, "polyattn prefill items", &lists.prefill.items)?,
+        combine: list(dev, "polyattn split groups", &groups)?,
+        n_part_tokens: lists.n_part_tokens() as u32,
+        max_splits: lists.max_splits() as u32,
     })
 }
 
@@ -379,27 +397,49 @@ mod tests {
             window: None,
             tuning: tuning(),
         };
-        let PlanWords {
-            decode_fast,
-            decode: dec,
-            prefill: pre,
-            groups,
-            slots,
-        } = plan_words(&common, &key);
-        assert!(decode_fast.is_empty());
-        // 100 keys, 1 request × 2 heads: min(ceil(100/32)=4, ceil(16/2)=8) = 4 splits of 32.
-        assert_eq!(dec.len() / ITEM_WORDS, 4);
-        assert_eq!(slots, 4);
-        assert_eq!(groups, vec![0, 1, 0, 4]);
-        assert_eq!(&dec[..8], &[0, 0, 2, 99, 0, 32, 0, SINK_FLAG]);
-        assert_eq!(&dec[24..32], &[0, 0, 2, 99, 96, 100, 0, 3]);
-        // 40 tokens × 2 rows = 80 rows: tiles of 32, 32, 16.
-        let rows: Vec<u32> = pre.chunks(8).map(|c| c[2]).collect();
-        assert_eq!(rows, vec![32, 32, 16]);
+        let lists = plan_lists(&common, &key);
+        assert!(lists.decode_fast.items.is_empty());
+        // 100 keys, 1 request × 2 KV heads: min(ceil(100/32)=4, ceil(16/2)=8) = 4 splits of
+        // 32, listed KV head 0 first.
+        let dec = &lists.decode.items;
+        assert_eq!(dec.len(), 2 * 4);
+        assert_eq!(lists.n_part_tokens(), 1);
         assert_eq!(
-            &pre[..8],
-            &[1, 0, 32, 10, 0, 50, 7, DIRECT_SLOT | SINK_FLAG]
+            lists.groups(),
+            vec![SplitGroup {
+                q_start: 0,
+                q_len: 1,
+                part_tok: 0,
+                num_splits: 4
+            }]
         );
+        let range = |i: usize| (dec[i].kv_head, dec[i].split, dec[i].kv_lo, dec[i].kv_hi);
+        assert_eq!(range(0), (0, 0, 0, 32));
+        assert_eq!(range(3), (0, 3, 96, 100));
+        assert_eq!(range(4), (1, 0, 0, 32));
+        assert!(dec
+            .iter()
+            .all(|i| (i.q_pos, i.head_count, i.num_splits) == (99, 2, 4)));
+        // 40 tokens × 2 rows = 80 rows: tiles of 16, 16, 8 tokens, per KV head.
+        let pre = &lists.prefill.items;
+        let tiles: Vec<(i32, i32, i32, i32)> = pre
+            .iter()
+            .map(|i| (i.kv_head, i.q_start, i.q_len, i.q_pos))
+            .collect();
+        assert_eq!(
+            tiles,
+            vec![
+                (0, 1, 16, 10),
+                (0, 17, 16, 26),
+                (0, 33, 8, 42),
+                (1, 1, 16, 10),
+                (1, 17, 16, 26),
+                (1, 33, 8, 42)
+            ]
+        );
+        assert!(pre
+            .iter()
+            .all(|i| (i.req, i.kv_lo, i.kv_hi, i.num_splits) == (1, 0, 50, 1)));
     }
 
     /// The GPU defaults on the decode rows of the H200 benchmark (8 KV heads): workgroups =
