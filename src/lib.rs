@@ -39,6 +39,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod fp8;
+pub mod kernels;
 pub mod kv_cache;
 pub mod layer;
 pub mod metadata;
@@ -86,21 +87,22 @@ mod layering {
         ("dtype", 2),
         ("fp8", 3),
         ("rng", 3),
-        ("device", 4),
-        ("metadata", 5),
-        ("kv_cache", 6),
-        ("attention", 7),
-        ("backend", 8),
-        ("backends", 9),
-        ("registry", 10),
-        ("selector", 11),
-        ("layer", 12),
-        ("compute", 13),
-        ("ops", 13),
-        ("reference", 13),
-        ("testing", 14),
-        ("runner", 15),
-        ("bench", 16),
+        ("kernels", 4),
+        ("device", 5),
+        ("metadata", 6),
+        ("kv_cache", 7),
+        ("attention", 8),
+        ("backend", 9),
+        ("backends", 10),
+        ("registry", 11),
+        ("selector", 12),
+        ("layer", 13),
+        ("compute", 14),
+        ("ops", 14),
+        ("reference", 14),
+        ("testing", 15),
+        ("runner", 16),
+        ("bench", 17),
     ];
 
     /// (from, to): imports that run upward today.

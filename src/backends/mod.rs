@@ -10,5 +10,4 @@
 
 pub mod cpu;
 pub mod cuda;
-pub(crate) mod tuning_env;
 pub mod wgpu;

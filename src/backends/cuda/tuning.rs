@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use super::kernels::{MmaShape, MMA_SHAPES};
 use super::metadata_builder::DECODE_MAX_SPLITS;
 
-use crate::backends::tuning_env::{self, Env};
+use crate::kernels::tuning_env::{self, Env};
 
 /// Turns the tensor-core prefill kernel off (`0`) or on (`1`); see [`CudaTuning::mma`].
 pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";

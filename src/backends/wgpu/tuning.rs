@@ -8,7 +8,7 @@ use crate::device::WgpuDevice;
 
 use super::shaders::{DECODE_KEYS_PER_STEP, DECODE_WORKGROUP, TILED2_DEFAULT_BLOCK};
 
-use crate::backends::tuning_env::{self, Env};
+use crate::kernels::tuning_env::{self, Env};
 
 /// The prefill tile GPUs ask for (where it fits; CPU adapters take the first candidate that
 /// fits, see `shaders::choose_tile`): 64 query rows × 16 keys, the fastest tile of the
@@ -420,7 +420,7 @@ impl PipelineTuning {
 mod tests {
     use super::*;
 
-    use crate::backends::tuning_env::table as lookup;
+    use crate::kernels::tuning_env::table as lookup;
 
     #[test]
     fn prefill_form_names_parse() {

@@ -1,0 +1,13 @@
+//! The kernel families: each GPU language's kernels as sources plus everything that describes
+//! them without running them — preprocessing and specialisation, the variants a build
+//! selects, the parameter blocks the kernels read, tile and launch-shape policy, and the
+//! family's tuning knobs.
+//!
+//! A family knows nothing of the runtime that compiles and launches it (`crate::device`) nor
+//! of the backends that plan work for it (`crate::backends`): it depends only on the plain
+//! contracts below it (dtypes, errors). The `layering` test in `lib.rs` checks it.
+//!
+//! - `tuning_env`: the one parser of every tuning variable, shared by the families'
+//!   `Tuning::from_env` and the runtimes' knobs.
+
+pub(crate) mod tuning_env;
