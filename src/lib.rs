@@ -118,11 +118,6 @@ mod layering {
             "the CUDA compile check lists the model-op source, which lives with compute",
         ),
         (
-            "device",
-            "backends",
-            "the wgpu device names the WGSL preprocessor of the wgpu backend",
-        ),
-        (
             "reference",
             "testing",
             "the batch-level reference takes a testing::RandomBatch",

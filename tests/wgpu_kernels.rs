@@ -13,15 +13,15 @@
 mod common;
 
 use half::{bf16, f16};
-use polyattn::backends::wgpu::shaders::{
-    coop_shared_bytes, coop_split, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
-    COOP_KEYS, COOP_ROWS,
-};
 use polyattn::backends::wgpu::{
     kernels, prefill_tile_fits, PrefillForm, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
     WgpuTuning, PREFILL_TILED2_WORKGROUP,
 };
 use polyattn::device::WgpuDevice;
+use polyattn::kernels::wgsl::{
+    coop_shared_bytes, coop_split, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
+    COOP_KEYS, COOP_ROWS,
+};
 use polyattn::reference;
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
 use polyattn::{
@@ -394,7 +394,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_tile: None,
                 prefill_keys_h: None,
                 prefill_rows_h: None,
-                prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+                prefill_block: polyattn::kernels::wgsl::TILED2_DEFAULT_BLOCK,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
                 prefill_coop_split: None,
@@ -548,7 +548,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_tile: None,
                 prefill_keys_h: None,
                 prefill_rows_h: None,
-                prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+                prefill_block: polyattn::kernels::wgsl::TILED2_DEFAULT_BLOCK,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
                 prefill_coop_split: None,
@@ -682,7 +682,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_tile: None,
         prefill_keys_h: None,
         prefill_rows_h: None,
-        prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+        prefill_block: polyattn::kernels::wgsl::TILED2_DEFAULT_BLOCK,
         prefill_workgroup_h: None,
         prefill_block_h: None,
         prefill_coop_split: None,
@@ -828,7 +828,7 @@ fn fp8_decoding_is_exact() {
             &dev,
             &format!("test fp8 decode {name}"),
             || src,
-            kernels::Bindings::Probe,
+            polyattn::kernels::wgsl::Bindings::Probe,
             false,
         )
         .unwrap();
@@ -989,7 +989,7 @@ fn pipelines_are_compiled_once() {
                 compiles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 shader.source()
             },
-            kernels::Bindings::Attention,
+            polyattn::kernels::wgsl::Bindings::Attention,
             false,
         )
         .unwrap()

@@ -20,15 +20,14 @@ use std::sync::{Mutex, OnceLock};
 
 use super::{Rope, RopeStyle};
 use crate::backends::wgpu::kernels::{
-    bind_group, check_binding, dispatch, grid, pipeline, storage, whole, Bindings, ParamBlock,
-    Words,
-};
-use crate::backends::wgpu::shaders::{
-    ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
+    bind_group, check_binding, dispatch, grid, pipeline, storage, whole, ParamBlock, Words,
 };
 use crate::device::{Device, Tensor, WgpuDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::wgsl::{
+    Bindings, ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
+};
 
 /// `v` as a u32 kernel parameter, or an error naming it.
 fn u32_of(what: &str, v: usize) -> Result<u32> {

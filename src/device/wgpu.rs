@@ -205,7 +205,20 @@ fn wants_coop(adapter: &wgpu::Adapter) -> bool {
     std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0")
         && adapter.get_info().backend == wgpu::Backend::Vulkan
         && adapter.features().contains(needed)
-        && crate::backends::wgpu::shaders::coop_supported(&adapter.cooperative_matrix_properties())
+        && coop_supported(&adapter.cooperative_matrix_properties())
+}
+
+/// Whether an adapter offers the cooperative-matrix configuration the WGSL family's coop
+/// form needs (`coop_mat16x16` of f16 in `paged_attention_coop.wgsl`): 16 × 16 × 16, f16 A /
+/// B, f32 C (what NVIDIA's and AMD's Vulkan drivers offer for tensor cores / WMMA).
+pub fn coop_supported(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
+    props.iter().any(|p| {
+        p.m_size == 16
+            && p.n_size == 16
+            && p.k_size == 16
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    })
 }
 
 /// Window-system surface extensions of Vulkan that polyattn, which never presents, does not

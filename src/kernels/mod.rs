@@ -7,7 +7,10 @@
 //! of the backends that plan work for it (`crate::backends`): it depends only on the plain
 //! contracts below it (dtypes, errors). The `layering` test in `lib.rs` checks it.
 //!
+//! - [`wgsl`]: the WGSL kernels of `shaders/` and their generator (compiled by the wgpu
+//!   runtime in `crate::device::wgpu`);
 //! - `tuning_env`: the one parser of every tuning variable, shared by the families'
 //!   `Tuning::from_env` and the runtimes' knobs.
 
 pub(crate) mod tuning_env;
+pub mod wgsl;

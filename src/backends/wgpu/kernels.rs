@@ -12,90 +12,42 @@ use std::sync::{Mutex, OnceLock};
 use crate::device::{Storage, Tensor, WgpuDevice, WgpuStorage};
 use crate::error::{Error, Result};
 
-use super::shaders::{MergeShader, ELEMENTWISE_WORKGROUP};
+use crate::kernels::wgsl::{Bindings, MergeShader, ELEMENTWISE_WORKGROUP};
 
 /// Bytes of one uniform parameter slot (WebGPU's largest uniform offset alignment).
 pub const PARAM_SLOT_BYTES: u64 = 256;
 /// u32 words in one parameter slot.
 pub const PARAM_WORDS: usize = 64;
 
-/// The binding set of a kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bindings {
-    /// paged_attention.wgsl: uniform 0; read 1 (q), 2 (kv / k), 3 (block table / v),
-    /// 4 (items), 5 (layer); read-write 6 (lse), 7 (scratch), 8 (out).
-    Attention,
-    /// combine_splits.wgsl: uniform 0; read 1 (scratch), 2 (groups); read-write 3 (out),
-    /// 4 (lse).
-    Combine,
-    /// reshape_and_cache.wgsl: uniform 0; read 1 (key), 2 (value), 3 (slots);
-    /// read-write 4 (cache).
-    Reshape,
-    /// merge_attn_states.wgsl: uniform 0; read 1..=4 (o_p, lse_p, o_s, lse_s);
-    /// read-write 5 (out), 6 (out_lse).
-    Merge,
-    /// probe_copy.wgsl / probe_fma.wgsl: uniform 0; read 1 (src); read-write 2 (dst).
-    Probe,
-    /// model_ops_*.wgsl (`crate::compute`): uniform 0; read 1, 2; read-write 3.
-    Model,
-}
-
-impl Bindings {
-    /// `(binding, read_only)` of every storage binding.
-    fn storage(self) -> &'static [(u32, bool)] {
-        match self {
-            Bindings::Attention => &[
-                (1, true),
-                (2, true),
-                (3, true),
-                (4, true),
-                (5, true),
-                (6, false),
-                (7, false),
-                (8, false),
-            ],
-            Bindings::Combine => &[(1, true), (2, true), (3, false), (4, false)],
-            Bindings::Reshape => &[(1, true), (2, true), (3, true), (4, false)],
-            Bindings::Merge => &[
-                (1, true),
-                (2, true),
-                (3, true),
-                (4, true),
-                (5, false),
-                (6, false),
-            ],
-            Bindings::Probe => &[(1, true), (2, false)],
-            Bindings::Model => &[(1, true), (2, true), (3, false)],
-        }
-    }
-
-    fn layout_entries(self) -> Vec<wgpu::BindGroupLayoutEntry> {
-        let mut v = vec![wgpu::BindGroupLayoutEntry {
-            binding: 0,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        }];
-        v.extend(
-            self.storage()
-                .iter()
-                .map(|&(binding, read_only)| wgpu::BindGroupLayoutEntry {
-                    binding,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                }),
-        );
-        v
-    }
+/// The bind-group layout entries of `bindings`: the uniform parameter block at binding 0,
+/// then the kernel's storage bindings.
+fn layout_entries(bindings: Bindings) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let mut v = vec![wgpu::BindGroupLayoutEntry {
+        binding: 0,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }];
+    v.extend(
+        bindings
+            .storage()
+            .iter()
+            .map(|&(binding, read_only)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            }),
+    );
+    v
 }
 
 /// The compiled pipeline of a specialisation (compiled on first use, then cached on the
@@ -224,7 +176,7 @@ pub fn pipeline_with(
         };
         let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(key),
-            entries: &bindings.layout_entries(),
+            entries: &layout_entries(bindings),
         });
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(key),

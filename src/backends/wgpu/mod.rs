@@ -30,8 +30,10 @@ mod descriptor;
 pub mod kernels;
 mod metadata_builder;
 pub mod probes;
-pub mod shaders;
 pub mod tuning;
+
+/// The WGSL family, under the name the backend's files use.
+use crate::kernels::wgsl as shaders;
 
 pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;

@@ -17,8 +17,8 @@ use crate::device::{Device, WgpuDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-use super::kernels::{bind_group, grid, pipeline, whole, Bindings, ParamBlock, Words};
-use super::shaders::ProbeShader;
+use super::kernels::{bind_group, grid, pipeline, whole, ParamBlock, Words};
+use crate::kernels::wgsl::{Bindings, ProbeShader};
 
 fn device_error(message: impl Into<String>) -> Error {
     Error::Device {
