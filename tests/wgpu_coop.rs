@@ -16,7 +16,7 @@
 #[macro_use]
 mod common;
 
-use polyattn::backends::wgpu::kernels::{bind_group, dispatch, pipeline, whole, ParamBlock};
+use polyattn::device::wgpu::{bind_group, dispatch, pipeline, whole, ParamBlock};
 use polyattn::device::{CpuStorage, WgpuDevice};
 use polyattn::kernels::wgsl::Bindings;
 use polyattn::DType;

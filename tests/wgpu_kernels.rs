@@ -14,9 +14,10 @@ mod common;
 
 use half::{bf16, f16};
 use polyattn::backends::wgpu::{
-    kernels, prefill_tile_fits, PrefillForm, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
+    prefill_tile_fits, PrefillForm, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
     WgpuTuning, PREFILL_TILED2_WORKGROUP,
 };
+use polyattn::device::wgpu::{bind_group, dispatch, pipeline, upload_words, whole, ParamBlock};
 use polyattn::device::WgpuDevice;
 use polyattn::kernels::wgsl::{
     coop_shared_bytes, coop_split, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
@@ -824,7 +825,7 @@ fn fp8_decoding_is_exact() {
              fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
              \x20   dst[id.x] = {f}(src[id.x]);\n}}\n"
         );
-        let pipe = kernels::pipeline(
+        let pipe = pipeline(
             &dev,
             &format!("test fp8 decode {name}"),
             || src,
@@ -835,24 +836,24 @@ fn fp8_decoding_is_exact() {
         let codes: Vec<u32> = (0..64u32)
             .map(|w| (0..4).map(|b| (4 * w + b) << (8 * b)).sum())
             .collect();
-        let src_buf = kernels::upload_words(&dev, "fp8 codes", &codes).unwrap();
+        let src_buf = upload_words(&dev, "fp8 codes", &codes).unwrap();
         let dst = dev
             .create_storage_buffer("fp8 decoded", 1024, wgpu::BufferUsages::empty(), false)
             .unwrap();
-        let params = kernels::ParamBlock::new(&dev, 1);
-        let group = kernels::bind_group(
+        let params = ParamBlock::new(&dev, 1);
+        let group = bind_group(
             &dev,
             &pipe,
             vec![
                 (0, params.binding(0)),
-                (1, kernels::whole(&src_buf)),
-                (2, kernels::whole(&dst)),
+                (1, whole(&src_buf)),
+                (2, whole(&dst)),
             ],
         );
         let mut enc = dev
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        kernels::dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+        dispatch(&mut enc, &pipe, &group, (1, 1, 1));
         dev.queue().submit([enc.finish()]);
         let bytes = dev.read_bytes(&dst, 0, 1024).unwrap();
         for (code, want) in table.iter().enumerate() {
@@ -982,7 +983,7 @@ fn pipelines_are_compiled_once() {
     };
     let compiles = std::sync::atomic::AtomicUsize::new(0);
     let get = || {
-        kernels::pipeline(
+        pipeline(
             &dev,
             &shader.key(),
             || {

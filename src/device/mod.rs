@@ -9,7 +9,7 @@
 mod cpu;
 mod cuda;
 mod tensor;
-mod wgpu;
+pub mod wgpu;
 
 pub use cpu::{CpuDevice, CpuStorage};
 pub use cuda::{CudaDevice, CudaGraph, CudaStorage};

@@ -20,12 +20,12 @@ use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
-use super::kernels::{
+use super::metadata_builder::{PlanKey, WgpuAttentionMetadata};
+use super::tuning::{PrefillForm, WgpuTuning};
+use crate::device::wgpu::{
     bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
     upload_words, whole, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
-use super::metadata_builder::{PlanKey, WgpuAttentionMetadata};
-use super::tuning::{PrefillForm, WgpuTuning};
 use crate::kernels::wgsl::{
     self as shaders, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
     AttentionShader, Bindings, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2,

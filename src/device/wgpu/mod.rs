@@ -1,6 +1,11 @@
-//! The wgpu device: one adapter, device and queue per process, storage buffers, and the
-//! per-device caches the wgpu backend's kernels use (compiled pipelines, placeholder
-//! bindings).
+//! The wgpu runtime: one adapter, device and queue per process, storage buffers, the
+//! per-device caches (compiled pipelines, placeholder bindings), and what running a WGSL
+//! module takes — compiling it ([`pipeline`], with the SPIR-V patch of the cooperative-matrix
+//! modules in [`coop_spirv`]), recording and dispatching it ([`ParamBlock`], [`bind_group`],
+//! [`dispatch`], [`grid`]) and binding buffers ([`storage`], [`check_binding`],
+//! [`upload_words`]). It runs the WGSL family's modules (`crate::kernels::wgsl`: a key, a
+//! source and a [`Bindings`](crate::kernels::wgsl::Bindings) set) and knows nothing of the
+//! backends that choose them.
 //!
 //! **Opening.** [`WgpuDevice::open`] enumerates the adapters of the backends that
 //! `WGPU_BACKEND` allows (wgpu's own variable: `vulkan`, `metal`, `dx12`, `gl`; all by
@@ -44,6 +49,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::CpuStorage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+mod buffers;
+pub mod coop_spirv;
+mod dispatch;
+mod pipeline;
+
+pub use buffers::{check_binding, storage, upload_words};
+pub use dispatch::{
+    bind_group, dispatch, dispatch_all, grid, whole, ParamBlock, Words, PARAM_SLOT_BYTES,
+    PARAM_WORDS,
+};
+pub use pipeline::{pipeline, pipeline_with, LoopBounding, PipelineTuning};
 
 /// Environment variable choosing the adapter: an index into the ranked adapter list, or a
 /// case-insensitive substring of the adapter name.
@@ -305,7 +322,7 @@ fn open_uncached() -> Result<WgpuDevice> {
         adapter.features() & wanted_features() & !wgpu::Features::all_experimental_mask();
     let coop = wants_coop(&adapter);
     if coop {
-        // The coop shaders go to the driver as SPIR-V (see backends::wgpu::coop_spirv).
+        // The coop shaders go to the driver as SPIR-V (see `coop_spirv`).
         features |=
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
     }
