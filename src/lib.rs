@@ -113,11 +113,6 @@ mod layering {
             "the probes use the benchmark's timer and peak types: they move to the runtimes",
         ),
         (
-            "backends",
-            "compute",
-            "the CUDA compile check lists the model-op source, which lives with compute",
-        ),
-        (
             "reference",
             "testing",
             "the batch-level reference takes a testing::RandomBatch",

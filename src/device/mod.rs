@@ -7,7 +7,7 @@
 //! their own storage through [`Tensor::storage`] / [`Tensor::storage_mut`].
 
 mod cpu;
-mod cuda;
+pub mod cuda;
 mod tensor;
 pub mod wgpu;
 
