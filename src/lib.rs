@@ -76,8 +76,10 @@ mod layering {
     //! The import graph follows the layers: a module may use only modules of its own rank or
     //! below. The ranks are the crate's layers from the leaf contracts up to the tools;
     //! `KNOWN` lists the imports that still run upward, each with what would remove it, so a
-    //! new upward import fails here. Test modules (everything after a file's `#[cfg(test)]`)
-    //! may use anything.
+    //! new upward import fails here. The kernel families (`kernels/`) sit below the runtimes
+    //! (`device/`), which sit below everything that plans or runs attention, and a family
+    //! also names no runtime crate (`RUNTIME_CRATES`), so one family can serve several
+    //! runtimes. Test modules (everything after a file's `#[cfg(test)]`) may use anything.
 
     use std::path::Path;
 
@@ -104,6 +106,10 @@ mod layering {
         ("runner", 16),
         ("bench", 17),
     ];
+
+    /// Crates of a runtime, which no kernel family names: a family is sources and plain
+    /// types, compiled and launched by `device/`.
+    const RUNTIME_CRATES: &[&str] = &["cudarc", "wgpu", "naga"];
 
     /// (from, to): imports that run upward today.
     const KNOWN: &[(&str, &str, &str)] = &[
@@ -167,6 +173,25 @@ mod layering {
                 }
                 if t.starts_with("//") {
                     continue;
+                }
+                if module == "kernels" {
+                    for c in RUNTIME_CRATES {
+                        // `wgpu::…` as a path root, not a segment (`crate::x::wgpu::…`).
+                        let path = format!("{c}::");
+                        let named = t.match_indices(&path).any(|(at, _)| {
+                            !t[..at]
+                                .chars()
+                                .next_back()
+                                .is_some_and(|p| p.is_ascii_alphanumeric() || p == '_' || p == ':')
+                        });
+                        if named {
+                            upward.push(format!(
+                                "{}:{}: kernels names the runtime crate {c}",
+                                rel.display(),
+                                i + 1
+                            ));
+                        }
+                    }
                 }
                 for (at, _) in t.match_indices("crate::") {
                     let name: String = t[at + 7..]
