@@ -14,7 +14,10 @@
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
 //! - **backends** in [`backends`], one folder per device family, all of the same shape;
-//! - **devices** in [`device`]: [`Device`] and [`Tensor`];
+//! - **devices** in [`device`]: [`Device`] and [`Tensor`], and each GPU runtime (compile,
+//!   cache, launch: [`device::cuda`], [`device::wgpu`]);
+//! - **kernel families** in [`kernels`]: the CUDA C++ and WGSL kernels, their variants,
+//!   parameter blocks and knobs, independent of the runtime that runs them;
 //! - the f64 [`reference`](mod@reference) every backend is tested against.
 //!
 //! ```
