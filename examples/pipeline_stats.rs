@@ -5,7 +5,7 @@
 //! Why: the WGPU prefill forms are tuned through knobs (rows and keys per tile, threads, the
 //! per-thread register block), and whether a shape runs one or two workgroups per SM is
 //! decided by its register count, which neither wgpu nor naga can tell. This builds the same
-//! `paged_attention.wgsl` specialisations the backend would (`shaders::AttentionShader`),
+//! `paged_attention.wgsl` specialisations the backend would (`wgsl::AttentionShader`),
 //! translates them with naga to SPIR-V and compiles each on the first Vulkan device that
 //! offers the extension, printing the driver's statistics.
 //!
@@ -22,8 +22,8 @@ use std::ffi::{c_char, CStr};
 use ash::vk;
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use polyattn::backends::wgpu::coop_spirv;
-use polyattn::backends::wgpu::shaders::{self, AttentionShader, Tiled2};
+use polyattn::device::wgpu::coop_spirv;
+use polyattn::kernels::wgsl::{self, AttentionShader, Tiled2};
 use polyattn::DType;
 
 /// One specialisation to compile, from a spec string (see the module docs).
@@ -33,7 +33,7 @@ fn parse_spec(spec: &str) -> Option<AttentionShader> {
         let (shape, split) = rest.split_once(':').unwrap_or((rest, "1"));
         let (m, n) = shape.split_once('x')?;
         let (m, n, q) = (m.parse().ok()?, n.parse().ok()?, split.parse().ok()?);
-        return Some(shaders::coop_shader_split(128, m, n, q, true));
+        return Some(wgsl::coop_shader_split(128, m, n, q, true));
     }
     let (f32_form, rest) = match spec.strip_prefix("f32:") {
         Some(r) => (true, r),

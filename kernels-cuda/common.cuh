@@ -1,6 +1,6 @@
 // polyattn CUDA kernels: shared definitions.
 //
-// Compiled by NVRTC at run time (src/backends/cuda/kernels.rs), which pastes this header in
+// Compiled by NVRTC at run time (src/device/cuda/nvrtc.rs), which pastes this header in
 // place of `#include "common.cuh"`. It includes NO system or CUDA header: NVRTC 13 ships no
 // cuda_fp16.h / cuda_bf16.h, so the f16 / bf16 / fp8 conversions below are written with
 // inline PTX `cvt` and bit arithmetic, and no include path is needed at run time.
@@ -207,7 +207,7 @@ __device__ __forceinline__ float pa_warp_max(float v) {
 // Shared by paged_attention.cu, paged_attention_mma.cu and paged_decode.cu. `WorkItem` and
 // `SplitGroup` are the planner's records (src/plan/work_item.rs, which documents every field
 // and asserts every offset; the WGSL kernels declare the same struct); `AttnParams` mirrors
-// src/backends/cuda/kernels.rs. Sizes are asserted on both sides.
+// src/kernels/cuda/params.rs. Sizes are asserted on both sides.
 
 struct WorkItem {
     int req;

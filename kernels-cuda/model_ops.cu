@@ -1,4 +1,4 @@
-// Model operations around attention, for src/compute/cuda.rs: embedding / row gather,
+// Model operations around attention, for src/compute/cuda.rs (parameter blocks: src/kernels/cuda/model_ops.rs): embedding / row gather,
 // RMSNorm, linear (a tiled SGEMM for prefill, a GEMV for decode), RoPE, SiLU·mul and the
 // residual add. Everything is f32 and runs on the device's one stream.
 //
@@ -59,7 +59,7 @@ struct GatherParams {
     int h;
     int vec4;
 };
-static_assert(sizeof(GatherParams) == 48, "GatherParams must match src/compute/cuda.rs");
+static_assert(sizeof(GatherParams) == 48, "GatherParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_gather(const GatherParams p) {
     const pa_i64 hv = p.vec4 ? p.h / 4 : p.h;
@@ -92,7 +92,7 @@ struct RmsNormParams {
     int vec4;
     int pad_;
 };
-static_assert(sizeof(RmsNormParams) == 48, "RmsNormParams must match src/compute/cuda.rs");
+static_assert(sizeof(RmsNormParams) == 48, "RmsNormParams must match src/kernels/cuda/model_ops.rs");
 
 __device__ __forceinline__ float mo_warp_sum(float v) {
 #pragma unroll
@@ -154,7 +154,7 @@ struct LinearParams {
     int n;
     int vec4;
 };
-static_assert(sizeof(LinearParams) == 40, "LinearParams must match src/compute/cuda.rs");
+static_assert(sizeof(LinearParams) == 40, "LinearParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_linear_tiled(const LinearParams p) {
     __shared__ __align__(16) float as[LIN_BK][LIN_BM + LIN_PAD];
@@ -287,7 +287,7 @@ struct RopeParams {
     float base;
     int interleaved;
 };
-static_assert(sizeof(RopeParams) == 40, "RopeParams must match src/compute/cuda.rs");
+static_assert(sizeof(RopeParams) == 40, "RopeParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope(const RopeParams p) {
     const pa_i64 total = p.num_tokens * p.num_heads * p.half;
@@ -323,7 +323,7 @@ struct EltwiseParams {
     int vec4;
     int pad_;
 };
-static_assert(sizeof(EltwiseParams) == 40, "EltwiseParams must match src/compute/cuda.rs");
+static_assert(sizeof(EltwiseParams) == 40, "EltwiseParams must match src/kernels/cuda/model_ops.rs");
 
 __device__ __forceinline__ float mo_silu(float g) { return g / (1.0f + expf(-g)); }
 

@@ -8,7 +8,7 @@
 // Bounds: these functions touch no memory.
 
 // Workgroup index of a dispatch spread over x (≤ the per-dimension limit) and z
-// (src/backends/wgpu/kernels.rs `grid`); indices past the real count are skipped by the
+// (src/device/wgpu/dispatch.rs `grid`); indices past the real count are skipped by the
 // kernels.
 fn flat_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.z * nwg.x + wid.x;

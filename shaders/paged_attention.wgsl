@@ -1,7 +1,7 @@
 // paged_attention.wgsl — attention of one tile of query rows against one KV head, with
 // online softmax (FlashAttention's algorithm), for mixed prefill / decode batches.
 //
-// Specialisation (a generated header, see src/backends/wgpu/shaders.rs): head size D
+// Specialisation (a generated header, see src/kernels/wgsl/attention.rs): head size D
 // (D4 = D / 4 vec4 columns), BM query rows and BN keys per tile, WG threads, TILED2 and F16
 // (the form, below) with DU, JU, LPT, LOG_KL, KB_LEN, S_ROW, FA, KV_SCALED, M_BUFS, the
 // element type SH / SH4 of the query, key / value and probability tiles in workgroup memory
@@ -11,7 +11,7 @@
 // Register blocking: KPT keys per thread (KL key lanes, RGA row groups, RPT_A rows each) in
 // phase A; CPT vec4 columns per thread (CL column lanes, RGC row groups, RPT_C rows each) in
 // phase C. Loops marked `// @unroll` (over those counts) are unrolled by the generator
-// (`shaders::unroll`), so the per-thread score and accumulator arrays live in registers.
+// (`unroll` in src/kernels/wgsl/preprocess.rs), so the per-thread score and accumulator arrays live in registers.
 // The header also supplies `q_load4`, `out_store4`, `k_load4`, `v_load4`, `key_base`,
 // `key_base_fast` (a shift for power-of-two block sizes), the raw-word type KV_RAW with
 // `k_raw4`, `v_raw4`, `kv_cvt4`, and the score storage `s_s` with `s_get`, `s_set`, `s_get4`;

@@ -3,7 +3,7 @@
 // cooperative matrices (the header says `enable wgpu_cooperative_matrix;`: tensor cores through Vulkan's
 // VK_KHR_cooperative_matrix), for f16 activations with an f16 cache.
 //
-// Specialisation (the generated header, src/backends/wgpu/shaders.rs): head size D (a
+// Specialisation (the generated header, src/kernels/wgsl/attention.rs): head size D (a
 // multiple of 16), D4 = D / 4, BM query rows (a multiple of 16: RT = BM / 16 row tiles), BN
 // keys per chunk (a multiple of 16), NQ subgroups per row tile (1, 2 or 4), WG = 32·RT·NQ
 // threads in NSG = RT·NQ subgroups of exactly 32 lanes (the host checks), NT = D / 16 and

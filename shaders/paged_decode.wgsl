@@ -40,13 +40,13 @@
 // (natural log; 0 and −inf when L = 0), or, for a split item, (acc, M, L) go to `scratch`
 // for combine_splits.wgsl.
 //
-// Specialisation (generated header, see `DecodeShader` in src/backends/wgpu/shaders.rs):
+// Specialisation (generated header, see `DecodeShader` in src/kernels/wgsl/attention.rs):
 // D, D4 = D / 4, G, V4G = G / 4, NG = D / G, TPK, LOG_TPK, GPT = ceil(NG / TPK),
 // QV = GPT·V4G, WG, NKG = WG / TPK, U, ROWS, FULL (1 when TPK divides NG:
 // no lane is ever past the last granule, the masks fold away); the granule type `Gran`;
 // `q_load4` / `out_store4` for the query dtype; `unpack4(w, i)`, the i-th four elements of a
 // granule as f32 (exact integer unpacking, common.wgsl). Loops marked `// @unroll` (all over
-// those constants) are unrolled by the generator (`shaders::unroll`): every per-thread array
+// those constants) are unrolled by the generator (`unroll` in src/kernels/wgsl/preprocess.rs): every per-thread array
 // (queries, accumulators, loaded granules, scores) is then indexed by constants only and
 // lives in registers.
 //

@@ -11,13 +11,14 @@
 #[macro_use]
 mod common;
 
-use polyattn::backends::cuda::kernels::{self, PtxasReport};
+use polyattn::device::cuda::{compile, nvrtc_status, parse_ptxas_report, PtxasReport};
+use polyattn::kernels::cuda;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
 #[test]
 fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
-    let version = match kernels::nvrtc_status() {
+    let version = match nvrtc_status() {
         Ok(v) => v,
         Err(why) => {
             report!("SKIP cuda_compile: NVRTC is not available: {why}");
@@ -27,15 +28,15 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
     report!("NVRTC {}.{}", version.0, version.1);
     let mut failures = Vec::new();
     for arch in ARCHS {
-        for k in kernels::ALL_SOURCES {
-            let out = match kernels::compile(&k, arch, &["--ptxas-options=-v"]) {
+        for k in cuda::ALL_SOURCES {
+            let out = match compile(&k, arch, &["--ptxas-options=-v"]) {
                 Ok(o) => o,
                 Err(e) => {
                     failures.push(format!("{} {arch}: compile error: {e}", k.name));
                     continue;
                 }
             };
-            let reports = kernels::parse_ptxas_report(&out.log);
+            let reports = parse_ptxas_report(&out.log);
             for f in k.functions {
                 if !reports.iter().any(|r| &r.function == f) {
                     failures.push(format!("{} {arch}: no ptxas report for {f}", k.name));
@@ -77,46 +78,45 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
 /// does not compile).
 #[test]
 fn run_time_variants_select_their_entry_points() {
-    if let Err(why) = kernels::nvrtc_status() {
+    if let Err(why) = nvrtc_status() {
         report!("SKIP cuda_compile variants: NVRTC is not available: {why}");
         return;
     }
     let mut failures = Vec::new();
-    let mut check =
-        |k: &kernels::KernelSource, defines: &[&str], want: &[&str]| match kernels::compile(
-            k,
-            "sm_90",
-            &[&["--ptxas-options=-v"], defines].concat(),
-        ) {
-            Ok(out) => {
-                let reports = kernels::parse_ptxas_report(&out.log);
-                for r in reports
-                    .iter()
-                    .filter(|r| r.spill_stores > 0 || r.spill_loads > 0)
-                {
-                    failures.push(format!(
-                        "{} {defines:?}: {} spills ({} B stores, {} B loads)",
-                        k.name, r.function, r.spill_stores, r.spill_loads
-                    ));
-                }
-                let mut got: Vec<String> = reports.into_iter().map(|r| r.function).collect();
-                got.sort();
-                let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
-                want.sort();
-                if got != want {
-                    failures.push(format!(
-                        "{} {defines:?}: got {got:?}, want {want:?}",
-                        k.name
-                    ));
-                }
+    let mut check = |k: &cuda::KernelSource, defines: &[&str], want: &[&str]| match compile(
+        k,
+        "sm_90",
+        &[&["--ptxas-options=-v"], defines].concat(),
+    ) {
+        Ok(out) => {
+            let reports = parse_ptxas_report(&out.log);
+            for r in reports
+                .iter()
+                .filter(|r| r.spill_stores > 0 || r.spill_loads > 0)
+            {
+                failures.push(format!(
+                    "{} {defines:?}: {} spills ({} B stores, {} B loads)",
+                    k.name, r.function, r.spill_stores, r.spill_loads
+                ));
             }
-            Err(e) => failures.push(format!("{} {defines:?}: {e}", k.name)),
-        };
+            let mut got: Vec<String> = reports.into_iter().map(|r| r.function).collect();
+            got.sort();
+            let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+            want.sort();
+            if got != want {
+                failures.push(format!(
+                    "{} {defines:?}: got {got:?}, want {want:?}",
+                    k.name
+                ));
+            }
+        }
+        Err(e) => failures.push(format!("{} {defines:?}: {e}", k.name)),
+    };
     for head_size in [8, 64, 128, 256] {
-        let variant = kernels::attention_variant(head_size);
-        let name = kernels::attention_function_name(head_size).expect("bucket");
+        let variant = cuda::attention_variant(head_size);
+        let name = cuda::attention_function_name(head_size).expect("bucket");
         check(
-            &kernels::PAGED_ATTENTION,
+            &cuda::PAGED_ATTENTION,
             &[variant.as_str()],
             &[name, "combine_splits"],
         );
@@ -129,21 +129,21 @@ fn run_time_variants_select_their_entry_points() {
         (Bf16, Fp8E4m3, 128),
         (F16, Fp8E5m2, 96),
     ] {
-        let [a, b, c] = kernels::decode_variant(dtype, cache, head_size);
-        let name = kernels::decode_function_name(dtype, cache, head_size).expect("variant");
+        let [a, b, c] = cuda::decode_variant(dtype, cache, head_size);
+        let name = cuda::decode_function_name(dtype, cache, head_size).expect("variant");
         check(
-            &kernels::PAGED_DECODE,
+            &cuda::PAGED_DECODE,
             &[a.as_str(), b.as_str(), c.as_str()],
             &[name],
         );
     }
     for (dtype, head_size) in [(polyattn::DType::F16, 64), (polyattn::DType::Bf16, 128)] {
-        for shape in kernels::MMA_SHAPES {
+        for shape in cuda::MMA_SHAPES {
             for plain in [true, false] {
-                let variant = kernels::mma_variant(dtype, head_size, shape, plain);
+                let variant = cuda::mma_variant(dtype, head_size, shape, plain);
                 let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
-                let name = kernels::mma_function_name(dtype, head_size).expect("variant");
-                check(&kernels::PAGED_ATTENTION_MMA, &defines, &[name]);
+                let name = cuda::mma_function_name(dtype, head_size).expect("variant");
+                check(&cuda::PAGED_ATTENTION_MMA, &defines, &[name]);
             }
         }
     }

@@ -16,10 +16,9 @@
 #[macro_use]
 mod common;
 
-use polyattn::backends::wgpu::kernels::{
-    bind_group, dispatch, pipeline, whole, Bindings, ParamBlock,
-};
+use polyattn::device::wgpu::{bind_group, dispatch, pipeline, whole, ParamBlock};
 use polyattn::device::{CpuStorage, WgpuDevice};
+use polyattn::kernels::wgsl::Bindings;
 use polyattn::DType;
 
 /// The wgpu device with cooperative matrices, or `None` after printing why `test` skipped.

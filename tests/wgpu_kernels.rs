@@ -13,15 +13,16 @@
 mod common;
 
 use half::{bf16, f16};
-use polyattn::backends::wgpu::shaders::{
+use polyattn::backends::wgpu::{
+    prefill_tile_fits, PrefillForm, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
+    WgpuTuning, PREFILL_TILED2_WORKGROUP,
+};
+use polyattn::device::wgpu::{bind_group, dispatch, pipeline, upload_words, whole, ParamBlock};
+use polyattn::device::WgpuDevice;
+use polyattn::kernels::wgsl::{
     coop_shared_bytes, coop_split, tiled2_shared_bytes, tiled2h_shared_bytes, AttentionShader,
     COOP_KEYS, COOP_ROWS,
 };
-use polyattn::backends::wgpu::{
-    kernels, prefill_tile_fits, PrefillForm, WgpuAttentionImpl, WgpuBackend, WgpuMetadataBuilder,
-    WgpuTuning, PREFILL_TILED2_WORKGROUP,
-};
-use polyattn::device::WgpuDevice;
 use polyattn::reference;
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
 use polyattn::{
@@ -394,7 +395,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_tile: None,
                 prefill_keys_h: None,
                 prefill_rows_h: None,
-                prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+                prefill_block: polyattn::kernels::wgsl::TILED2_DEFAULT_BLOCK,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
                 prefill_coop_split: None,
@@ -548,7 +549,7 @@ fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
                 prefill_tile: None,
                 prefill_keys_h: None,
                 prefill_rows_h: None,
-                prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+                prefill_block: polyattn::kernels::wgsl::TILED2_DEFAULT_BLOCK,
                 prefill_workgroup_h: None,
                 prefill_block_h: None,
                 prefill_coop_split: None,
@@ -682,7 +683,7 @@ fn check_decode_kernel(dev: &WgpuDevice) -> Vec<String> {
         prefill_tile: None,
         prefill_keys_h: None,
         prefill_rows_h: None,
-        prefill_block: polyattn::backends::wgpu::shaders::TILED2_DEFAULT_BLOCK,
+        prefill_block: polyattn::kernels::wgsl::TILED2_DEFAULT_BLOCK,
         prefill_workgroup_h: None,
         prefill_block_h: None,
         prefill_coop_split: None,
@@ -824,35 +825,35 @@ fn fp8_decoding_is_exact() {
              fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
              \x20   dst[id.x] = {f}(src[id.x]);\n}}\n"
         );
-        let pipe = kernels::pipeline(
+        let pipe = pipeline(
             &dev,
             &format!("test fp8 decode {name}"),
             || src,
-            kernels::Bindings::Probe,
+            polyattn::kernels::wgsl::Bindings::Probe,
             false,
         )
         .unwrap();
         let codes: Vec<u32> = (0..64u32)
             .map(|w| (0..4).map(|b| (4 * w + b) << (8 * b)).sum())
             .collect();
-        let src_buf = kernels::upload_words(&dev, "fp8 codes", &codes).unwrap();
+        let src_buf = upload_words(&dev, "fp8 codes", &codes).unwrap();
         let dst = dev
             .create_storage_buffer("fp8 decoded", 1024, wgpu::BufferUsages::empty(), false)
             .unwrap();
-        let params = kernels::ParamBlock::new(&dev, 1);
-        let group = kernels::bind_group(
+        let params = ParamBlock::new(&dev, 1);
+        let group = bind_group(
             &dev,
             &pipe,
             vec![
                 (0, params.binding(0)),
-                (1, kernels::whole(&src_buf)),
-                (2, kernels::whole(&dst)),
+                (1, whole(&src_buf)),
+                (2, whole(&dst)),
             ],
         );
         let mut enc = dev
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        kernels::dispatch(&mut enc, &pipe, &group, (1, 1, 1));
+        dispatch(&mut enc, &pipe, &group, (1, 1, 1));
         dev.queue().submit([enc.finish()]);
         let bytes = dev.read_bytes(&dst, 0, 1024).unwrap();
         for (code, want) in table.iter().enumerate() {
@@ -982,14 +983,14 @@ fn pipelines_are_compiled_once() {
     };
     let compiles = std::sync::atomic::AtomicUsize::new(0);
     let get = || {
-        kernels::pipeline(
+        pipeline(
             &dev,
             &shader.key(),
             || {
                 compiles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 shader.source()
             },
-            kernels::Bindings::Attention,
+            polyattn::kernels::wgsl::Bindings::Attention,
             false,
         )
         .unwrap()

@@ -1,12 +1,12 @@
 //! Every WGSL specialisation the wgpu backend generates (a representative set per kernel,
-//! dtype pairing, head size, tile shape and subgroup choice: `shaders::catalog`) parses,
+//! dtype pairing, head size, tile shape and subgroup choice: `wgsl::catalog`) parses,
 //! validates with the capabilities it needs, and translates to SPIR-V, MSL and HLSL, so the
 //! Vulkan, Metal and DX12 paths at least compile in CI (no Metal or DXC compiler exists on
 //! Linux; naga's IR validation plus successful translation is the check we can make).
 
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use polyattn::backends::wgpu::shaders;
+use polyattn::kernels::wgsl;
 
 fn translate(source: &str, subgroups: bool) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
@@ -62,7 +62,7 @@ fn translate(source: &str, subgroups: bool) -> Result<(), String> {
 
 #[test]
 fn every_specialisation_translates() {
-    let catalog = shaders::catalog();
+    let catalog = wgsl::catalog();
     // Unoptimised naga takes ~0.1 s per shader: spread the work over the cores.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let chunk = catalog.len().div_ceil(threads);
@@ -99,7 +99,7 @@ fn every_specialisation_translates() {
 
 #[test]
 fn f16_shaders_are_in_the_catalog_and_need_the_capability() {
-    let catalog = shaders::catalog();
+    let catalog = wgsl::catalog();
     let half: Vec<_> = catalog
         .iter()
         .filter(|(key, _, _)| key.contains(" tiled2h "))
@@ -120,7 +120,7 @@ fn f16_shaders_are_in_the_catalog_and_need_the_capability() {
 
 #[test]
 fn subgroup_shaders_need_the_capability() {
-    let (key, source, _) = shaders::catalog()
+    let (key, source, _) = wgsl::catalog()
         .into_iter()
         .find(|(_, _, sg)| *sg)
         .expect("a subgroup variant");
@@ -134,7 +134,7 @@ fn subgroup_shaders_need_the_capability() {
 /// without the capability.
 #[test]
 fn coop_shaders_translate_to_spirv() {
-    let catalog = shaders::coop_catalog();
+    let catalog = wgsl::coop_catalog();
     assert!(!catalog.is_empty());
     for (key, source) in &catalog {
         assert!(source.contains("enable wgpu_cooperative_matrix;"), "{key}");

@@ -5,10 +5,14 @@
 //! - `metadata_builder.rs` — the [`crate::AttentionMetadataBuilder`] and the metadata type its
 //!   kernels consume;
 //! - `attention_impl.rs` — the [`crate::AttentionImpl`]: argument checks, then kernel launches;
-//! - `kernels/` — the kernels themselves (CPU) or the glue that compiles and launches them
-//!   (GPU backends: `kernels-cuda/`, `kernels-hip/`, `shaders/`).
+//! - `kernels/` — the kernels themselves (CPU), or `kernels.rs`, the backend's thin glue to
+//!   its kernel family and runtime (GPU backends).
+//!
+//! A GPU backend's kernels are a family in [`crate::kernels`] (sources, specialisation,
+//! parameter blocks, knobs) run by a runtime in [`crate::device`] (compile, cache, launch);
+//! the backend chooses which kernel runs which work, and neither family nor runtime imports
+//! anything from here.
 
 pub mod cpu;
 pub mod cuda;
-pub(crate) mod tuning_env;
 pub mod wgpu;

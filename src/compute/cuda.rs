@@ -13,123 +13,17 @@
 //! live on this device, picks the float4 variants (row length a multiple of 4 and 16-byte
 //! aligned addresses) and sizes the grids.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig};
+use cudarc::driver::LaunchConfig;
 
 use super::{Rope, RopeStyle};
-use crate::backends::cuda::kernels::{self, KernelSource};
+use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-
-/// `kernels-cuda/model_ops.cu`: the model operations' kernels (compiled like the attention
-/// kernels, and checked with them by `tests/cuda_compile.rs`).
-pub const CUDA_MODEL_OPS: KernelSource = KernelSource {
-    name: "model_ops",
-    source: include_str!("../../kernels-cuda/model_ops.cu"),
-    functions: &[
-        "model_gather",
-        "model_rms_norm",
-        "model_linear_tiled",
-        "model_linear_gemv",
-        "model_rope",
-        "model_silu_mul",
-        "model_add",
-    ],
+use crate::kernels::cuda::{
+    EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams, GEMV_MAX_TOKENS,
+    GEMV_WARPS, LINEAR_TILE, MODEL_OPS, MODEL_THREADS,
 };
-
-/// Largest token count `linear` runs as a GEMV (the kernel keeps one partial sum per token
-/// in registers); more tokens take the tiled kernel.
-pub const GEMV_MAX_TOKENS: usize = 4;
-
-/// Threads per block of every kernel but the GEMV (`MO_THREADS`).
-const THREADS: u32 = 256;
-/// Output tile edge of the tiled kernel (`LIN_BM` = `LIN_BN`).
-const TILE: usize = 64;
-/// Warps (output features) per GEMV block (`GEMV_WARPS`).
-const GEMV_WARPS: usize = 4;
-
-/// `GatherParams` of model_ops.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct GatherParams {
-    table: u64,
-    ids: u64,
-    out: u64,
-    num_rows: i64,
-    table_rows: i64,
-    h: i32,
-    vec4: i32,
-}
-
-/// `RmsNormParams` of model_ops.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct RmsNormParams {
-    x: u64,
-    weight: u64,
-    y: u64,
-    num_rows: i64,
-    h: i32,
-    eps: f32,
-    vec4: i32,
-    pad: i32,
-}
-
-/// `LinearParams` of model_ops.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct LinearParams {
-    x: u64,
-    w: u64,
-    y: u64,
-    t: i32,
-    k: i32,
-    n: i32,
-    vec4: i32,
-}
-
-/// `RopeParams` of model_ops.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct RopeParams {
-    x: u64,
-    positions: u64,
-    num_tokens: i64,
-    num_heads: i32,
-    half: i32,
-    base: f32,
-    interleaved: i32,
-}
-
-/// `EltwiseParams` of model_ops.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct EltwiseParams {
-    a: u64,
-    b: u64,
-    out: u64,
-    n: i64,
-    vec4: i32,
-    pad: i32,
-}
-
-const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
-const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
-const _: () = assert!(std::mem::size_of::<LinearParams>() == 40);
-const _: () = assert!(std::mem::size_of::<RopeParams>() == 40);
-const _: () = assert!(std::mem::size_of::<EltwiseParams>() == 40);
-
-// SAFETY: plain `repr(C)` structs of integers and floats whose layouts match the kernels'
-// structs (sizes asserted above and by `static_assert` in model_ops.cu).
-unsafe impl DeviceRepr for GatherParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RmsNormParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for LinearParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RopeParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for EltwiseParams {}
 
 /// The device address of `t`, which must live on `dev`.
 fn ptr(dev: &CudaDevice, t: &Tensor, what: &str) -> Result<u64> {
@@ -163,26 +57,26 @@ fn output(dev: &CudaDevice, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// Launches entry point `name` of model_ops.cu with `params`.
-fn launch<P: DeviceRepr>(
+fn launch<P: bytemuck::Pod>(
     dev: &CudaDevice,
     name: &str,
     grid: (u32, u32, u32),
     block: u32,
     params: &P,
 ) -> Result<()> {
-    let f = kernels::function(dev, &CUDA_MODEL_OPS, &[], name)?;
+    let f = runtime::function(dev, &MODEL_OPS, &[], name)?;
     let cfg = LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
         shared_mem_bytes: 0,
     };
-    kernels::launch(dev, &f, cfg, params, None)
+    runtime::launch(dev, &f, cfg, params, None)
 }
 
-/// Blocks of [`THREADS`] for a grid-stride loop over `units` items: enough to fill the GPU
+/// Blocks of [`MODEL_THREADS`] for a grid-stride loop over `units` items: enough to fill the GPU
 /// many times over, never more than the items need.
 fn stride_blocks(dev: &CudaDevice, units: usize) -> u32 {
-    let needed = units.div_ceil(THREADS as usize);
+    let needed = units.div_ceil(MODEL_THREADS as usize);
     let cap = dev.sm_count() as usize * 32;
     needed.clamp(1, cap) as u32
 }
@@ -217,7 +111,7 @@ pub(super) fn embedding(
         dev,
         "model_gather",
         (stride_blocks(dev, units), 1, 1),
-        THREADS,
+        MODEL_THREADS,
         &params,
     )?;
     Ok(out)
@@ -250,7 +144,13 @@ pub(super) fn rms_norm(
     };
     // One block per row (the kernel also strides over rows, so the grid may be capped).
     let blocks = t.min(i32::MAX as usize) as u32;
-    launch(dev, "model_rms_norm", (blocks, 1, 1), THREADS, &params)?;
+    launch(
+        dev,
+        "model_rms_norm",
+        (blocks, 1, 1),
+        MODEL_THREADS,
+        &params,
+    )?;
     Ok(out)
 }
 
@@ -288,11 +188,11 @@ pub(super) fn linear(
             &params,
         )?;
     } else {
-        let (gx, gy) = (n.div_ceil(TILE), t.div_ceil(TILE));
+        let (gx, gy) = (n.div_ceil(LINEAR_TILE), t.div_ceil(LINEAR_TILE));
         if gy > 65535 {
             return Err(Error::config(format!(
                 "linear of {t} tokens exceeds the tiled kernel's grid ({} tokens at most)",
-                65535 * TILE
+                65535 * LINEAR_TILE
             )));
         }
         let gx = i32_of("linear tiles", gx)? as u32;
@@ -300,7 +200,7 @@ pub(super) fn linear(
             dev,
             "model_linear_tiled",
             (gx, gy as u32, 1),
-            THREADS,
+            MODEL_THREADS,
             &params,
         )?;
     }
@@ -334,7 +234,7 @@ pub(super) fn rope(
         dev,
         "model_rope",
         (stride_blocks(dev, pairs), 1, 1),
-        THREADS,
+        MODEL_THREADS,
         &params,
     )
 }
@@ -364,7 +264,7 @@ pub(super) fn silu_mul(dev: &CudaDevice, gate: &Tensor, up: &Tensor) -> Result<T
         dev,
         "model_silu_mul",
         (stride_blocks(dev, units), 1, 1),
-        THREADS,
+        MODEL_THREADS,
         &params,
     )?;
     Ok(out)
@@ -393,7 +293,7 @@ pub(super) fn add_assign(dev: &CudaDevice, x: &mut Tensor, y: &Tensor) -> Result
         dev,
         "model_add",
         (stride_blocks(dev, units), 1, 1),
-        THREADS,
+        MODEL_THREADS,
         &params,
     )
 }

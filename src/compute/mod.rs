@@ -20,8 +20,6 @@ mod cpu;
 mod cuda;
 mod wgpu;
 
-pub use self::cuda::CUDA_MODEL_OPS;
-
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

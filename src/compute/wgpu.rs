@@ -11,24 +11,23 @@
 //! * `rope`: one thread per (token, head, pair), angles in f32.
 //! * `silu_mul`, `add_assign`: one thread per element (vec4 when the count allows).
 //!
-//! Every tensor must fit one storage binding (`kernels::check_binding`: lavapipe allows
+//! Every tensor must fit one storage binding (`device::wgpu::check_binding`: lavapipe allows
 //! 128 MiB, enough for SmolLM2's 49152×576 f32 embedding table); a larger one is an error
 //! naming the tensor, never a partial result. Dispatches of more than 65535 workgroups are
-//! spread over x and z (`kernels::grid`).
+//! spread over x and z (`device::wgpu::grid`).
 
 use std::sync::{Mutex, OnceLock};
 
 use super::{Rope, RopeStyle};
-use crate::backends::wgpu::kernels::{
-    bind_group, check_binding, dispatch, grid, pipeline, storage, whole, Bindings, ParamBlock,
-    Words,
-};
-use crate::backends::wgpu::shaders::{
-    ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
+use crate::device::wgpu::{
+    bind_group, check_binding, dispatch, grid, pipeline, storage, whole, ParamBlock, Words,
 };
 use crate::device::{Device, Tensor, WgpuDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::wgsl::{
+    Bindings, ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
+};
 
 /// `v` as a u32 kernel parameter, or an error naming it.
 fn u32_of(what: &str, v: usize) -> Result<u32> {

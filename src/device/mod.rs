@@ -1,5 +1,7 @@
 //! The compute abstraction every backend implements: a device handle, typed buffers with a
-//! shape ([`Tensor`]), upload / download and synchronisation.
+//! shape ([`Tensor`]), upload / download and synchronisation; and the GPU runtimes
+//! ([`cuda`], [`wgpu`]), which compile, cache and launch the kernel families of
+//! [`crate::kernels`].
 //!
 //! [`Device`] is a closed enum, as in candle: the set of device families is fixed by the crate,
 //! and each GPU backend adds its variant (CUDA, HIP, Vulkan, wgpu) next to the CPU one. Callers
@@ -7,9 +9,9 @@
 //! their own storage through [`Tensor::storage`] / [`Tensor::storage_mut`].
 
 mod cpu;
-mod cuda;
+pub mod cuda;
 mod tensor;
-mod wgpu;
+pub mod wgpu;
 
 pub use cpu::{CpuDevice, CpuStorage};
 pub use cuda::{CudaDevice, CudaGraph, CudaStorage};

@@ -20,15 +20,16 @@ use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
-use super::kernels::{
-    self, attention_function_name, attention_smem_bytes, attention_variant, code,
-    decode_function_name, decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes,
-    mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
-    DECODE_ROWS_PER_ITEM, DECODE_THREADS, MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
-    PAGED_DECODE, RESHAPE_AND_CACHE, ROWS_PER_ITEM,
-};
+use super::kernels;
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
 use super::tuning::CudaTuning;
+use crate::kernels::cuda::{
+    attention_function_name, attention_smem_bytes, attention_variant, code, decode_function_name,
+    decode_smem_bytes, decode_variant, mma_function_name, mma_smem_bytes, mma_variant, AttnParams,
+    MergeParams, MmaShape, ReshapeParams, ATTN_THREADS, DECODE_ROWS_PER_ITEM, DECODE_THREADS,
+    MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_DECODE, RESHAPE_AND_CACHE,
+    ROWS_PER_ITEM,
+};
 use crate::plan::{Pass, PlanKey, SplitRule};
 
 /// Requests with at least this many query tokens go to the tensor-core kernel when it is on.
@@ -792,8 +793,8 @@ impl AttentionImpl for CudaAttentionImpl {
 
 #[cfg(test)]
 mod tests {
-    use super::super::kernels::MMA_SHAPES;
     use super::*;
+    use crate::kernels::cuda::MMA_SHAPES;
 
     #[test]
     fn cta_shape_follows_the_prefill_size() {

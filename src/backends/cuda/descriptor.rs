@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 
-use super::kernels;
 use super::{CudaAttentionImpl, CudaMetadataBuilder};
+use crate::device::cuda::nvrtc_status;
 
 /// The CUDA backend descriptor (name `CUDA`, ranked first).
 ///
@@ -84,7 +84,7 @@ impl CudaBackend {
             .get_or_init(|| {
                 CudaDevice::driver_status()?;
                 let dev = CudaDevice::new(self.ordinal).map_err(|e| e.to_string())?;
-                kernels::nvrtc_status()?;
+                nvrtc_status()?;
                 Ok(dev)
             })
             .clone()
@@ -121,7 +121,7 @@ impl AttentionBackend for CudaBackend {
     fn availability(&self) -> Availability {
         match self.probe() {
             Ok(d) => {
-                let nvrtc = kernels::nvrtc_status()
+                let nvrtc = nvrtc_status()
                     .map(|(a, b)| format!(", NVRTC {a}.{b}"))
                     .unwrap_or_default();
                 Availability::Available(format!("{}{nvrtc}", d.description()))

@@ -5,7 +5,10 @@
 //!
 //! Same shape as the CPU backend: [`CudaBackend`] (descriptor), [`CudaMetadataBuilder`]
 //! (metadata and work lists), [`CudaAttentionImpl`] (checks, then launches) and [`kernels`]
-//! (embedded sources, NVRTC, parameter blocks, launches).
+//! (the work items and the glue the backend's files launch through). The kernels are the
+//! CUDA family ([`crate::kernels::cuda`]: sources, variants, parameter blocks, launch shapes,
+//! [`CudaTuning`]); compiling and launching them is the CUDA runtime's
+//! ([`crate::device::cuda`]).
 //!
 //! What runs: `reshape_and_cache` (every cache dtype, fp8 bit-identical to [`crate::fp8`]);
 //! one paged-attention kernel for mixed decode / prefill / chunked-prefill batches on CUDA
@@ -31,7 +34,11 @@ pub mod kernels;
 mod metadata_builder;
 pub mod probes;
 
-pub mod tuning;
+/// The CUDA family's knobs under the name the backend's files give them (`tuning::…`).
+use crate::kernels::cuda::tuning;
+
+// The planner caps a decode token's splits where the decode kernel's merge does.
+const _: () = assert!(crate::plan::DECODE_MAX_SPLITS == crate::kernels::cuda::DECODE_MAX_SPLITS);
 
 pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_MIN_QUERY_LEN};
 pub use descriptor::CudaBackend;

@@ -7,7 +7,7 @@
 //! prefill rows therefore report their fraction of the CUDA-core peak, and RESULTS.md puts the
 //! tensor-core ceiling beside it.
 
-use cudarc::driver::{CudaEvent, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaEvent, LaunchConfig};
 
 use crate::bench::peaks::{Peaks, ProbeConfig};
 use crate::bench::timing::RegionTimer;
@@ -15,7 +15,8 @@ use crate::device::{CudaDevice, CudaStorage, Device};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-use super::kernels::{self, PROBES};
+use crate::device::cuda as runtime;
+use crate::kernels::cuda::{FmaProbeParams, PROBES};
 
 /// Bytes cleared before every timed region: evicts the H200's 60 MB L2 and keeps the GPU busy
 /// while the host enqueues the timed call (as `triton.testing.do_bench` does).
@@ -84,20 +85,6 @@ impl RegionTimer for CudaEventTimer {
     }
 }
 
-/// `FmaProbeParams` of `probes.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct FmaProbeParams {
-    out: u64,
-    iters: i32,
-    m: f32,
-    c: f32,
-    pad: i32,
-}
-
-// SAFETY: plain `repr(C)` data mirroring the kernel's struct.
-unsafe impl DeviceRepr for FmaProbeParams {}
-
 /// Measures the copy and FMA ceilings of `device`.
 pub fn peaks(device: &CudaDevice, _dtype: DType, cfg: &ProbeConfig) -> Result<Peaks> {
     let trials = cfg.trials.max(1);
@@ -118,7 +105,7 @@ pub fn peaks(device: &CudaDevice, _dtype: DType, cfg: &ProbeConfig) -> Result<Pe
     let mem_gbps = 2.0 * bytes as f64 / best / 1e9;
 
     // FMA: 132-SM-scale grid, iterations calibrated to about cfg.fma_seconds.
-    let f = kernels::function(device, &PROBES, &[], "fma_probe")?;
+    let f = runtime::function(device, &PROBES, &[], "fma_probe")?;
     let threads = 256u32;
     let blocks = device.sm_count().max(1) * 32;
     let n = (threads * blocks) as usize;
@@ -139,7 +126,7 @@ pub fn peaks(device: &CudaDevice, _dtype: DType, cfg: &ProbeConfig) -> Result<Pe
             pad: 0,
         };
         t.start()?;
-        kernels::launch(device, &f, cfg_launch, &p, None)?;
+        runtime::launch(device, &f, cfg_launch, &p, None)?;
         let secs = t.stop()?;
         let flops = 2.0 * 8.0 * f64::from(iters) * n as f64;
         if trial >= 3 {

@@ -20,17 +20,17 @@ use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
-use super::kernels::{
-    bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
-    upload_words, whole, Bindings, LoopBounding, ParamBlock, Words, PARAM_WORDS,
-};
 use super::metadata_builder::{PlanKey, WgpuAttentionMetadata};
-use super::shaders::{
-    self, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
-    AttentionShader, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2, COOP_KEYS,
-    COOP_ROWS, DECODE_MAX_ROWS, ELEMENTWISE_WORKGROUP,
-};
 use super::tuning::{PrefillForm, WgpuTuning};
+use crate::device::wgpu::{
+    bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
+    upload_words, whole, LoopBounding, ParamBlock, Words, PARAM_WORDS,
+};
+use crate::kernels::wgsl::{
+    self as shaders, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
+    AttentionShader, Bindings, CombineShader, DecodeShader, ReshapeShader, TileKind, Tiled2,
+    COOP_KEYS, COOP_ROWS, DECODE_MAX_ROWS, ELEMENTWISE_WORKGROUP,
+};
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
 const CAUSAL: u32 = 1;

@@ -12,8 +12,8 @@ use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 
 use super::attention_impl::{tiles_for, MAX_HEAD_SIZE};
-use super::kernels::check_binding;
 use super::{WgpuAttentionImpl, WgpuMetadataBuilder};
+use crate::device::wgpu::check_binding;
 
 /// The wgpu backend descriptor (name `WGPU`, priority 400: after CUDA, HIP and Vulkan, before
 /// the CPU).

@@ -3,10 +3,11 @@
 //!
 //! Same shape as the CPU backend: [`WgpuBackend`] (descriptor), [`WgpuMetadataBuilder`]
 //! (per-step metadata and the work plan), [`WgpuAttentionImpl`] (argument checks, then one
-//! command buffer per call), `kernels` (pipeline cache, bind groups, dispatch), [`coop_spirv`]
-//! (the cooperative-matrix shaders' SPIR-V),
-//! [`shaders`] (WGSL specialisation) and [`probes`] (roofline ceilings and a timestamp
-//! timer for `polyattn bench`).
+//! command buffer per call), [`kernels`] (the `merge_attn_states` op), [`tuning`] (the
+//! family's knobs for the device's adapter kind) and [`probes`] (roofline ceilings and a
+//! timestamp timer for `polyattn bench`). The kernels themselves are the WGSL family
+//! ([`crate::kernels::wgsl`]: sources, specialisation, tile policy, knobs); compiling,
+//! caching and dispatching them is the wgpu runtime's ([`crate::device::wgpu`]).
 //!
 //! Kernels: `reshape_and_cache` (−1 slots skipped, fp8 packed four per word and bit-exact
 //! with `src/fp8.rs`), one paged-attention kernel with online softmax for every batch shape
@@ -16,8 +17,8 @@
 //! subgroup softmax is used when the adapter has `SUBGROUP`. Prefill tiles take one of four
 //! forms ([`PrefillForm`]), the best that can run the layer: cooperative matrix
 //! (`shaders/paged_attention_coop.wgsl`: both products on tensor cores through wgpu's
-//! experimental cooperative matrices, f32 softmax, compiled by [`coop_spirv`] and passed
-//! through as SPIR-V; f16 layers with an f16 cache on Vulkan adapters that offer 16 × 16 × 16
+//! experimental cooperative matrices, f32 softmax, compiled by the runtime's
+//! [`coop_spirv`](crate::device::wgpu::coop_spirv) and passed through as SPIR-V; f16 layers with an f16 cache on Vulkan adapters that offer 16 × 16 × 16
 //! f16 / f32 matrices), fused softmax f16 (f16 tiles and packed f16 FMAs, f32 softmax; f16
 //! layers on `SHADER_F16` adapters: the one path besides the cooperative-matrix form that does
 //! not compute in f32), fused softmax (register-prefetched K/V, softmax fused into the score
@@ -25,13 +26,14 @@
 //! Every knob of the family is a field of [`WgpuTuning`] (docs/TUNING.md).
 
 mod attention_impl;
-pub mod coop_spirv;
 mod descriptor;
 pub mod kernels;
 mod metadata_builder;
 pub mod probes;
-pub mod shaders;
 pub mod tuning;
+
+/// The WGSL family under the name the backend's files give it (`shaders::…`).
+use crate::kernels::wgsl as shaders;
 
 pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
@@ -39,6 +41,6 @@ pub use metadata_builder::{
     CascadePlan, Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList,
 };
 pub use tuning::{
-    parse_block, parse_tile, PipelineTuning, PrefillForm, WgpuTuning, GPU_PREFILL_BLOCK_H,
-    GPU_PREFILL_KEYS_H, GPU_PREFILL_TILE, GPU_PREFILL_WG_H, PREFILL_TILED2_WORKGROUP,
+    parse_block, parse_tile, PrefillForm, WgpuTuning, GPU_PREFILL_BLOCK_H, GPU_PREFILL_KEYS_H,
+    GPU_PREFILL_TILE, GPU_PREFILL_WG_H, PREFILL_TILED2_WORKGROUP,
 };

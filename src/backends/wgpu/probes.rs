@@ -17,8 +17,8 @@ use crate::device::{Device, WgpuDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-use super::kernels::{bind_group, grid, pipeline, whole, Bindings, ParamBlock, Words};
-use super::shaders::ProbeShader;
+use crate::device::wgpu::{bind_group, grid, pipeline, whole, ParamBlock, Words};
+use crate::kernels::wgsl::{Bindings, ProbeShader};
 
 fn device_error(message: impl Into<String>) -> Error {
     Error::Device {
@@ -182,7 +182,7 @@ fn time_dispatch(
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("polyattn probe"),
         });
-    super::kernels::dispatch(&mut enc, pipe, group, dims);
+    crate::device::wgpu::dispatch(&mut enc, pipe, group, dims);
     dev.queue().submit([enc.finish()]);
     let secs = t.stop()?;
     Ok(if secs > 0.0 {

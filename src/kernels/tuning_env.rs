@@ -1,9 +1,12 @@
-//! The one parser of the kernel families' tuning variables (`POLYATTN_CUDA_*`,
-//! `POLYATTN_WGPU_*`): a variable that is unset gives the default; one that does not parse
-//! gives the default and one `tracing` warning naming the variable, the value, what was
-//! expected and the default used. Each family's `Tuning::from_env` reads through it, so every
-//! knob behaves the same way; the lookup is a parameter, so the parsing is unit-tested
-//! without touching the process environment.
+//! The one parser of the tuning variables (`POLYATTN_CUDA_*`, `POLYATTN_WGPU_*`): a variable
+//! that is unset gives the default; one that does not parse gives the default and one
+//! `tracing` warning naming the variable, the value, what was expected and the default used.
+//! Each family's `Tuning::from_env` reads through it, and so do the runtimes' few knobs
+//! (`device::wgpu::PipelineTuning`), so every knob behaves the same way; the lookup is a
+//! parameter, so the parsing is unit-tested without touching the process environment.
+//!
+//! It lives with the kernel families, the lowest layer that reads knobs, so that neither the
+//! families nor the runtimes reach up into `backends/` for it.
 
 /// Where variables are read from: the process environment, or a table in tests.
 pub(crate) struct Env<'a> {

@@ -1,6 +1,11 @@
-//! The wgpu device: one adapter, device and queue per process, storage buffers, and the
-//! per-device caches the wgpu backend's kernels use (compiled pipelines, placeholder
-//! bindings).
+//! The wgpu runtime: one adapter, device and queue per process, storage buffers, the
+//! per-device caches (compiled pipelines, placeholder bindings), and what running a WGSL
+//! module takes — compiling it ([`pipeline`], with the SPIR-V patch of the cooperative-matrix
+//! modules in [`coop_spirv`]), recording and dispatching it ([`ParamBlock`], [`bind_group`],
+//! [`dispatch`], [`grid`]) and binding buffers ([`storage`], [`check_binding`],
+//! [`upload_words`]). It runs the WGSL family's modules (`crate::kernels::wgsl`: a key, a
+//! source and a [`Bindings`](crate::kernels::wgsl::Bindings) set) and knows nothing of the
+//! backends that choose them.
 //!
 //! **Opening.** [`WgpuDevice::open`] enumerates the adapters of the backends that
 //! `WGPU_BACKEND` allows (wgpu's own variable: `vulkan`, `metal`, `dx12`, `gl`; all by
@@ -44,6 +49,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::CpuStorage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+mod buffers;
+pub mod coop_spirv;
+mod dispatch;
+mod pipeline;
+
+pub use buffers::{check_binding, storage, upload_words};
+pub use dispatch::{
+    bind_group, dispatch, dispatch_all, grid, whole, ParamBlock, Words, PARAM_SLOT_BYTES,
+    PARAM_WORDS,
+};
+pub use pipeline::{pipeline, pipeline_with, LoopBounding, PipelineTuning};
 
 /// Environment variable choosing the adapter: an index into the ranked adapter list, or a
 /// case-insensitive substring of the adapter name.
@@ -205,7 +222,20 @@ fn wants_coop(adapter: &wgpu::Adapter) -> bool {
     std::env::var(COOP_ENV).map_or(true, |v| v.trim() != "0")
         && adapter.get_info().backend == wgpu::Backend::Vulkan
         && adapter.features().contains(needed)
-        && crate::backends::wgpu::shaders::coop_supported(&adapter.cooperative_matrix_properties())
+        && coop_supported(&adapter.cooperative_matrix_properties())
+}
+
+/// Whether an adapter offers the cooperative-matrix configuration the WGSL family's coop
+/// form needs (`coop_mat16x16` of f16 in `paged_attention_coop.wgsl`): 16 × 16 × 16, f16 A /
+/// B, f32 C (what NVIDIA's and AMD's Vulkan drivers offer for tensor cores / WMMA).
+pub fn coop_supported(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
+    props.iter().any(|p| {
+        p.m_size == 16
+            && p.n_size == 16
+            && p.k_size == 16
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    })
 }
 
 /// Window-system surface extensions of Vulkan that polyattn, which never presents, does not
@@ -292,7 +322,7 @@ fn open_uncached() -> Result<WgpuDevice> {
         adapter.features() & wanted_features() & !wgpu::Features::all_experimental_mask();
     let coop = wants_coop(&adapter);
     if coop {
-        // The coop shaders go to the driver as SPIR-V (see backends::wgpu::coop_spirv).
+        // The coop shaders go to the driver as SPIR-V (see `coop_spirv`).
         features |=
             wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::PASSTHROUGH_SHADERS;
     }

@@ -1,12 +1,13 @@
 //! [`CudaTuning`]: every environment knob of the CUDA kernel family, parsed once by
-//! [`CudaTuning::from_env`] (docs/TUNING.md lists them with the other families').
+//! [`CudaTuning::from_env`] (docs/TUNING.md lists them with the other families'). The CUDA
+//! backend reads them (which kernel runs a request, the planner's split count, the GPU it
+//! opens); the family only names them and their ranges.
 
 use std::sync::OnceLock;
 
-use super::kernels::{MmaShape, MMA_SHAPES};
-use crate::plan::DECODE_MAX_SPLITS;
+use super::shapes::{MmaShape, DECODE_MAX_SPLITS, MMA_SHAPES};
 
-use crate::backends::tuning_env::{self, Env};
+use crate::kernels::tuning_env::{self, Env};
 
 /// Turns the tensor-core prefill kernel off (`0`) or on (`1`); see [`CudaTuning::mma`].
 pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";
@@ -30,15 +31,13 @@ pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 /// once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CudaTuning {
-    /// Run prefill requests of at least
-    /// [`MMA_MIN_QUERY_LEN`](super::MMA_MIN_QUERY_LEN) query tokens (f16 / bf16 with a
-    /// same-dtype cache, head size 64 / 96 / 128, sm_80+) on the tensor-core prefill kernel
-    /// (`paged_attention_mma.cu`); off, they run on the CUDA-core kernel. [`MMA_ENV`]:
-    /// `0` / `1`; default on.
+    /// Run prefill requests of at least the backend's `MMA_MIN_QUERY_LEN` (16) query tokens
+    /// (f16 / bf16 with a same-dtype cache, head size 64 / 96 / 128, sm_80+) on the
+    /// tensor-core prefill kernel (`paged_attention_mma.cu`); off, they run on the CUDA-core
+    /// kernel. [`MMA_ENV`]: `0` / `1`; default on.
     pub mma: bool,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
-    /// (the default) chooses per batch
-    /// ([`mma_shape_for`](super::attention_impl::mma_shape_for)). [`MMA_ROWS_ENV`] (64,
+    /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
     /// 128 or 256) and [`MMA_WARPS_ENV`] (4 or 8); a row count alone takes the fewest warps
     /// that hold it (4 up to 128 rows, 8 for 256), a warp count alone 64 rows.
     pub mma_shape: Option<MmaShape>,

@@ -123,7 +123,7 @@ mod tests {
     /// The coop shaders compile, and every workgroup load / store comes out marked.
     #[test]
     fn coop_shaders_get_non_private_workgroup_accesses() {
-        for (key, source) in crate::backends::wgpu::shaders::coop_catalog() {
+        for (key, source) in crate::kernels::wgsl::coop_catalog() {
             let words = compile(&source).unwrap_or_else(|e| panic!("{key}: {e}"));
             let mut wg_types = std::collections::HashSet::new();
             let mut wg_ptrs = std::collections::HashSet::new();
@@ -177,7 +177,7 @@ mod tests {
     /// and the whole kernel wrong, while the same loads in a probe without it were exact.
     #[test]
     fn coop_workgroup_variables_keep_16_byte_alignment() {
-        for (key, source) in crate::backends::wgpu::shaders::coop_catalog() {
+        for (key, source) in crate::kernels::wgsl::coop_catalog() {
             let module =
                 naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{key}: {e}"));
             let mut layouter = naga::proc::Layouter::default();

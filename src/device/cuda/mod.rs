@@ -1,11 +1,16 @@
-//! The CUDA device: one driver context per GPU ordinal, opened once and cached, with one
+//! The CUDA runtime: one driver context per GPU ordinal, opened once and cached, with one
 //! stream that every operation of polyattn on that GPU runs on (uploads, kernels, downloads),
-//! so stream order is the only synchronisation needed.
+//! so stream order is the only synchronisation needed; and what running a kernel of the CUDA
+//! family takes — compiling it with NVRTC for the device's architecture ([`compile`], the
+//! module cache and the on-disk cubin cache) and launching it with its parameter block. It
+//! takes the family's plain types (`crate::kernels::cuda`: a `KernelSource`, the `-D` options
+//! of a variant, a `#[repr(C)]` block) and knows nothing of the backends that choose them.
 //!
 //! The driver (`libcuda`) is loaded at run time through cudarc's `dynamic-loading`; nothing
-//! CUDA is needed to build. cudarc panics when a library is missing, so [`driver_status`] probes
-//! with `is_culib_present()` first and every entry point goes through it: a machine without
-//! CUDA gets an [`Error::Device`] with the reason, never a panic.
+//! CUDA is needed to build. cudarc panics when a library is missing, so
+//! [`CudaDevice::driver_status`] probes with `is_culib_present()` first and every entry point
+//! goes through it: a machine without CUDA gets an [`Error::Device`] with the reason, never a
+//! panic.
 //!
 //! cudarc's per-buffer event tracking is switched off for polyattn's contexts: all work runs on
 //! the device's single stream, and buffers are freed stream-ordered (`cuMemFreeAsync`) or after
@@ -30,6 +35,15 @@ use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, 
 use super::CpuStorage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+mod launch;
+mod nvrtc;
+
+pub(crate) use launch::launch;
+pub(crate) use nvrtc::function;
+pub use nvrtc::{
+    arch_for, base_options, compile, nvrtc_status, parse_ptxas_report, CompileOutput, PtxasReport,
+};
 
 fn device_error(message: impl Into<String>) -> Error {
     Error::Device {

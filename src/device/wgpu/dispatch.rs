@@ -1,0 +1,190 @@
+//! Recording work: uniform parameter blocks ([`ParamBlock`], filled from [`Words`]), bind
+//! groups, compute passes, and dispatch geometry ([`grid`]: flat workgroup counts spread over
+//! x and z past the adapter's per-dimension limit).
+
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+use super::WgpuDevice;
+
+/// Bytes of one uniform parameter slot (WebGPU's largest uniform offset alignment).
+pub const PARAM_SLOT_BYTES: u64 = 256;
+
+/// u32 words in one parameter slot.
+pub const PARAM_WORDS: usize = 64;
+
+/// A uniform buffer of parameter slots, written once per call with one `write_buffer`.
+#[derive(Debug)]
+pub struct ParamBlock {
+    buffer: wgpu::Buffer,
+    slots: usize,
+    /// What the buffer holds once every queued write is applied (`None`: unknown).
+    written: Mutex<Option<Vec<[u32; PARAM_WORDS]>>>,
+}
+
+impl ParamBlock {
+    /// A block of `slots` slots.
+    pub fn new(dev: &WgpuDevice, slots: usize) -> Self {
+        let buffer = dev.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("polyattn params"),
+            size: PARAM_SLOT_BYTES * slots as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ParamBlock {
+            buffer,
+            slots,
+            written: Mutex::new(None),
+        }
+    }
+
+    /// Queues the slots' contents (applied before the next submission).
+    pub fn write(&self, dev: &WgpuDevice, slots: &[[u32; PARAM_WORDS]]) {
+        debug_assert!(slots.len() <= self.slots);
+        let bytes: Vec<u8> = slots
+            .iter()
+            .flat_map(|s| bytemuck::cast_slice::<u32, u8>(s).iter().copied())
+            .collect();
+        dev.queue().write_buffer(&self.buffer, 0, &bytes);
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let all = w.get_or_insert_with(|| vec![[0; PARAM_WORDS]; self.slots]);
+        if all.len() == self.slots {
+            all[..slots.len()].copy_from_slice(slots);
+        }
+    }
+
+    /// [`ParamBlock::write`], skipped when the buffer already holds `slots` (a steady-state
+    /// call repeats the last call's parameters: no staging copy, no extra command buffer in
+    /// the submission). Only the first write of a block is never skipped, since a new
+    /// buffer's contents are not tracked.
+    pub fn write_if_changed(&self, dev: &WgpuDevice, slots: &[[u32; PARAM_WORDS]]) {
+        {
+            let w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            if w.as_ref().is_some_and(|all| all.starts_with(slots)) {
+                return;
+            }
+        }
+        self.write(dev, slots);
+    }
+
+    /// The binding of slot `i`.
+    pub fn binding(&self, i: usize) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset: PARAM_SLOT_BYTES * i as u64,
+            size: wgpu::BufferSize::new(PARAM_SLOT_BYTES),
+        })
+    }
+}
+
+/// Builds a parameter slot from words (f32 values go in as their bits).
+#[derive(Clone, Copy, Debug)]
+pub struct Words {
+    /// The slot.
+    pub w: [u32; PARAM_WORDS],
+    n: usize,
+}
+
+impl Words {
+    /// An empty slot.
+    pub fn new() -> Self {
+        Words {
+            w: [0; PARAM_WORDS],
+            n: 0,
+        }
+    }
+
+    /// Appends a u32.
+    pub fn u(mut self, v: u32) -> Self {
+        self.w[self.n] = v;
+        self.n += 1;
+        self
+    }
+
+    /// Appends an f32.
+    pub fn f(self, v: f32) -> Self {
+        self.u(v.to_bits())
+    }
+}
+
+impl Default for Words {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A whole buffer as a binding.
+pub fn whole(buffer: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+    buffer.as_entire_binding()
+}
+
+/// Creates the bind group of `pipeline` from `(binding, resource)` pairs.
+pub fn bind_group(
+    dev: &WgpuDevice,
+    pipeline: &wgpu::ComputePipeline,
+    entries: Vec<(u32, wgpu::BindingResource<'_>)>,
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = entries
+        .into_iter()
+        .map(|(binding, resource)| wgpu::BindGroupEntry { binding, resource })
+        .collect();
+    dev.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    })
+}
+
+/// Records dispatches, in order, in one compute pass (wgpu synchronises each dispatch with
+/// the ones before it that wrote what it reads, as across passes).
+pub fn dispatch_all<'a>(
+    enc: &mut wgpu::CommandEncoder,
+    passes: impl IntoIterator<
+        Item = (
+            &'a wgpu::ComputePipeline,
+            &'a wgpu::BindGroup,
+            (u32, u32, u32),
+        ),
+    >,
+) {
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: None,
+        timestamp_writes: None,
+    });
+    for (pipeline, group, (x, y, z)) in passes {
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, group, &[]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// Records one dispatch in its own compute pass.
+pub fn dispatch(
+    enc: &mut wgpu::CommandEncoder,
+    pipeline: &wgpu::ComputePipeline,
+    group: &wgpu::BindGroup,
+    (x, y, z): (u32, u32, u32),
+) {
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: None,
+        timestamp_writes: None,
+    });
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, group, &[]);
+    pass.dispatch_workgroups(x, y, z);
+}
+
+/// Workgroups `(x, z)` for `groups` flat workgroups: x ≤ the per-dimension limit, z the
+/// overflow (shaders recover the flat index as `z·nx + x` and skip indices ≥ `groups`).
+pub fn grid(dev: &WgpuDevice, groups: u64) -> Result<(u32, u32)> {
+    let max = dev.limits().max_compute_workgroups_per_dimension.max(1) as u64;
+    let x = groups.clamp(1, max);
+    let z = groups.div_ceil(x).max(1);
+    if z > max {
+        return Err(Error::config(format!(
+            "{groups} workgroups exceed this adapter's dispatch limit ({max}²)"
+        )));
+    }
+    Ok((x as u32, z as u32))
+}

@@ -1,0 +1,120 @@
+//! The model operations' kernels (`model_ops.cu`, used by `crate::compute` on CUDA): their
+//! launch-shape constants and parameter blocks, `#[repr(C)]` mirrors of the structs in
+//! `model_ops.cu` (sizes asserted here and by `static_assert` there; `bytemuck::Pod`, as
+//! every parameter block of the family).
+
+/// Largest token count `linear` runs as a GEMV (the kernel keeps one partial sum per token
+/// in registers); more tokens take the tiled kernel.
+pub const GEMV_MAX_TOKENS: usize = 4;
+/// Threads per block of every kernel but the GEMV (`MO_THREADS`).
+pub const MODEL_THREADS: u32 = 256;
+/// Output tile edge of the tiled linear kernel (`LIN_BM` = `LIN_BN`).
+pub const LINEAR_TILE: usize = 64;
+/// Warps (output features) per GEMV block (`GEMV_WARPS`).
+pub const GEMV_WARPS: usize = 4;
+
+/// `GatherParams` of model_ops.cu (`model_gather`: embedding and gather_rows).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GatherParams {
+    /// `[table_rows][h]` f32 rows.
+    pub table: u64,
+    /// `[num_rows]` i32 row indices.
+    pub ids: u64,
+    /// `[num_rows][h]` f32 output.
+    pub out: u64,
+    /// Rows gathered (T).
+    pub num_rows: i64,
+    /// Rows of the table (an index outside gives a row of zeros).
+    pub table_rows: i64,
+    /// Row length.
+    pub h: i32,
+    /// 1: float4 accesses.
+    pub vec4: i32,
+}
+
+/// `RmsNormParams` of model_ops.cu (`model_rms_norm`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RmsNormParams {
+    /// `[num_rows][h]` f32 input.
+    pub x: u64,
+    /// `[h]` f32 weight.
+    pub weight: u64,
+    /// `[num_rows][h]` f32 output.
+    pub y: u64,
+    /// Rows.
+    pub num_rows: i64,
+    /// Row length.
+    pub h: i32,
+    /// Epsilon added to the mean square.
+    pub eps: f32,
+    /// 1: float4 accesses.
+    pub vec4: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+/// `LinearParams` of model_ops.cu (`model_linear_tiled`, `model_linear_gemv`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LinearParams {
+    /// `[t][k]` f32 input.
+    pub x: u64,
+    /// `[n][k]` f32 weight.
+    pub w: u64,
+    /// `[t][n]` f32 output.
+    pub y: u64,
+    /// Tokens.
+    pub t: i32,
+    /// Input features.
+    pub k: i32,
+    /// Output features.
+    pub n: i32,
+    /// 1: float4 accesses.
+    pub vec4: i32,
+}
+
+/// `RopeParams` of model_ops.cu (`model_rope`, in place).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RopeParams {
+    /// `[num_tokens][num_heads][2·half]` f32, rotated in place.
+    pub x: u64,
+    /// `[num_tokens]` i32 positions.
+    pub positions: u64,
+    /// Tokens.
+    pub num_tokens: i64,
+    /// Heads.
+    pub num_heads: i32,
+    /// Half the head size (pairs per head).
+    pub half: i32,
+    /// Frequency base.
+    pub base: f32,
+    /// 1: pairs (2i, 2i+1); 0: pairs (i, i + half).
+    pub interleaved: i32,
+}
+
+/// `EltwiseParams` of model_ops.cu (`model_silu_mul`, `model_add`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct EltwiseParams {
+    /// silu_mul: the gate; add: the operand.
+    pub a: u64,
+    /// silu_mul: the up projection; add: unused.
+    pub b: u64,
+    /// silu_mul: the result; add: the target (read and written).
+    pub out: u64,
+    /// Elements.
+    pub n: i64,
+    /// 1: float4 accesses.
+    pub vec4: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
+const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
+const _: () = assert!(std::mem::size_of::<LinearParams>() == 40);
+const _: () = assert!(std::mem::size_of::<RopeParams>() == 40);
+const _: () = assert!(std::mem::size_of::<EltwiseParams>() == 40);

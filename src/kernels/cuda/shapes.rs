@@ -1,0 +1,125 @@
+//! Launch shapes of the family's kernels: threads per CTA, rows and keys per work item, the
+//! tensor-core kernels' CTA shapes ([`MmaShape`]) and the dynamic shared memory each kernel
+//! needs for a head size. They mirror the `#define`s of the `.cu` files.
+
+use crate::dtype::DType;
+
+/// Rows (query token × head pairs) of one attention work item; `paged_attention.cu`'s
+/// `PA_ROWS`.
+pub const ROWS_PER_ITEM: usize = 16;
+
+/// Keys per chunk (`PA_KC`).
+pub const KEYS_PER_CHUNK: usize = 16;
+
+/// Threads per attention CTA.
+pub const ATTN_THREADS: u32 = 128;
+
+/// Dynamic shared memory of the attention kernel for `head_size`.
+pub fn attention_smem_bytes(head_size: usize) -> u32 {
+    let d = head_size;
+    ((ROWS_PER_ITEM * d + KEYS_PER_CHUNK * (d + 2) + KEYS_PER_CHUNK * d) * 4) as u32
+}
+
+/// The CTA shape of the tensor-core prefill kernel: query rows per CTA (and per work item)
+/// and warps per CTA. Every warp owns `rows / (16 warps)` m16 tiles (1 or 2) and every warp
+/// reads each K/V tile of the CTA, so more rows per CTA means less K/V traffic per FLOP, and
+/// two tiles per warp means less shared-memory traffic per FLOP (at more registers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaShape {
+    /// Query rows per CTA (`MMA_ROWS`).
+    pub rows: usize,
+    /// Warps per CTA (`MMA_WARPS`).
+    pub warps: usize,
+}
+
+impl MmaShape {
+    /// m16 tiles per warp (`PA_MMA_MT`).
+    pub fn tiles_per_warp(self) -> usize {
+        self.rows / (16 * self.warps)
+    }
+
+    /// Threads per CTA.
+    pub fn threads(self) -> u32 {
+        (self.warps * 32) as u32
+    }
+}
+
+/// The CTA shapes the tensor-core kernel can be built for: 64 rows on 4 warps (one m16 tile
+/// each), 128 rows on 4 warps (two each) or on 8 warps (one each), 256 rows on 8 warps.
+pub const MMA_SHAPES: [MmaShape; 4] = [
+    MmaShape { rows: 64, warps: 4 },
+    MmaShape {
+        rows: 128,
+        warps: 4,
+    },
+    MmaShape {
+        rows: 128,
+        warps: 8,
+    },
+    MmaShape {
+        rows: 256,
+        warps: 8,
+    },
+];
+
+/// Dynamic shared memory of the tensor-core kernel built for `rows` query rows: the Q tile
+/// and two K and two V tiles (double-buffered, 64 keys each), rows of `head_size + 8` 16-bit
+/// elements. (Its 1 KiB table of key-row addresses is static shared memory.)
+pub fn mma_smem_bytes(head_size: usize, rows: usize) -> u32 {
+    ((rows + 4 * 64) * (head_size + 8) * 2) as u32
+}
+
+/// Query heads per work item of the decode kernel (the m16 rows of its mma tiles).
+pub const DECODE_ROWS_PER_ITEM: usize = 16;
+
+/// Threads per decode CTA (`DEC_WARPS` warps).
+pub const DECODE_THREADS: u32 = 128;
+
+/// Ring stages per warp of the decode kernel (`DEC_STAGES`).
+pub const DECODE_STAGES: usize = 3;
+
+/// Keys per chunk of the decode kernel (`DEC_KEYS`).
+pub const DECODE_KEYS_PER_CHUNK: usize = 16;
+
+/// Most key splits of one decode token on the decode kernel (`DEC_MAX_SPLITS` of
+/// `paged_decode.cu`: its in-CTA merge holds this many partial weights per warp).
+pub const DECODE_MAX_SPLITS: usize = 128;
+
+/// Dynamic shared memory of the decode kernel: Q `[16][D+8]` and, per warp, `DECODE_STAGES`
+/// stages of K and V `[16][D+8]`, 16-bit elements; for an fp8 `cache_dtype`, per warp
+/// `DECODE_STAGES` stages of raw K and V `[16][D+16]` bytes and one converted K and V
+/// `[16][D+8]` tile.
+pub fn decode_smem_bytes(head_size: usize, cache_dtype: DType) -> u32 {
+    let row = (head_size + 8) * 2;
+    let warps = DECODE_THREADS as usize / 32;
+    let tile = DECODE_KEYS_PER_CHUNK * row;
+    let per_warp = if cache_dtype.is_fp8() {
+        DECODE_STAGES * 2 * DECODE_KEYS_PER_CHUNK * (head_size + 16) + 2 * tile
+    } else {
+        DECODE_STAGES * 2 * tile
+    };
+    (16 * row + warps * per_warp) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_sizes() {
+        assert_eq!(
+            attention_smem_bytes(256),
+            (16 * 256 + 16 * 258 + 16 * 256) * 4
+        );
+        // Q [16][136] + 4 warps x 3 stages x (K + V) [16][136], 2 bytes each.
+        assert_eq!(
+            decode_smem_bytes(128, DType::Bf16),
+            16 * 136 * 2 + 4 * 3 * 2 * 16 * 136 * 2
+        );
+        // fp8: Q, then 4 warps x (3 stages x raw K + V [16][144] bytes + K, V [16][136] x 2).
+        assert_eq!(
+            decode_smem_bytes(128, DType::Fp8E4m3),
+            16 * 136 * 2 + 4 * (3 * 2 * 16 * 144 + 2 * 16 * 136 * 2)
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! The variants a build selects: the `-D` options that build one bucket of a kernel
+//! (`PA_ONLY_DPL`, `PA_MMA_*`, `PD_*`, see each `.cu` file), the entry point of each variant,
+//! and the element-type codes the kernels read (`PA_F32` … in `common.cuh`). Plain strings and
+//! integers, the same for any compiler of the family (NVRTC, hiprtc).
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+use super::shapes::MmaShape;
+use super::sources::{PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_DECODE};
+
+/// The element-type code of `dtype` as the kernels read it (`PA_F32` ... in `common.cuh`);
+/// `None` for integer dtypes.
+pub fn dtype_code(dtype: DType) -> Option<i32> {
+    Some(match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+        DType::Fp8E4m3 => 3,
+        DType::Fp8E5m2 => 4,
+        DType::I32 | DType::I64 => return None,
+    })
+}
+
+/// [`dtype_code`], or the error an operand of an integer dtype gets.
+pub(crate) fn code(dtype: DType) -> Result<i32> {
+    dtype_code(dtype).ok_or_else(|| Error::DType {
+        what: "cuda kernel operand",
+        got: dtype.to_string(),
+        expected: "f32, f16, bf16, fp8_e4m3 or fp8_e5m2".into(),
+    })
+}
+
+/// The `-D` option that builds only the attention bucket of `head_size`
+/// (`PA_ONLY_DPL`, see paged_attention.cu).
+pub fn attention_variant(head_size: usize) -> String {
+    format!("-DPA_ONLY_DPL={}", head_size.div_ceil(32))
+}
+
+/// The `-D` options that build only the tensor-core variant for `dtype`, `head_size`,
+/// `shape` (`PA_MMA_MT` = rows / (16 warps) m16 tiles per warp, `PA_MMA_WARPS`) and the
+/// layer's modifiers (`PA_MMA_PLAIN`: `plain` = no soft cap and no ALiBi; the plain build
+/// has its own register allocation, which fits 64-key softmax steps at two m-tiles); see
+/// paged_attention_mma.cu.
+pub fn mma_variant(dtype: DType, head_size: usize, shape: MmaShape, plain: bool) -> [String; 5] {
+    [
+        format!("-DPA_MMA_D={head_size}"),
+        format!("-DPA_MMA_BF16={}", i32::from(dtype == DType::Bf16)),
+        format!("-DPA_MMA_MT={}", shape.tiles_per_warp()),
+        format!("-DPA_MMA_WARPS={}", shape.warps),
+        format!("-DPA_MMA_PLAIN={}", i32::from(plain)),
+    ]
+}
+
+/// The decode kernel's code for a cache dtype (`PD_KV`): 0 for a cache of the activation
+/// dtype, 1 for E4M3, 2 for E5M2.
+fn decode_kv_code(cache_dtype: DType) -> u32 {
+    match cache_dtype {
+        DType::Fp8E4m3 => 1,
+        DType::Fp8E5m2 => 2,
+        _ => 0,
+    }
+}
+
+/// The `-D` options that build only the decode variant for `dtype`, `cache_dtype` and
+/// `head_size` (see paged_decode.cu).
+pub fn decode_variant(dtype: DType, cache_dtype: DType, head_size: usize) -> [String; 3] {
+    [
+        format!("-DPD_D={head_size}"),
+        format!("-DPD_BF16={}", i32::from(dtype == DType::Bf16)),
+        format!("-DPD_KV={}", decode_kv_code(cache_dtype)),
+    ]
+}
+
+/// The attention entry point for `head_size` (`paged_attention_dpl{ceil(D/32)}`).
+pub fn attention_function_name(head_size: usize) -> Option<&'static str> {
+    let dpl = head_size.div_ceil(32);
+    PAGED_ATTENTION
+        .functions
+        .get(dpl.checked_sub(1)?)
+        .copied()
+        .filter(|n| n.starts_with("paged_attention_dpl"))
+}
+
+/// The tensor-core entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
+pub fn mma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+    let t = match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        _ => return None,
+    };
+    let want = format!("paged_attention_mma_{t}_d{head_size}");
+    PAGED_ATTENTION_MMA
+        .functions
+        .iter()
+        .find(|f| **f == want)
+        .copied()
+}
+
+/// The decode entry point for `dtype` (f16 / bf16), `cache_dtype` (`dtype`, E4M3 or E5M2)
+/// and `head_size` (64, 96, 128).
+pub fn decode_function_name(
+    dtype: DType,
+    cache_dtype: DType,
+    head_size: usize,
+) -> Option<&'static str> {
+    let t = match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        _ => return None,
+    };
+    let kv = match cache_dtype {
+        c if c == dtype => "",
+        DType::Fp8E4m3 => "_e4m3",
+        DType::Fp8E5m2 => "_e5m2",
+        _ => return None,
+    };
+    let want = format!("paged_decode_{t}{kv}_d{head_size}");
+    PAGED_DECODE.functions.iter().find(|f| **f == want).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_and_variants() {
+        assert_eq!(attention_function_name(128), Some("paged_attention_dpl4"));
+        assert_eq!(attention_function_name(256), Some("paged_attention_dpl8"));
+        assert_eq!(attention_function_name(264), None);
+        assert_eq!(
+            decode_function_name(DType::Bf16, DType::Bf16, 128),
+            Some("paged_decode_bf16_d128")
+        );
+        assert_eq!(
+            decode_function_name(DType::F16, DType::Fp8E5m2, 96),
+            Some("paged_decode_f16_e5m2_d96")
+        );
+        assert_eq!(
+            decode_variant(DType::Bf16, DType::Fp8E4m3, 64),
+            ["-DPD_D=64", "-DPD_BF16=1", "-DPD_KV=1"]
+        );
+        assert_eq!(decode_function_name(DType::F16, DType::Bf16, 128), None);
+        assert_eq!(decode_function_name(DType::F32, DType::F32, 128), None);
+        assert_eq!(decode_function_name(DType::F16, DType::F16, 256), None);
+    }
+}
