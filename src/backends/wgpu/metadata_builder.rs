@@ -179,13 +179,7 @@ pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists 
     let decode_requests = (0..common.num_reqs())
         .filter(|&r| (1..=dec_max).contains(&common.query_len(r)))
         .count();
-    let t = &key.tuning;
-    let split = SplitRule::PerRequest {
-        min_keys: t.split_min_keys as usize,
-        target: t.target_workgroups as usize,
-        max_splits: t.max_splits as usize,
-        requests: decode_requests,
-    };
+    let split = key.tuning.split_rule(decode_requests);
     let base = PlanKey0 {
         dense: key.dense,
         ..PlanKey0::new(

@@ -10,6 +10,7 @@ use super::attention::{DECODE_KEYS_PER_STEP, DECODE_WORKGROUP};
 use super::tiles::TILED2_DEFAULT_BLOCK;
 
 use crate::kernels::tuning_env::{self, Env};
+use crate::plan::SplitRule;
 
 /// The prefill tile GPUs ask for (where it fits; CPU adapters take the first candidate that
 /// fits, see [`choose_tile`](super::choose_tile)): 64 query rows × 16 keys, the fastest tile of the
@@ -374,15 +375,23 @@ impl WgpuTuning {
         }
     }
 
+    /// The planner's split rule for a batch of `requests` decode requests
+    /// ([`SplitRule::PerRequest`] with this tuning's bounds).
+    pub fn split_rule(&self, requests: usize) -> SplitRule {
+        SplitRule::PerRequest {
+            min_keys: self.split_min_keys as usize,
+            target: self.target_workgroups as usize,
+            max_splits: self.max_splits as usize,
+            requests,
+        }
+    }
+
     /// Splits for a request with `keys` visible keys in a batch of `requests` decode
-    /// requests over `kv_heads` KV heads.
+    /// requests over `kv_heads` KV heads (before the planner aligns them).
     pub fn splits(&self, keys: u32, requests: u32, kv_heads: u32) -> u32 {
-        let by_len = keys.div_ceil(self.split_min_keys.max(1)).max(1);
-        let by_occupancy = self
-            .target_workgroups
-            .div_ceil(requests.saturating_mul(kv_heads).max(1))
-            .max(1);
-        by_len.min(by_occupancy).min(self.max_splits).max(1)
+        let rule = self.split_rule(requests as usize);
+        let want = rule.want(0, kv_heads as usize, |_| 0);
+        rule.count(keys as usize, want) as u32
     }
 }
 
