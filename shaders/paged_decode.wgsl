@@ -172,6 +172,9 @@ fn main(
     if item >= params.num_items {
         return;
     }
+    // The item's fields, reduced to what the kernel keeps: the first token and position, the
+    // first query head, the heads per token, and the first scratch row of its partials
+    // (DIRECT: the item writes the output) — as few live values as the key loop allows.
     let wi = items[item];
     let kv_head = wi.kv_head;
     let g = params.group;
@@ -181,7 +184,10 @@ fn main(
     let kv_lo = wi.kv_lo;
     let kv_hi = wi.kv_hi;
     let kv_row = item_kv_row(wi);
-    let direct = wi.num_splits == 1u;
+    let tok0 = wi.q_start;
+    let pos0 = wi.q_pos;
+    let head0 = kv_head * g + wi.head_start;
+    let part0 = select(wi.split * params.n_part_tokens + wi.part_tok, DIRECT, wi.num_splits == 1u);
     let add_sink = wi.split == 0u && (params.flags & SINKS) != 0u;
 
     let kg = sg_id * (sg_size / TPK) + lane / TPK;
@@ -198,9 +204,9 @@ fn main(
     // @unroll
     for (var r = 0u; r < ROWS; r = r + 1u) {
         let rr = min(r, n_rows - 1u);
-        head[r] = kv_head * g + wi.head_start + rr % hc;
-        pos[r] = wi.q_pos + rr / hc;
-        let tok = wi.q_start + rr / hc;
+        head[r] = head0 + rr % hc;
+        pos[r] = pos0 + rr / hc;
+        let tok = tok0 + rr / hc;
         m[r] = NO_MAX;
         l[r] = 0.0;
         if add_sink && kg == 0u && r < n_rows {
@@ -222,8 +228,8 @@ fn main(
         }
     }
 
-    let p_min = wi.q_pos;
-    let p_max = wi.q_pos + (n_rows - 1u) / hc;
+    let p_min = pos0;
+    let p_max = pos0 + (n_rows - 1u) / hc;
     let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
@@ -416,13 +422,13 @@ fn main(
                 }
             }
             workgroupBarrier();
-            let tok = wi.q_start + r / hc;
+            let tok = tok0 + r / hc;
             for (var col = t; col < D4; col = col + WG) {
                 var o = vec4<f32>(0.0);
                 for (var q = 0u; q < NKG; q = q + 1u) {
                     o = o + red_s[q * D4 + col];
                 }
-                if direct {
+                if part0 == DIRECT {
                     var res = vec4<f32>(0.0);
                     if big_l > 0.0 {
                         res = o / big_l;
@@ -436,7 +442,7 @@ fn main(
                         lse[head[r] * params.num_tokens + tok] = bits;
                     }
                 } else {
-                    let prow = partial_row(wi, r, head[r]);
+                    let prow = (part0 + r / hc) * H + head[r];
                     scratch[prow * D4 + col] = o;
                     if col == 0u {
                         scratch[params.ml_offset + prow] = vec4<f32>(big_m, big_l, 0.0, 0.0);
