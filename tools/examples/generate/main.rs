@@ -275,11 +275,11 @@ fn run(args: Args) -> Result<(), String> {
     }
     let stats = runner.stats();
     if let Some(path) = &args.json {
-        let mut machine = polyattn::bench::machine::Machine::collect(
+        let mut machine = polyattn_tools::bench::machine::Machine::collect(
             backend.device_kind() != polyattn::DeviceKind::Cpu,
         );
         machine.finish();
-        let record = polyattn::bench::generation::GenerationRecord {
+        let record = polyattn_tools::bench::generation::GenerationRecord {
             model: loaded.name.clone(),
             backend: backend.name().to_string(),
             device: device.clone(),

@@ -1259,13 +1259,9 @@ pub(crate) mod tests {
     use std::sync::OnceLock;
 
     /// Where the real SmolLM2 file is looked for: `$POLYATTN_SMOLLM2_GGUF`, else
-    /// `models/SmolLM2-135M-Instruct.Q4_1.gguf` under the crate root.
+    /// `models/SmolLM2-135M-Instruct.Q4_1.gguf` under the repository root.
     pub(crate) fn smollm2_path() -> PathBuf {
-        match std::env::var_os("POLYATTN_SMOLLM2_GGUF") {
-            Some(p) => PathBuf::from(p),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        }
+        crate::smollm::default_path()
     }
 
     /// The real file, parsed once per test process; `None` (after printing SKIP) if absent.

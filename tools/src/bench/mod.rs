@@ -43,16 +43,16 @@ use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::backend::{AttentionBackend, BackendRef, SelectorConfig};
-use crate::device::{Device, DeviceKind};
-use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
-use crate::registry;
-use crate::selector;
+use polyattn::backend::{AttentionBackend, BackendRef, SelectorConfig};
+use polyattn::device::{Device, DeviceKind};
+use polyattn::dtype::{CacheDType, DType};
+use polyattn::error::{Error, Result};
+use polyattn::registry;
+use polyattn::selector;
 
 use formulas::roofline;
 use machine::Machine;
-use peaks::{Peaks, ProbeConfig};
+use polyattn::probe::{Peaks, ProbeConfig};
 use report::{BenchFile, Row, Status, SCHEMA};
 use shapes::{Case, Family};
 use timing::{Samples, TimingConfig};
@@ -183,6 +183,11 @@ pub struct BenchArgs {
     pub quiet: bool,
 }
 
+/// An [`Error::Config`] with `msg`: a bad argument, a malformed input file.
+pub(crate) fn config_error(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
+}
+
 fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
     s.parse::<DType>().map_err(|e| e.to_string())
 }
@@ -233,7 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let recs: Vec<shapes::CaseRecord> =
                 cases.iter().map(shapes::CaseRecord::from).collect();
             let text = serde_json::to_string_pretty(&recs)
-                .map_err(|e| Error::config(format!("JSON: {e}")))?;
+                .map_err(|e| config_error(format!("JSON: {e}")))?;
             report::write_file(path, &(text + "\n"))?;
             eprintln!("wrote {} cases to {}", recs.len(), path.display());
         }
@@ -506,7 +511,7 @@ fn backends_for(
         BackendChoice::Named(list) => list
             .iter()
             .map(|b| {
-                if let crate::backend::Availability::Unavailable(why) = b.availability() {
+                if let polyattn::backend::Availability::Unavailable(why) = b.availability() {
                     return Err((b.name().to_string(), format!("backend unavailable: {why}")));
                 }
                 if case.family != Family::Merge {
@@ -721,7 +726,7 @@ fn num_sets(args: &BenchArgs, set_bytes: f64) -> usize {
 
 fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
     if !(args.budget.is_finite() && args.budget >= 0.0) {
-        return Err(Error::config(format!(
+        return Err(config_error(format!(
             "--budget {} must be ≥ 0 seconds",
             args.budget
         )));
@@ -965,7 +970,7 @@ fn time_job(
             let s = timing::measure(timer.as_mut(), cfg, |i| {
                 let n = v.len();
                 let m = &mut v[i % n];
-                crate::ops::merge_attn_states(
+                polyattn::ops::merge_attn_states(
                     &mut m.output,
                     &m.prefix_output,
                     &m.prefix_lse,
@@ -979,7 +984,7 @@ fn time_job(
             s
         }
         Family::Mla => {
-            return Err(Error::config(
+            return Err(config_error(
                 "MLA rows need an MlaAttentionImpl, which no backend provides yet",
             ))
         }
@@ -988,13 +993,13 @@ fn time_job(
 }
 
 /// A benchmark of a kernel that writes NaNs (or nothing) measures nothing.
-fn check_finite(t: &crate::device::Tensor) -> Result<()> {
+fn check_finite(t: &polyattn::device::Tensor) -> Result<()> {
     let v = t.to_f32_vec()?;
     if v.iter().any(|x| !x.is_finite()) {
-        return Err(Error::config("the kernel wrote non-finite outputs"));
+        return Err(config_error("the kernel wrote non-finite outputs"));
     }
     if !v.is_empty() && v.iter().all(|&x| x == 0.0) {
-        return Err(Error::config("the kernel left its output all zeros"));
+        return Err(config_error("the kernel left its output all zeros"));
     }
     Ok(())
 }
