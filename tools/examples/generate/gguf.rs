@@ -1,5 +1,11 @@
 //! A small, fully bounds-checked reader for GGUF files (the llama.cpp/ggml model format).
 //!
+//! Why our own: no GGUF reader on crates.io both dequantizes the tensor types the example
+//! loads (Q4_0 / Q4_1 / Q8_0 / F16 / BF16) and returns errors on a damaged file
+//! (`gguf-rs-lib`, `gguf` and `gguf-rs` read metadata and tensor infos but not quantized data;
+//! `ggus` with `ggml-quants` dequantizes, but its tensor-info reader unwraps and copies
+//! unchecked lengths, so a truncated file panics; candle's pulls in a tensor library).
+//!
 //! # Format (little-endian throughout)
 //!
 //! ```text

@@ -1,76 +1,79 @@
-//! The roofline chart, as hand-written SVG: log-log axes (arithmetic intensity in FLOP/B
-//! against TFLOP/s), each device's two measured ceilings (the bandwidth slope and the compute
-//! roof, meeting at the ridge), and every timed row as a point coloured by backend and
-//! labelled with its case id. Rows without FLOPs (KV write, merge) have no intensity; they
-//! get a second panel of GB/s against the devices' copy bandwidth.
+//! The roofline chart, drawn by `plotters` into an SVG: log-log axes (arithmetic intensity in
+//! FLOP/B against TFLOP/s), each device's two measured ceilings (the bandwidth slope and the
+//! compute roof, meeting at the ridge), and every timed row as a point coloured by backend
+//! (circle: prefill, square: decode, triangle: MLA), labelled with its case id when there are
+//! few enough points to read. Rows without FLOPs (KV write, merge) have no intensity; they get
+//! a second panel of GB/s against the devices' copy bandwidth. Every id is also in the table
+//! and the JSON.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::config_error;
 use super::report::{sig, Row};
+use polyattn::error::{Error, Result};
 use polyattn::probe::Peaks;
 
-const PALETTE: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
 ];
 
-/// Escapes text for SVG.
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// The ceilings' colour.
+const CEILING: RGBColor = RGBColor(0x55, 0x55, 0x55);
+
+/// Points drawn with a text label at most; above, the ids are in the table and JSON only.
+const MAX_LABELS: usize = 40;
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+fn chart_err(e: impl std::fmt::Display) -> Error {
+    config_error(format!("roofline chart: {e}"))
 }
 
-/// A log10 axis mapped onto pixels.
-#[derive(Clone, Copy, Debug)]
-struct LogAxis {
-    lo: f64,
-    hi: f64,
-    p0: f64,
-    p1: f64,
+/// `min..max` (positive) widened to whole decades.
+fn decades(min: f64, max: f64) -> (f64, f64) {
+    let (min, max) = if min > 0.0 && max >= min {
+        (min, max)
+    } else {
+        (1e-3, 1e3)
+    };
+    let lo = min.log10().floor();
+    let hi = max.log10().ceil().max(lo + 1.0);
+    (10f64.powf(lo), 10f64.powf(hi))
 }
 
-impl LogAxis {
-    /// Covers `min..max` (positive), widened to whole decades.
-    fn new(min: f64, max: f64, p0: f64, p1: f64) -> Self {
-        let (min, max) = if min > 0.0 && max >= min {
-            (min, max)
-        } else {
-            (1e-3, 1e3)
-        };
-        let lo = min.log10().floor();
-        let mut hi = max.log10().ceil();
-        if hi <= lo {
-            hi = lo + 1.0;
-        }
-        LogAxis { lo, hi, p0, p1 }
+/// The smallest and largest positive finite values of `v` (a default range if none).
+fn min_max(v: &[f64]) -> (f64, f64) {
+    let pos: Vec<f64> = v
+        .iter()
+        .copied()
+        .filter(|x| *x > 0.0 && x.is_finite())
+        .collect();
+    if pos.is_empty() {
+        return (1e-3, 1e3);
     }
-
-    fn px(&self, v: f64) -> f64 {
-        let l = v.max(1e-300).log10().clamp(self.lo, self.hi);
-        self.p0 + (l - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
-    }
-
-    fn decades(&self) -> impl Iterator<Item = i32> {
-        (self.lo as i32)..=(self.hi as i32)
-    }
+    (
+        pos.iter().copied().fold(f64::INFINITY, f64::min),
+        pos.iter().copied().fold(0.0, f64::max),
+    )
 }
 
-fn decade_label(e: i32) -> String {
-    match e {
-        e if e < 0 => format!("{}", 10f64.powi(e)),
-        0..=3 => format!("{}", 10i64.pow(e as u32)),
-        e => format!("1e{e}"),
-    }
-}
-
-fn colour_of(backends: &BTreeMap<String, usize>, b: &str) -> &'static str {
+fn colour_of(backends: &BTreeMap<String, usize>, b: &str) -> RGBColor {
     PALETTE[backends.get(b).copied().unwrap_or(0) % PALETTE.len()]
 }
 
-/// The chart for `rows` (timed ones are drawn) under the ceilings `peaks`.
-pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> String {
+/// The chart for `rows` (timed ones are drawn) under the ceilings `peaks`, as SVG text.
+pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> Result<String> {
     let ok: Vec<&Row> = rows.iter().filter(|r| r.is_ok()).collect();
     let flop_rows: Vec<&Row> = ok
         .iter()
@@ -87,328 +90,278 @@ pub fn roofline_svg(peaks: &[Peaks], rows: &[Row], title: &str) -> String {
         let n = backends.len();
         backends.entry(r.backend.clone()).or_insert(n);
     }
+    let peaks: Vec<&Peaks> = peaks
+        .iter()
+        .filter(|p| p.compute_tflops > 0.0 && p.mem_gbps > 0.0)
+        .collect();
 
-    let (w_main, h) = (900.0, 620.0);
-    let w_mem = if mem_rows.is_empty() { 0.0 } else { 420.0 };
-    let width = w_main + w_mem;
-    let (left, right, top, bottom) = (80.0, w_main - 30.0, 60.0, h - 110.0);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" viewBox="0 0 {width} {h}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<rect x="0" y="0" width="{width}" height="{h}" fill="white"/>"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>"#,
-        width / 2.0,
-        esc(title)
-    );
-
-    // Ranges: every point, every ridge, a decade around them.
-    let mut xs: Vec<f64> = flop_rows.iter().map(|r| r.intensity()).collect();
-    let mut ys: Vec<f64> = flop_rows.iter().filter_map(|r| r.tflops).collect();
-    for p in peaks {
-        if p.compute_tflops > 0.0 && p.mem_gbps > 0.0 {
-            xs.push(p.ridge());
-            ys.push(p.compute_tflops);
+    let (w_main, h) = (900u32, 620u32);
+    let w_mem = if mem_rows.is_empty() { 0 } else { 420 };
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (w_main + w_mem, h)).into_drawing_area();
+        root.fill(&WHITE).map_err(chart_err)?;
+        let root = root.titled(title, ("sans-serif", 19)).map_err(chart_err)?;
+        let (main, mem) = root.split_horizontally(w_main);
+        roofline_panel(&main, &peaks, &flop_rows, &backends)?;
+        if !mem_rows.is_empty() {
+            mem_panel(&mem, &peaks, &mem_rows, &backends)?;
         }
+        root.present().map_err(chart_err)?;
+    }
+    Ok(svg)
+}
+
+/// TFLOP/s against FLOP/byte, with each device's roofline.
+fn roofline_panel(
+    area: &Area<'_>,
+    peaks: &[&Peaks],
+    rows: &[&Row],
+    backends: &BTreeMap<String, usize>,
+) -> Result<()> {
+    // Ranges: every point, every ridge, a decade around them.
+    let mut xs: Vec<f64> = rows.iter().map(|r| r.intensity()).collect();
+    let mut ys: Vec<f64> = rows.iter().filter_map(|r| r.tflops).collect();
+    for p in peaks {
+        xs.push(p.ridge());
+        ys.push(p.compute_tflops);
     }
     let (xmin, xmax) = min_max(&xs);
     let (ymin, ymax) = min_max(&ys);
-    let ax = LogAxis::new(xmin / 3.0, xmax * 3.0, left, right);
-    let ay = LogAxis::new(ymin / 3.0, ymax * 2.0, bottom, top);
+    let (x0, x1) = decades(xmin / 3.0, xmax * 3.0);
+    let (y0, y1) = decades(ymin / 3.0, ymax * 2.0);
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+        .map_err(chart_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("arithmetic intensity (FLOP/byte, §8 useful bytes)")
+        .y_desc("TFLOP/s")
+        .x_label_formatter(&|v| decade(*v))
+        .y_label_formatter(&|v| decade(*v))
+        .draw()
+        .map_err(chart_err)?;
 
-    // Grid and ticks.
-    for e in ax.decades() {
-        let x = ax.px(10f64.powi(e));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{bottom}" stroke="#ddd"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
-            bottom + 16.0,
-            decade_label(e)
-        );
-    }
-    for e in ay.decades() {
-        let y = ay.px(10f64.powi(e));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#ddd"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-            left - 6.0,
-            y + 4.0,
-            decade_label(e)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
-        right - left,
-        bottom - top
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">arithmetic intensity (FLOP/byte, §8 useful bytes)</text>"#,
-        (left + right) / 2.0,
-        bottom + 36.0
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="20" y="{}" text-anchor="middle" transform="rotate(-90 20 {})">TFLOP/s</text>"#,
-        (top + bottom) / 2.0,
-        (top + bottom) / 2.0
-    );
-
-    // Ceilings: bandwidth slope up to the ridge, then the compute roof.
+    // Ceilings: the bandwidth slope from where it enters the chart up to the ridge, then the
+    // compute roof, labelled above its right end (moved up past labels already there).
+    let mut taken = Vec::new();
     for (i, p) in peaks.iter().enumerate() {
-        if p.compute_tflops <= 0.0 || p.mem_gbps <= 0.0 {
-            continue;
-        }
-        let x0 = 10f64.powf(ax.lo);
-        let x1 = 10f64.powf(ax.hi);
         let ridge = p.ridge();
-        let y_at = |x: f64| (x * p.mem_gbps / 1e3).min(p.compute_tflops);
-        let pts = [
-            (x0, y_at(x0)),
-            (ridge, p.compute_tflops),
-            (x1, p.compute_tflops),
-        ];
-        let path: Vec<String> = pts
-            .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", ax.px(x), ay.px(y)))
-            .collect();
-        let _ = writeln!(
-            s,
-            r##"<polyline class="ceiling" points="{}" fill="none" stroke="#555" stroke-width="1.5" stroke-dasharray="{}"/>"##,
-            path.join(" "),
-            if i % 2 == 0 { "6 3" } else { "2 3" }
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" fill="#333" text-anchor="end">{}: {} TFLOP/s, {} GB/s (measured)</text>"##,
-            right - 4.0,
-            ay.px(p.compute_tflops) - 5.0,
-            esc(&p.device),
-            sig(p.compute_tflops),
-            sig(p.mem_gbps)
-        );
+        let enter = (y0 * 1e3 / p.mem_gbps).max(x0);
+        let mut pts = Vec::new();
+        if enter < ridge {
+            pts.push((enter, enter * p.mem_gbps / 1e3));
+        }
+        pts.extend([(ridge.max(x0), p.compute_tflops), (x1, p.compute_tflops)]);
+        let dash = if i % 2 == 0 { 6 } else { 2 };
+        chart
+            .draw_series(DashedLineSeries::new(pts, dash, 3, CEILING.stroke_width(2)))
+            .map_err(chart_err)?;
+        let (_, y) = chart.backend_coord(&(x1, p.compute_tflops));
+        let dy = free_row(&mut taken, y - 3, -13);
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x1, p.compute_tflops))
+                    + Text::new(
+                        format!(
+                            "{}: {} TFLOP/s, {} GB/s (measured)",
+                            p.device,
+                            sig(p.compute_tflops),
+                            sig(p.mem_gbps)
+                        ),
+                        (-4, dy),
+                        ("sans-serif", 12)
+                            .into_font()
+                            .color(&CEILING)
+                            .pos(Pos::new(HPos::Right, VPos::Bottom)),
+                    ),
+            ))
+            .map_err(chart_err)?;
     }
 
-    // Points (circle: prefill, square: decode, triangle: MLA); labels when there are few
-    // enough to read, moved down past the ones already placed. Every point has a tooltip.
-    let label = flop_rows.len() <= MAX_LABELS;
-    let mut placed: Vec<(f64, f64, f64)> = Vec::new();
-    for r in &flop_rows {
-        let (x, y) = (ax.px(r.intensity()), ay.px(r.tflops.unwrap_or(0.0)));
-        let c = colour_of(&backends, &r.backend);
-        let title = format!(
-            "<title>{} {} {}/{}: {} µs, {} TFLOP/s, {} GB/s</title>",
-            esc(&r.backend),
-            esc(&r.id),
-            esc(&r.dtype),
-            esc(&r.kv_dtype),
-            sig(r.us_median.unwrap_or(0.0)),
-            sig(r.tflops.unwrap_or(0.0)),
-            sig(r.gbps.unwrap_or(0.0))
-        );
-        let _ = writeln!(s, "{}", marker(&r.family, x, y, c, &title));
-        if !label {
-            continue;
-        }
-        let text = format!("{} {}", r.id, r.kv_dtype);
-        let w = 4.6 * text.chars().count() as f64;
-        let mut ly = y + 3.0;
-        for _ in 0..8 {
-            let clash = placed.iter().any(|&(px, py, pw)| {
-                (ly - py).abs() < 9.0 && x + 6.0 < px + pw && px < x + 6.0 + w
-            });
-            if !clash {
-                break;
-            }
-            ly += 9.0;
-        }
-        placed.push((x + 6.0, ly, w));
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{ly:.1}" font-size="8" fill="{c}">{}</text>"#,
-            x + 6.0,
-            esc(&text)
-        );
-    }
-    if !label {
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" fill="#555">{} points: hover for case ids (labels only up to {MAX_LABELS})</text>"##,
-            left + 6.0,
-            top + 14.0,
-            flop_rows.len()
-        );
-    }
-    let _ = writeln!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" fill="#555" text-anchor="end">○ prefill  □ decode  △ MLA</text>"##,
-        right,
-        h - 60.0
-    );
-
-    // Legend.
-    for (name, i) in &backends {
-        let y = h - 60.0 + 16.0 * (*i as f64 % 3.0);
-        let x = left + 220.0 * (*i as f64 / 3.0).floor();
+    // Points, one series per backend and marker; labels moved down past the ones already
+    // placed when there are few enough to read.
+    let point = |r: &Row| (r.intensity(), r.tflops.unwrap_or(0.0));
+    for (name, &i) in backends {
         let c = PALETTE[i % PALETTE.len()];
-        let _ = writeln!(
-            s,
-            r#"<circle cx="{x:.1}" cy="{:.1}" r="5" fill="{c}"/>"#,
-            y - 4.0
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{y:.1}">{}</text>"#,
-            x + 10.0,
-            esc(name)
-        );
+        let style = c.mix(0.8).filled();
+        let mine = |family: &'static str| {
+            rows.iter()
+                .copied()
+                .filter(move |r| r.backend == *name && family_marker(&r.family) == family)
+        };
+        chart
+            .draw_series(mine("circle").map(|r| Circle::new(point(r), 4, style)))
+            .map_err(chart_err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| Circle::new((x + 9, y), 4, c.filled()));
+        chart
+            .draw_series(
+                mine("square").map(|r| {
+                    EmptyElement::at(point(r)) + Rectangle::new([(-3, -3), (4, 4)], style)
+                }),
+            )
+            .map_err(chart_err)?;
+        chart
+            .draw_series(mine("triangle").map(|r| TriangleMarker::new(point(r), 5, style)))
+            .map_err(chart_err)?;
     }
-
-    if !mem_rows.is_empty() {
-        mem_panel(
-            &mut s, peaks, &mem_rows, &backends, w_main, w_mem, top, bottom,
-        );
+    if rows.len() <= MAX_LABELS {
+        let mut placed: Vec<(i32, i32, i32)> = Vec::new();
+        for r in rows {
+            let text = format!("{} {}", r.id, r.kv_dtype);
+            let (x, y) = chart.backend_coord(&point(r));
+            let w = (4.6 * text.chars().count() as f64) as i32;
+            let mut dy = -4;
+            for _ in 0..8 {
+                let ly = y + dy;
+                let clash = placed
+                    .iter()
+                    .any(|&(px, py, pw)| (ly - py).abs() < 9 && x + 6 < px + pw && px < x + 6 + w);
+                if !clash {
+                    break;
+                }
+                dy += 9;
+            }
+            placed.push((x + 6, y + dy, w));
+            let font = ("sans-serif", 10)
+                .into_font()
+                .color(&colour_of(backends, &r.backend));
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at(point(r)) + Text::new(text, (6, dy), font),
+                ))
+                .map_err(chart_err)?;
+        }
+    } else {
+        chart
+            .plotting_area()
+            .draw(&Text::new(
+                format!(
+                    "{} points: labels only up to {MAX_LABELS} (case ids in the table and JSON)",
+                    rows.len()
+                ),
+                (x0 * 1.3, y0 * 1.5),
+                ("sans-serif", 13).into_font().color(&CEILING),
+            ))
+            .map_err(chart_err)?;
     }
-    s.push_str("</svg>\n");
-    s
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(CEILING)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(chart_err)?;
+    let (w, h) = area.dim_in_pixel();
+    area.draw(&Text::new(
+        "○ prefill  □ decode  △ MLA",
+        (w as i32 - 12, h as i32 - 6),
+        ("sans-serif", 13)
+            .into_font()
+            .color(&CEILING)
+            .pos(Pos::new(HPos::Right, VPos::Bottom)),
+    ))
+    .map_err(chart_err)?;
+    Ok(())
 }
 
-/// Points drawn with a text label at most; above, the ids are in the tooltips only.
-const MAX_LABELS: usize = 40;
+/// A decade's axis label: `0.01`, `1`, `1000`, `100000`.
+fn decade(v: f64) -> String {
+    format!("{}", (v * 1e6).round() / 1e6)
+}
 
-/// One point: a circle (prefill and anything else), a square (decode) or a triangle (MLA).
-fn marker(family: &str, x: f64, y: f64, c: &str, title: &str) -> String {
+/// The pixel offset (from `y`, moving by `step`) of the first text row at least 12 pixels
+/// from every row in `taken`, which it joins.
+fn free_row(taken: &mut Vec<i32>, y: i32, step: i32) -> i32 {
+    let mut dy = -3;
+    while taken.iter().any(|&t| (y + dy - t).abs() < 12) {
+        dy += step;
+    }
+    taken.push(y + dy);
+    dy
+}
+
+/// The marker of a row's family: a square for decode, a triangle for MLA, else a circle.
+fn family_marker(family: &str) -> &'static str {
     match family {
-        "decode" => format!(
-            r#"<rect class="pt" x="{:.1}" y="{:.1}" width="7" height="7" fill="{c}" fill-opacity="0.8">{title}</rect>"#,
-            x - 3.5,
-            y - 3.5
-        ),
-        "mla" => format!(
-            r#"<polygon class="pt" points="{:.1},{:.1} {:.1},{:.1} {:.1},{:.1}" fill="{c}" fill-opacity="0.8">{title}</polygon>"#,
-            x,
-            y - 4.5,
-            x - 4.5,
-            y + 3.5,
-            x + 4.5,
-            y + 3.5
-        ),
-        _ => format!(
-            r#"<circle class="pt" cx="{x:.1}" cy="{y:.1}" r="4" fill="{c}" fill-opacity="0.8">{title}</circle>"#
-        ),
+        "decode" => "square",
+        "mla" => "triangle",
+        _ => "circle",
     }
 }
 
-fn min_max(v: &[f64]) -> (f64, f64) {
-    let pos: Vec<f64> = v
-        .iter()
-        .copied()
-        .filter(|x| *x > 0.0 && x.is_finite())
-        .collect();
-    if pos.is_empty() {
-        return (1e-3, 1e3);
-    }
-    (
-        pos.iter().copied().fold(f64::INFINITY, f64::min),
-        pos.iter().copied().fold(0.0, f64::max),
-    )
-}
-
-/// GB/s of the FLOP-free rows against each device's copy bandwidth.
-#[allow(clippy::too_many_arguments)]
+/// GB/s of the FLOP-free rows against each device's copy bandwidth (devices by kind: their
+/// full names are on the roofline panel).
 fn mem_panel(
-    s: &mut String,
-    peaks: &[Peaks],
+    area: &Area<'_>,
+    peaks: &[&Peaks],
     rows: &[&Row],
     backends: &BTreeMap<String, usize>,
-    x_off: f64,
-    w: f64,
-    top: f64,
-    bottom: f64,
-) {
-    let (left, right) = (x_off + 60.0, x_off + w - 20.0);
+) -> Result<()> {
     let mut ys: Vec<f64> = rows.iter().filter_map(|r| r.gbps).collect();
     ys.extend(peaks.iter().map(|p| p.mem_gbps));
     let (ymin, ymax) = min_max(&ys);
-    let ay = LogAxis::new(ymin / 3.0, ymax * 2.0, bottom, top);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">data movement (KV write, merge): GB/s</text>"#,
-        (left + right) / 2.0,
-        top - 10.0
-    );
-    for e in ay.decades() {
-        let y = ay.px(10f64.powi(e));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#ddd"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-            left - 6.0,
-            y + 4.0,
-            decade_label(e)
-        );
+    let (y0, y1) = decades(ymin / 3.0, ymax * 2.0);
+    let n = rows.len() as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption("data movement (KV write, merge): GB/s", ("sans-serif", 14))
+        .margin(12)
+        .x_label_area_size(10)
+        .y_label_area_size(56)
+        .margin_right(70)
+        .build_cartesian_2d(-0.5..n - 0.5, (y0..y1).log_scale())
+        .map_err(chart_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_label_formatter(&|v| decade(*v))
+        .draw()
+        .map_err(chart_err)?;
+    let mut taken = Vec::new();
+    for p in peaks {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(-0.5, p.mem_gbps), (n - 0.5, p.mem_gbps)],
+                6,
+                3,
+                CEILING.stroke_width(1),
+            ))
+            .map_err(chart_err)?;
+        let (_, y) = chart.backend_coord(&(-0.5, p.mem_gbps));
+        let dy = free_row(&mut taken, y - 3, -12);
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((-0.5, p.mem_gbps))
+                    + Text::new(
+                        format!("{}: copy {} GB/s", p.kind, sig(p.mem_gbps)),
+                        (4, dy),
+                        ("sans-serif", 10)
+                            .into_font()
+                            .color(&CEILING)
+                            .pos(Pos::new(HPos::Left, VPos::Bottom)),
+                    ),
+            ))
+            .map_err(chart_err)?;
     }
-    let _ = writeln!(
-        s,
-        r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
-        right - left,
-        bottom - top
-    );
-    for p in peaks.iter().filter(|p| p.mem_gbps > 0.0) {
-        let y = ay.px(p.mem_gbps);
-        let _ = writeln!(
-            s,
-            r##"<line class="ceiling" x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#555" stroke-dasharray="6 3"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" fill="#333" text-anchor="end">{}: copy {} GB/s</text>"##,
-            right - 4.0,
-            y - 4.0,
-            esc(&p.device),
-            sig(p.mem_gbps)
-        );
-    }
-    let n = rows.len().max(1) as f64;
     for (i, r) in rows.iter().enumerate() {
-        let x = left + (i as f64 + 0.5) / n * (right - left);
-        let y = ay.px(r.gbps.unwrap_or(0.0));
         let c = colour_of(backends, &r.backend);
-        let _ = writeln!(
-            s,
-            r#"<circle class="pt" cx="{x:.1}" cy="{y:.1}" r="4" fill="{c}" fill-opacity="0.8"><title>{} {} {}: {} µs, {} GB/s</title></circle>"#,
-            esc(&r.backend),
-            esc(&r.id),
-            esc(&r.dtype),
-            sig(r.us_median.unwrap_or(0.0)),
-            sig(r.gbps.unwrap_or(0.0))
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{x:.1}" y="{:.1}" font-size="8" fill="{c}" transform="rotate(60 {x:.1} {:.1})">{}</text>"#,
-            bottom + 8.0,
-            bottom + 8.0,
-            esc(&r.id)
-        );
+        let at = (i as f64, r.gbps.unwrap_or(0.0));
+        let font = ("sans-serif", 10).into_font().color(&c);
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at(at)
+                    + Circle::new((0, 0), 4, c.mix(0.8).filled())
+                    + Text::new(r.id.clone(), (6, -4), font),
+            ))
+            .map_err(chart_err)?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -487,12 +440,22 @@ mod tests {
         let mut skipped = row("M.x", 1.0, 1.0, 1.0);
         skipped.status = Status::Skipped;
         rows.push(skipped);
-        let svg = roofline_svg(&peaks, &rows, "roofline & <test>");
+        let svg = roofline_svg(&peaks, &rows, "roofline & <test>").unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(balanced(&svg), "{svg}");
-        assert_eq!(svg.matches(r#"class="pt""#).count(), 3);
-        assert_eq!(svg.matches(r#"class="ceiling""#).count(), 2);
-        assert!(svg.contains("roofline &amp; &lt;test&gt;") && svg.contains("cpu &lt;2&gt;"));
+        // Every timed row is labelled (the prefill and decode in the roofline, the KV write
+        // in the data-movement panel); the skipped one is not drawn.
+        for label in ["C.P2.s4k auto", "C.D1.s4k auto", "K.t16.h8.nhd"] {
+            assert!(svg.contains(label), "no {label:?} in\n{svg}");
+        }
+        assert!(!svg.contains("M.x"));
+        // Both ceilings, with the device named (escaped), and the escaped title.
+        assert!(
+            svg.contains("cpu &lt;2&gt;: 0.100 TFLOP/s, 10.00 GB/s (measured)"),
+            "{svg}"
+        );
+        assert!(svg.contains("cpu: copy 10.00 GB/s"), "{svg}");
+        assert!(svg.contains("roofline &amp; &lt;test&gt;"));
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
     }
 }

@@ -24,7 +24,8 @@
 //! ([`sink`]); `--quiet` silences only the progress bar on stderr.
 //!
 //! Modules: [`shapes`] (the table), [`formulas`] (§8), [`timing`], [`peaks`], [`inputs`],
-//! [`naive`], [`report`], [`sink`], [`chart`], [`machine`].
+//! [`naive`], [`report`], [`sink`], [`chart`], [`machine`]. The device probes (GPU ceilings,
+//! region timers) are the library's: [`polyattn::probe`]. The progress bar is `indicatif`'s.
 
 pub mod chart;
 pub mod formulas;
@@ -39,9 +40,10 @@ pub mod sink;
 pub mod timing;
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use polyattn::backend::{AttentionBackend, BackendRef, SelectorConfig};
 use polyattn::device::{Device, DeviceKind};
@@ -325,7 +327,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &unique,
             &rows,
             "polyattn roofline (measured ceilings, perf-anchors §8)",
-        );
+        )?;
         report::write_file(&args.svg, &svg)?;
         eprintln!("wrote {}", args.svg.display());
     }
@@ -390,8 +392,6 @@ fn relative_to(svg: &std::path::Path, md: &std::path::Path) -> String {
     svg.display().to_string()
 }
 
-/// The command line, with the program's folder dropped and a `cargo bench` binary
-/// (`cpu_attention-<hash>`) named as cargo runs it.
 /// Appends to a timed row's note the kernel switches of its backend that were set for the
 /// run (`POLYATTN_CUDA_*` for `CUDA` rows, `POLYATTN_WGPU_*` for `WGPU` rows, …). Why: tuning
 /// runs set these variables, and a row measured with a non-default kernel must say so in
@@ -416,6 +416,8 @@ fn label_kernel_switches(row: &mut report::Row, vars: impl Iterator<Item = (Stri
     });
 }
 
+/// The command line, with the program's folder dropped and a `cargo bench` binary
+/// (`cpu_attention-<hash>`) named as cargo runs it.
 fn command_line() -> String {
     let mut args: Vec<String> = std::env::args().collect();
     if let Some(first) = args.first_mut() {
@@ -540,68 +542,57 @@ fn mem_available() -> Option<f64> {
     Some(kb * 1024.0)
 }
 
-/// Progress on stderr: a bar on a terminal, a line per row otherwise.
+/// Progress on stderr: indicatif's bar on a terminal; elsewhere (a log file, a pipe), where
+/// indicatif draws nothing, one line per step.
 struct Progress {
-    total: usize,
-    done: usize,
-    start: Instant,
-    tty: bool,
+    bar: ProgressBar,
     quiet: bool,
 }
 
 impl Progress {
     fn new(total: usize, quiet: bool) -> Self {
-        Progress {
-            total,
-            done: 0,
-            start: Instant::now(),
-            tty: std::io::stderr().is_terminal(),
-            quiet,
+        let target = if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let bar = ProgressBar::with_draw_target(Some(total as u64), target);
+        if let Ok(style) = ProgressStyle::with_template("[{bar:28}] {pos}/{len} {elapsed} {msg}") {
+            bar.set_style(style.progress_chars("#>."));
         }
+        Progress { bar, quiet }
     }
 
     fn show(&self, what: &str) {
         if self.quiet {
             return;
         }
-        let el = self.start.elapsed().as_secs();
-        let width = 28;
-        let fill = (self.done * width).checked_div(self.total).unwrap_or(width);
-        let bar = format!("{}{}", "#".repeat(fill), ".".repeat(width - fill));
-        let line = format!(
-            "[{bar}] {}/{} {:02}:{:02} {what}",
-            self.done,
-            self.total,
-            el / 60,
-            el % 60
-        );
-        let mut e = std::io::stderr().lock();
-        if self.tty {
-            let _ = write!(e, "\r\x1b[2K{line}");
+        if self.bar.is_hidden() {
+            let el = self.bar.elapsed().as_secs();
+            eprintln!(
+                "[{}/{} {:02}:{:02}] {what}",
+                self.bar.position(),
+                self.bar.length().unwrap_or(0),
+                el / 60,
+                el % 60
+            );
         } else {
-            let _ = writeln!(e, "{line}");
+            self.bar.set_message(what.to_string());
         }
-        let _ = e.flush();
     }
 
     fn step(&mut self) {
-        self.done += 1;
+        self.bar.inc(1);
     }
 
-    /// Clears the bar from a terminal, so that a row printed on stdout does not land on it
-    /// (the next [`Progress::show`] draws it again).
-    fn clear(&self) {
-        if !self.quiet && self.tty {
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[2K");
-            let _ = e.flush();
-        }
+    /// Runs `f` (which prints a row on stdout, or a warning) with the bar cleared from the
+    /// terminal, and draws it again after.
+    fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
     }
 
     fn finish(&self) {
-        if !self.quiet && self.tty {
-            eprintln!();
-        }
+        self.bar.finish();
     }
 }
 
@@ -800,12 +791,11 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             };
             let p = match peaks::measure(&device, job.dtype, &cfg) {
                 Ok(p) => {
-                    progress.clear();
-                    sink.ceilings(p.clone())?;
+                    progress.suspend(|| sink.ceilings(p.clone()))?;
                     Some(p)
                 }
                 Err(e) => {
-                    eprintln!("\nwarning: no ceilings for {desc}: {e}");
+                    progress.suspend(|| eprintln!("warning: no ceilings for {desc}: {e}"));
                     None
                 }
             };
@@ -908,8 +898,7 @@ fn emit<W: std::io::Write>(
     mut row: Row,
 ) -> Result<()> {
     label_kernel_switches(&mut row, std::env::vars());
-    progress.clear();
-    sink.row(row)
+    progress.suspend(|| sink.row(row))
 }
 
 /// Builds the input sets of one row, times it, and checks the output is finite.
