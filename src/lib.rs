@@ -9,13 +9,16 @@
 //!   operations around attention (embedding, RMSNorm, linear, RoPE, SiLU·mul, residual add)
 //!   run on the same device through [`compute`], and [`runner::ModelRunner`] drives a model
 //!   ([`runner::CausalLm`]) with a paged KV cache and continuous batching
-//!   (`examples/generate` is a complete Llama);
+//!   (`tools/examples/generate` is a complete Llama);
 //! - the **abstraction**: backend descriptors ([`AttentionBackend`]), per-batch metadata
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
 //! - **backends** in [`backends`], one folder per device family, all of the same shape;
 //! - **devices** in [`device`]: [`Device`] and [`Tensor`];
-//! - the f64 [`reference`](mod@reference) every backend is tested against.
+//! - the f64 [`reference`](mod@reference) every backend is tested against;
+//! - [`probe`]: the ceilings and region timer a device reports to a benchmark, which the GPU
+//!   backends implement. The tools themselves (`polyattn info / check / bench / fuzz`, the
+//!   benchmark harness) are the `polyattn-tools` crate of the repository's workspace.
 //!
 //! ```
 //! use polyattn::*;

@@ -17,7 +17,7 @@
 //! tensors are F32 / F16 / Q8_0 / Q4_0 / Q4_1.
 // The loader modules (gguf, bpe, npz) are small libraries with a complete API; the CLI uses
 // part of it and the tests the rest. The byte-level BPE is Hugging Face `tokenizers` built
-// from the GGUF's metadata (bpe.rs); the .npz is read with `zip` and `npyz` (npz.rs); the
+// from the GGUF's metadata (bpe.rs); the .npz archive is read with `zip` (npz.rs); the
 // GGUF reader is the example's own (gguf.rs says why).
 #![allow(dead_code)]
 

@@ -1,12 +1,15 @@
 //! NumPy `.npz` archives (what `numpy.savez[_compressed]` writes): a zip file whose members
-//! are `.npy` arrays. The archive is read by `zip` (stored and deflate members, CRC-checked)
-//! and each member by `npyz`; this module keeps what the example needs from them: float
-//! arrays (`<f2`, `<f4`, `<f8`, C order) widened or narrowed to f32, and 0-d unicode strings
-//! (`<U<n>`), by name.
+//! are `.npy` arrays. The archive is read by `zip` (stored and deflate members, CRC-checked).
 //!
-//! A truncated or corrupted file gives an [`NpzError`], never a panic: a member's element
-//! count times its item size must fit in the bytes the member holds before any element is
-//! read, so a damaged shape cannot ask for an oversized allocation.
+//! `.npy` (format 1.0 / 2.0 / 3.0): magic `\x93NUMPY`, version, header length, a Python-dict
+//! header with `descr`, `fortran_order` and `shape`; little-endian `<f2`, `<f4`, `<f8` and
+//! `<U<n>` (UTF-32 strings) are read, C order only. Why this header parse is our own: `npyz`
+//! reads `.npy` too, but its Python-literal parser brings `pest` and, through its stack
+//! guard, an assembly build (`psm`): about a CPU-minute of compiling for 39 one-line headers.
+//!
+//! A truncated or corrupted file gives an [`NpzError`], never a panic: every length is checked
+//! against the member's bytes before it is used, so a damaged shape cannot ask for an
+//! oversized allocation.
 
 use std::collections::BTreeMap;
 use std::io::{Cursor, Read};
@@ -119,58 +122,99 @@ impl Npz {
     }
 }
 
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
 /// Parses one `.npy` image.
 fn parse_npy(b: &[u8]) -> Result<NpyArray, String> {
-    let npy = npyz::NpyFile::new(b).map_err(|e| format!("not an .npy array: {e}"))?;
-    if npy.order() == npyz::Order::Fortran {
+    if b.get(..6) != Some(b"\x93NUMPY") {
+        return Err("not an .npy array (bad magic)".into());
+    }
+    let major = *b.get(6).ok_or("truncated header")?;
+    let (hlen, hstart) = match major {
+        1 => (u16_at(b, 8).ok_or("truncated header")? as usize, 10),
+        2 | 3 => (u32_at(b, 8).ok_or("truncated header")? as usize, 12),
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    let header = b
+        .get(hstart..hstart + hlen)
+        .ok_or("header runs past the end")?;
+    let header = std::str::from_utf8(header).map_err(|_| "header is not text")?;
+    let field = |key: &str| -> Result<&str, String> {
+        let k = format!("'{key}':");
+        let at = header.find(&k).ok_or(format!("header has no '{key}'"))? + k.len();
+        Ok(header[at..].trim_start())
+    };
+    let descr = field("descr")?;
+    let descr = descr
+        .strip_prefix('\'')
+        .and_then(|s| s.split('\'').next())
+        .ok_or("bad descr")?;
+    if field("fortran_order")?.starts_with("True") {
         return Err("Fortran-order arrays are not supported".into());
     }
-    let shape = npy
-        .shape()
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} does not fit usize")))
-        .collect::<Result<Vec<usize>, String>>()?;
+    let shape_text = field("shape")?;
+    let shape_text = shape_text
+        .strip_prefix('(')
+        .and_then(|s| s.split(')').next())
+        .ok_or("bad shape")?;
+    let shape = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| format!("bad dimension '{s}'"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let count = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or("shape overflows")?;
-    let dtype = npy.dtype();
-    let item = dtype.num_bytes().ok_or("variable-size dtype")?;
-    let need = count.checked_mul(item).ok_or("size overflows")?;
-    if need > b.len() {
-        return Err(format!(
-            "{count} elements of {item} bytes, {} bytes present",
-            b.len()
-        ));
-    }
-    let descr = match &dtype {
-        npyz::DType::Plain(t) => t.to_string(),
-        other => return Err(format!("dtype {} is not supported", other.descr())),
+    let data = &b[hstart + hlen..];
+    let need = |size: usize| -> Result<&[u8], String> {
+        let bytes = count.checked_mul(size).ok_or("size overflows")?;
+        data.get(..bytes).ok_or(format!(
+            "{count} elements of {size} bytes, {} bytes present",
+            data.len()
+        ))
     };
-    let read = |e: std::io::Error| format!("{descr} data: {e}");
-    let floats = |data: Vec<f32>| NpyArray::F32 {
-        shape: shape.clone(),
-        data,
-    };
-    match descr.as_str() {
-        "<f2" => Ok(floats(
-            npy.into_vec::<half::f16>()
-                .map_err(read)?
-                .into_iter()
-                .map(half::f16::to_f32)
+    match descr {
+        "<f2" => Ok(NpyArray::F32 {
+            data: need(2)?
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
-        )),
-        "<f4" => Ok(floats(npy.into_vec::<f32>().map_err(read)?)),
-        "<f8" => Ok(floats(
-            npy.into_vec::<f64>()
-                .map_err(read)?
-                .into_iter()
-                .map(|x| x as f32)
+            shape,
+        }),
+        "<f4" => Ok(NpyArray::F32 {
+            data: need(4)?
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
-        )),
+            shape,
+        }),
+        "<f8" => Ok(NpyArray::F32 {
+            data: need(8)?
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+                .collect(),
+            shape,
+        }),
         d if d.starts_with("<U") && shape.is_empty() => {
-            let mut v = npy.into_vec::<String>().map_err(read)?;
-            Ok(NpyArray::Str(v.pop().unwrap_or_default()))
+            let n: usize = d[2..].parse().map_err(|_| format!("bad descr '{d}'"))?;
+            let text: String = need(4 * n)?
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .take_while(|&u| u != 0)
+                .map(|u| char::from_u32(u).unwrap_or('\u{FFFD}'))
+                .collect();
+            Ok(NpyArray::Str(text))
         }
         d => Err(format!("dtype '{d}' is not supported (f2, f4, f8, 0-d U)")),
     }

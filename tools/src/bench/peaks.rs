@@ -1,5 +1,7 @@
 //! The two measured ceilings of the roofline, per device, in the same run as the kernels
-//! (`perf-anchors.md` §7, §9): a compute peak and a large copy.
+//! (`perf-anchors.md` §7, §9): a compute peak and a large copy. The result and configuration
+//! types ([`Peaks`], [`ProbeConfig`]) are the library's (`polyattn::probe`), which the GPU
+//! backends' probes fill; the CPU's are measured here.
 //!
 //! - CPU: an FMA loop on every rayon thread at once (12 independent AVX2/FMA chains per
 //!   thread where the CPU has them, portable multiply-add otherwise) and a parallel copy of a

@@ -5,7 +5,8 @@
 //! the median with p10–p90 and min–max; the caller rotates among several input sets (the
 //! closure gets the repetition index) so that caches do not flatter the result.
 //!
-//! The timer is per device kind: the CPU uses the monotonic wall clock around a call that
+//! The timer is per device kind ([`RegionTimer`], [`WallTimer`] and [`Clock`] are the
+//! library's, in `polyattn::probe`): the CPU uses the monotonic wall clock around a call that
 //! returns when its work is done. GPU backends add their device timer in [`timer_for`] —
 //! CUDA events recorded on the stream around the region, Vulkan / wgpu timestamp queries —
 //! until then a GPU device is timed by the wall clock between two synchronisations, which
