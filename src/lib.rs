@@ -9,7 +9,7 @@
 //!   operations around attention (embedding, RMSNorm, linear, RoPE, SiLU·mul, residual add)
 //!   run on the same device through [`compute`], and [`runner::ModelRunner`] drives a model
 //!   ([`runner::CausalLm`]) with a paged KV cache and continuous batching
-//!   (`examples/generate` is a complete Llama);
+//!   (`tools/examples/generate` is a complete Llama);
 //! - the **abstraction**: backend descriptors ([`AttentionBackend`]), per-batch metadata
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
@@ -18,7 +18,10 @@
 //!   cache, launch: [`device::cuda`], [`device::wgpu`]);
 //! - **kernel families** in [`kernels`]: the CUDA C++ and WGSL kernels, their variants,
 //!   parameter blocks and knobs, independent of the runtime that runs them;
-//! - the f64 [`reference`](mod@reference) every backend is tested against.
+//! - the f64 [`reference`](mod@reference) every backend is tested against;
+//! - [`probe`]: the ceilings and region timer a device reports to a benchmark, which the GPU
+//!   backends implement. The tools themselves (`polyattn info / check / bench / fuzz`, the
+//!   benchmark harness) are the `polyattn-tools` crate of the repository's workspace.
 //!
 //! ```
 //! use polyattn::*;
@@ -35,7 +38,6 @@
 pub mod attention;
 pub mod backend;
 pub mod backends;
-pub mod bench;
 pub mod capability;
 pub mod compute;
 pub mod device;
@@ -48,6 +50,7 @@ pub mod layer;
 pub mod metadata;
 pub mod ops;
 pub mod plan;
+pub mod probe;
 pub mod reference;
 pub mod registry;
 pub mod rng;
@@ -78,7 +81,8 @@ pub use metadata::{
 #[cfg(test)]
 mod layering {
     //! The import graph follows the layers: a module may use only modules of its own rank or
-    //! below. The ranks are the crate's layers from the leaf contracts up to the tools;
+    //! below. The ranks are the crate's layers from the leaf contracts up to the runner (the
+    //! tools, `polyattn info / check / bench / fuzz`, are the `polyattn-tools` crate);
     //! `KNOWN` lists the imports that still run upward, each with what would remove it, so a
     //! new upward import fails here. The kernel families (`kernels/`) sit below the runtimes
     //! (`device/`), which sit below everything that plans or runs attention, and a family
@@ -97,6 +101,7 @@ mod layering {
         ("kernels", 4),
         ("device", 5),
         ("metadata", 6),
+        ("probe", 6),
         ("kv_cache", 7),
         ("attention", 8),
         ("backend", 9),
@@ -109,7 +114,6 @@ mod layering {
         ("reference", 14),
         ("testing", 15),
         ("runner", 16),
-        ("bench", 17),
     ];
 
     /// Crates of a runtime, which no kernel family names: a family is sources and plain
@@ -118,11 +122,6 @@ mod layering {
 
     /// (from, to): imports that run upward today.
     const KNOWN: &[(&str, &str, &str)] = &[
-        (
-            "backends",
-            "bench",
-            "the probes use the benchmark's timer and peak types: they move to the runtimes",
-        ),
         (
             "reference",
             "testing",

@@ -1,6 +1,6 @@
 //! Benchmark support for the CUDA device: a CUDA-event region timer and the two roofline
 //! ceilings (a device copy and the CUDA-core f32 FMA peak), measured in the same run as the
-//! kernels (`perf-anchors.md` §9).
+//! kernels (`perf-anchors.md` §9), as the types of [`crate::probe`].
 //!
 //! The tensor-core (bf16 matmul) ceiling is not measured here: polyattn has no GEMM kernel,
 //! and `benches/reference_sdpa.py` measures it with PyTorch in the same device session; the
@@ -9,11 +9,10 @@
 
 use cudarc::driver::{CudaEvent, LaunchConfig};
 
-use crate::bench::peaks::{Peaks, ProbeConfig};
-use crate::bench::timing::RegionTimer;
 use crate::device::{CudaDevice, CudaStorage, Device};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::probe::{Peaks, ProbeConfig, RegionTimer};
 
 use crate::device::cuda as runtime;
 use crate::kernels::cuda::{FmaProbeParams, PROBES};

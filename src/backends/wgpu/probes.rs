@@ -1,6 +1,7 @@
 //! What `polyattn bench` needs from the wgpu device: the two roofline ceilings measured in the
 //! same run (a buffer copy and an f32 FMA loop, `shaders/probe_*.wgsl`) and a region timer
-//! on the device's own clock (timestamp queries, when the adapter has `TIMESTAMP_QUERY`).
+//! on the device's own clock (timestamp queries, when the adapter has `TIMESTAMP_QUERY`), as
+//! the types of [`crate::probe`].
 //!
 //! Timestamps are written at the end of empty compute passes submitted before and after the
 //! region, so the region itself is recorded as usual; Vulkan latches an end-of-pass timestamp
@@ -11,11 +12,10 @@
 
 use std::time::Instant;
 
-use crate::bench::peaks::{Peaks, ProbeConfig};
-use crate::bench::timing::{RegionTimer, WallTimer};
 use crate::device::{Device, WgpuDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::probe::{Peaks, ProbeConfig, RegionTimer, WallTimer};
 
 use crate::device::wgpu::{bind_group, grid, pipeline, whole, ParamBlock, Words};
 use crate::kernels::wgsl::{Bindings, ProbeShader};

@@ -1,5 +1,7 @@
 //! The two measured ceilings of the roofline, per device, in the same run as the kernels
-//! (`perf-anchors.md` §7, §9): a compute peak and a large copy.
+//! (`perf-anchors.md` §7, §9): a compute peak and a large copy. The result and configuration
+//! types ([`Peaks`], [`ProbeConfig`]) are the library's (`polyattn::probe`), which the GPU
+//! backends' probes fill; the CPU's are measured here.
 //!
 //! - CPU: an FMA loop on every rayon thread at once (12 independent AVX2/FMA chains per
 //!   thread where the CPU has them, portable multiply-add otherwise) and a parallel copy of a
@@ -14,65 +16,11 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
-use crate::device::Device;
-use crate::dtype::DType;
-use crate::error::Result;
-
-/// The measured ceilings of one device.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Peaks {
-    /// The device description.
-    pub device: String,
-    /// Device family (`cpu`, `cuda`, …).
-    pub kind: String,
-    /// The dtype the compute peak is for (the CPU kernels compute in f32 whatever they store).
-    pub dtype: String,
-    /// Compute ceiling, TFLOP/s.
-    pub compute_tflops: f64,
-    /// How it was measured.
-    pub compute_method: String,
-    /// Bandwidth ceiling, GB/s (decimal; copy, read + write counted).
-    pub mem_gbps: f64,
-    /// How it was measured.
-    pub mem_method: String,
-    /// Streaming read bandwidth, GB/s, when measured (for reference; not the ceiling).
-    #[serde(default)]
-    pub read_gbps: Option<f64>,
-}
-
-impl Peaks {
-    /// The ridge point, FLOP per byte.
-    pub fn ridge(&self) -> f64 {
-        if self.mem_gbps > 0.0 {
-            self.compute_tflops * 1e12 / (self.mem_gbps * 1e9)
-        } else {
-            0.0
-        }
-    }
-}
-
-/// How long each probe runs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ProbeConfig {
-    /// Trials per probe (the best is kept).
-    pub trials: usize,
-    /// Bytes of each copy buffer.
-    pub copy_bytes: usize,
-    /// Approximate seconds of one FMA trial.
-    pub fma_seconds: f64,
-}
-
-impl Default for ProbeConfig {
-    fn default() -> Self {
-        ProbeConfig {
-            trials: 5,
-            copy_bytes: 512 << 20,
-            fma_seconds: 0.25,
-        }
-    }
-}
+use polyattn::device::Device;
+use polyattn::dtype::DType;
+use polyattn::error::Result;
+use polyattn::probe::{Peaks, ProbeConfig};
 
 /// Measures the ceilings of `device` for kernels computing in `dtype`.
 pub fn measure(device: &Device, dtype: DType, cfg: &ProbeConfig) -> Result<Peaks> {
@@ -81,8 +29,8 @@ pub fn measure(device: &Device, dtype: DType, cfg: &ProbeConfig) -> Result<Peaks
         // Hook: the CUDA backend measures a device copy (events, ≥ 4 GiB) and a cuBLAS-free
         // bf16/f16 matmul or its own GEMM kernel here; the wgpu backend a buffer copy and a
         // shader FMA loop / cooperative-matrix GEMM.
-        Device::Wgpu(d) => crate::backends::wgpu::probes::peaks(d, dtype, cfg),
-        Device::Cuda(d) => crate::backends::cuda::probes::peaks(d, dtype, cfg),
+        Device::Wgpu(d) => polyattn::backends::wgpu::probes::peaks(d, dtype, cfg),
+        Device::Cuda(d) => polyattn::backends::cuda::probes::peaks(d, dtype, cfg),
     }
 }
 
@@ -266,20 +214,5 @@ mod tests {
         let b = fma_loop_portable(1000);
         assert!((a - b).abs() < 1e-3 * b.abs(), "{a} {b}");
         assert_eq!(sum8(&[1.0; 19]), 19.0);
-    }
-
-    #[test]
-    fn ridge_is_flops_over_bytes() {
-        let p = Peaks {
-            device: "d".into(),
-            kind: "cpu".into(),
-            dtype: "f32".into(),
-            compute_tflops: 0.1,
-            compute_method: String::new(),
-            mem_gbps: 10.0,
-            mem_method: String::new(),
-            read_gbps: None,
-        };
-        assert_eq!(p.ridge(), 10.0);
     }
 }

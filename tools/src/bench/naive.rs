@@ -10,12 +10,12 @@
 
 use rayon::prelude::*;
 
-use crate::backends::cpu::kernels::paged_attention::{axpy, dot};
+use polyattn::backends::cpu::kernels::paged_attention::{axpy, dot};
 
 use super::formulas::Request;
 use super::inputs::random_storage;
-use crate::device::CpuStorage;
-use crate::dtype::DType;
+use polyattn::device::CpuStorage;
+use polyattn::dtype::DType;
 
 /// One request's contiguous f32 inputs and output.
 pub struct NaiveRequest {

@@ -5,7 +5,8 @@
 //! the median with p10–p90 and min–max; the caller rotates among several input sets (the
 //! closure gets the repetition index) so that caches do not flatter the result.
 //!
-//! The timer is per device kind: the CPU uses the monotonic wall clock around a call that
+//! The timer is per device kind ([`RegionTimer`], [`WallTimer`] and [`Clock`] are the
+//! library's, in `polyattn::probe`): the CPU uses the monotonic wall clock around a call that
 //! returns when its work is done. GPU backends add their device timer in [`timer_for`] —
 //! CUDA events recorded on the stream around the region, Vulkan / wgpu timestamp queries —
 //! until then a GPU device is timed by the wall clock between two synchronisations, which
@@ -17,103 +18,11 @@
 //! unit tests hand [`measure_with`] a clock that advances only when the code under test says
 //! so, so that no test depends on how fast the machine is.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::device::Device;
-use crate::error::Result;
-
-/// Times one region of work on a device.
-pub trait RegionTimer {
-    /// What the timer measures with (recorded in every row).
-    fn method(&self) -> &str;
-    /// Marks the start of the region.
-    fn start(&mut self) -> Result<()>;
-    /// Marks the end of the region; returns its duration in seconds.
-    fn stop(&mut self) -> Result<f64>;
-}
-
-/// A monotonic clock: the time elapsed since a fixed origin of its own.
-pub trait Clock {
-    /// Time since the clock's origin; never decreases.
-    fn now(&self) -> Duration;
-}
-
-/// The host's monotonic clock (`std::time::Instant`), with its origin at creation.
-#[derive(Clone, Copy, Debug)]
-pub struct MonotonicClock {
-    origin: Instant,
-}
-
-impl MonotonicClock {
-    /// A clock whose origin is now.
-    pub fn new() -> Self {
-        MonotonicClock {
-            origin: Instant::now(),
-        }
-    }
-}
-
-impl Default for MonotonicClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for MonotonicClock {
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-}
-
-/// A clock (the host's monotonic clock by default), synchronising the device at both ends.
-pub struct WallTimer {
-    device: Device,
-    clock: Box<dyn Clock>,
-    t0: Option<Duration>,
-    method: String,
-}
-
-impl WallTimer {
-    /// A wall-clock timer for `device`.
-    pub fn new(device: &Device) -> Self {
-        Self::with_clock(device, Box::new(MonotonicClock::new()))
-    }
-
-    /// A timer for `device` that reads `clock` (tests hand it a clock they advance).
-    pub fn with_clock(device: &Device, clock: Box<dyn Clock>) -> Self {
-        let method = match device {
-            Device::Cpu(_) => "wall clock (std::time::Instant)".to_string(),
-            _ => "wall clock between device synchronisations (no device timer yet)".to_string(),
-        };
-        WallTimer {
-            device: device.clone(),
-            clock,
-            t0: None,
-            method,
-        }
-    }
-}
-
-impl RegionTimer for WallTimer {
-    fn method(&self) -> &str {
-        &self.method
-    }
-
-    fn start(&mut self) -> Result<()> {
-        self.device.synchronize()?;
-        self.t0 = Some(self.clock.now());
-        Ok(())
-    }
-
-    fn stop(&mut self) -> Result<f64> {
-        self.device.synchronize()?;
-        let now = self.clock.now();
-        Ok(self
-            .t0
-            .take()
-            .map_or(0.0, |t| now.saturating_sub(t).as_secs_f64()))
-    }
-}
+use polyattn::device::Device;
+use polyattn::error::Result;
+use polyattn::probe::{Clock, MonotonicClock, RegionTimer, WallTimer};
 
 /// The best timer `device` has.
 ///
@@ -127,8 +36,8 @@ impl RegionTimer for WallTimer {
 pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
     match device {
         Device::Cpu(_) => Box::new(WallTimer::new(device)),
-        Device::Wgpu(d) => crate::backends::wgpu::probes::timer(d),
-        Device::Cuda(d) => crate::backends::cuda::probes::timer(d),
+        Device::Wgpu(d) => polyattn::backends::wgpu::probes::timer(d),
+        Device::Cuda(d) => polyattn::backends::cuda::probes::timer(d),
     }
 }
 
@@ -345,25 +254,6 @@ mod tests {
         assert!((s.quantile(0.1) - 1.4).abs() < 1e-12);
         assert_eq!(Samples::new(vec![1.0, 2.0]).median(), 1.5);
         assert_eq!(Samples::new(vec![]).median(), 0.0);
-    }
-
-    #[test]
-    fn the_monotonic_clock_does_not_go_back() {
-        let c = MonotonicClock::new();
-        let a = c.now();
-        assert!(c.now() >= a);
-    }
-
-    #[test]
-    fn the_wall_timer_measures_its_clock_between_start_and_stop() {
-        let clock = FakeClock::default();
-        let mut t = timer(&clock);
-        clock.advance(ms(3));
-        t.start().unwrap();
-        clock.advance(ms(7));
-        assert_close(t.stop().unwrap(), 0.007);
-        // A stop without a start measures nothing.
-        assert_eq!(t.stop().unwrap(), 0.0);
     }
 
     #[test]

@@ -28,7 +28,7 @@ TENSORS = [
 ]
 
 here = os.path.dirname(os.path.abspath(__file__))
-default = os.path.join(here, "..", "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+default = os.path.join(here, "..", "..", "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 path = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("POLYATTN_SMOLLM2_GGUF", default)
 reader = GGUFReader(path)
 by_name = {t.name: t for t in reader.tensors}

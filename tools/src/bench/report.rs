@@ -13,11 +13,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use polyattn::error::{Error, Result};
+
+use super::config_error;
 
 use super::formulas::Bound;
 use super::machine::Machine;
-use super::peaks::Peaks;
+use polyattn::probe::Peaks;
 
 /// The schema tag of every file.
 pub const SCHEMA: &str = "polyattn-bench/1";
@@ -146,7 +148,7 @@ impl BenchFile {
     /// previous one or this one) even when the process is stopped while writing.
     pub fn save(&self, path: &Path) -> Result<()> {
         let s =
-            serde_json::to_string_pretty(self).map_err(|e| Error::config(format!("JSON: {e}")))?;
+            serde_json::to_string_pretty(self).map_err(|e| config_error(format!("JSON: {e}")))?;
         write_file_atomic(path, &(s + "\n"))
     }
 
@@ -154,13 +156,13 @@ impl BenchFile {
     pub fn load(path: &Path) -> Result<Self> {
         let s = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
         let f: BenchFile = serde_json::from_str(&s).map_err(|e| {
-            Error::config(format!(
+            config_error(format!(
                 "{}: not a benchmark result file: {e}",
                 path.display()
             ))
         })?;
         if f.schema != SCHEMA {
-            return Err(Error::config(format!(
+            return Err(config_error(format!(
                 "{}: schema '{}', expected '{SCHEMA}'",
                 path.display(),
                 f.schema
@@ -190,7 +192,7 @@ pub fn write_file(path: &Path, text: &str) -> Result<()> {
 pub fn write_file_atomic(path: &Path, text: &str) -> Result<()> {
     let name = path
         .file_name()
-        .ok_or_else(|| Error::config(format!("{}: not a file name", path.display())))?;
+        .ok_or_else(|| config_error(format!("{}: not a file name", path.display())))?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(format!(".tmp{}", std::process::id()));

@@ -1,20 +1,18 @@
-//! A reader for NumPy `.npz` archives (what `numpy.savez[_compressed]` writes): a zip file
-//! whose members are `.npy` arrays.
-//!
-//! Zip: the end-of-central-directory record is found by scanning back from the end (it is at
-//! most 65 557 bytes from it); each central-directory entry gives a member's name, method
-//! (0 stored, 8 deflate), sizes and local-header offset; the local header's name and extra
-//! lengths give where the data starts. Zip64 is refused (numpy writes it only for members of
-//! 4 GiB and more). Deflate is inflated by `miniz_oxide`, capped at the declared size.
+//! NumPy `.npz` archives (what `numpy.savez[_compressed]` writes): a zip file whose members
+//! are `.npy` arrays. The archive is read by `zip` (stored and deflate members, CRC-checked).
 //!
 //! `.npy` (format 1.0 / 2.0 / 3.0): magic `\x93NUMPY`, version, header length, a Python-dict
 //! header with `descr`, `fortran_order` and `shape`; little-endian `<f2`, `<f4`, `<f8` and
-//! `<U<n>` (UTF-32 strings) are read, C order only.
+//! `<U<n>` (UTF-32 strings) are read, C order only. Why this header parse is our own: `npyz`
+//! reads `.npy` too, but its Python-literal parser brings `pest` and, through its stack
+//! guard, an assembly build (`psm`): about a CPU-minute of compiling for 39 one-line headers.
 //!
-//! Every offset and length is checked against the buffer before it is used: a truncated or
-//! corrupted file gives an [`NpzError`], never a panic or an oversized allocation.
+//! A truncated or corrupted file gives an [`NpzError`], never a panic: every length is checked
+//! against the member's bytes before it is used, so a damaged shape cannot ask for an
+//! oversized allocation.
 
 use std::collections::BTreeMap;
+use std::io::{Cursor, Read};
 
 /// What went wrong reading an archive, and where.
 #[derive(Debug, thiserror::Error)]
@@ -55,102 +53,31 @@ pub struct Npz {
     arrays: BTreeMap<String, NpyArray>,
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn zip_err(msg: impl Into<String>) -> NpzError {
-    NpzError::Zip(msg.into())
+fn zip_err(e: impl std::fmt::Display) -> NpzError {
+    NpzError::Zip(e.to_string())
 }
 
 impl Npz {
     /// Parses an archive held in memory.
     pub fn parse(bytes: &[u8]) -> Result<Self, NpzError> {
-        const EOCD: u32 = 0x0605_4b50;
-        let lo = bytes.len().saturating_sub(22 + 65_535);
-        let eocd = (lo..=bytes.len().saturating_sub(22))
-            .rev()
-            .find(|&i| u32_at(bytes, i) == Some(EOCD))
-            .ok_or_else(|| zip_err("no end-of-central-directory record"))?;
-        let entries = u16_at(bytes, eocd + 10).ok_or_else(|| zip_err("truncated EOCD"))? as usize;
-        let cd_size = u32_at(bytes, eocd + 12).ok_or_else(|| zip_err("truncated EOCD"))? as usize;
-        let cd_off = u32_at(bytes, eocd + 16).ok_or_else(|| zip_err("truncated EOCD"))? as usize;
-        if cd_off == 0xFFFF_FFFF || cd_size == 0xFFFF_FFFF {
-            return Err(zip_err("zip64 archives are not supported"));
-        }
-        if cd_off.checked_add(cd_size).is_none_or(|end| end > eocd) {
-            return Err(zip_err(format!(
-                "central directory [{cd_off}, +{cd_size}) runs past its end record at {eocd}"
-            )));
-        }
+        let mut archive = zip::ZipArchive::new(Cursor::new(bytes)).map_err(zip_err)?;
         let mut arrays = BTreeMap::new();
-        let mut at = cd_off;
-        for i in 0..entries {
-            let entry_at = at;
-            let bad = || {
-                zip_err(format!(
-                    "central directory entry {i} at offset {entry_at} is truncated"
-                ))
-            };
-            if u32_at(bytes, at) != Some(0x0201_4b50) {
+        for i in 0..archive.len() {
+            let mut member = archive.by_index(i).map_err(zip_err)?;
+            let name = member.name().to_string();
+            // The directory's size bounds the allocation; reading to the end checks the CRC.
+            let declared = usize::try_from(member.size()).unwrap_or(usize::MAX);
+            if declared > bytes.len().saturating_mul(1032) {
+                // Deflate expands at most 1032:1.
                 return Err(zip_err(format!(
-                    "central directory entry {i}: bad signature at {at}"
+                    "{name}: declared size {declared} is impossible for a {}-byte archive",
+                    bytes.len()
                 )));
             }
-            let method = u16_at(bytes, at + 10).ok_or_else(bad)?;
-            let csize = u32_at(bytes, at + 20).ok_or_else(bad)? as usize;
-            let usize_ = u32_at(bytes, at + 24).ok_or_else(bad)? as usize;
-            let name_len = u16_at(bytes, at + 28).ok_or_else(bad)? as usize;
-            let extra_len = u16_at(bytes, at + 30).ok_or_else(bad)? as usize;
-            let comment_len = u16_at(bytes, at + 32).ok_or_else(bad)? as usize;
-            let local = u32_at(bytes, at + 42).ok_or_else(bad)? as usize;
-            let name = bytes.get(at + 46..at + 46 + name_len).ok_or_else(bad)?;
-            let name = String::from_utf8_lossy(name).into_owned();
-            at += 46 + name_len + extra_len + comment_len;
-            if csize == 0xFFFF_FFFF || usize_ == 0xFFFF_FFFF || local == 0xFFFF_FFFF {
-                return Err(zip_err(format!("{name}: zip64 members are not supported")));
-            }
-            // The local header repeats name and extra with lengths of its own.
-            if u32_at(bytes, local) != Some(0x0403_4b50) {
-                return Err(zip_err(format!("{name}: bad local header at {local}")));
-            }
-            let lname = u16_at(bytes, local + 26).ok_or_else(bad)? as usize;
-            let lextra = u16_at(bytes, local + 28).ok_or_else(bad)? as usize;
-            let start = local + 30 + lname + lextra;
-            let data = start
-                .checked_add(csize)
-                .and_then(|end| bytes.get(start..end))
-                .ok_or_else(|| {
-                    zip_err(format!(
-                        "{name}: data [{start}, +{csize}) is past the end of the file"
-                    ))
-                })?;
-            let raw = match method {
-                0 if csize == usize_ => data.to_vec(),
-                0 => {
-                    return Err(zip_err(format!(
-                        "{name}: stored member with two different sizes"
-                    )))
-                }
-                8 => miniz_oxide::inflate::decompress_to_vec_with_limit(data, usize_).map_err(
-                    |e| zip_err(format!("{name}: deflate data is corrupt ({:?})", e.status)),
-                )?,
-                m => {
-                    return Err(zip_err(format!(
-                        "{name}: compression method {m} is not supported"
-                    )))
-                }
-            };
-            if raw.len() != usize_ {
-                return Err(zip_err(format!(
-                    "{name}: inflated to {} bytes, the directory says {usize_}",
-                    raw.len()
-                )));
-            }
+            let mut raw = Vec::with_capacity(declared);
+            member
+                .read_to_end(&mut raw)
+                .map_err(|e| zip_err(format!("{name}: {e}")))?;
             let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
             let array = parse_npy(&raw).map_err(|message| NpzError::Npy {
                 member: name.clone(),
@@ -193,6 +120,14 @@ impl Npz {
             None => Err(NpzError::Missing(name.into())),
         }
     }
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
 /// Parses one `.npy` image.

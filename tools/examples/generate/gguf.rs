@@ -1,5 +1,11 @@
 //! A small, fully bounds-checked reader for GGUF files (the llama.cpp/ggml model format).
 //!
+//! Why our own: no GGUF reader on crates.io both dequantizes the tensor types the example
+//! loads (Q4_0 / Q4_1 / Q8_0 / F16 / BF16) and returns errors on a damaged file
+//! (`gguf-rs-lib`, `gguf` and `gguf-rs` read metadata and tensor infos but not quantized data;
+//! `ggus` with `ggml-quants` dequantizes, but its tensor-info reader unwraps and copies
+//! unchecked lengths, so a truncated file panics; candle's pulls in a tensor library).
+//!
 //! # Format (little-endian throughout)
 //!
 //! ```text
@@ -1259,13 +1265,9 @@ pub(crate) mod tests {
     use std::sync::OnceLock;
 
     /// Where the real SmolLM2 file is looked for: `$POLYATTN_SMOLLM2_GGUF`, else
-    /// `models/SmolLM2-135M-Instruct.Q4_1.gguf` under the crate root.
+    /// `models/SmolLM2-135M-Instruct.Q4_1.gguf` under the repository root.
     pub(crate) fn smollm2_path() -> PathBuf {
-        match std::env::var_os("POLYATTN_SMOLLM2_GGUF") {
-            Some(p) => PathBuf::from(p),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        }
+        crate::smollm::default_path()
     }
 
     /// The real file, parsed once per test process; `None` (after printing SKIP) if absent.

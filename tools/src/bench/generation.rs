@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::machine::Machine;
-use crate::error::{Error, Result};
+use polyattn::error::{Error, Result};
 
 /// Tokens per second of one `generate` run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

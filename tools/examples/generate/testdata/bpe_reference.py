@@ -26,7 +26,7 @@ from gguf import GGUFReader
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 here = os.path.dirname(os.path.abspath(__file__))
-default = os.path.join(here, "..", "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+default = os.path.join(here, "..", "..", "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 path = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("POLYATTN_SMOLLM2_GGUF", default)
 reader = GGUFReader(path)
 

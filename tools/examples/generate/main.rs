@@ -16,7 +16,9 @@
 //! and checked against its sha256; a PATH to a `.gguf` file loads any Llama GGUF whose
 //! tensors are F32 / F16 / Q8_0 / Q4_0 / Q4_1.
 // The loader modules (gguf, bpe, npz) are small libraries with a complete API; the CLI uses
-// part of it and the tests the rest.
+// part of it and the tests the rest. The byte-level BPE is Hugging Face `tokenizers` built
+// from the GGUF's metadata (bpe.rs); the .npz archive is read with `zip` (npz.rs); the
+// GGUF reader is the example's own (gguf.rs says why).
 #![allow(dead_code)]
 
 mod bpe;
@@ -85,24 +87,24 @@ struct Args {
 pub enum Tokenizer {
     /// The embedded model's character BPE.
     Glass(GlassTokenizer),
-    /// A GGUF's byte-level BPE.
+    /// A GGUF's byte-level BPE (run by Hugging Face `tokenizers`).
     Bpe(Box<bpe::ByteLevelBpe>),
 }
 
 impl Tokenizer {
     /// Token ids of `text`.
-    pub fn encode(&self, text: &str) -> Vec<u32> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         match self {
-            Tokenizer::Glass(t) => t.encode(text),
-            Tokenizer::Bpe(t) => t.encode(text),
+            Tokenizer::Glass(t) => Ok(t.encode(text)),
+            Tokenizer::Bpe(t) => t.encode(text).map_err(|e| e.to_string()),
         }
     }
 
     /// Text of `ids`.
-    pub fn decode(&self, ids: &[u32]) -> String {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
         match self {
-            Tokenizer::Glass(t) => t.decode(ids),
-            Tokenizer::Bpe(t) => t.decode(ids),
+            Tokenizer::Glass(t) => Ok(t.decode(ids)),
+            Tokenizer::Bpe(t) => t.decode(ids).map_err(|e| e.to_string()),
         }
     }
 
@@ -197,7 +199,7 @@ fn run(args: Args) -> Result<(), String> {
     if !args.no_warmup {
         // Prefill of 2 tokens, then 2 decode steps: every kernel the run needs is compiled
         // (and cached) before the clock starts.
-        let warm = loaded.tokenizer.encode("Hello world");
+        let warm = loaded.tokenizer.encode("Hello world")?;
         let warm = vec![warm.first().copied().unwrap_or(0); 2];
         runner
             .generate(&[warm], &SamplingParams::greedy(3))
@@ -217,7 +219,7 @@ fn run(args: Args) -> Result<(), String> {
     let mut ids = Vec::new();
     let mut prompt_tokens = 0;
     for (i, text) in texts.iter().enumerate() {
-        let tokens = loaded.tokenizer.encode(text);
+        let tokens = loaded.tokenizer.encode(text)?;
         prompt_tokens += tokens.len();
         let id = runner
             .add_request(tokens, params.clone())
@@ -253,7 +255,7 @@ fn run(args: Args) -> Result<(), String> {
         while current < prompts.len() {
             // Decode everything so far and print what is new (byte-level BPE may hold back
             // a partial character until its last byte arrives).
-            let text = loaded.tokenizer.decode(&generated[current]);
+            let text = loaded.tokenizer.decode(&generated[current])?;
             let stable = if done[current] {
                 text.len()
             } else {
@@ -275,11 +277,11 @@ fn run(args: Args) -> Result<(), String> {
     }
     let stats = runner.stats();
     if let Some(path) = &args.json {
-        let mut machine = polyattn::bench::machine::Machine::collect(
+        let mut machine = polyattn_tools::bench::machine::Machine::collect(
             backend.device_kind() != polyattn::DeviceKind::Cpu,
         );
         machine.finish();
-        let record = polyattn::bench::generation::GenerationRecord {
+        let record = polyattn_tools::bench::generation::GenerationRecord {
             model: loaded.name.clone(),
             backend: backend.name().to_string(),
             device: device.clone(),

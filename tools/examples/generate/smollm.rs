@@ -24,11 +24,12 @@ pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// Where the SmolLM2 GGUF is looked for: `$POLYATTN_SMOLLM2_GGUF`, else `models/` under the
-/// crate root (where scripts/fetch-smollm2.sh puts it).
+/// repository root (where scripts/fetch-smollm2.sh puts it; this package is `tools/`).
 pub fn default_path() -> PathBuf {
     match std::env::var_os("POLYATTN_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
             .join("models")
             .join(SMOLLM2_FILE),
     }

@@ -30,10 +30,12 @@
 
 use serde::Serialize;
 
-use crate::backend::KvLayout;
-use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
-use crate::testing::Rng;
+use polyattn::backend::KvLayout;
+use polyattn::dtype::{CacheDType, DType};
+use polyattn::error::Result;
+
+use super::config_error;
+use polyattn::testing::Rng;
 
 use super::formulas::{self, Request, Traffic};
 
@@ -619,7 +621,7 @@ pub fn select(spec: &str) -> Result<Vec<Case>> {
         .filter(|s| !s.is_empty())
         .collect();
     if names.is_empty() {
-        return Err(Error::config(format!(
+        return Err(config_error(format!(
             "--shapes is empty; give group ids ({}), case ids (see --list) or all",
             GROUPS.join(", ")
         )));
@@ -638,7 +640,7 @@ pub fn select(spec: &str) -> Result<Vec<Case>> {
             }
         }
         if !hit {
-            return Err(Error::config(format!(
+            return Err(config_error(format!(
                 "unknown shape '{name}'; valid: all, the groups {}, or a case id such as \
                  P2.b1s4k.p16 or C.D1.s2k (`--list` prints every case id)",
                 GROUPS.join(", ")
@@ -706,7 +708,7 @@ pub fn table_json() -> Result<String> {
     let recs: Vec<CaseRecord> = table().iter().map(CaseRecord::from).collect();
     serde_json::to_string_pretty(&recs)
         .map(|s| s + "\n")
-        .map_err(|e| Error::config(format!("JSON: {e}")))
+        .map_err(|e| config_error(format!("JSON: {e}")))
 }
 
 impl From<&Case> for CaseRecord {
@@ -796,11 +798,11 @@ mod tests {
     #[test]
     fn the_committed_table_is_current() {
         // benches/reference_sdpa.py reads this file; it must match the table.
-        let committed = include_str!("../../benches/shapes.json");
+        let committed = include_str!("../../../benches/shapes.json");
         assert!(
             committed == table_json().unwrap(),
             "benches/shapes.json is stale: regenerate it with \
-             `cargo bench --bench cpu_attention -- --shapes all,C --dump-shapes benches/shapes.json`"
+             `cargo run --release -- bench --shapes all,C --dump-shapes benches/shapes.json`"
         );
         assert_eq!(runs(&[Request { sq: 1, sk: 2 }; 3]), vec![[3, 1, 2]]);
     }

@@ -24,7 +24,8 @@
 //! ([`sink`]); `--quiet` silences only the progress bar on stderr.
 //!
 //! Modules: [`shapes`] (the table), [`formulas`] (§8), [`timing`], [`peaks`], [`inputs`],
-//! [`naive`], [`report`], [`sink`], [`chart`], [`machine`].
+//! [`naive`], [`report`], [`sink`], [`chart`], [`machine`]. The device probes (GPU ceilings,
+//! region timers) are the library's: [`polyattn::probe`]. The progress bar is `indicatif`'s.
 
 pub mod chart;
 pub mod formulas;
@@ -39,20 +40,21 @@ pub mod sink;
 pub mod timing;
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::backend::{AttentionBackend, BackendRef, SelectorConfig};
-use crate::device::{Device, DeviceKind};
-use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
-use crate::registry;
-use crate::selector;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use polyattn::backend::{AttentionBackend, BackendRef, SelectorConfig};
+use polyattn::device::{Device, DeviceKind};
+use polyattn::dtype::{CacheDType, DType};
+use polyattn::error::{Error, Result};
+use polyattn::registry;
+use polyattn::selector;
 
 use formulas::roofline;
 use machine::Machine;
-use peaks::{Peaks, ProbeConfig};
+use polyattn::probe::{Peaks, ProbeConfig};
 use report::{BenchFile, Row, Status, SCHEMA};
 use shapes::{Case, Family};
 use timing::{Samples, TimingConfig};
@@ -183,6 +185,11 @@ pub struct BenchArgs {
     pub quiet: bool,
 }
 
+/// An [`Error::Config`] with `msg`: a bad argument, a malformed input file.
+pub(crate) fn config_error(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
+}
+
 fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
     s.parse::<DType>().map_err(|e| e.to_string())
 }
@@ -233,7 +240,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let recs: Vec<shapes::CaseRecord> =
                 cases.iter().map(shapes::CaseRecord::from).collect();
             let text = serde_json::to_string_pretty(&recs)
-                .map_err(|e| Error::config(format!("JSON: {e}")))?;
+                .map_err(|e| config_error(format!("JSON: {e}")))?;
             report::write_file(path, &(text + "\n"))?;
             eprintln!("wrote {} cases to {}", recs.len(), path.display());
         }
@@ -320,7 +327,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &unique,
             &rows,
             "polyattn roofline (measured ceilings, perf-anchors §8)",
-        );
+        )?;
         report::write_file(&args.svg, &svg)?;
         eprintln!("wrote {}", args.svg.display());
     }
@@ -385,8 +392,6 @@ fn relative_to(svg: &std::path::Path, md: &std::path::Path) -> String {
     svg.display().to_string()
 }
 
-/// The command line, with the program's folder dropped and a `cargo bench` binary
-/// (`cpu_attention-<hash>`) named as cargo runs it.
 /// Appends to a timed row's note the kernel switches of its backend that were set for the
 /// run (`POLYATTN_CUDA_*` for `CUDA` rows, `POLYATTN_WGPU_*` for `WGPU` rows, …). Why: tuning
 /// runs set these variables, and a row measured with a non-default kernel must say so in
@@ -411,6 +416,8 @@ fn label_kernel_switches(row: &mut report::Row, vars: impl Iterator<Item = (Stri
     });
 }
 
+/// The command line, with the program's folder dropped and a `cargo bench` binary
+/// (`cpu_attention-<hash>`) named as cargo runs it.
 fn command_line() -> String {
     let mut args: Vec<String> = std::env::args().collect();
     if let Some(first) = args.first_mut() {
@@ -506,7 +513,7 @@ fn backends_for(
         BackendChoice::Named(list) => list
             .iter()
             .map(|b| {
-                if let crate::backend::Availability::Unavailable(why) = b.availability() {
+                if let polyattn::backend::Availability::Unavailable(why) = b.availability() {
                     return Err((b.name().to_string(), format!("backend unavailable: {why}")));
                 }
                 if case.family != Family::Merge {
@@ -535,68 +542,57 @@ fn mem_available() -> Option<f64> {
     Some(kb * 1024.0)
 }
 
-/// Progress on stderr: a bar on a terminal, a line per row otherwise.
+/// Progress on stderr: indicatif's bar on a terminal; elsewhere (a log file, a pipe), where
+/// indicatif draws nothing, one line per step.
 struct Progress {
-    total: usize,
-    done: usize,
-    start: Instant,
-    tty: bool,
+    bar: ProgressBar,
     quiet: bool,
 }
 
 impl Progress {
     fn new(total: usize, quiet: bool) -> Self {
-        Progress {
-            total,
-            done: 0,
-            start: Instant::now(),
-            tty: std::io::stderr().is_terminal(),
-            quiet,
+        let target = if quiet {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let bar = ProgressBar::with_draw_target(Some(total as u64), target);
+        if let Ok(style) = ProgressStyle::with_template("[{bar:28}] {pos}/{len} {elapsed} {msg}") {
+            bar.set_style(style.progress_chars("#>."));
         }
+        Progress { bar, quiet }
     }
 
     fn show(&self, what: &str) {
         if self.quiet {
             return;
         }
-        let el = self.start.elapsed().as_secs();
-        let width = 28;
-        let fill = (self.done * width).checked_div(self.total).unwrap_or(width);
-        let bar = format!("{}{}", "#".repeat(fill), ".".repeat(width - fill));
-        let line = format!(
-            "[{bar}] {}/{} {:02}:{:02} {what}",
-            self.done,
-            self.total,
-            el / 60,
-            el % 60
-        );
-        let mut e = std::io::stderr().lock();
-        if self.tty {
-            let _ = write!(e, "\r\x1b[2K{line}");
+        if self.bar.is_hidden() {
+            let el = self.bar.elapsed().as_secs();
+            eprintln!(
+                "[{}/{} {:02}:{:02}] {what}",
+                self.bar.position(),
+                self.bar.length().unwrap_or(0),
+                el / 60,
+                el % 60
+            );
         } else {
-            let _ = writeln!(e, "{line}");
+            self.bar.set_message(what.to_string());
         }
-        let _ = e.flush();
     }
 
     fn step(&mut self) {
-        self.done += 1;
+        self.bar.inc(1);
     }
 
-    /// Clears the bar from a terminal, so that a row printed on stdout does not land on it
-    /// (the next [`Progress::show`] draws it again).
-    fn clear(&self) {
-        if !self.quiet && self.tty {
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[2K");
-            let _ = e.flush();
-        }
+    /// Runs `f` (which prints a row on stdout, or a warning) with the bar cleared from the
+    /// terminal, and draws it again after.
+    fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
     }
 
     fn finish(&self) {
-        if !self.quiet && self.tty {
-            eprintln!();
-        }
+        self.bar.finish();
     }
 }
 
@@ -721,7 +717,7 @@ fn num_sets(args: &BenchArgs, set_bytes: f64) -> usize {
 
 fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
     if !(args.budget.is_finite() && args.budget >= 0.0) {
-        return Err(Error::config(format!(
+        return Err(config_error(format!(
             "--budget {} must be ≥ 0 seconds",
             args.budget
         )));
@@ -795,12 +791,11 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             };
             let p = match peaks::measure(&device, job.dtype, &cfg) {
                 Ok(p) => {
-                    progress.clear();
-                    sink.ceilings(p.clone())?;
+                    progress.suspend(|| sink.ceilings(p.clone()))?;
                     Some(p)
                 }
                 Err(e) => {
-                    eprintln!("\nwarning: no ceilings for {desc}: {e}");
+                    progress.suspend(|| eprintln!("warning: no ceilings for {desc}: {e}"));
                     None
                 }
             };
@@ -903,8 +898,7 @@ fn emit<W: std::io::Write>(
     mut row: Row,
 ) -> Result<()> {
     label_kernel_switches(&mut row, std::env::vars());
-    progress.clear();
-    sink.row(row)
+    progress.suspend(|| sink.row(row))
 }
 
 /// Builds the input sets of one row, times it, and checks the output is finite.
@@ -965,7 +959,7 @@ fn time_job(
             let s = timing::measure(timer.as_mut(), cfg, |i| {
                 let n = v.len();
                 let m = &mut v[i % n];
-                crate::ops::merge_attn_states(
+                polyattn::ops::merge_attn_states(
                     &mut m.output,
                     &m.prefix_output,
                     &m.prefix_lse,
@@ -979,7 +973,7 @@ fn time_job(
             s
         }
         Family::Mla => {
-            return Err(Error::config(
+            return Err(config_error(
                 "MLA rows need an MlaAttentionImpl, which no backend provides yet",
             ))
         }
@@ -988,13 +982,13 @@ fn time_job(
 }
 
 /// A benchmark of a kernel that writes NaNs (or nothing) measures nothing.
-fn check_finite(t: &crate::device::Tensor) -> Result<()> {
+fn check_finite(t: &polyattn::device::Tensor) -> Result<()> {
     let v = t.to_f32_vec()?;
     if v.iter().any(|x| !x.is_finite()) {
-        return Err(Error::config("the kernel wrote non-finite outputs"));
+        return Err(config_error("the kernel wrote non-finite outputs"));
     }
     if !v.is_empty() && v.iter().all(|&x| x == 0.0) {
-        return Err(Error::config("the kernel left its output all zeros"));
+        return Err(config_error("the kernel left its output all zeros"));
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Records the git commit the crate is built from (`POLYATTN_BUILD_COMMIT`), so that
+//! Records the git commit the tools are built from (`POLYATTN_BUILD_COMMIT`), so that
 //! benchmark files name the code that ran. Why at build time: the GPU machine runs binaries
 //! built here, beside a copy of the tree whose `.git` need not match them.
 
@@ -6,9 +6,10 @@ use std::path::Path;
 use std::process::Command;
 
 fn main() {
-    // A checkout's HEAD and branch refs. Without any (a worktree, whose `.git` is a file, or
-    // no git at all) cargo reruns this script whenever a file of the package changes.
-    for p in [".git/HEAD", ".git/refs/heads", ".git/packed-refs"] {
+    // A checkout's HEAD and branch refs (this package is `tools/` of the repository). Without
+    // any (a worktree, whose `.git` is a file, or no git at all) cargo reruns this script
+    // whenever a file of the package changes.
+    for p in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
         if Path::new(p).exists() {
             println!("cargo:rerun-if-changed={p}");
         }

@@ -25,7 +25,7 @@ enum Command {
     Fuzz(cli::fuzz::FuzzArgs),
     /// Benchmarks on the perf-anchor shapes, with fractions of the ceilings measured in the
     /// same run (`--json`, an SVG roofline, `--compare` with the PyTorch reference).
-    Bench(Box<polyattn::bench::BenchArgs>),
+    Bench(Box<polyattn_tools::bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         Command::Info(a) => cli::info::run(a),
         Command::Check(a) => cli::check::run(a),
         Command::Fuzz(a) => cli::fuzz::run(a),
-        Command::Bench(a) => polyattn::bench::run(a).map(|()| true),
+        Command::Bench(a) => polyattn_tools::bench::run(a).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

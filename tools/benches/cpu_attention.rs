@@ -1,5 +1,5 @@
 //! The benchmark entry point of `cargo bench`: the same arguments and code as
-//! `polyattn bench` (`polyattn::bench`), with `--backend cpu --shapes C` as defaults.
+//! `polyattn bench` (`polyattn_tools::bench`), with `--backend cpu --shapes C` as defaults.
 //!
 //! ```text
 //! cargo bench --bench cpu_attention                                   # C set on the CPU
@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use polyattn::bench::{run, BenchArgs};
+use polyattn_tools::bench::{run, BenchArgs};
 
 /// `cpu_attention`: polyattn's benchmark harness (see `polyattn bench --help`).
 #[derive(Parser, Debug)]

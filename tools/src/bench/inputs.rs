@@ -11,15 +11,15 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
-use crate::backend::{AttentionBackend, KvLayout};
-use crate::device::{CpuStorage, Device, Tensor};
-use crate::dtype::{CacheDType, DType};
-use crate::error::Result;
-use crate::fp8;
-use crate::kv_cache::{KvCache, KvCacheSpec};
-use crate::metadata::{AttentionMetadata, BatchDescription, CommonAttentionMetadata};
-use crate::testing::Rng;
+use polyattn::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use polyattn::backend::{AttentionBackend, KvLayout};
+use polyattn::device::{CpuStorage, Device, Tensor};
+use polyattn::dtype::{CacheDType, DType};
+use polyattn::error::Result;
+use polyattn::fp8;
+use polyattn::kv_cache::{KvCache, KvCacheSpec};
+use polyattn::metadata::{AttentionMetadata, BatchDescription, CommonAttentionMetadata};
+use polyattn::testing::Rng;
 
 use super::formulas::Request;
 use super::shapes::Case;
@@ -318,7 +318,7 @@ pub fn layout_name(layout: KvLayout) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::CommonAttentionMetadata;
+    use polyattn::metadata::CommonAttentionMetadata;
 
     #[test]
     fn random_data_is_seeded_and_nonzero() {

@@ -7,10 +7,10 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
+use polyattn::error::{Error, Result};
 
-use super::peaks::Peaks;
 use super::report::{self, BenchFile, Row};
+use polyattn::probe::Peaks;
 
 /// Receives a run's ceilings and rows as they are measured.
 pub struct ResultSink<W: Write> {
