@@ -33,18 +33,18 @@ def main():
     a = ap.parse_args()
     old, new = rows(a.old), rows(a.new)
     over = 0
-    print("| row | backend | dtype | old µs | new µs | new / old |")
-    print("|---|---|---|---:|---:|---:|")
+    print("| row | backend | dtype | KV | old µs | new µs | new / old |")
+    print("|---|---|---|---|---:|---:|---:|")
     for k in sorted(set(old) | set(new)):
         o, n = old.get(k), new.get(k)
         if o is None or n is None:
-            print(f"| {k[0]} | {k[1]} | {k[2]} | {o or '-'} | {n or '-'} | missing |")
+            print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {o or '-'} | {n or '-'} | missing |")
             over += 1
             continue
         q = n / o
         flag = " over" if q > a.limit else ""
         over += q > a.limit
-        print(f"| {k[0]} | {k[1]} | {k[2]} | {o:.1f} | {n:.1f} | {q:.3f}{flag} |")
+        print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {o:.1f} | {n:.1f} | {q:.3f}{flag} |")
     print(f"\n{len(set(old) & set(new))} rows compared, {over} over {a.limit:.2f} or missing")
     return 1 if over else 0
 

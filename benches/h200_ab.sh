@@ -15,11 +15,13 @@ PASSES=${PASSES:-2}
 BUDGET=${BUDGET:-0.2}
 mkdir -p "$OUT"
 export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
-SHAPES=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
-SHAPES=$SHAPES,P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
-SHAPES=$SHAPES,D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
-SHAPES=$SHAPES,K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
-SHAPES_F16=P2.b1s4k.p16,P2.b1s16k.p16,P2.b8s4k.p16
+# AB_SHAPES / AB_SHAPES_F16 replace the row lists (an empty AB_SHAPES_F16 skips the f16 rows).
+ALL=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
+ALL=$ALL,P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
+ALL=$ALL,D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
+ALL=$ALL,K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
+SHAPES=${AB_SHAPES:-$ALL}
+SHAPES_F16=${AB_SHAPES_F16-P2.b1s4k.p16,P2.b1s16k.p16,P2.b8s4k.p16}
 say() { echo "== $* ($(date +%T))"; }
 for pass in $(seq 1 "$PASSES"); do
   for side in old new; do
@@ -29,11 +31,11 @@ for pass in $(seq 1 "$PASSES"); do
     timeout 400 "$bin" bench --backend cuda,wgpu --shapes "$SHAPES" --budget "$BUDGET" \
       --json "$OUT/$side-$pass.json" --no-svg --quiet >"$OUT/$side-$pass.log" 2>&1
     echo "-- rc=$? rows=$(grep -c '^|' "$OUT/$side-$pass.log")"
+    [ -n "$SHAPES_F16" ] || continue
     timeout 200 "$bin" bench --backend wgpu --dtype f16 --shapes "$SHAPES_F16" --budget "$BUDGET" \
       --json "$OUT/$side-f16-$pass.json" --no-svg --quiet >"$OUT/$side-f16-$pass.log" 2>&1
     echo "-- f16 rc=$?"
   done
 done
 say compare
-python3 benches/ab_compare.py --old "$OUT"/old-[0-9]*.json "$OUT"/old-f16-*.json \
-  --new "$OUT"/new-[0-9]*.json "$OUT"/new-f16-*.json | tee "$OUT/compare.md"
+python3 benches/ab_compare.py --old "$OUT"/old-*.json --new "$OUT"/new-*.json | tee "$OUT/compare.md"
