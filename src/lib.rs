@@ -121,13 +121,11 @@ mod layering {
     const RUNTIME_CRATES: &[&str] = &["cudarc", "wgpu", "naga"];
 
     /// (from, to): imports that run upward today.
-    const KNOWN: &[(&str, &str, &str)] = &[
-        (
-            "reference",
-            "testing",
-            "the batch-level reference takes a testing::RandomBatch",
-        ),
-    ];
+    const KNOWN: &[(&str, &str, &str)] = &[(
+        "reference",
+        "testing",
+        "the batch-level reference takes a testing::RandomBatch",
+    )];
 
     fn rank(m: &str) -> Option<u32> {
         RANKS.iter().find(|(n, _)| *n == m).map(|&(_, r)| r)
