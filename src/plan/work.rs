@@ -126,6 +126,14 @@ impl WorkPlan {
     }
 }
 
+/// The group's query heads in chunks of `hc`: `(first head, heads)`.
+fn head_chunks(group: usize, hc: usize) -> Vec<(usize, usize)> {
+    (0..group)
+        .step_by(hc)
+        .map(|s| (s, hc.min(group - s)))
+        .collect()
+}
+
 /// Plans the items of one attention pass (see the module docs). Pure host code; the inputs
 /// are validated metadata (offsets monotonic, `query_len ≤ seq_len`).
 pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
@@ -133,7 +141,7 @@ pub fn plan_work(inp: PlanInputs<'_>, key: &PlanKey) -> WorkPlan {
     let rows = key.rows.max(1);
     let hc = g.min(rows);
     let tq = (rows / hc).max(1);
-    let head_chunks: Vec<(usize, usize)> = (0..g).step_by(hc).map(|s| (s, hc.min(g - s))).collect();
+    let head_chunks = head_chunks(g, hc);
     let per_tile = key.num_kv_heads * head_chunks.len();
     let num_reqs = inp.seq_lens.len();
     let q_len = |r: usize| (inp.query_start_loc[r + 1] - inp.query_start_loc[r]) as usize;
@@ -381,8 +389,7 @@ pub fn plan_graph_work(inp: PlanInputs<'_>, key: &PlanKey, max_seq_len: usize) -
         return plan;
     }
     let g = key.group.max(1);
-    let hc = g.min(key.rows.max(1));
-    let head_chunks: Vec<(usize, usize)> = (0..g).step_by(hc).map(|s| (s, hc.min(g - s))).collect();
+    let head_chunks = head_chunks(g, g.min(key.rows.max(1)));
     let per_req = key.num_kv_heads * head_chunks.len();
     // The most keys a single decode token can see.
     let vis_max = key.window.map_or(max_seq_len, |w| w.min(max_seq_len));
@@ -395,41 +402,26 @@ pub fn plan_graph_work(inp: PlanInputs<'_>, key: &PlanKey, max_seq_len: usize) -
         let qs = inp.query_start_loc[r];
         let seq = inp.seq_lens[r].max(0) as usize;
         let pos = seq.saturating_sub(1);
-        if cap == 1 {
-            for kv_head in 0..key.num_kv_heads {
-                for &(h0, hn) in &head_chunks {
-                    plan.items.push(WorkItem {
-                        req: r as i32,
-                        q_start: qs,
-                        q_len: 1,
-                        kv_head: kv_head as i32,
-                        head_start: h0 as i32,
-                        head_count: hn as i32,
-                        kv_lo: 0,
-                        kv_hi: seq as i32,
-                        split: 0,
-                        num_splits: 1,
-                        part_tok: 0,
-                        q_pos: pos as i32,
-                    });
-                }
-            }
-            continue;
-        }
-        // The token's visible keys, as in plan_work.
-        let vhi = if key.causal { seq.min(pos + 1) } else { seq };
-        let vlo = key.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let vhi = vhi.max(vlo);
-        let (s, chunk) = key.split.shape(vhi - vlo, want);
-        let s = s.min(cap);
-        let part_tok = plan.n_part_tokens as i32;
-        plan.groups.push(SplitGroup {
-            q_start: qs,
-            q_len: 1,
-            part_tok,
-            num_splits: cap as i32,
-        });
-        plan.n_part_tokens += 1;
+        // Unsplit (cap 1): one item over [0, seq). Split: the token's visible keys, as in
+        // plan_work, in `s` real pieces and `cap - s` empty ones.
+        let (vlo, vhi, s, chunk, part_tok) = if cap == 1 {
+            (0, seq, 1, seq, 0)
+        } else {
+            let vhi = if key.causal { seq.min(pos + 1) } else { seq };
+            let vlo = key.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let vhi = vhi.max(vlo);
+            let (s, chunk) = key.split.shape(vhi - vlo, want);
+            let part_tok = plan.n_part_tokens as i32;
+            plan.groups.push(SplitGroup {
+                q_start: qs,
+                q_len: 1,
+                part_tok,
+                num_splits: cap as i32,
+            });
+            plan.n_part_tokens += 1;
+            plan.max_splits = cap;
+            (vlo, vhi, s.min(cap), chunk, part_tok)
+        };
         for kv_head in 0..key.num_kv_heads {
             for &(h0, hn) in &head_chunks {
                 for i in 0..cap {
@@ -455,7 +447,6 @@ pub fn plan_graph_work(inp: PlanInputs<'_>, key: &PlanKey, max_seq_len: usize) -
                 }
             }
         }
-        plan.max_splits = cap;
     }
     plan
 }
