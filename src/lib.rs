@@ -16,6 +16,8 @@
 //! - **backends** in [`backends`], one folder per device family, all of the same shape;
 //! - **devices** in [`device`]: [`Device`] and [`Tensor`], and each GPU runtime (compile,
 //!   cache, launch: [`device::cuda`], [`device::wgpu`]);
+//! - the **work plan** in [`plan`]: the work items every GPU kernel runs, planned once for
+//!   every GPU backend;
 //! - **kernel families** in [`kernels`]: the CUDA C++ and WGSL kernels, their variants,
 //!   parameter blocks and knobs, independent of the runtime that runs them;
 //! - the f64 [`reference`](mod@reference) every backend is tested against;
