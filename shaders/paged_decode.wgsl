@@ -65,7 +65,8 @@
 // keys outside every row's window) may hold NaN or ±inf. Such a key is excluded by
 // selection, never by multiplying by zero: its score is never used (the softmax takes only
 // keys that are in range and visible, and gives the rest p = 0 by assignment), and its V
-// granules are replaced by 0 through `select` before P·V (0 · inf is NaN).
+// granules are replaced by 0 before P·V (0 · inf is NaN); only steps that have such a key
+// (the long form of step 3) do that, so the common step's P·V has no extra select.
 
 @group(0) @binding(2) var<storage, read> kv_buf: array<Gran>;
 @group(0) @binding(3) var<storage, read> block_table: array<i32>;
@@ -292,12 +293,10 @@ fn main(
 
         // 3. Online softmax per row, then acc += P·V. A step whose keys are all in range,
         //    visible to every row and unmodified (the common case) takes the short form.
-        //    `klive` bit u: key u is in range and visible to some row; the V granules of the
-        //    other keys (stale cache contents: NaN / inf possible) are replaced by 0 before
-        //    P·V, since p = 0 times inf would still be NaN.
-        var klive = 0u;
+        //    In the long form, the V granules of keys no row may see (stale cache contents:
+        //    NaN / inf possible) are replaced by 0 before P·V, since p = 0 times inf would
+        //    still be NaN; the short form has no such key, so its P·V carries no select.
         if no_modifier && it >= plain.x && it + STEP <= plain.y {
-            klive = (1u << U) - 1u;
             // @unroll
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 if r < n_rows {
@@ -329,6 +328,8 @@ fn main(
                 }
             }
         } else {
+            // Bit u: key u is in range and visible to some row.
+            var klive = 0u;
             // @unroll
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 if r < n_rows {
@@ -370,13 +371,21 @@ fn main(
                     }
                 }
             }
+            // @unroll
+            for (var u = 0u; u < U; u = u + 1u) {
+                if (klive & (1u << u)) == 0u {
+                    // @unroll
+                    for (var k = 0u; k < GPT; k = k + 1u) {
+                        cur.vgr[u * GPT + k] = Gran();
+                    }
+                }
+            }
         }
         // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
-            let key_ok = (klive & (1u << u)) != 0u;
             // @unroll
             for (var k = 0u; k < GPT; k = k + 1u) {
-                let live = key_ok && (FULL == 1u || c + k * TPK < NG);
+                let live = FULL == 1u || c + k * TPK < NG;
                 // @unroll
                 for (var i = 0u; i < V4G; i = i + 1u) {
                     let vv = select(vec4<f32>(0.0), unpack4(cur.vgr[u * GPT + k], i), live);
