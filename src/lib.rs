@@ -45,6 +45,7 @@ pub mod compute;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod forward;
 pub mod fp8;
 pub mod kernels;
 pub mod kv_cache;
@@ -106,6 +107,7 @@ mod layering {
         ("probe", 6),
         ("kv_cache", 7),
         ("attention", 8),
+        ("forward", 9),
         ("backend", 9),
         ("backends", 10),
         ("registry", 11),

@@ -449,6 +449,39 @@ fn validate(d: &BatchDescription) -> Result<Validated> {
     })
 }
 
+/// A validated shared-prefix (cascade) request: every request's first `prefix_len` keys are
+/// the same cached blocks (checked by
+/// [`CommonAttentionMetadata::cascade_prefix_blocks`]), so one prefix pass over them serves
+/// the whole batch and a suffix pass takes each request's own keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CascadePlan {
+    /// Tokens of the shared prefix (a multiple of the block size, cached for every request).
+    pub prefix_len: usize,
+}
+
+impl CascadePlan {
+    /// The plan for `common_prefix_len` (`None` for 0), after vLLM's checks.
+    pub fn for_batch(
+        common: &CommonAttentionMetadata,
+        common_prefix_len: usize,
+    ) -> Result<Option<CascadePlan>> {
+        Ok(common
+            .cascade_prefix_blocks(common_prefix_len)?
+            .map(|_| CascadePlan {
+                prefix_len: common_prefix_len,
+            }))
+    }
+}
+
+/// What every backend's metadata holds besides its kernels' own arrays: the validated common
+/// metadata and the cascade request. The forward driver ([`crate::forward`]) reads these.
+pub trait BatchMetadata: AttentionMetadata {
+    /// The validated common metadata of the batch.
+    fn common(&self) -> &CommonAttentionMetadata;
+    /// The cascade request, when the batch was built with `common_prefix_len > 0`.
+    fn cascade(&self) -> Option<CascadePlan>;
+}
+
 /// Backend-specific metadata produced by a builder (vLLM's `AttentionMetadata` marker).
 pub trait AttentionMetadata: Any + Debug + Send + Sync {
     /// For the impl to downcast to its own type.

@@ -1,15 +1,16 @@
-//! The CPU impl: checks the arguments once, writes the cache, then runs the tiles of the
-//! batch in parallel (one task per tile and KV head) and scatters their rows into `output`.
+//! The CPU impl: the forward driver's kernels (`crate::forward`) on host memory. A pass runs
+//! the tiles of the batch in parallel (one task per tile and KV head) and scatters their rows
+//! into f32 buffers, which `finish` stores in the output's dtype.
 
 use rayon::prelude::*;
 
 use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
-use crate::backend::AttentionType;
 use crate::device::{CpuStorage, Tensor};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::forward::{self, AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
+use crate::plan::Pass;
 
 use super::kernels::convert::{store, RowsView};
 use super::kernels::merge_states::merge_states;
@@ -37,24 +38,6 @@ impl CpuAttentionImpl {
     /// Builds the impl (parameters already validated by the descriptor).
     pub fn new(params: AttentionParams) -> Self {
         CpuAttentionImpl { params }
-    }
-
-    fn metadata<'m>(
-        &self,
-        metadata: &'m dyn AttentionMetadata,
-    ) -> Result<&'m CpuAttentionMetadata> {
-        metadata.downcast::<CpuAttentionMetadata>("CpuAttentionImpl")
-    }
-
-    fn check_cache(&self, cache: &KvCache, dtype: DType, md: &CpuAttentionMetadata) -> Result<()> {
-        self.params.check_kv_cache(cache, dtype, &md.common)?;
-        if cache.data().as_cpu().is_none() {
-            return Err(Error::Device {
-                backend: "CPU".into(),
-                message: "KV cache is not in host memory".into(),
-            });
-        }
-        Ok(())
     }
 
     /// Scaled query rows of one tile for one KV head: `[tokens·g][D]`.
@@ -140,6 +123,245 @@ impl CpuAttentionImpl {
     }
 }
 
+/// The f32 rows a CPU forward writes before it stores them in the output's dtype.
+#[derive(Debug, Default)]
+pub struct CpuRecording {
+    /// Output rows `[T][H][D]` and LSEs `[H][T]`.
+    out: (Vec<f32>, Vec<f32>),
+    /// The cascade partials, when the passes ran.
+    prefix: (Vec<f32>, Vec<f32>),
+    suffix: (Vec<f32>, Vec<f32>),
+}
+
+impl CpuRecording {
+    fn rows(&mut self, target: Target, t: usize, h: usize, d: usize) -> &mut (Vec<f32>, Vec<f32>) {
+        let rows = match target {
+            Target::Output => &mut self.out,
+            Target::Prefix => &mut self.prefix,
+            Target::Suffix => &mut self.suffix,
+        };
+        if rows.0.len() != t * h * d {
+            *rows = (vec![0.0; t * h * d], vec![0.0; h * t]);
+        }
+        rows
+    }
+}
+
+/// The CPU kernels have one form for every query length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuTiles;
+
+impl ForwardKernels for CpuAttentionImpl {
+    type Metadata = CpuAttentionMetadata;
+    type Kernel = CpuTiles;
+    type Recording = CpuRecording;
+    const BACKEND: &'static str = "CPU";
+
+    fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn metadata<'m>(
+        &self,
+        metadata: &'m dyn AttentionMetadata,
+    ) -> Result<&'m CpuAttentionMetadata> {
+        metadata.downcast::<CpuAttentionMetadata>("CpuAttentionImpl")
+    }
+
+    fn check_cache(&self, cache: &KvCache, _: &CpuAttentionMetadata) -> Result<()> {
+        if cache.data().as_cpu().is_none() {
+            return Err(Error::Device {
+                backend: "CPU".into(),
+                message: "KV cache is not in host memory".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn runs_cascade(&self) -> bool {
+        true
+    }
+
+    fn bands(
+        &self,
+        _: &CpuAttentionMetadata,
+        _: &ForwardIo<'_>,
+        _: &PassSpec,
+    ) -> Result<Vec<Band<CpuTiles>>> {
+        Ok(vec![Band {
+            min_q: 0,
+            kernel: CpuTiles,
+        }])
+    }
+
+    fn begin(&self, _: &CpuAttentionMetadata) -> Result<CpuRecording> {
+        Ok(CpuRecording::default())
+    }
+
+    fn write_cache(
+        &self,
+        _: &mut CpuRecording,
+        md: &CpuAttentionMetadata,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<()> {
+        let dtype = cache.spec().dtype;
+        let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, dtype)?;
+        let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, dtype)?;
+        let slots = md.common.slot_mapping_cpu();
+        reshape_and_cache(kv, vv, cache, slots, layer.k_scale, layer.v_scale);
+        Ok(())
+    }
+
+    fn attend(
+        &self,
+        rec: &mut CpuRecording,
+        md: &CpuAttentionMetadata,
+        io: &mut ForwardIo<'_>,
+        job: &AttendJob<CpuTiles>,
+    ) -> Result<()> {
+        let p = &self.params;
+        let common = &md.common;
+        let n = io.num_tokens;
+        let qv = RowsView::new(io.query.as_cpu().ok_or_else(not_cpu)?, io.dtype)?;
+        let qsl = common.query_start_loc_cpu();
+        let seq_lens = common.seq_lens_cpu();
+        let spec = job.spec;
+        let mask = Mask {
+            causal: spec.causal,
+            window: p.sliding_window,
+            soft_cap: p.soft_cap(),
+            alibi: p.alibi_slopes.as_deref(),
+            sinks: p.sinks.as_deref().filter(|_| spec.sinks),
+        };
+        let dense = io.keys.is_dense();
+        // Absolute position of each query token: its context length plus its index. Encoder
+        // self-attention has no context: its keys are the request's own query rows, so its
+        // positions start at 0 whatever seq_lens says (vLLM's FA encoder path likewise uses
+        // cu_seqlens_q for queries and keys and ignores seq_lens).
+        let positions_of = |t: &Tile| -> Vec<usize> {
+            let ctx = if dense {
+                0
+            } else {
+                seq_lens[t.req] as usize - (qsl[t.req + 1] - qsl[t.req]) as usize
+            };
+            (t.q_start..t.q_end)
+                .map(|i| ctx + (i - qsl[t.req] as usize))
+                .collect()
+        };
+        let results = match io.keys {
+            Keys::Dense { key, value } => {
+                let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, io.dtype)?;
+                let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, io.dtype)?;
+                self.run_tiles(
+                    &qv,
+                    &md.tiles,
+                    &positions_of,
+                    |t| DenseSource {
+                        key: kv,
+                        value: vv,
+                        row0: qsl[t.req] as usize,
+                        num_kv_heads: p.num_kv_heads,
+                        head_size: p.head_size,
+                    },
+                    |t| (0, (qsl[t.req + 1] - qsl[t.req]) as usize),
+                    &mask,
+                )
+            }
+            Keys::Cache(cache) => {
+                let view = RowsView::new(
+                    cache.data().as_cpu().ok_or_else(not_cpu)?,
+                    cache.spec().storage_dtype(),
+                )?;
+                let layer = io.layer;
+                let source = |blocks| paged_source(cache, view, blocks, layer);
+                // The shared prefix's blocks are request 0's first ones (the metadata checked
+                // that every request starts with them).
+                let prefix_blocks =
+                    |len: usize| &common.block_table_row(0)[..len / common.block_size()];
+                let seq = |t: &Tile| seq_lens[t.req] as usize;
+                match spec.pass {
+                    Pass::Full => self.run_tiles(
+                        &qv,
+                        &md.tiles,
+                        &positions_of,
+                        |t| source(common.block_table_row(t.req)),
+                        |t| (0, seq(t)),
+                        &mask,
+                    ),
+                    Pass::Prefix(len) => self.run_tiles(
+                        &qv,
+                        &md.tiles,
+                        &positions_of,
+                        |_| source(prefix_blocks(len)),
+                        |_| (0, len),
+                        &mask,
+                    ),
+                    Pass::Suffix(len) => self.run_tiles(
+                        &qv,
+                        &md.tiles,
+                        &positions_of,
+                        |t| source(common.block_table_row(t.req)),
+                        |t| (len, seq(t)),
+                        &mask,
+                    ),
+                }
+            }
+        };
+        let (out, lse) = rec.rows(spec.target, n, p.num_heads, p.head_size);
+        self.scatter(&results, n, out, lse);
+        Ok(())
+    }
+
+    fn merge(
+        &self,
+        rec: &mut CpuRecording,
+        _: &CpuAttentionMetadata,
+        io: &mut ForwardIo<'_>,
+    ) -> Result<()> {
+        let p = &self.params;
+        let n = io.num_tokens;
+        let (h, d) = (p.num_heads, p.head_size);
+        rec.rows(Target::Output, n, h, d);
+        let CpuRecording {
+            out,
+            prefix,
+            suffix,
+        } = rec;
+        merge_states(
+            &mut out.0,
+            Some(&mut out.1),
+            &prefix.0,
+            &prefix.1,
+            &suffix.0,
+            &suffix.1,
+            n,
+            h,
+            d,
+            None,
+        );
+        Ok(())
+    }
+
+    fn finish(&self, rec: CpuRecording, io: Option<&mut ForwardIo<'_>>) -> Result<()> {
+        let Some(io) = io else { return Ok(()) };
+        if io.num_tokens == 0 {
+            return Ok(());
+        }
+        let out_storage = io.output.as_cpu_mut().ok_or_else(not_cpu)?;
+        store(out_storage, io.dtype, 0, &rec.out.0, 1.0);
+        if let Some(t) = io.output_lse.as_deref_mut() {
+            match t.as_cpu_mut() {
+                Some(CpuStorage::F32(v)) => v.copy_from_slice(&rec.out.1),
+                _ => return Err(not_cpu()),
+            }
+        }
+        Ok(())
+    }
+}
+
 impl AttentionImpl for CpuAttentionImpl {
     fn params(&self) -> &AttentionParams {
         &self.params
@@ -157,16 +379,7 @@ impl AttentionImpl for CpuAttentionImpl {
         kv_cache: &mut KvCache,
         metadata: &dyn AttentionMetadata,
     ) -> Result<()> {
-        let md = self.metadata(metadata)?;
-        let slots = md.common.slot_mapping_cpu();
-        let dtype = self
-            .params
-            .check_kv_update(key, value, slots.len(), kv_cache)?;
-        self.check_cache(kv_cache, dtype, md)?;
-        let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, dtype)?;
-        let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, dtype)?;
-        reshape_and_cache(kv, vv, kv_cache, slots, layer.k_scale, layer.v_scale);
-        Ok(())
+        forward::update_kv_cache(self, layer, key, value, kv_cache, metadata)
     }
 
     fn forward_with_lse(
@@ -180,166 +393,9 @@ impl AttentionImpl for CpuAttentionImpl {
         output: &mut Tensor,
         output_lse: Option<&mut Tensor>,
     ) -> Result<()> {
-        let p = &self.params;
-        let md = self.metadata(metadata)?;
-        let common = &md.common;
-        let n = common.num_actual_tokens();
-        let dtype = p.check_query_output(query, output, output_lse.as_deref(), n)?;
-        let lse_tensor = output_lse;
-        let encoder = p.attn_type.is_encoder();
-        if p.attn_type == AttentionType::EncoderDecoder {
-            return Err(Error::config(
-                "the CPU backend does not implement encoder_decoder attention",
-            ));
-        }
-        if md.cascade.is_some()
-            && (p.alibi_slopes.is_some() || p.sliding_window.is_some() || encoder)
-        {
-            return Err(Error::config(
-                "cascade attention (common_prefix_len > 0) cannot be combined with ALiBi, a sliding \
-                 window or encoder attention; build the metadata with common_prefix_len = 0",
-            ));
-        }
-
-        let mut out = vec![0.0f32; n * p.num_heads * p.head_size];
-        let mut lse = vec![0.0f32; p.num_heads * n];
-        let qv = RowsView::new(query.as_cpu().ok_or_else(not_cpu)?, dtype)?;
-        let qsl = common.query_start_loc_cpu();
-        let seq_lens = common.seq_lens_cpu();
-        let mask = Mask {
-            causal: common.causal() && !encoder,
-            window: p.sliding_window,
-            soft_cap: p.soft_cap(),
-            alibi: p.alibi_slopes.as_deref(),
-            sinks: p.sinks.as_deref(),
-        };
-        // Absolute position of each query token: its context length plus its index. Encoder
-        // self-attention has no context: its keys are the request's own query rows, so its
-        // positions start at 0 whatever seq_lens says (vLLM's FA encoder path likewise uses
-        // cu_seqlens_q for queries and keys and ignores seq_lens).
-        let positions_of = |t: &Tile| -> Vec<usize> {
-            let ctx = if encoder {
-                0
-            } else {
-                seq_lens[t.req] as usize - (qsl[t.req + 1] - qsl[t.req]) as usize
-            };
-            (t.q_start..t.q_end)
-                .map(|i| ctx + (i - qsl[t.req] as usize))
-                .collect()
-        };
-
-        if encoder {
-            // Encoder self-attention reads K/V straight from the inputs, never the cache.
-            let (k, v) = match (key, value) {
-                (Some(k), Some(v)) => (k, v),
-                _ => {
-                    return Err(Error::config(
-                        "encoder attention needs key and value tensors",
-                    ))
-                }
-            };
-            self.params.check_kv_input("key", k, n, dtype)?;
-            self.params.check_kv_input("value", v, n, dtype)?;
-            let kv = RowsView::new(k.as_cpu().ok_or_else(not_cpu)?, dtype)?;
-            let vv = RowsView::new(v.as_cpu().ok_or_else(not_cpu)?, dtype)?;
-            let results = self.run_tiles(
-                &qv,
-                &md.tiles,
-                &positions_of,
-                |t| DenseSource {
-                    key: kv,
-                    value: vv,
-                    row0: qsl[t.req] as usize,
-                    num_kv_heads: p.num_kv_heads,
-                    head_size: p.head_size,
-                },
-                |t| (0, (qsl[t.req + 1] - qsl[t.req]) as usize),
-                &mask,
-            );
-            self.scatter(&results, n, &mut out, &mut lse);
-        } else {
-            if let (Some(k), Some(v)) = (key, value) {
-                self.do_kv_cache_update(layer, k, v, kv_cache, metadata)?;
-            } else if key.is_some() != value.is_some() {
-                return Err(Error::config("key and value must be given together"));
-            }
-            self.check_cache(kv_cache, dtype, md)?;
-            let cache: &KvCache = kv_cache;
-            let view = RowsView::new(
-                cache.data().as_cpu().ok_or_else(not_cpu)?,
-                cache.spec().storage_dtype(),
-            )?;
-            let source = |blocks| paged_source(cache, view, blocks, layer);
-            match &md.cascade {
-                None => {
-                    let results = self.run_tiles(
-                        &qv,
-                        &md.tiles,
-                        &positions_of,
-                        |t| source(common.block_table_row(t.req)),
-                        |t| (0, seq_lens[t.req] as usize),
-                        &mask,
-                    );
-                    self.scatter(&results, n, &mut out, &mut lse);
-                }
-                Some(plan) => {
-                    // Prefix: every token against the shared blocks, no mask, with sinks.
-                    let prefix_mask = Mask {
-                        causal: false,
-                        ..mask
-                    };
-                    let results = self.run_tiles(
-                        &qv,
-                        &md.tiles,
-                        &positions_of,
-                        |_| source(&plan.prefix_blocks),
-                        |_| (0, plan.prefix_len),
-                        &prefix_mask,
-                    );
-                    let mut o_p = vec![0.0f32; out.len()];
-                    let mut l_p = vec![0.0f32; lse.len()];
-                    self.scatter(&results, n, &mut o_p, &mut l_p);
-                    // Suffix: each request's own keys after the prefix, causal, no sinks.
-                    let suffix_mask = Mask {
-                        sinks: None,
-                        ..mask
-                    };
-                    let results = self.run_tiles(
-                        &qv,
-                        &md.tiles,
-                        &positions_of,
-                        |t| source(common.block_table_row(t.req)),
-                        |t| (plan.prefix_len, seq_lens[t.req] as usize),
-                        &suffix_mask,
-                    );
-                    let mut o_s = vec![0.0f32; out.len()];
-                    let mut l_s = vec![0.0f32; lse.len()];
-                    self.scatter(&results, n, &mut o_s, &mut l_s);
-                    merge_states(
-                        &mut out,
-                        Some(&mut lse),
-                        &o_p,
-                        &l_p,
-                        &o_s,
-                        &l_s,
-                        n,
-                        p.num_heads,
-                        p.head_size,
-                        None,
-                    );
-                }
-            }
-        }
-
-        let out_storage = output.as_cpu_mut().ok_or_else(not_cpu)?;
-        store(out_storage, dtype, 0, &out, 1.0);
-        if let Some(t) = lse_tensor {
-            match t.as_cpu_mut() {
-                Some(CpuStorage::F32(v)) => v.copy_from_slice(&lse),
-                _ => return Err(not_cpu()),
-            }
-        }
-        Ok(())
+        forward::forward(
+            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
+        )
     }
 }
 

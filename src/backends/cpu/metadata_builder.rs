@@ -7,7 +7,8 @@ use crate::backend::GraphCaptureSupport;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
+    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
+    CommonAttentionMetadata, DecodePrefillSplit,
 };
 
 /// Query rows of one request processed together: they share every key block they load.
@@ -22,15 +23,6 @@ pub struct Tile {
     pub q_start: usize,
     /// One past the last query token.
     pub q_end: usize,
-}
-
-/// Shared-prefix (cascade) attention plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CascadePlan {
-    /// Tokens of the shared prefix (a multiple of the block size).
-    pub prefix_len: usize,
-    /// The prefix's blocks, shared by every request.
-    pub prefix_blocks: Vec<i32>,
 }
 
 /// What the CPU kernels consume for one batch.
@@ -49,6 +41,16 @@ pub struct CpuAttentionMetadata {
 impl AttentionMetadata for CpuAttentionMetadata {
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl BatchMetadata for CpuAttentionMetadata {
+    fn common(&self) -> &CommonAttentionMetadata {
+        &self.common
+    }
+
+    fn cascade(&self) -> Option<CascadePlan> {
+        self.cascade
     }
 }
 
@@ -83,12 +85,7 @@ impl AttentionMetadataBuilder for CpuMetadataBuilder {
                 self.spec.block_size
             )));
         }
-        let cascade = common
-            .cascade_prefix_blocks(common_prefix_len)?
-            .map(|blocks| CascadePlan {
-                prefix_len: common_prefix_len,
-                prefix_blocks: blocks.to_vec(),
-            });
+        let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
         let qsl = common.query_start_loc_cpu();
         let mut tiles = Vec::new();
         for req in 0..common.num_reqs() {

@@ -31,8 +31,8 @@ use crate::device::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
-    DeviceMetadata,
+    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
+    CommonAttentionMetadata, DecodePrefillSplit, DeviceMetadata,
 };
 
 #[cfg(doc)]
@@ -73,14 +73,6 @@ impl CudaPlan {
             groups_dev,
         })
     }
-}
-
-/// Shared-prefix (cascade) attention plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CascadePlan {
-    /// Tokens of the shared prefix (a multiple of the block size, already cached for every
-    /// request).
-    pub prefix_len: usize,
 }
 
 /// Which graph buffers a batch uses: everything a captured launch bakes in besides the
@@ -289,6 +281,16 @@ pub struct CudaAttentionMetadata {
 impl AttentionMetadata for CudaAttentionMetadata {
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl BatchMetadata for CudaAttentionMetadata {
+    fn common(&self) -> &CommonAttentionMetadata {
+        &self.common
+    }
+
+    fn cascade(&self) -> Option<CascadePlan> {
+        self.cascade
     }
 }
 
@@ -522,11 +524,7 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
         self.check_block_size(common)?;
-        let cascade = common
-            .cascade_prefix_blocks(common_prefix_len)?
-            .map(|_| CascadePlan {
-                prefix_len: common_prefix_len,
-            });
+        let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
         let uploaded = self.uploaded(common)?;
         Ok(Box::new(CudaAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),

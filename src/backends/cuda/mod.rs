@@ -42,7 +42,7 @@ const _: () = assert!(crate::plan::DECODE_MAX_SPLITS == crate::kernels::cuda::DE
 
 pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_MIN_QUERY_LEN};
 pub use descriptor::CudaBackend;
-pub use metadata_builder::{CascadePlan, CudaAttentionMetadata, CudaMetadataBuilder, CudaPlan};
+pub use metadata_builder::{CudaAttentionMetadata, CudaMetadataBuilder, CudaPlan};
 pub use tuning::{
     CudaTuning, CUDA_DEVICE_ENV, DECODE_ENV, DECODE_SPLITS_ENV, MMA_ENV, MMA_ROWS_ENV,
     MMA_SUBK_ENV, MMA_WARPS_ENV,

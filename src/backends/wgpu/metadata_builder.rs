@@ -28,8 +28,8 @@ use crate::device::{Storage, Tensor, WgpuDevice};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
-    PAD_SLOT_ID,
+    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
+    CommonAttentionMetadata, DecodePrefillSplit, PAD_SLOT_ID,
 };
 
 use super::kernels::upload_words;
@@ -90,13 +90,6 @@ pub struct Plan {
     pub max_splits: u32,
 }
 
-/// Shared-prefix (cascade) request, validated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CascadePlan {
-    /// Tokens of the shared prefix (a multiple of the block size).
-    pub prefix_len: usize,
-}
-
 /// What the wgpu kernels consume for one batch.
 #[derive(Debug)]
 pub struct WgpuAttentionMetadata {
@@ -115,6 +108,16 @@ pub struct WgpuAttentionMetadata {
 impl AttentionMetadata for WgpuAttentionMetadata {
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl BatchMetadata for WgpuAttentionMetadata {
+    fn common(&self) -> &CommonAttentionMetadata {
+        &self.common
+    }
+
+    fn cascade(&self) -> Option<CascadePlan> {
+        self.cascade
     }
 }
 
@@ -309,11 +312,7 @@ impl AttentionMetadataBuilder for WgpuMetadataBuilder {
                 self.spec.block_size
             )));
         }
-        let cascade = common
-            .cascade_prefix_blocks(common_prefix_len)?
-            .map(|_| CascadePlan {
-                prefix_len: common_prefix_len,
-            });
+        let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
         let dm = common.device();
         let bt_host: Vec<u32> = common.block_table_cpu().iter().map(|&b| b as u32).collect();
         let block_table = self.resolve(&dm.block_table, &bt_host, "polyattn block table")?;

@@ -37,9 +37,7 @@ use crate::kernels::wgsl as shaders;
 
 pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
-pub use metadata_builder::{
-    CascadePlan, Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList,
-};
+pub use metadata_builder::{Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList};
 pub use tuning::{
     parse_block, parse_tile, PrefillForm, WgpuTuning, GPU_PREFILL_BLOCK_H, GPU_PREFILL_KEYS_H,
     GPU_PREFILL_TILE, GPU_PREFILL_WG_H, PREFILL_TILED2_WORKGROUP,
