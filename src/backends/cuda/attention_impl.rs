@@ -1,11 +1,11 @@
-//! The CUDA impl: checks the arguments once on the host (shapes, dtypes, devices, cache spec),
-//! then queues the kernels on the device's stream: `reshape_and_cache`, the paged-attention
-//! kernel over the step's work list, `combine_splits` for its split tokens (the tensor-core
-//! decode kernel merges its own splits), and for cascade
-//! a prefix pass, a suffix pass and `merge_attn_states`. Without cascade a batch is cut by
-//! query length: decodes (query length 1) go to the tensor-core decode kernel when the layer
-//! allows it (`paged_decode.cu`), long queries to the tensor-core prefill kernel, the rest to
-//! the CUDA-core kernel. Nothing waits for the GPU; the caller synchronises (a download does).
+//! The CUDA impl: the forward driver's kernels (`crate::forward`) queued on the device's
+//! stream — `reshape_and_cache`, the paged-attention kernels over the planner's work lists,
+//! `combine_splits` for the CUDA-core kernel's split tokens (the tensor-core decode kernel
+//! merges its own splits) and `merge_attn_states` for cascade. A full pass over the cache
+//! goes by query length ([`CudaKernel`]): decodes to the tensor-core decode kernel when the
+//! layer allows it (`paged_decode.cu`), long queries to the tensor-core prefill kernel, the
+//! rest to the CUDA-core kernel. Nothing waits for the GPU; the caller synchronises (a
+//! download does).
 
 use std::sync::OnceLock;
 
@@ -13,10 +13,11 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::LaunchConfig;
 
 use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
-use crate::backend::{AttentionType, KvLayout};
+use crate::backend::KvLayout;
 use crate::device::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::forward::{self, AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
@@ -144,56 +145,6 @@ impl CudaAttentionImpl {
             sinks,
             decode_slots: [OnceLock::new(), OnceLock::new()],
         })
-    }
-
-    fn metadata<'m>(
-        &self,
-        metadata: &'m dyn AttentionMetadata,
-    ) -> Result<&'m CudaAttentionMetadata> {
-        let md = metadata.downcast::<CudaAttentionMetadata>("CudaAttentionImpl")?;
-        if md.device != self.device {
-            return Err(not_here("the metadata"));
-        }
-        md.check_current()?;
-        if self.device.is_capturing() && !md.is_graph_capturable() {
-            return Err(Error::Device {
-                backend: "CUDA".into(),
-                message: "a forward inside a CUDA graph capture needs metadata from \
-                          build_for_graph_capture (persistent buffers, fixed work lists); this \
-                          metadata came from build, whose arrays and work lists are per-step \
-                          allocations"
-                    .into(),
-            });
-        }
-        Ok(md)
-    }
-
-    fn check_kv_input(
-        &self,
-        what: &'static str,
-        t: &Tensor,
-        rows: usize,
-        dtype: DType,
-    ) -> Result<u64> {
-        self.params.check_kv_input(what, t, rows, dtype)?;
-        tensor_ptr(&self.device, t, what)
-    }
-
-    fn check_cache(
-        &self,
-        cache: &KvCache,
-        dtype: DType,
-        md: &CudaAttentionMetadata,
-    ) -> Result<u64> {
-        self.params.check_kv_cache(cache, dtype, &md.common)?;
-        if cache.block_size() % kernels::KEYS_PER_CHUNK != 0 {
-            return Err(Error::config(format!(
-                "the CUDA kernels need a block size that is a multiple of {}, got {}",
-                kernels::KEYS_PER_CHUNK,
-                cache.block_size()
-            )));
-        }
-        tensor_ptr(&self.device, cache.data(), "the KV cache")
     }
 
     fn scales(&self, layer: &AttentionLayer) -> (f32, f32) {
@@ -501,30 +452,253 @@ fn reshape_tokens_per_cta(units: usize) -> usize {
     (RESHAPE_THREADS as usize * RESHAPE_ITEMS_PER_THREAD / units.max(1)).clamp(1, 256)
 }
 
-impl AttentionImpl for CudaAttentionImpl {
+/// The CUDA kernels a band of query lengths can go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaKernel {
+    /// The tensor-core decode kernel (`paged_decode.cu`), by function name.
+    Decode(&'static str),
+    /// The CUDA-core kernel (`paged_attention.cu`), split-KV with its combine.
+    CudaCores,
+    /// The tensor-core prefill kernel (`paged_attention_mma.cu`), by function name.
+    Mma(&'static str),
+}
+
+/// The cascade partials of one call (`[T][H][D]` f32 outputs, `[H][T]` LSEs: prefix, then
+/// suffix), allocated by the first pass that needs them. The launches are already queued on
+/// the stream; nothing else is held.
+#[derive(Debug, Default)]
+pub struct CudaRecording {
+    partials: Option<[CudaStorage; 4]>,
+}
+
+impl CudaAttentionImpl {
+    /// The partial (out, lse) device addresses of a cascade `target`, allocated on first use.
+    fn partial(&self, rec: &mut CudaRecording, target: Target, n: usize) -> Result<(u64, u64)> {
+        let p = &self.params;
+        let parts = match rec.partials.take() {
+            Some(parts) => parts,
+            None => {
+                let rows = n.checked_mul(p.num_heads).ok_or_else(|| {
+                    Error::overflow(
+                        "cascade partials",
+                        format!("{n} tokens x {} heads", p.num_heads),
+                    )
+                })?;
+                let out_bytes = rows.checked_mul(p.head_size * 4).ok_or_else(|| {
+                    Error::overflow("cascade partials", format!("{rows} rows x {}", p.head_size))
+                })?;
+                [
+                    self.device.zeros_bytes(out_bytes)?,
+                    self.device.zeros_bytes(out_bytes)?,
+                    self.device.zeros_bytes(rows * 4)?,
+                    self.device.zeros_bytes(rows * 4)?,
+                ]
+            }
+        };
+        let [o_p, o_s, l_p, l_s] = &parts;
+        let ptrs = match target {
+            Target::Suffix => (o_s.device_ptr(), l_s.device_ptr()),
+            _ => (o_p.device_ptr(), l_p.device_ptr()),
+        };
+        rec.partials = Some(parts);
+        Ok(ptrs)
+    }
+
+    /// The kernels' parameters for one pass: the batch, the key source, the target.
+    fn pass_params(
+        &self,
+        rec: &mut CudaRecording,
+        md: &CudaAttentionMetadata,
+        io: &ForwardIo<'_>,
+        spec: &PassSpec,
+    ) -> Result<AttnParams> {
+        let p = &self.params;
+        let common = &md.common;
+        let n = io.num_tokens;
+        let arrays = md.arrays();
+        let (out, lse, out_dtype) = match spec.target {
+            Target::Output => (
+                tensor_ptr(&self.device, io.output, "output")?,
+                match io.output_lse.as_deref() {
+                    Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
+                    None => 0,
+                },
+                io.dtype,
+            ),
+            t => {
+                let (o, l) = self.partial(rec, t, n)?;
+                (o, l, DType::F32)
+            }
+        };
+        let mut params = AttnParams {
+            q: tensor_ptr(&self.device, io.query, "query")?,
+            block_table: tensor_ptr(&self.device, &arrays.block_table, "block_table")?,
+            seq_lens: tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?,
+            query_start_loc: tensor_ptr(&self.device, &arrays.query_start_loc, "query_start_loc")?,
+            alibi: self.alibi.as_ref().map_or(0, |a| a.device_ptr()),
+            sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
+            out,
+            lse,
+            q_dtype: code(io.dtype)?,
+            out_dtype: code(out_dtype)?,
+            num_heads: i32_of("num_heads", p.num_heads)?,
+            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
+            head_size: i32_of("head_size", p.head_size)?,
+            group: i32_of("group", p.num_queries_per_kv())?,
+            block_size: i32_of("block_size", common.block_size())?,
+            bt_stride: i32_of("max_blocks_per_req", common.max_blocks_per_req())?,
+            num_tokens: i32_of("num_tokens", n)?,
+            causal: i32::from(spec.causal),
+            window: match p.sliding_window {
+                Some(w) => i32_of("sliding_window", w)?,
+                None => 0,
+            },
+            use_sinks: i32::from(self.sinks.is_some() && spec.sinks),
+            scale: p.scale,
+            soft_cap: p.soft_cap().unwrap_or(0.0),
+            k_scale: 1.0,
+            v_scale: 1.0,
+            ..Default::default()
+        };
+        match io.keys {
+            Keys::Dense { key, value } => {
+                params.k_dense = tensor_ptr(&self.device, key, "key")?;
+                params.v_dense = tensor_ptr(&self.device, value, "value")?;
+                params.dense = 1;
+                params.cache_dtype = params.q_dtype;
+            }
+            Keys::Cache(cache) => {
+                params.cache = tensor_ptr(&self.device, cache.data(), "the KV cache")?;
+                params.cache_dtype = code(cache.spec().storage_dtype())?;
+                params.layout_hnd = i32::from(cache.layout() == KvLayout::Hnd);
+                (params.k_scale, params.v_scale) = self.scales(io.layer);
+            }
+        }
+        Ok(params)
+    }
+
+    /// A plan key of this layer for `job` (`rows` per item, `split` along the keys).
+    fn plan_key(
+        &self,
+        job: &AttendJob<CudaKernel>,
+        dense: bool,
+        rows: usize,
+        split: SplitRule,
+    ) -> PlanKey {
+        let p = &self.params;
+        PlanKey {
+            pass: job.spec.pass,
+            dense,
+            split,
+            min_q: job.min_q,
+            max_q: job.max_q,
+            ..PlanKey::new(
+                p.num_queries_per_kv(),
+                p.num_kv_heads,
+                job.spec.causal,
+                p.sliding_window,
+                rows,
+            )
+        }
+    }
+}
+
+impl ForwardKernels for CudaAttentionImpl {
+    type Metadata = CudaAttentionMetadata;
+    type Kernel = CudaKernel;
+    type Recording = CudaRecording;
+    const BACKEND: &'static str = "CUDA";
+
     fn params(&self) -> &AttentionParams {
         &self.params
     }
 
-    fn can_return_lse_for_decode(&self) -> bool {
+    fn metadata<'m>(
+        &self,
+        metadata: &'m dyn AttentionMetadata,
+    ) -> Result<&'m CudaAttentionMetadata> {
+        let md = metadata.downcast::<CudaAttentionMetadata>("CudaAttentionImpl")?;
+        if md.device != self.device {
+            return Err(not_here("the metadata"));
+        }
+        md.check_current()?;
+        if self.device.is_capturing() && !md.is_graph_capturable() {
+            return Err(Error::Device {
+                backend: "CUDA".into(),
+                message: "a forward inside a CUDA graph capture needs metadata from \
+                          build_for_graph_capture (persistent buffers, fixed work lists); this \
+                          metadata came from build, whose arrays and work lists are per-step \
+                          allocations"
+                    .into(),
+            });
+        }
+        Ok(md)
+    }
+
+    fn check_cache(&self, cache: &KvCache, _: &CudaAttentionMetadata) -> Result<()> {
+        if cache.block_size() % kernels::KEYS_PER_CHUNK != 0 {
+            return Err(Error::config(format!(
+                "the CUDA kernels need a block size that is a multiple of {}, got {}",
+                kernels::KEYS_PER_CHUNK,
+                cache.block_size()
+            )));
+        }
+        tensor_ptr(&self.device, cache.data(), "the KV cache").map(|_| ())
+    }
+
+    fn runs_cascade(&self) -> bool {
         true
     }
 
-    fn do_kv_cache_update(
+    /// Without cascade and with cache keys: query length 1 on the decode kernel (when it
+    /// applies), up to [`MMA_MIN_QUERY_LEN`] on CUDA cores with split-KV, longer on the
+    /// tensor-core prefill kernel (when it applies). Cascade passes and dense keys run on
+    /// CUDA cores, unsplit.
+    fn bands(
         &self,
+        _: &CudaAttentionMetadata,
+        io: &ForwardIo<'_>,
+        spec: &PassSpec,
+    ) -> Result<Vec<Band<CudaKernel>>> {
+        let band = |min_q, kernel| Band { min_q, kernel };
+        let cache = match io.keys {
+            Keys::Cache(c) if spec.pass == Pass::Full => c,
+            _ => return Ok(vec![band(0, CudaKernel::CudaCores)]),
+        };
+        let cache_dtype = cache.spec().storage_dtype();
+        let mut bands = Vec::with_capacity(3);
+        match self.decode_kernel(io.dtype, cache_dtype) {
+            Some(name) => bands.extend([
+                band(0, CudaKernel::Decode(name)),
+                band(2, CudaKernel::CudaCores),
+            ]),
+            None => bands.push(band(0, CudaKernel::CudaCores)),
+        }
+        if let Some(name) = self.mma_kernel(io.dtype, cache_dtype) {
+            bands.push(band(MMA_MIN_QUERY_LEN, CudaKernel::Mma(name)));
+        }
+        Ok(bands)
+    }
+
+    fn begin(&self, _: &CudaAttentionMetadata) -> Result<CudaRecording> {
+        Ok(CudaRecording::default())
+    }
+
+    fn write_cache(
+        &self,
+        _: &mut CudaRecording,
+        md: &CudaAttentionMetadata,
         layer: &AttentionLayer,
         key: &Tensor,
         value: &Tensor,
         kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
     ) -> Result<()> {
-        let md = self.metadata(metadata)?;
         let p = &self.params;
         let n = md.common.slot_mapping_cpu().len();
-        let dtype = p.check_kv_update(key, value, n, kv_cache)?;
+        let dtype = kv_cache.spec().dtype;
         let k = tensor_ptr(&self.device, key, "key")?;
         let v = tensor_ptr(&self.device, value, "value")?;
-        let cache = self.check_cache(kv_cache, dtype, md)?;
+        let cache = tensor_ptr(&self.device, kv_cache.data(), "the KV cache")?;
         if n == 0 {
             return Ok(());
         }
@@ -569,6 +743,112 @@ impl AttentionImpl for CudaAttentionImpl {
         kernels::launch(&self.device, &f, cfg, &params, None)
     }
 
+    fn attend(
+        &self,
+        rec: &mut CudaRecording,
+        md: &CudaAttentionMetadata,
+        io: &mut ForwardIo<'_>,
+        job: &AttendJob<CudaKernel>,
+    ) -> Result<()> {
+        let base = self.pass_params(rec, md, io, &job.spec)?;
+        let dense = io.keys.is_dense();
+        match job.kernel {
+            CudaKernel::Decode(name) => {
+                let Keys::Cache(cache) = io.keys else {
+                    return Err(Error::config("the CUDA decode kernel reads the KV cache"));
+                };
+                let cache_dtype = cache.spec().storage_dtype();
+                let (f, slots) = self.decode_function(name, io.dtype, cache_dtype)?;
+                let split = SplitRule::FillWaves {
+                    slots,
+                    fixed: CudaTuning::get().decode_splits,
+                };
+                let plan = md.plan(&self.plan_key(job, false, DECODE_ROWS_PER_ITEM, split))?;
+                self.launch_decode(&plan, &base, md, &f, cache_dtype)
+            }
+            CudaKernel::CudaCores => {
+                // Split-KV only for a full pass over the cache (the cascade passes and dense
+                // keys are unsplit).
+                let split = if job.spec.pass == Pass::Full && !dense {
+                    SplitRule::TwoPerSm {
+                        sm_count: self.device.sm_count() as usize,
+                    }
+                } else {
+                    SplitRule::Never
+                };
+                let plan = md.plan(&self.plan_key(job, dense, ROWS_PER_ITEM, split))?;
+                self.launch_attention(&plan, &base, md)
+            }
+            CudaKernel::Mma(name) => {
+                let p = &self.params;
+                let shape = mma_shape_for(
+                    md.common.query_start_loc_cpu(),
+                    job.min_q,
+                    p.num_queries_per_kv(),
+                    p.num_kv_heads,
+                    self.device.sm_count() as usize,
+                );
+                let plan = md.plan(&self.plan_key(job, false, shape.rows, SplitRule::Never))?;
+                self.launch_mma(&plan, &base, name, io.dtype, shape)
+            }
+        }
+    }
+
+    fn merge(
+        &self,
+        rec: &mut CudaRecording,
+        _: &CudaAttentionMetadata,
+        io: &mut ForwardIo<'_>,
+    ) -> Result<()> {
+        let p = &self.params;
+        let n = io.num_tokens;
+        let (o_p, l_p) = self.partial(rec, Target::Prefix, n)?;
+        let (o_s, l_s) = self.partial(rec, Target::Suffix, n)?;
+        let out = tensor_ptr(&self.device, io.output, "output")?;
+        let out_lse = match io.output_lse.as_deref() {
+            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
+            None => 0,
+        };
+        launch_merge(
+            &self.device,
+            o_p,
+            l_p,
+            o_s,
+            l_s,
+            out,
+            out_lse,
+            DType::F32,
+            io.dtype,
+            (n, p.num_heads, p.head_size),
+            n,
+        )
+    }
+
+    fn finish(&self, _: CudaRecording, _: Option<&mut ForwardIo<'_>>) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl AttentionImpl for CudaAttentionImpl {
+    fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn can_return_lse_for_decode(&self) -> bool {
+        true
+    }
+
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        forward::update_kv_cache(self, layer, key, value, kv_cache, metadata)
+    }
+
     fn forward_with_lse(
         &self,
         layer: &AttentionLayer,
@@ -580,214 +860,9 @@ impl AttentionImpl for CudaAttentionImpl {
         output: &mut Tensor,
         output_lse: Option<&mut Tensor>,
     ) -> Result<()> {
-        let p = &self.params;
-        let md = self.metadata(metadata)?;
-        let common = &md.common;
-        let n = common.num_actual_tokens();
-        let dtype = p.check_query_output(query, output, output_lse.as_deref(), n)?;
-        let lse_ptr = match output_lse {
-            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
-            None => 0,
-        };
-        let encoder = p.attn_type.is_encoder();
-        if p.attn_type == AttentionType::EncoderDecoder {
-            return Err(Error::config(
-                "the CUDA backend does not implement encoder_decoder attention",
-            ));
-        }
-        if md.cascade.is_some()
-            && (p.alibi_slopes.is_some() || p.sliding_window.is_some() || encoder)
-        {
-            return Err(Error::config(
-                "cascade attention (common_prefix_len > 0) cannot be combined with ALiBi, a sliding \
-                 window or encoder attention; build the metadata with common_prefix_len = 0",
-            ));
-        }
-        let q_ptr = tensor_ptr(&self.device, query, "query")?;
-        let out_ptr = tensor_ptr(&self.device, output, "output")?;
-        let arrays = md.arrays();
-        let window = match p.sliding_window {
-            Some(w) => i32_of("sliding_window", w)?,
-            None => 0,
-        };
-        let causal = common.causal() && !encoder;
-        let mut base = AttnParams {
-            q: q_ptr,
-            block_table: tensor_ptr(&self.device, &arrays.block_table, "block_table")?,
-            seq_lens: tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?,
-            query_start_loc: tensor_ptr(&self.device, &arrays.query_start_loc, "query_start_loc")?,
-            alibi: self.alibi.as_ref().map_or(0, |a| a.device_ptr()),
-            sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
-            out: out_ptr,
-            lse: lse_ptr,
-            q_dtype: code(dtype)?,
-            out_dtype: code(dtype)?,
-            num_heads: i32_of("num_heads", p.num_heads)?,
-            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
-            head_size: i32_of("head_size", p.head_size)?,
-            group: i32_of("group", p.num_queries_per_kv())?,
-            block_size: i32_of("block_size", common.block_size())?,
-            bt_stride: i32_of("max_blocks_per_req", common.max_blocks_per_req())?,
-            num_tokens: i32_of("num_tokens", n)?,
-            causal: i32::from(causal),
-            window,
-            use_sinks: i32::from(self.sinks.is_some()),
-            scale: p.scale,
-            soft_cap: p.soft_cap().unwrap_or(0.0),
-            k_scale: 1.0,
-            v_scale: 1.0,
-            ..Default::default()
-        };
-        let key_for = |pass: Pass, causal: bool, dense: bool, split: SplitRule| PlanKey {
-            pass,
-            dense,
-            split,
-            ..PlanKey::new(
-                p.num_queries_per_kv(),
-                p.num_kv_heads,
-                causal,
-                p.sliding_window,
-                ROWS_PER_ITEM,
-            )
-        };
-        let two_per_sm = SplitRule::TwoPerSm {
-            sm_count: self.device.sm_count() as usize,
-        };
-
-        if encoder {
-            // Encoder self-attention reads K/V straight from the inputs, never the cache.
-            let (k, v) = match (key, value) {
-                (Some(k), Some(v)) => (k, v),
-                _ => {
-                    return Err(Error::config(
-                        "encoder attention needs key and value tensors",
-                    ))
-                }
-            };
-            base.k_dense = self.check_kv_input("key", k, n, dtype)?;
-            base.v_dense = self.check_kv_input("value", v, n, dtype)?;
-            base.dense = 1;
-            base.cache_dtype = base.q_dtype;
-            let plan = md.plan(&key_for(Pass::Full, false, true, SplitRule::Never))?;
-            return self.launch_attention(&plan, &base, md);
-        }
-
-        if let (Some(k), Some(v)) = (key, value) {
-            self.do_kv_cache_update(layer, k, v, kv_cache, metadata)?;
-        } else if key.is_some() != value.is_some() {
-            return Err(Error::config("key and value must be given together"));
-        }
-        base.cache = self.check_cache(kv_cache, dtype, md)?;
-        base.cache_dtype = code(kv_cache.spec().storage_dtype())?;
-        base.layout_hnd = i32::from(kv_cache.layout() == KvLayout::Hnd);
-        let (k_scale, v_scale) = self.scales(layer);
-        base.k_scale = k_scale;
-        base.v_scale = v_scale;
-        if n == 0 {
-            return Ok(());
-        }
-
-        match &md.cascade {
-            None => {
-                // The batch's requests by query length: [1, 2) on the decode kernel (when it
-                // applies), [decode_end, mma_start) on CUDA cores with split-KV, [mma_start, ∞)
-                // on the tensor-core prefill kernel (when it applies). The plans partition the
-                // requests.
-                let cache_dtype = kv_cache.spec().storage_dtype();
-                let decode = self.decode_kernel(dtype, cache_dtype);
-                let mma = self.mma_kernel(dtype, cache_dtype);
-                let decode_end = if decode.is_some() { 2 } else { 0 };
-                let mma_start = if mma.is_some() {
-                    MMA_MIN_QUERY_LEN
-                } else {
-                    usize::MAX
-                };
-                if let Some(name) = decode {
-                    let (f, slots) = self.decode_function(name, dtype, cache_dtype)?;
-                    let key = PlanKey {
-                        max_q: decode_end,
-                        rows: DECODE_ROWS_PER_ITEM,
-                        split: SplitRule::FillWaves {
-                            slots,
-                            fixed: CudaTuning::get().decode_splits,
-                        },
-                        ..key_for(Pass::Full, causal, false, SplitRule::Never)
-                    };
-                    let plan = md.plan(&key)?;
-                    self.launch_decode(&plan, &base, md, &f, cache_dtype)?;
-                }
-                let short = PlanKey {
-                    min_q: decode_end,
-                    max_q: mma_start,
-                    ..key_for(Pass::Full, causal, false, two_per_sm)
-                };
-                let plan = md.plan(&short)?;
-                self.launch_attention(&plan, &base, md)?;
-                if let Some(name) = mma {
-                    let shape = mma_shape_for(
-                        md.common.query_start_loc_cpu(),
-                        mma_start,
-                        p.num_heads / p.num_kv_heads,
-                        p.num_kv_heads,
-                        self.device.sm_count() as usize,
-                    );
-                    let long = PlanKey {
-                        min_q: mma_start,
-                        rows: shape.rows,
-                        ..key_for(Pass::Full, causal, false, SplitRule::Never)
-                    };
-                    let plan = md.plan(&long)?;
-                    self.launch_mma(&plan, &base, name, dtype, shape)?;
-                }
-                Ok(())
-            }
-            Some(cascade) => {
-                let (h, d) = (p.num_heads, p.head_size);
-                let o_p = self.device.zeros_bytes(n * h * d * 4)?;
-                let o_s = self.device.zeros_bytes(n * h * d * 4)?;
-                let l_p = self.device.zeros_bytes(n * h * 4)?;
-                let l_s = self.device.zeros_bytes(n * h * 4)?;
-                // Prefix: every token against the shared blocks, no mask, with sinks.
-                let mut prefix = base;
-                prefix.out = o_p.device_ptr();
-                prefix.lse = l_p.device_ptr();
-                prefix.out_dtype = code(DType::F32)?;
-                prefix.causal = 0;
-                let plan = md.plan(&key_for(
-                    Pass::Prefix(cascade.prefix_len),
-                    false,
-                    false,
-                    SplitRule::Never,
-                ))?;
-                self.launch_attention(&plan, &prefix, md)?;
-                // Suffix: each request's own keys after the prefix, causal, no sinks.
-                let mut suffix = base;
-                suffix.out = o_s.device_ptr();
-                suffix.lse = l_s.device_ptr();
-                suffix.out_dtype = code(DType::F32)?;
-                suffix.use_sinks = 0;
-                let plan = md.plan(&key_for(
-                    Pass::Suffix(cascade.prefix_len),
-                    causal,
-                    false,
-                    SplitRule::Never,
-                ))?;
-                self.launch_attention(&plan, &suffix, md)?;
-                launch_merge(
-                    &self.device,
-                    o_p.device_ptr(),
-                    l_p.device_ptr(),
-                    o_s.device_ptr(),
-                    l_s.device_ptr(),
-                    out_ptr,
-                    lse_ptr,
-                    DType::F32,
-                    dtype,
-                    (n, h, d),
-                    n,
-                )
-            }
-        }
+        forward::forward(
+            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
+        )
     }
 }
 

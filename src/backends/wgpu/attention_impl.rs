@@ -13,18 +13,18 @@
 use std::sync::Mutex;
 
 use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
-use crate::backend::AttentionType;
 use crate::device::{Tensor, WgpuDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::forward::{self, AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
 use super::metadata_builder::{PlanKey, WgpuAttentionMetadata};
 use super::tuning::{PrefillForm, WgpuTuning};
 use crate::device::wgpu::{
-    bind_group, check_binding, dispatch, dispatch_all, grid, pipeline, pipeline_with, storage,
-    upload_words, whole, LoopBounding, ParamBlock, Words, PARAM_WORDS,
+    bind_group, check_binding, dispatch_all, grid, pipeline, pipeline_with, storage, upload_words,
+    whole, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
 use crate::kernels::wgsl::{
     self as shaders, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
@@ -361,19 +361,6 @@ impl WgpuAttentionImpl {
         self.tuning
     }
 
-    fn metadata<'m>(
-        &self,
-        metadata: &'m dyn AttentionMetadata,
-    ) -> Result<&'m WgpuAttentionMetadata> {
-        metadata.downcast::<WgpuAttentionMetadata>("WgpuAttentionImpl")
-    }
-
-    fn check_cache(&self, cache: &KvCache, dtype: DType, md: &WgpuAttentionMetadata) -> Result<()> {
-        self.params.check_kv_cache(cache, dtype, &md.common)?;
-        storage(&self.dev, cache.data(), "kv_cache")?;
-        Ok(())
-    }
-
     /// Element strides of the cache: block, K→V, token, head.
     fn cache_strides(cache: &KvCache) -> [u32; 4] {
         let o0 = cache.offset(0, 0, 0, 0);
@@ -455,145 +442,147 @@ impl WgpuAttentionImpl {
         Ok(Some((pipe, group, (x, 1, z))))
     }
 
-    fn check_update_args(
-        &self,
-        key: &Tensor,
-        value: &Tensor,
-        kv_cache: &KvCache,
-        md: &WgpuAttentionMetadata,
-    ) -> Result<()> {
-        let rows = md.common.slot_mapping_cpu().len();
-        let dtype = self.params.check_kv_update(key, value, rows, kv_cache)?;
-        self.check_cache(kv_cache, dtype, md)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-impl AttentionImpl for WgpuAttentionImpl {
+/// The dispatches of one call, recorded into one command buffer and submitted by `finish`.
+#[derive(Debug)]
+pub struct WgpuRecording {
+    enc: wgpu::CommandEncoder,
+    slots: [[u32; PARAM_WORDS]; SLOTS],
+    /// Parameter slots to write: 1 for a cache write alone, all for a forward.
+    used_slots: usize,
+    passes: Vec<Pass>,
+}
+
+/// The kernel forms of one wgpu plan (the split-KV decode kernel, the decode and prefill
+/// tiles, the combine): the plan sorts the items among them, so every query length is one
+/// band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuPlanKernels;
+
+impl ForwardKernels for WgpuAttentionImpl {
+    type Metadata = WgpuAttentionMetadata;
+    type Kernel = WgpuPlanKernels;
+    type Recording = WgpuRecording;
+    const BACKEND: &'static str = "wgpu";
+
     fn params(&self) -> &AttentionParams {
         &self.params
     }
 
-    fn can_return_lse_for_decode(&self) -> bool {
-        true
+    fn metadata<'m>(
+        &self,
+        metadata: &'m dyn AttentionMetadata,
+    ) -> Result<&'m WgpuAttentionMetadata> {
+        metadata.downcast::<WgpuAttentionMetadata>("WgpuAttentionImpl")
     }
 
-    fn do_kv_cache_update(
+    fn check_cache(&self, cache: &KvCache, _: &WgpuAttentionMetadata) -> Result<()> {
+        storage(&self.dev, cache.data(), "kv_cache").map(|_| ())
+    }
+
+    /// The WGSL family has no cascade passes yet: a cascade batch runs as one full pass.
+    fn runs_cascade(&self) -> bool {
+        false
+    }
+
+    fn bands(
         &self,
-        layer: &AttentionLayer,
-        key: &Tensor,
-        value: &Tensor,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-    ) -> Result<()> {
-        let md = self.metadata(metadata)?;
-        self.check_update_args(key, value, kv_cache, md)?;
-        let state = self.lock();
-        let mut slots = [[0u32; PARAM_WORDS]; SLOTS];
-        let mut enc = self
+        _: &WgpuAttentionMetadata,
+        _: &ForwardIo<'_>,
+        _: &PassSpec,
+    ) -> Result<Vec<Band<WgpuPlanKernels>>> {
+        Ok(vec![Band {
+            min_q: 0,
+            kernel: WgpuPlanKernels,
+        }])
+    }
+
+    fn begin(&self, _: &WgpuAttentionMetadata) -> Result<WgpuRecording> {
+        let enc = self
             .dev
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("polyattn reshape_and_cache"),
+                label: Some("polyattn attention"),
             });
-        let rec =
-            self.record_reshape(&mut slots, &state.params, layer, key, value, kv_cache, md)?;
-        if let Some((pipe, group, dims)) = rec {
-            state.params.write_if_changed(&self.dev, &slots[..1]);
-            dispatch(&mut enc, &pipe, &group, dims);
-            self.dev.queue().submit([enc.finish()]);
-        }
+        Ok(WgpuRecording {
+            enc,
+            slots: [[0u32; PARAM_WORDS]; SLOTS],
+            used_slots: 0,
+            passes: Vec::new(),
+        })
+    }
+
+    fn write_cache(
+        &self,
+        rec: &mut WgpuRecording,
+        md: &WgpuAttentionMetadata,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<()> {
+        let state = self.lock();
+        let pass =
+            self.record_reshape(&mut rec.slots, &state.params, layer, key, value, cache, md)?;
+        rec.passes.extend(pass);
+        rec.used_slots = rec.used_slots.max(SLOT_RESHAPE + 1);
         Ok(())
     }
 
-    fn forward_with_lse(
+    fn attend(
         &self,
-        layer: &AttentionLayer,
-        query: &Tensor,
-        key: Option<&Tensor>,
-        value: Option<&Tensor>,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-        output: &mut Tensor,
-        output_lse: Option<&mut Tensor>,
+        rec: &mut WgpuRecording,
+        md: &WgpuAttentionMetadata,
+        io: &mut ForwardIo<'_>,
+        job: &AttendJob<WgpuPlanKernels>,
     ) -> Result<()> {
+        if job.spec.pass != crate::plan::Pass::Full || job.spec.target != Target::Output {
+            return Err(Error::config("the wgpu kernels run no cascade passes"));
+        }
         let p = &self.params;
-        let md = self.metadata(metadata)?;
         let common = &md.common;
-        let n = common.num_actual_tokens();
-        let dtype = p.check_query_output(query, output, output_lse.as_deref(), n)?;
-        let encoder_attn = p.attn_type.is_encoder();
-        if p.attn_type == AttentionType::EncoderDecoder {
-            return Err(Error::config(
-                "the wgpu backend does not implement encoder_decoder attention",
-            ));
-        }
-        if md.cascade.is_some()
-            && (p.alibi_slopes.is_some() || p.sliding_window.is_some() || encoder_attn)
-        {
-            return Err(Error::config(
-                "cascade attention (common_prefix_len > 0) cannot be combined with ALiBi, a sliding \
-                 window or encoder attention; build the metadata with common_prefix_len = 0",
-            ));
-        }
         let dev = &self.dev;
-        let q_buf = storage(dev, query, "query")?.buffer().clone();
-        let out_buf = storage(dev, output, "output")?.buffer().clone();
-        let lse_buf = match output_lse {
+        let n = io.num_tokens;
+        let dtype = io.dtype;
+        let encoder_attn = io.keys.is_dense();
+        let q_buf = storage(dev, io.query, "query")?.buffer().clone();
+        let out_buf = storage(dev, io.output, "output")?.buffer().clone();
+        let lse_buf = match io.output_lse.as_deref() {
             Some(t) => Some(storage(dev, t, "output_lse")?.buffer().clone()),
             None => None,
         };
-
-        // Key source: dense inputs for encoder attention, else the cache (written first).
-        let (k_buf, v_buf, kv_dtype) = if encoder_attn {
-            let (k, v) = match (key, value) {
-                (Some(k), Some(v)) => (k, v),
-                _ => {
-                    return Err(Error::config(
-                        "encoder attention needs key and value tensors",
-                    ))
-                }
-            };
-            self.params.check_kv_input("key", k, n, dtype)?;
-            self.params.check_kv_input("value", v, n, dtype)?;
-            (
-                storage(dev, k, "key")?.buffer().clone(),
-                storage(dev, v, "value")?.buffer().clone(),
+        // Key source: dense inputs for encoder attention, else the cache and its block table.
+        let (k_buf, v_buf, kv_dtype, cache) = match io.keys {
+            Keys::Dense { key, value } => (
+                storage(dev, key, "key")?.buffer().clone(),
+                storage(dev, value, "value")?.buffer().clone(),
                 dtype,
-            )
-        } else {
-            if key.is_some() != value.is_some() {
-                return Err(Error::config("key and value must be given together"));
-            }
-            if let (Some(k), Some(v)) = (key, value) {
-                self.check_update_args(k, v, kv_cache, md)?;
-            }
-            self.check_cache(kv_cache, dtype, md)?;
-            (
-                storage(dev, kv_cache.data(), "kv_cache")?.buffer().clone(),
+                None,
+            ),
+            Keys::Cache(cache) => (
+                storage(dev, cache.data(), "kv_cache")?.buffer().clone(),
                 md.block_table.clone(),
-                kv_cache.spec().storage_dtype(),
-            )
+                cache.spec().storage_dtype(),
+                Some(cache),
+            ),
         };
-        if n == 0 {
-            return Ok(());
-        }
+        let slots = &mut rec.slots;
+        let passes = &mut rec.passes;
+        rec.used_slots = SLOTS;
 
         let g = p.num_queries_per_kv() as u32;
         let window = p.sliding_window.map(|w| w.min(1 << 30) as u32);
         let fast_decode_rows = DECODE_MAX_ROWS.min(self.decode_tile.0);
-        let fast_decode_rows = if !encoder_attn
-            && self
-                .decode_shader(fast_decode_rows, dtype, kv_cache)
-                .is_some()
-        {
-            fast_decode_rows
-        } else {
-            0
-        };
+        let fast_decode_rows =
+            if cache.is_some_and(|c| self.decode_shader(fast_decode_rows, dtype, c).is_some()) {
+                fast_decode_rows
+            } else {
+                0
+            };
         let prefill_shader = self.tile_shader(true, dtype, kv_dtype, !encoder_attn);
         let plan = md.plan(PlanKey {
             group: g,
@@ -608,26 +597,6 @@ impl AttentionImpl for WgpuAttentionImpl {
         })?;
 
         let mut state = self.lock();
-        let mut slots = [[0u32; PARAM_WORDS]; SLOTS];
-        let mut enc = dev
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("polyattn attention"),
-            });
-        let mut passes: Vec<Pass> = Vec::new();
-        if !encoder_attn {
-            if let (Some(k), Some(v)) = (key, value) {
-                passes.extend(self.record_reshape(
-                    &mut slots,
-                    &state.params,
-                    layer,
-                    k,
-                    v,
-                    kv_cache,
-                    md,
-                )?);
-            }
-        }
 
         // Split-KV scratch: partial rows [split][partial token][query head] of D4 vec4, then
         // one (m, l) vec4 per row.
@@ -656,7 +625,7 @@ impl AttentionImpl for WgpuAttentionImpl {
         let ml_offset = (partial_rows * d4) as u32;
 
         let mut flags = 0;
-        if common.causal() && !encoder_attn {
+        if job.spec.causal {
             flags |= CAUSAL;
         }
         if window.is_some() {
@@ -668,19 +637,18 @@ impl AttentionImpl for WgpuAttentionImpl {
         if p.alibi_slopes.is_some() {
             flags |= ALIBI;
         }
-        if p.sinks.is_some() {
+        if p.sinks.is_some() && job.spec.sinks {
             flags |= SINKS;
         }
         if lse_buf.is_some() {
             flags |= WRITE_LSE;
         }
-        let [bstride, kvstride, tstride, hstride] = Self::cache_strides(kv_cache);
-        let (ks, vs) = if encoder_attn {
-            (1.0, 1.0)
-        } else {
-            self.kv_scales(layer)
+        // Dense K/V are addressed by row; the strides and scales are the cache's.
+        let ([bstride, kvstride, tstride, hstride], (ks, vs)) = match cache {
+            Some(c) => (Self::cache_strides(c), self.kv_scales(io.layer)),
+            None => ([0; 4], (1.0, 1.0)),
         };
-        let bs = kv_cache.block_size() as u32;
+        let bs = common.block_size() as u32;
         // The WGSL kernels address the block table by request (0: dense K/V).
         let bt_width = if encoder_attn {
             0
@@ -698,7 +666,7 @@ impl AttentionImpl for WgpuAttentionImpl {
                 .u(p.num_heads as u32)
                 .u(p.num_kv_heads as u32)
                 .u(g)
-                .u(kv_cache.block_size() as u32)
+                .u(bs)
                 .u(bstride)
                 .u(kvstride)
                 .u(tstride)
@@ -759,8 +727,8 @@ impl AttentionImpl for WgpuAttentionImpl {
             passes.push((pipe, group, (x, 1, z)));
         }
         if let Some(list) = &plan.decode_fast {
-            let shader = self
-                .decode_shader(plan.fast_rows, dtype, kv_cache)
+            let shader = cache
+                .and_then(|c| self.decode_shader(plan.fast_rows, dtype, c))
                 .ok_or_else(|| {
                     Error::config("wgpu: the split-KV decode kernel cannot run this plan")
                 })?;
@@ -812,14 +780,78 @@ impl AttentionImpl for WgpuAttentionImpl {
             let (x, z) = grid(dev, list.count as u64)?;
             passes.push((pipe, group, (x, p.num_heads as u32, z)));
         }
-        state.params.write_if_changed(dev, &slots);
+        Ok(())
+    }
+
+    fn merge(
+        &self,
+        _: &mut WgpuRecording,
+        _: &WgpuAttentionMetadata,
+        _: &mut ForwardIo<'_>,
+    ) -> Result<()> {
+        Err(Error::config("the wgpu kernels run no cascade passes"))
+    }
+
+    fn finish(&self, rec: WgpuRecording, _: Option<&mut ForwardIo<'_>>) -> Result<()> {
+        if rec.passes.is_empty() {
+            return Ok(());
+        }
+        let WgpuRecording {
+            mut enc,
+            slots,
+            used_slots,
+            passes,
+        } = rec;
+        // The parameters are written and the work submitted under one lock, so two calls on
+        // this layer cannot interleave their parameter writes and submissions.
+        let state = self.lock();
+        state
+            .params
+            .write_if_changed(&self.dev, &slots[..used_slots]);
         dispatch_all(
             &mut enc,
             passes
                 .iter()
                 .map(|(pipe, group, dims)| (pipe, group, *dims)),
         );
-        dev.queue().submit([enc.finish()]);
+        self.dev.queue().submit([enc.finish()]);
         Ok(())
+    }
+}
+
+impl AttentionImpl for WgpuAttentionImpl {
+    fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn can_return_lse_for_decode(&self) -> bool {
+        true
+    }
+
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        forward::update_kv_cache(self, layer, key, value, kv_cache, metadata)
+    }
+
+    fn forward_with_lse(
+        &self,
+        layer: &AttentionLayer,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        output_lse: Option<&mut Tensor>,
+    ) -> Result<()> {
+        forward::forward(
+            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
+        )
     }
 }
