@@ -1,8 +1,401 @@
-//! The CUDA backend's kernel glue: under the names the backend's files use, the planner's
-//! work item ([`WorkItem`], read by `paged_attention.cu`), the family's work-item shape and
-//! the runtime's compile and launch (`kernels::function`, `kernels::launch`).
+//! The CUDA backend's kernel glue: how the backend launches the CUDA family through the CUDA
+//! runtime — the tensor-core prefill kernel's CTA shape per batch, one launch function per
+//! kernel (decode, CUDA-core attention and its split combine, tensor-core prefill,
+//! `reshape_and_cache`, `merge_attn_states`) over the planner's work lists, and the host
+//! checks they share (device residency, i32 ranges). Under the names the backend's files use:
+//! the planner's work item ([`WorkItem`], read by `paged_attention.cu`), the family's
+//! work-item shape and the runtime's compile and launch.
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
+
+use crate::attention::AttentionParams;
+use crate::device::{CudaDevice, Device, Storage, Tensor};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::cuda::{
+    attention_function_name, attention_smem_bytes, attention_variant, code, decode_smem_bytes,
+    mma_smem_bytes, mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
+    DECODE_THREADS, MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
+};
+
+use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
+use super::tuning::CudaTuning;
 
 pub use crate::kernels::cuda::{KEYS_PER_CHUNK, ROWS_PER_ITEM};
 pub use crate::plan::WorkItem;
 
 pub(crate) use crate::device::cuda::{function, launch};
+
+/// The tensor-core prefill kernel's CTA shape for small prefill batches: 64 rows on 4 warps
+/// (one m16 tile per warp; about 185 registers).
+pub const MMA_SHAPE_SMALL: MmaShape = MmaShape { rows: 64, warps: 4 };
+
+/// The tensor-core prefill kernel's CTA shape for large prefill batches: 128 rows on 4 warps
+/// (two m16 tiles per warp share every K/V fragment, which halves the shared-memory traffic
+/// per FLOP; 255 registers, 32-key softmax steps).
+pub const MMA_SHAPE_LARGE: MmaShape = MmaShape {
+    rows: 128,
+    warps: 4,
+};
+
+/// [`MMA_SHAPE_LARGE`] is used when its plan has at least this many CTAs per SM (two full
+/// waves at its two resident CTAs per SM); below that, half as many rows per CTA balance the
+/// causal tiles' unequal lengths better (a 1k-token prefill, 256 large CTAs on a 132-SM GPU,
+/// runs faster on 64 rows; from 4k tokens 128 rows win; benches/RESULTS.md).
+pub const MMA_LARGE_MIN_CTAS_PER_SM: usize = 4;
+
+/// The tensor-core prefill kernel's CTA shape for the requests of `query_start_loc` with at
+/// least `min_q` query tokens: the forced one, else [`MMA_SHAPE_LARGE`] when its plan would
+/// have [`MMA_LARGE_MIN_CTAS_PER_SM`] CTAs per SM, else [`MMA_SHAPE_SMALL`]. Host arithmetic
+/// only (the same count [`plan_work`](crate::plan::plan_work) makes).
+pub fn mma_shape_for(
+    query_start_loc: &[i32],
+    min_q: usize,
+    group: usize,
+    num_kv_heads: usize,
+    sm_count: usize,
+) -> MmaShape {
+    if let Some(s) = CudaTuning::get().mma_shape {
+        return s;
+    }
+    let g = group.max(1);
+    let hc = g.min(MMA_SHAPE_LARGE.rows);
+    let tq = (MMA_SHAPE_LARGE.rows / hc).max(1);
+    let per_tile = num_kv_heads * g.div_ceil(hc);
+    let ctas: usize = query_start_loc
+        .windows(2)
+        .map(|w| (w[1] - w[0]).max(0) as usize)
+        .filter(|&q| q >= min_q)
+        .map(|q| q.div_ceil(tq) * per_tile)
+        .sum();
+    if ctas >= MMA_LARGE_MIN_CTAS_PER_SM * sm_count.max(1) {
+        MMA_SHAPE_LARGE
+    } else {
+        MMA_SHAPE_SMALL
+    }
+}
+
+pub(crate) fn not_here(what: &str) -> Error {
+    Error::Device {
+        backend: "CUDA".into(),
+        message: format!(
+            "{what} is not on this backend's CUDA device; create it on the backend's device \
+             (backend.device()) or move it with to_device"
+        ),
+    }
+}
+
+pub(crate) fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i32 range")))
+}
+
+/// The raw device address of `t`, which must live on `device`.
+pub(crate) fn tensor_ptr(device: &CudaDevice, t: &Tensor, what: &str) -> Result<u64> {
+    match (t.device(), t.storage()) {
+        (Device::Cuda(d), Storage::Cuda(s)) if d == device => Ok(s.device_ptr()),
+        _ => Err(not_here(what)),
+    }
+}
+
+/// Queues the decode kernel over `plan` (items of one token and up to 16 heads; split
+/// tokens are merged inside it by their last CTA). Partials live in the metadata's
+/// scratch buffer, the arrival counters in its split counters.
+pub(crate) fn launch_decode(
+    device: &CudaDevice,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    base: &AttnParams,
+    md: &CudaAttentionMetadata,
+    f: &CudaFunction,
+    cache_dtype: DType,
+) -> Result<()> {
+    let items = match &plan.items_dev {
+        Some(i) if !plan.work.items.is_empty() => i,
+        _ => return Ok(()),
+    };
+    let (h, d) = (p.num_heads, p.head_size);
+    let mut params = *base;
+    params.items = items.device_ptr();
+    let n_split = plan.work.n_part_tokens;
+    if n_split > 0 {
+        let planes = plan.work.max_splits * n_split * h;
+        // part_out (16-byte aligned: planes * d * 4 is a multiple of 256 for d % 64 == 0,
+        // of 16 otherwise), then part_lse.
+        let out_bytes = (planes * d * 4).div_ceil(256) * 256;
+        let ptr = md.scratch(out_bytes + planes * 4)?;
+        params.part_out = ptr;
+        params.part_lse = ptr + out_bytes as u64;
+        params.n_part_tokens = i32_of("split tokens", n_split)?;
+        params.split_counters = md.split_counters(n_split * h)?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (DECODE_THREADS, 1, 1),
+        shared_mem_bytes: decode_smem_bytes(d, cache_dtype),
+    };
+    launch(device, f, cfg, &params, None)
+}
+
+/// Queues the tensor-core kernel over `plan` (items of up to 64 rows, never split).
+pub(crate) fn launch_mma(
+    device: &CudaDevice,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    base: &AttnParams,
+    name: &str,
+    dtype: DType,
+    shape: MmaShape,
+) -> Result<()> {
+    let items = match &plan.items_dev {
+        Some(i) if !plan.work.items.is_empty() => i,
+        _ => return Ok(()),
+    };
+    let mut params = *base;
+    params.items = items.device_ptr();
+    // Soft cap and ALiBi live in a separate build (the plain one is the hot path).
+    let plain = p.soft_cap().is_none() && p.alibi_slopes.is_none();
+    let variant = mma_variant(dtype, p.head_size, shape, plain);
+    let mut opts: Vec<&str> = variant.iter().map(String::as_str).collect();
+    opts.extend(CudaTuning::get().mma_subk_define());
+    let f = function(device, &PAGED_ATTENTION_MMA, &opts, name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (shape.threads(), 1, 1),
+        shared_mem_bytes: mma_smem_bytes(p.head_size, shape.rows),
+    };
+    launch(device, &f, cfg, &params, None)
+}
+
+/// Queues the attention kernel over `plan` (and the split combine, when the plan splits).
+/// Partials live in the metadata's scratch buffer (reused, and persistent for graph
+/// metadata, so a captured launch never allocates).
+pub(crate) fn launch_attention(
+    device: &CudaDevice,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    base: &AttnParams,
+    md: &CudaAttentionMetadata,
+) -> Result<()> {
+    let items = match &plan.items_dev {
+        Some(i) if !plan.work.items.is_empty() => i,
+        _ => return Ok(()),
+    };
+    let (h, d) = (p.num_heads, p.head_size);
+    let mut params = *base;
+    params.items = items.device_ptr();
+    let n_split = plan.work.n_part_tokens;
+    if n_split > 0 {
+        let planes = plan.work.max_splits * n_split * h;
+        // part_out (256-byte aligned), then part_lse.
+        let out_bytes = (planes * d * 4).div_ceil(256) * 256;
+        let ptr = md.scratch(out_bytes + planes * 4)?;
+        params.part_out = ptr;
+        params.part_lse = ptr + out_bytes as u64;
+        params.n_part_tokens = i32_of("split tokens", n_split)?;
+    }
+    let name = attention_function_name(d)
+        .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
+    let variant = attention_variant(d);
+    let f = function(device, &PAGED_ATTENTION, &[&variant], name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: attention_smem_bytes(d),
+    };
+    launch(device, &f, cfg, &params, None)?;
+    if let Some(list) = &plan.groups_dev {
+        let f = function(device, &PAGED_ATTENTION, &[&variant], "combine_splits")?;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.work.groups.len() as u32, h as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(device, &f, cfg, &params, Some(list.device_ptr()))?;
+    }
+    Ok(())
+}
+
+/// Queues `merge_attn_states` on `device` over raw buffers whose shapes the caller checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_merge(
+    device: &CudaDevice,
+    o_p: u64,
+    lse_p: u64,
+    o_s: u64,
+    lse_s: u64,
+    out: u64,
+    out_lse: u64,
+    in_dtype: DType,
+    out_dtype: DType,
+    (t, h, d): (usize, usize, usize),
+    prefill_tokens: usize,
+) -> Result<()> {
+    if t == 0 || h == 0 {
+        return Ok(());
+    }
+    let params = MergeParams {
+        o_p,
+        o_s,
+        lse_p,
+        lse_s,
+        out,
+        out_lse,
+        in_dtype: code(in_dtype)?,
+        out_dtype: code(out_dtype)?,
+        num_tokens: i32_of("num_tokens", t)?,
+        num_heads: i32_of("num_heads", h)?,
+        head_size: i32_of("head_size", d)?,
+        prefill_tokens: i32_of("prefill_tokens_with_context", prefill_tokens.min(t))?,
+    };
+    let (name, grid_dim, threads) = if d % 8 == 0 {
+        // One thread per 8 elements of a row (merge_states.cu says why).
+        let threads = (t as u64 * h as u64 * (d / 8) as u64).div_ceil(MERGE_VEC_THREADS as u64);
+        let ctas = u32::try_from(threads).map_err(|_| {
+            Error::config(format!("merge of {t} tokens x {h} heads: too many CTAs"))
+        })?;
+        ("merge_attn_states_vec", (ctas, 1, 1), MERGE_VEC_THREADS)
+    } else {
+        let threads = (d.div_ceil(32) * 32).clamp(32, 128) as u32;
+        ("merge_attn_states", (t as u32, h as u32, 1), threads)
+    };
+    let cfg = LaunchConfig {
+        grid_dim,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = function(device, &MERGE_STATES, &[], name)?;
+    launch(device, &f, cfg, &params, None)
+}
+
+/// Threads per CTA of `merge_attn_states_vec`.
+const MERGE_VEC_THREADS: u32 = 256;
+
+/// `merge_attn_states` on CUDA tensors (the CUDA arm of [`crate::ops::merge_attn_states`],
+/// which has checked shapes and dtypes): every tensor must live on the output's GPU.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_attn_states(
+    output: &mut Tensor,
+    prefix_output: &Tensor,
+    prefix_lse: &Tensor,
+    suffix_output: &Tensor,
+    suffix_lse: &Tensor,
+    output_lse: Option<&mut Tensor>,
+    prefill_tokens_with_context: Option<usize>,
+) -> Result<()> {
+    let device = match output.device() {
+        Device::Cuda(d) => d.clone(),
+        _ => return Err(not_here("output")),
+    };
+    let s = prefix_output.shape().to_vec();
+    if s.len() != 3 {
+        return Err(Error::shape(
+            "prefix_output",
+            &s,
+            "[num_tokens, num_heads, head_size]",
+        ));
+    }
+    let (t, h, d) = (s[0], s[1], s[2]);
+    let o_p = tensor_ptr(&device, prefix_output, "prefix_output")?;
+    let o_s = tensor_ptr(&device, suffix_output, "suffix_output")?;
+    let l_p = tensor_ptr(&device, prefix_lse, "prefix_lse")?;
+    let l_s = tensor_ptr(&device, suffix_lse, "suffix_lse")?;
+    let out = tensor_ptr(&device, output, "output")?;
+    let out_lse = match output_lse {
+        Some(l) => tensor_ptr(&device, l, "output_lse")?,
+        None => 0,
+    };
+    let dtype = prefix_output.dtype();
+    launch_merge(
+        &device,
+        o_p,
+        l_p,
+        o_s,
+        l_s,
+        out,
+        out_lse,
+        dtype,
+        output.dtype(),
+        (t, h, d),
+        prefill_tokens_with_context.unwrap_or(t),
+    )
+}
+
+/// Threads per CTA of `reshape_and_cache` (`RC_THREADS` in the kernel, its launch bound).
+const RESHAPE_THREADS: u32 = 256;
+/// 8-element vectors per thread a `reshape_and_cache` chunk aims for (`RC_ITEMS_PER_THREAD`).
+const RESHAPE_ITEMS_PER_THREAD: usize = 8;
+/// Most CTAs of one `reshape_and_cache` launch (each then loops over several chunks).
+const RESHAPE_MAX_GRID: usize = 1 << 20;
+
+/// Tokens per chunk (one CTA's work) of `reshape_and_cache` for `units` 8-element vectors per
+/// token: about `RESHAPE_ITEMS_PER_THREAD` vectors per thread, 1 to 256 tokens. Mirrors
+/// `rc_tokens_per_chunk`.
+fn reshape_tokens_per_cta(units: usize) -> usize {
+    (RESHAPE_THREADS as usize * RESHAPE_ITEMS_PER_THREAD / units.max(1)).clamp(1, 256)
+}
+
+/// Queues `reshape_and_cache` for `n` tokens of `units` 8-element vectors each (`params`
+/// checked by the caller).
+pub(crate) fn launch_reshape(
+    device: &CudaDevice,
+    params: &ReshapeParams,
+    n: usize,
+    units: usize,
+) -> Result<()> {
+    let f = function(device, &RESHAPE_AND_CACHE, &[], "reshape_and_cache")?;
+    // One chunk of tokens per CTA (the kernel's grid-stride loop covers any remainder).
+    let chunks = n.div_ceil(reshape_tokens_per_cta(units));
+    let cfg = LaunchConfig {
+        grid_dim: (chunks.min(RESHAPE_MAX_GRID) as u32, 1, 1),
+        block_dim: (RESHAPE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(device, &f, cfg, params, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cuda::MMA_SHAPES;
+
+    #[test]
+    fn cta_shape_follows_the_prefill_size() {
+        // Without POLYATTN_CUDA_MMA_ROWS / _WARPS (tests run with them unset).
+        if CudaTuning::get().mma_shape.is_some() {
+            eprintln!("skipped: a CTA shape is forced by the environment");
+            return;
+        }
+        // Llama-3-8B heads (32 / 8): a 128-row CTA holds 32 tokens of one KV head's 4 heads.
+        let (group, kv, sms) = (4, 8, 132);
+        // 1 x 1k tokens: 32 tiles x 8 heads = 256 CTAs < 4 x 132.
+        assert_eq!(
+            mma_shape_for(&[0, 1024], 16, group, kv, sms),
+            MMA_SHAPE_SMALL
+        );
+        // 1 x 4k: 1024 CTAs.
+        assert_eq!(
+            mma_shape_for(&[0, 4096], 16, group, kv, sms),
+            MMA_SHAPE_LARGE
+        );
+        // Requests below min_q (decodes) do not count.
+        let many_decodes: Vec<i32> = (0..=4096).collect();
+        assert_eq!(
+            mma_shape_for(&many_decodes, 16, group, kv, sms),
+            MMA_SHAPE_SMALL
+        );
+        // The boundary: exactly 4 CTAs per SM.
+        let tokens = (4 * sms / kv * 32) as i32;
+        assert_eq!(
+            mma_shape_for(&[0, tokens], 16, group, kv, sms),
+            MMA_SHAPE_LARGE
+        );
+        assert_eq!(
+            mma_shape_for(&[0, tokens - 32], 16, group, kv, sms),
+            MMA_SHAPE_SMALL
+        );
+        for shape in [MMA_SHAPE_SMALL, MMA_SHAPE_LARGE] {
+            assert!(MMA_SHAPES.contains(&shape));
+        }
+    }
+}

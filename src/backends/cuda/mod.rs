@@ -40,8 +40,9 @@ use crate::kernels::cuda::tuning;
 // The planner caps a decode token's splits where the decode kernel's merge does.
 const _: () = assert!(crate::plan::DECODE_MAX_SPLITS == crate::kernels::cuda::DECODE_MAX_SPLITS);
 
-pub use attention_impl::{merge_attn_states, CudaAttentionImpl, MMA_MIN_QUERY_LEN};
+pub use attention_impl::{CudaAttentionImpl, CudaKernel, CudaRecording, MMA_MIN_QUERY_LEN};
 pub use descriptor::CudaBackend;
+pub use kernels::merge_attn_states;
 pub use metadata_builder::{CudaAttentionMetadata, CudaMetadataBuilder, CudaPlan};
 pub use tuning::{
     CudaTuning, CUDA_DEVICE_ENV, DECODE_ENV, DECODE_SPLITS_ENV, MMA_ENV, MMA_ROWS_ENV,
