@@ -57,16 +57,17 @@
 // K→V, token, head) and D are multiples of G and the cache buffer is a whole number of
 // granules, so every granule address is aligned; items come from validated metadata (keys <
 // seq_len ≤ width·block_size, block ids < the cache's blocks, tokens < the query's rows,
-// n_rows ≤ ROWS, partial rows < the scratch's). Keys past the range read granules of key 0 of
-// block 0 (inside the buffer); lanes past the last granule (NG not a multiple of TPK)
+// n_rows ≤ ROWS, partial rows < the scratch's). Keys past the range read the granules of key
+// hi − 1 (inside the buffer); lanes past the last granule (NG not a multiple of TPK)
 // re-read granule NG − 1; rows ≥ n_rows are never loaded or stored.
 //
 // Stale cache contents: any slot the item may not read (block 0, the tail of a last block,
-// keys outside every row's window) may hold NaN or ±inf. Such a key is excluded by
-// selection, never by multiplying by zero: its score is never used (the softmax takes only
-// keys that are in range and visible, and gives the rest p = 0 by assignment), and its V
-// granules are replaced by 0 before P·V (0 · inf is NaN); only steps that have such a key
-// (the long form of step 3) do that, so the common step's P·V has no extra select.
+// keys outside every row's window) may hold NaN or ±inf, and p = 0 times inf is still NaN,
+// so no such slot is ever loaded: a key past the range loads the item's last key hi − 1
+// instead (`key_bases`), and its score is never used (the softmax takes only keys that are
+// in range and visible, and gives the rest p = 0 by assignment). Every key of [lo, hi) is
+// visible to some row (the rows are consecutive positions, and the union of their causal /
+// window intervals is the range `key_range` returns), so it is the request's own data.
 
 @group(0) @binding(2) var<storage, read> kv_buf: array<Gran>;
 @group(0) @binding(3) var<storage, read> block_table: array<i32>;
@@ -96,25 +97,27 @@ fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
     return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
 }
 
-// Element bases of keys j0 .. j0 + U − 1 (0 for keys at or past `hi`). With `one_block`
-// (j0 is a multiple of U and U divides the block size, so the U keys share a block) one
-// block-table read serves all of them.
-fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32, one_block: bool) -> array<u32, U> {
+// Element bases of keys j0 .. j0 + U − 1; keys at or past `hi` get `last`, the base of key
+// hi − 1 (the item's own last key, which it reads anyway, so a key past the range never
+// loads a slot that may hold stale NaN / inf). With `one_block` (j0 is a multiple of U and U
+// divides the block size, so the U keys share a block) one block-table read serves all of
+// them.
+fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32, one_block: bool, last: u32) -> array<u32, U> {
     var kb: array<u32, U>;
     if one_block {
-        var b0 = 0u;
+        var b0 = last;
         if j0 < hi {
             b0 = key_base(j0, kv_head, kv_row);
         }
         // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
-            kb[u] = select(0u, b0 + u * params.tok_stride, j0 + u < hi);
+            kb[u] = select(last, b0 + u * params.tok_stride, j0 + u < hi);
         }
         return kb;
     }
     // @unroll
     for (var u = 0u; u < U; u = u + 1u) {
-        var b = 0u;
+        var b = last;
         if j0 + u < hi {
             b = key_base(j0 + u, kv_head, kv_row);
         }
@@ -242,11 +245,15 @@ fn main(
 
     // Element bases of the keys whose granules load next. The granules of step `it` + STEP
     // load while step `it` is computed (two steps of loads in flight).
-    var kb = key_bases(lo + kg * U, hi, kv_head, kv_row, one_block);
+    var last = 0u;
+    if lo < hi {
+        last = key_base(hi - 1u, kv_head, kv_row);
+    }
+    var kb = key_bases(lo + kg * U, hi, kv_head, kv_row, one_block, last);
     var nxt: Granules;
     if lo < hi {
         nxt = load_step(kb, c);
-        kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row, one_block);
+        kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row, one_block, last);
     }
 
     for (var it = lo; it < hi; it = it + STEP) {
@@ -257,7 +264,7 @@ fn main(
         if it + STEP < hi {
             nxt = load_step(kb, c);
         }
-        kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block);
+        kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block, last);
 
         // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
         var s: array<f32, U * ROWS>;
@@ -293,9 +300,6 @@ fn main(
 
         // 3. Online softmax per row, then acc += P·V. A step whose keys are all in range,
         //    visible to every row and unmodified (the common case) takes the short form.
-        //    In the long form, the V granules of keys no row may see (stale cache contents:
-        //    NaN / inf possible) are replaced by 0 before P·V, since p = 0 times inf would
-        //    still be NaN; the short form has no such key, so its P·V carries no select.
         if no_modifier && it >= plain.x && it + STEP <= plain.y {
             // @unroll
             for (var r = 0u; r < ROWS; r = r + 1u) {
@@ -328,8 +332,6 @@ fn main(
                 }
             }
         } else {
-            // Bit u: key u is in range and visible to some row.
-            var klive = 0u;
             // @unroll
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 if r < n_rows {
@@ -346,7 +348,6 @@ fn main(
                             live = live | (1u << u);
                         }
                     }
-                    klive = klive | live;
                     var sum = 0.0;
                     // @unroll
                     for (var u = 0u; u < U; u = u + 1u) {
@@ -368,15 +369,6 @@ fn main(
                     // @unroll
                     for (var u = 0u; u < U; u = u + 1u) {
                         s[u * ROWS + r] = 0.0;
-                    }
-                }
-            }
-            // @unroll
-            for (var u = 0u; u < U; u = u + 1u) {
-                if (klive & (1u << u)) == 0u {
-                    // @unroll
-                    for (var k = 0u; k < GPT; k = k + 1u) {
-                        cur.vgr[u * GPT + k] = Gran();
                     }
                 }
             }

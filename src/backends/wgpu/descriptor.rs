@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 
-use super::attention_impl::{tiles_for, MAX_HEAD_SIZE};
+use super::attention_impl::MAX_HEAD_SIZE;
+use super::kernels::tiles_for;
 use super::{WgpuAttentionImpl, WgpuMetadataBuilder};
 use crate::device::wgpu::check_binding;
 

@@ -1,6 +1,8 @@
-//! The wgpu backend's kernel glue: `merge_attn_states` for [`crate::ops::merge_attn_states`]
-//! (one dispatch of the WGSL family's `merge_attn_states.wgsl` through the wgpu runtime), and
-//! the runtime's buffer upload under the name the metadata builder uses.
+//! The wgpu backend's kernel glue: which specialisation of each WGSL kernel a layer runs on
+//! this adapter ([`LayerShaders`]: tile shapes, decode kernel, prefill form), the cache
+//! strides the kernels take, `merge_attn_states` for [`crate::ops::merge_attn_states`] (one
+//! dispatch of the WGSL family's `merge_attn_states.wgsl` through the wgpu runtime), and the
+//! runtime's buffer upload under the name the metadata builder uses.
 
 use std::sync::{Mutex, OnceLock};
 
@@ -8,8 +10,17 @@ use crate::device::wgpu::{
     bind_group, dispatch, grid, pipeline, storage, whole, ParamBlock, Words,
 };
 use crate::device::{Tensor, WgpuDevice};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::wgsl::{Bindings, MergeShader, ELEMENTWISE_WORKGROUP};
+use crate::kernels::wgsl::{
+    self as shaders, attention_shared_bytes, choose_tile, tiled2_shared_bytes, AttentionBlocking,
+    AttentionShader, Bindings, DecodeShader, MergeShader, TileKind, Tiled2, COOP_KEYS, COOP_ROWS,
+    ELEMENTWISE_WORKGROUP,
+};
+use crate::kv_cache::KvCache;
+
+use super::attention_impl::MAX_HEAD_SIZE;
+use super::tuning::{PrefillForm, WgpuTuning};
 
 pub(crate) use crate::device::wgpu::upload_words;
 
@@ -109,4 +120,284 @@ pub fn merge_attn_states(
     dispatch(&mut enc, &pipe, &group, (x, 1, z));
     dev.queue().submit([enc.finish()]);
     Ok(())
+}
+
+/// How one layer's kernels are specialised on one adapter: its tile shapes, its tuning, and
+/// which form of each kernel runs here.
+#[derive(Clone, Debug)]
+pub struct LayerShaders {
+    dev: WgpuDevice,
+    head_size: usize,
+    /// Rows × keys of a decode tile.
+    pub(crate) decode_tile: (u32, u32),
+    /// Rows × keys of a prefill tile.
+    pub(crate) prefill_tile: (u32, u32),
+    /// The tuning, its subgroup use limited to what the adapter has.
+    pub(crate) tuning: WgpuTuning,
+}
+
+impl LayerShaders {
+    /// The shapes for `head_size` on `dev` under `tuning` (a requested prefill tile that does
+    /// not fit is warned about and replaced by the default).
+    pub fn new(dev: WgpuDevice, head_size: usize, tuning: WgpuTuning) -> Result<Self> {
+        let (decode_tile, mut prefill_tile) = tiles_for(&dev, head_size)?;
+        if let (true, Some((m, n))) = (tuning.prefill_tiles, tuning.prefill_tile) {
+            if prefill_tile_fits(&dev, head_size, (m, n)) {
+                prefill_tile = (m, n);
+            } else {
+                tracing::warn!(
+                    "wgpu: prefill tile {m}x{n} does not fit head size {} here; using {}x{}",
+                    head_size,
+                    prefill_tile.0,
+                    prefill_tile.1
+                );
+            }
+        }
+        if !tuning.prefill_tiles {
+            prefill_tile = decode_tile;
+        }
+        let tuning = WgpuTuning {
+            subgroups: tuning.subgroups && dev.has_subgroups(),
+            ..tuning
+        };
+        Ok(LayerShaders {
+            dev,
+            head_size,
+            decode_tile,
+            prefill_tile,
+            tuning,
+        })
+    }
+
+    /// The split-KV decode kernel for items of up to `rows` rows reading `cache` with
+    /// queries of `q_dtype`, or `None` when it cannot run them: the tuning does not use
+    /// subgroups (or the adapter has none), the head size or an element stride of the cache
+    /// is not a whole number of granules ([`DecodeShader::granule`]), the cache buffer is
+    /// not, or the kernel's
+    /// workgroup memory does not fit (see [`DecodeShader::choose`]).
+    pub fn decode_shader(
+        &self,
+        rows: u32,
+        q_dtype: DType,
+        cache: &KvCache,
+    ) -> Option<DecodeShader> {
+        let cfg = &self.tuning;
+        if !cfg.decode_kernel || !self.tuning.subgroups || !self.dev.has_subgroups() {
+            return None;
+        }
+        let kv_dtype = cache.spec().storage_dtype();
+        let g = DecodeShader::granule(kv_dtype);
+        if cache_strides(cache).iter().any(|&s| s % g != 0) {
+            return None;
+        }
+        let bytes = match cache.data().storage() {
+            crate::device::Storage::Wgpu(s) => s.buffer().size(),
+            _ => return None,
+        };
+        if bytes % DecodeShader::granule_bytes(kv_dtype) as u64 != 0 {
+            return None;
+        }
+        let info = self.dev.adapter_info();
+        DecodeShader::choose(
+            self.head_size as u32,
+            rows,
+            q_dtype,
+            kv_dtype,
+            (info.subgroup_min_size, info.subgroup_max_size),
+            self.dev.limits().max_compute_workgroup_storage_size,
+            cfg.decode_keys_per_step,
+            cfg.decode_workgroup,
+        )
+        .map(|s| DecodeShader {
+            unrolled: self.tuning.unrolled,
+            ..s
+        })
+    }
+
+    /// The `paged_attention.wgsl` specialisation that runs the decode tiles (`prefill`
+    /// false) or the prefill tiles of this layer, for queries of `q_dtype` and keys of
+    /// `kv_dtype` (`paged`: from the cache). Prefill tiles take the tuning's
+    /// [`PrefillForm`] where it can run here (`runs_here`), else the next simpler one:
+    /// cooperative matrix (f16 activations and cache, a device with cooperative matrices),
+    /// fused softmax f16 (f16 activations and cache, `SHADER_F16`), fused softmax, three
+    /// phase. Decode tiles always take the three-phase form.
+    pub fn tile_shader(
+        &self,
+        prefill: bool,
+        q_dtype: DType,
+        kv_dtype: DType,
+        paged: bool,
+    ) -> AttentionShader {
+        let tile = if prefill {
+            self.prefill_tile
+        } else {
+            self.decode_tile
+        };
+        let tiled = AttentionShader {
+            head_size: self.head_size as u32,
+            block_m: tile.0,
+            block_n: tile.1,
+            q_dtype,
+            kv_dtype,
+            paged,
+            subgroups: self.tuning.subgroups,
+            unrolled: self.tuning.unrolled,
+            tiled2: None,
+        };
+        let form = self.tuning.prefill_form;
+        if !prefill || !form.is_fused() {
+            return tiled;
+        }
+        let max_key_lanes = if self.tuning.subgroups {
+            self.dev.adapter_info().subgroup_min_size.max(1)
+        } else {
+            1
+        };
+        let t2 = AttentionShader {
+            tiled2: Some(Tiled2 {
+                workgroup: self.tuning.prefill_workgroup,
+                max_key_lanes,
+                half: false,
+                block: self.tuning.prefill_block,
+                coop: false,
+            }),
+            ..tiled
+        };
+        let pick = |s: AttentionShader| -> Option<AttentionShader> {
+            Some(s).filter(|s| self.runs_here(s))
+        };
+        if form.allows_f16() {
+            let t2h = AttentionShader {
+                tiled2: t2.tiled2.map(|t| Tiled2 {
+                    half: true,
+                    workgroup: self.tuning.prefill_workgroup_h.unwrap_or(t.workgroup),
+                    block: self.tuning.prefill_block_h.unwrap_or(t.block),
+                    ..t
+                }),
+                ..t2
+            };
+            let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
+            if f16_inputs && form == PrefillForm::CooperativeMatrix {
+                if let Some(s) = self.coop_shader(paged) {
+                    return s;
+                }
+            }
+            if f16_inputs && self.dev.has_f16() {
+                // Its own rows and keys per chunk where that runs here, else the tile's.
+                let own = (self.tuning.prefill_keys_h.is_some()
+                    || self.tuning.prefill_rows_h.is_some())
+                .then(|| AttentionShader {
+                    block_m: self.tuning.prefill_rows_h.unwrap_or(t2h.block_m),
+                    block_n: self.tuning.prefill_keys_h.unwrap_or(t2h.block_n),
+                    ..t2h
+                });
+                if let Some(s) = own.and_then(pick).or_else(|| pick(t2h)) {
+                    return s;
+                }
+            }
+            tracing::debug!(
+                "wgpu: {} needs SHADER_F16 (adapter: {}), f16 activations and an f16 cache, \
+                 and a tile that fits; using the tiled2 form",
+                t2h.key(),
+                self.dev.has_f16()
+            );
+        }
+        pick(t2).unwrap_or_else(|| {
+            tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
+            tiled
+        })
+    }
+
+    /// The cooperative-matrix prefill form ([`Tiled2::coop`]) for an f16 layer with an f16
+    /// cache, where the device has cooperative matrices ([`WgpuDevice::has_coop`]), every
+    /// subgroup has 32 lanes (one 16-row tile per subgroup) and the head size is a multiple
+    /// of 16 up to 128 (its output tiles stay in registers): 64 rows × 64 keys, or the
+    /// tiled2h knobs' rows / keys when they are multiples of 16, else 64 × 32 where the
+    /// workgroup memory is short. `None`: the tiled2h form takes the layer.
+    fn coop_shader(&self, paged: bool) -> Option<AttentionShader> {
+        let info = self.dev.adapter_info();
+        let d = self.head_size as u32;
+        let usable = self.dev.has_coop()
+            && self.tuning.subgroups
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && d % 16 == 0
+            && d <= 128;
+        if !usable {
+            return None;
+        }
+        let want = (
+            self.tuning.prefill_rows_h.unwrap_or(COOP_ROWS),
+            self.tuning.prefill_keys_h.unwrap_or(COOP_KEYS),
+        );
+        [want, (COOP_ROWS, COOP_KEYS), (COOP_ROWS, COOP_KEYS / 2)]
+            .into_iter()
+            .filter(|&(m, n)| m % 16 == 0 && n % 16 == 0 && m > 0 && n > 0)
+            .map(|(m, n)| {
+                let split = shaders::coop_split(d, m, n, self.tuning.prefill_coop_split);
+                shaders::coop_shader_split(d, m, n, split, paged)
+            })
+            .find(|s| self.runs_here(s))
+    }
+
+    /// Whether a tiled2-form specialisation can run on this adapter: a register blocking
+    /// exists, its workgroup fits the adapter's invocation limits and its workgroup memory
+    /// the adapter's.
+    fn runs_here(&self, s: &AttentionShader) -> bool {
+        let limits = self.dev.limits();
+        s.blocking().is_some()
+            && s.workgroup() <= limits.max_compute_invocations_per_workgroup
+            && s.workgroup() <= limits.max_compute_workgroup_size_x
+            && s.shared_bytes() <= limits.max_compute_workgroup_storage_size
+    }
+}
+
+/// Element strides of the cache: block, K→V, token, head.
+pub(crate) fn cache_strides(cache: &KvCache) -> [u32; 4] {
+    let o0 = cache.offset(0, 0, 0, 0);
+    [
+        (cache.offset(1, 0, 0, 0) - o0) as u32,
+        (cache.offset(0, 1, 0, 0) - o0) as u32,
+        cache.token_stride() as u32,
+        (cache.offset(0, 0, 0, 1) - o0) as u32,
+    ]
+}
+
+/// The tile shapes for `head_size` on `dev`, or why there are none.
+pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32, u32))> {
+    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE {
+        return Err(Error::config(format!(
+            "wgpu: head size {head_size} must be a positive multiple of 4 up to {MAX_HEAD_SIZE}"
+        )));
+    }
+    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let d = head_size as u32;
+    match (
+        choose_tile(d, limit, TileKind::Decode),
+        choose_tile(d, limit, TileKind::Prefill),
+    ) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(Error::config(format!(
+            "wgpu: head size {head_size} needs more workgroup memory than this adapter's {limit} \
+             bytes"
+        ))),
+    }
+}
+
+/// Whether a requested prefill tile ([`WgpuTuning::prefill_tile`]) can replace the default
+/// one for `head_size` on `dev`: both prefill forms' workgroup memory fits the adapter's and
+/// the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
+/// accumulators per thread). False for head sizes the backend rejects (not a positive
+/// multiple of 4 up to [`MAX_HEAD_SIZE`]) and empty tiles.
+pub fn prefill_tile_fits(dev: &WgpuDevice, head_size: usize, (m, n): (u32, u32)) -> bool {
+    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE || m == 0 || n == 0 {
+        return false;
+    }
+    let d = head_size as u32;
+    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let b = AttentionBlocking::new(d / 4, n);
+    attention_shared_bytes(d, m, n) <= limit
+        && tiled2_shared_bytes(d, m, n) <= limit
+        && m.div_ceil(b.score_row_groups) * b.keys_per_thread <= 32
+        && m.div_ceil(b.out_row_groups) * b.cols_per_thread <= 32
 }

@@ -35,8 +35,9 @@ pub mod tuning;
 /// The WGSL family under the name the backend's files give it (`shaders::…`).
 use crate::kernels::wgsl as shaders;
 
-pub use attention_impl::{prefill_tile_fits, WgpuAttentionImpl, MAX_HEAD_SIZE};
+pub use attention_impl::{WgpuAttentionImpl, WgpuPlanKernels, WgpuRecording, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
+pub use kernels::{prefill_tile_fits, LayerShaders};
 pub use metadata_builder::{Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList};
 pub use tuning::{
     parse_block, parse_tile, PrefillForm, WgpuTuning, GPU_PREFILL_BLOCK_H, GPU_PREFILL_KEYS_H,
