@@ -26,50 +26,66 @@ fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
         }
     };
     report!("NVRTC {}.{}", version.0, version.1);
-    let mut failures = Vec::new();
-    for arch in ARCHS {
-        for k in cuda::ALL_SOURCES {
-            let out = match compile(&k, arch, &["--ptxas-options=-v"]) {
-                Ok(o) => o,
-                Err(e) => {
-                    failures.push(format!("{} {arch}: compile error: {e}", k.name));
-                    continue;
-                }
-            };
-            let reports = parse_ptxas_report(&out.log);
-            for f in k.functions {
-                if !reports.iter().any(|r| &r.function == f) {
-                    failures.push(format!("{} {arch}: no ptxas report for {f}", k.name));
-                }
-            }
-            for PtxasReport {
-                function,
-                registers,
-                stack_bytes,
-                spill_stores,
-                spill_loads,
-            } in &reports
-            {
-                report!(
-                    "{arch} {:<20} {function:<24} {registers:>3} registers, {stack_bytes:>4} B stack, \
-                     {spill_stores} B spill stores, {spill_loads} B spill loads",
-                    k.name
-                );
-                if *spill_stores > 0 || *spill_loads > 0 {
-                    failures.push(format!(
-                        "{} {arch}: {function} spills ({spill_stores} B stores, {spill_loads} B loads)",
-                        k.name
-                    ));
-                }
-            }
-            assert!(!out.image.is_empty(), "{} {arch}: empty cubin", k.name);
-        }
-    }
+    // One thread per architecture: NVRTC compiles different programs concurrently, and the
+    // two architectures take most of this suite's time on a 2-core machine.
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let runs: Vec<_> = ARCHS
+            .iter()
+            .map(|&arch| scope.spawn(move || check_arch(arch)))
+            .collect();
+        runs.into_iter()
+            .flat_map(|r| r.join().expect("a compile thread panicked"))
+            .collect()
+    });
     assert!(
         failures.is_empty(),
         "CUDA kernel checks failed:\n{}",
         failures.join("\n")
     );
+}
+
+/// Compiles every source for `arch`; the failures (compile errors, missing reports, spills).
+fn check_arch(arch: &str) -> Vec<String> {
+    let mut failures = Vec::new();
+    for k in cuda::ALL_SOURCES {
+        let out = match compile(&k, arch, &["--ptxas-options=-v"]) {
+            Ok(o) => o,
+            Err(e) => {
+                failures.push(format!("{} {arch}: compile error: {e}", k.name));
+                continue;
+            }
+        };
+        let reports = parse_ptxas_report(&out.log);
+        for f in k.functions {
+            if !reports.iter().any(|r| &r.function == f) {
+                failures.push(format!("{} {arch}: no ptxas report for {f}", k.name));
+            }
+        }
+        for PtxasReport {
+            function,
+            registers,
+            stack_bytes,
+            spill_stores,
+            spill_loads,
+        } in &reports
+        {
+            report!(
+                "{arch} {:<20} {function:<24} {registers:>3} registers, {stack_bytes:>4} B stack, \
+                 {spill_stores} B spill stores, {spill_loads} B spill loads",
+                k.name
+            );
+            if *spill_stores > 0 || *spill_loads > 0 {
+                failures.push(format!(
+                    "{} {arch}: {function} spills ({spill_stores} B stores, {spill_loads} B loads)",
+                    k.name
+                ));
+            }
+        }
+        if out.image.is_empty() {
+            failures.push(format!("{} {arch}: empty cubin", k.name));
+        }
+    }
+    failures
 }
 
 /// The variants the backend compiles at run time (one head-size bucket or one tensor-core
