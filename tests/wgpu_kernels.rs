@@ -251,7 +251,7 @@ fn check_batch(
     // f16 activations with an f16 cache on adapters with SHADER_F16 where it fits, and
     // falls back to tiled2 (then tiled) otherwise.
     let kv_dtype = batch.kv_cache.spec().storage_dtype();
-    let prefill = imp.tile_shader(true, case.dtype, kv_dtype, true);
+    let prefill = imp.shaders().tile_shader(true, case.dtype, kv_dtype, true);
     let limit = dev.limits().max_compute_workgroup_storage_size;
     let (d, bm, bn) = (p.head_size as u32, prefill.block_m, prefill.block_n);
     let t2_fits = tiled2_shared_bytes(d, bm, bn) <= limit;
@@ -746,7 +746,7 @@ fn check_decode_kernel(dev: &WgpuDevice, scope: DecodeScope) -> Vec<String> {
         };
         let batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 3).unwrap();
         let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p, tuning).unwrap();
-        let Some(shader) = imp.decode_shader(8, dtype, &batch.kv_cache) else {
+        let Some(shader) = imp.shaders().decode_shader(8, dtype, &batch.kv_cache) else {
             failures.push(format!("{dtype}/{cache} d{d}: no decode kernel"));
             continue;
         };

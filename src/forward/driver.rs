@@ -1,6 +1,6 @@
 //! The two entry points: [`forward`] and [`update_kv_cache`] (module docs: `forward`).
 
-use crate::attention::AttentionLayer;
+use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
 use crate::capability::AttentionType;
 use crate::device::Tensor;
 use crate::error::{Error, Result};
@@ -9,6 +9,46 @@ use crate::metadata::{AttentionMetadata, BatchMetadata};
 use crate::plan::Pass;
 
 use super::{AttendJob, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
+
+/// Every backend whose kernels implement [`ForwardKernels`] is an [`AttentionImpl`] through
+/// the driver: its entry points are [`forward`] and [`update_kv_cache`], so no backend writes
+/// them again. The driver returns the LSE on every path, decodes included.
+impl<K: ForwardKernels + Send + Sync> AttentionImpl for K {
+    fn params(&self) -> &AttentionParams {
+        ForwardKernels::params(self)
+    }
+
+    fn can_return_lse_for_decode(&self) -> bool {
+        true
+    }
+
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        update_kv_cache(self, layer, key, value, kv_cache, metadata)
+    }
+
+    fn forward_with_lse(
+        &self,
+        layer: &AttentionLayer,
+        query: &Tensor,
+        key: Option<&Tensor>,
+        value: Option<&Tensor>,
+        kv_cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        output_lse: Option<&mut Tensor>,
+    ) -> Result<()> {
+        forward(
+            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
+        )
+    }
+}
 
 /// `AttentionImpl::forward_with_lse` for a backend's kernels `k` (the module docs give the
 /// rules): checks, the cache write, the passes and their kernels, one submission.
@@ -44,7 +84,8 @@ pub fn forward<K: ForwardKernels>(
         ));
     }
 
-    let mut rec = k.begin(md)?;
+    // Every check before anything is recorded: a refused call leaves the cache as it was.
+    let mut new_keys = None;
     let keys = if encoder {
         let (Some(key), Some(value)) = (key, value) else {
             return Err(Error::config(
@@ -53,20 +94,25 @@ pub fn forward<K: ForwardKernels>(
         };
         p.check_kv_input("key", key, n, dtype)?;
         p.check_kv_input("value", value, n, dtype)?;
-        Keys::Dense { key, value }
+        Some(Keys::Dense { key, value })
     } else {
-        match (key, value) {
-            (Some(key), Some(value)) => {
-                check_update(k, md, key, value, kv_cache)?;
-                k.write_cache(&mut rec, md, layer, key, value, kv_cache)?;
-            }
-            (None, None) => {}
-            _ => return Err(Error::config("key and value must be given together")),
+        if key.is_some() != value.is_some() {
+            return Err(Error::config("key and value must be given together"));
         }
+        // The cache is checked once, against the query's dtype; then the new keys against it.
         p.check_kv_cache(kv_cache, dtype, common)?;
         k.check_cache(kv_cache, md)?;
-        Keys::Cache(kv_cache)
+        if let (Some(key), Some(value)) = (key, value) {
+            p.check_kv_update(key, value, common.slot_mapping_cpu().len(), kv_cache)?;
+            new_keys = Some((key, value));
+        }
+        None
     };
+    let mut rec = k.begin(md)?;
+    if let Some((key, value)) = new_keys {
+        k.write_cache(&mut rec, md, layer, key, value, kv_cache)?;
+    }
+    let keys = keys.unwrap_or(Keys::Cache(kv_cache));
     let mut io = ForwardIo {
         layer,
         query,

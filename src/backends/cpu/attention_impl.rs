@@ -4,10 +4,10 @@
 
 use rayon::prelude::*;
 
-use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use crate::attention::{AttentionLayer, AttentionParams};
 use crate::device::{CpuStorage, Tensor};
 use crate::error::{Error, Result};
-use crate::forward::{self, AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
+use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 use crate::plan::Pass;
@@ -359,43 +359,6 @@ impl ForwardKernels for CpuAttentionImpl {
             }
         }
         Ok(())
-    }
-}
-
-impl AttentionImpl for CpuAttentionImpl {
-    fn params(&self) -> &AttentionParams {
-        &self.params
-    }
-
-    fn can_return_lse_for_decode(&self) -> bool {
-        true
-    }
-
-    fn do_kv_cache_update(
-        &self,
-        layer: &AttentionLayer,
-        key: &Tensor,
-        value: &Tensor,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-    ) -> Result<()> {
-        forward::update_kv_cache(self, layer, key, value, kv_cache, metadata)
-    }
-
-    fn forward_with_lse(
-        &self,
-        layer: &AttentionLayer,
-        query: &Tensor,
-        key: Option<&Tensor>,
-        value: Option<&Tensor>,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-        output: &mut Tensor,
-        output_lse: Option<&mut Tensor>,
-    ) -> Result<()> {
-        forward::forward(
-            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
-        )
     }
 }
 

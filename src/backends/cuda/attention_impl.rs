@@ -11,12 +11,12 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys::CUfunction_attribute;
 
-use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use crate::attention::{AttentionLayer, AttentionParams};
 use crate::backend::KvLayout;
 use crate::device::{CudaDevice, CudaStorage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::forward::{self, AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
+use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
@@ -188,6 +188,16 @@ impl CudaAttentionImpl {
         Ok(ptrs)
     }
 
+    /// The device addresses of the output and the output LSE (0 when not asked for).
+    fn output_ptrs(&self, io: &ForwardIo<'_>) -> Result<(u64, u64)> {
+        let out = tensor_ptr(&self.device, io.output, "output")?;
+        let lse = match io.output_lse.as_deref() {
+            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
+            None => 0,
+        };
+        Ok((out, lse))
+    }
+
     /// The kernels' parameters for one pass: the batch, the key source, the target.
     fn pass_params(
         &self,
@@ -201,14 +211,10 @@ impl CudaAttentionImpl {
         let n = io.num_tokens;
         let arrays = md.arrays();
         let (out, lse, out_dtype) = match spec.target {
-            Target::Output => (
-                tensor_ptr(&self.device, io.output, "output")?,
-                match io.output_lse.as_deref() {
-                    Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
-                    None => 0,
-                },
-                io.dtype,
-            ),
+            Target::Output => {
+                let (out, lse) = self.output_ptrs(io)?;
+                (out, lse, io.dtype)
+            }
             t => {
                 let (o, l) = self.partial(rec, t, n)?;
                 (o, l, DType::F32)
@@ -496,11 +502,7 @@ impl ForwardKernels for CudaAttentionImpl {
         let n = io.num_tokens;
         let (o_p, l_p) = self.partial(rec, Target::Prefix, n)?;
         let (o_s, l_s) = self.partial(rec, Target::Suffix, n)?;
-        let out = tensor_ptr(&self.device, io.output, "output")?;
-        let out_lse = match io.output_lse.as_deref() {
-            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
-            None => 0,
-        };
+        let (out, out_lse) = self.output_ptrs(io)?;
         kernels::launch_merge(
             &self.device,
             o_p,
@@ -518,42 +520,5 @@ impl ForwardKernels for CudaAttentionImpl {
 
     fn finish(&self, _: CudaRecording, _: Option<&mut ForwardIo<'_>>) -> Result<()> {
         Ok(())
-    }
-}
-
-impl AttentionImpl for CudaAttentionImpl {
-    fn params(&self) -> &AttentionParams {
-        &self.params
-    }
-
-    fn can_return_lse_for_decode(&self) -> bool {
-        true
-    }
-
-    fn do_kv_cache_update(
-        &self,
-        layer: &AttentionLayer,
-        key: &Tensor,
-        value: &Tensor,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-    ) -> Result<()> {
-        forward::update_kv_cache(self, layer, key, value, kv_cache, metadata)
-    }
-
-    fn forward_with_lse(
-        &self,
-        layer: &AttentionLayer,
-        query: &Tensor,
-        key: Option<&Tensor>,
-        value: Option<&Tensor>,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-        output: &mut Tensor,
-        output_lse: Option<&mut Tensor>,
-    ) -> Result<()> {
-        forward::forward(
-            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
-        )
     }
 }

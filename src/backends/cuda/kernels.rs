@@ -98,6 +98,29 @@ pub(crate) fn tensor_ptr(device: &CudaDevice, t: &Tensor, what: &str) -> Result<
     }
 }
 
+/// Points `params` at the split-KV partials of `plan` in the metadata's scratch buffer
+/// (reused, and persistent for graph metadata, so a captured launch never allocates):
+/// `part_out` `[split][partial token][head][D]` f32, 256-byte aligned, then `part_lse`.
+/// False when the plan splits nothing.
+fn set_partials(
+    params: &mut AttnParams,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    md: &CudaAttentionMetadata,
+) -> Result<bool> {
+    let n_split = plan.work.n_part_tokens;
+    if n_split == 0 {
+        return Ok(false);
+    }
+    let planes = plan.work.max_splits * n_split * p.num_heads;
+    let out_bytes = (planes * p.head_size * 4).div_ceil(256) * 256;
+    let ptr = md.scratch(out_bytes + planes * 4)?;
+    params.part_out = ptr;
+    params.part_lse = ptr + out_bytes as u64;
+    params.n_part_tokens = i32_of("split tokens", n_split)?;
+    Ok(true)
+}
+
 /// Queues the decode kernel over `plan` (items of one token and up to 16 heads; split
 /// tokens are merged inside it by their last CTA). Partials live in the metadata's
 /// scratch buffer, the arrival counters in its split counters.
@@ -114,20 +137,12 @@ pub(crate) fn launch_decode(
         Some(i) if !plan.work.items.is_empty() => i,
         _ => return Ok(()),
     };
-    let (h, d) = (p.num_heads, p.head_size);
+    let d = p.head_size;
     let mut params = *base;
     params.items = items.device_ptr();
-    let n_split = plan.work.n_part_tokens;
-    if n_split > 0 {
-        let planes = plan.work.max_splits * n_split * h;
-        // part_out (16-byte aligned: planes * d * 4 is a multiple of 256 for d % 64 == 0,
-        // of 16 otherwise), then part_lse.
-        let out_bytes = (planes * d * 4).div_ceil(256) * 256;
-        let ptr = md.scratch(out_bytes + planes * 4)?;
-        params.part_out = ptr;
-        params.part_lse = ptr + out_bytes as u64;
-        params.n_part_tokens = i32_of("split tokens", n_split)?;
-        params.split_counters = md.split_counters(n_split * h)?;
+    if set_partials(&mut params, p, plan, md)? {
+        let n_split = plan.work.n_part_tokens;
+        params.split_counters = md.split_counters(n_split * p.num_heads)?;
     }
     let cfg = LaunchConfig {
         grid_dim: (plan.work.items.len() as u32, 1, 1),
@@ -184,16 +199,7 @@ pub(crate) fn launch_attention(
     let (h, d) = (p.num_heads, p.head_size);
     let mut params = *base;
     params.items = items.device_ptr();
-    let n_split = plan.work.n_part_tokens;
-    if n_split > 0 {
-        let planes = plan.work.max_splits * n_split * h;
-        // part_out (256-byte aligned), then part_lse.
-        let out_bytes = (planes * d * 4).div_ceil(256) * 256;
-        let ptr = md.scratch(out_bytes + planes * 4)?;
-        params.part_out = ptr;
-        params.part_lse = ptr + out_bytes as u64;
-        params.n_part_tokens = i32_of("split tokens", n_split)?;
-    }
+    set_partials(&mut params, p, plan, md)?;
     let name = attention_function_name(d)
         .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
     let variant = attention_variant(d);

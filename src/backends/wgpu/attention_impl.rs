@@ -12,11 +12,10 @@
 
 use std::sync::Mutex;
 
-use crate::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use crate::attention::{AttentionLayer, AttentionParams};
 use crate::device::{Tensor, WgpuDevice};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::forward::{self, AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
+use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
@@ -28,8 +27,7 @@ use crate::device::wgpu::{
     whole, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
 use crate::kernels::wgsl::{
-    AttentionShader, Bindings, CombineShader, DecodeShader, ReshapeShader, DECODE_MAX_ROWS,
-    ELEMENTWISE_WORKGROUP,
+    Bindings, CombineShader, ReshapeShader, DECODE_MAX_ROWS, ELEMENTWISE_WORKGROUP,
 };
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
@@ -112,26 +110,9 @@ impl WgpuAttentionImpl {
         })
     }
 
-    /// The split-KV decode kernel for items of up to `rows` rows reading `cache`
-    /// ([`LayerShaders::decode_shader`]).
-    pub fn decode_shader(
-        &self,
-        rows: u32,
-        q_dtype: DType,
-        cache: &KvCache,
-    ) -> Option<DecodeShader> {
-        self.shaders.decode_shader(rows, q_dtype, cache)
-    }
-
-    /// The tile kernel of this layer ([`LayerShaders::tile_shader`]).
-    pub fn tile_shader(
-        &self,
-        prefill: bool,
-        q_dtype: DType,
-        kv_dtype: DType,
-        paged: bool,
-    ) -> AttentionShader {
-        self.shaders.tile_shader(prefill, q_dtype, kv_dtype, paged)
+    /// Which specialisation of each kernel this layer runs on its adapter.
+    pub fn shaders(&self) -> &LayerShaders {
+        &self.shaders
     }
 
     /// The split policy in use.
@@ -344,13 +325,18 @@ impl ForwardKernels for WgpuAttentionImpl {
         let g = p.num_queries_per_kv() as u32;
         let window = p.sliding_window.map(|w| w.min(1 << 30) as u32);
         let fast_decode_rows = DECODE_MAX_ROWS.min(self.shaders.decode_tile.0);
-        let fast_decode_rows =
-            if cache.is_some_and(|c| self.decode_shader(fast_decode_rows, dtype, c).is_some()) {
-                fast_decode_rows
-            } else {
-                0
-            };
-        let prefill_shader = self.tile_shader(true, dtype, kv_dtype, !encoder_attn);
+        let fast_decode_rows = if cache.is_some_and(|c| {
+            self.shaders
+                .decode_shader(fast_decode_rows, dtype, c)
+                .is_some()
+        }) {
+            fast_decode_rows
+        } else {
+            0
+        };
+        let prefill_shader = self
+            .shaders
+            .tile_shader(true, dtype, kv_dtype, !encoder_attn);
         let plan = md.plan(PlanKey {
             group: g,
             num_kv_heads: p.num_kv_heads as u32,
@@ -478,7 +464,8 @@ impl ForwardKernels for WgpuAttentionImpl {
             let shader = if slot == SLOT_PREFILL {
                 prefill_shader
             } else {
-                self.tile_shader(false, dtype, kv_dtype, !encoder_attn)
+                self.shaders
+                    .tile_shader(false, dtype, kv_dtype, !encoder_attn)
             };
             let pipe = pipeline_with(
                 dev,
@@ -495,7 +482,7 @@ impl ForwardKernels for WgpuAttentionImpl {
         }
         if let Some(list) = &plan.decode_fast {
             let shader = cache
-                .and_then(|c| self.decode_shader(plan.fast_rows, dtype, c))
+                .and_then(|c| self.shaders.decode_shader(plan.fast_rows, dtype, c))
                 .ok_or_else(|| {
                     Error::config("wgpu: the split-KV decode kernel cannot run this plan")
                 })?;
@@ -583,42 +570,5 @@ impl ForwardKernels for WgpuAttentionImpl {
         );
         self.dev.queue().submit([enc.finish()]);
         Ok(())
-    }
-}
-
-impl AttentionImpl for WgpuAttentionImpl {
-    fn params(&self) -> &AttentionParams {
-        &self.params
-    }
-
-    fn can_return_lse_for_decode(&self) -> bool {
-        true
-    }
-
-    fn do_kv_cache_update(
-        &self,
-        layer: &AttentionLayer,
-        key: &Tensor,
-        value: &Tensor,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-    ) -> Result<()> {
-        forward::update_kv_cache(self, layer, key, value, kv_cache, metadata)
-    }
-
-    fn forward_with_lse(
-        &self,
-        layer: &AttentionLayer,
-        query: &Tensor,
-        key: Option<&Tensor>,
-        value: Option<&Tensor>,
-        kv_cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
-        output: &mut Tensor,
-        output_lse: Option<&mut Tensor>,
-    ) -> Result<()> {
-        forward::forward(
-            self, layer, query, key, value, kv_cache, metadata, output, output_lse,
-        )
     }
 }
