@@ -13,6 +13,9 @@
 //! - the **abstraction**: backend descriptors ([`AttentionBackend`]), per-batch metadata
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
+//! - the **forward driver** in [`forward`]: every backend's `forward` — checks, cache write,
+//!   cascade passes, the decode / prefill split — written once over the kernels a backend
+//!   provides ([`forward::ForwardKernels`]);
 //! - **backends** in [`backends`], one folder per device family, all of the same shape;
 //! - **devices** in [`device`]: [`Device`] and [`Tensor`], and each GPU runtime (compile,
 //!   cache, launch: [`device::cuda`], [`device::wgpu`]);

@@ -4,8 +4,10 @@
 //! backend unavailable with the reason instead of failing).
 //!
 //! Same shape as the CPU backend: [`CudaBackend`] (descriptor), [`CudaMetadataBuilder`]
-//! (metadata and work lists), [`CudaAttentionImpl`] (checks, then launches) and [`kernels`]
-//! (the work items and the glue the backend's files launch through). The kernels are the
+//! (metadata and work lists), [`CudaAttentionImpl`] (the forward driver's kernels,
+//! [`crate::forward::ForwardKernels`]: which kernel takes each query-length band, queued on
+//! the stream) and [`kernels`] (one launch function per kernel, the CTA-shape policy, the work
+//! items). The kernels are the
 //! CUDA family ([`crate::kernels::cuda`]: sources, variants, parameter blocks, launch shapes,
 //! [`CudaTuning`]); compiling and launching them is the CUDA runtime's
 //! ([`crate::device::cuda`]).

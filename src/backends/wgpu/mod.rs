@@ -2,8 +2,10 @@
 //! Metal, DX12 or GL — Mesa's lavapipe in CI, the NVIDIA Vulkan driver on the H200.
 //!
 //! Same shape as the CPU backend: [`WgpuBackend`] (descriptor), [`WgpuMetadataBuilder`]
-//! (per-step metadata and the work plan), [`WgpuAttentionImpl`] (argument checks, then one
-//! command buffer per call), [`kernels`] (the `merge_attn_states` op), [`tuning`] (the
+//! (per-step metadata and the work plan), [`WgpuAttentionImpl`] (the forward driver's
+//! kernels, [`crate::forward::ForwardKernels`]: one command buffer per call), [`kernels`]
+//! ([`LayerShaders`], which specialisation of each kernel a layer runs on the adapter, and the
+//! `merge_attn_states` op), [`tuning`] (the
 //! family's knobs for the device's adapter kind) and [`probes`] (roofline ceilings and a
 //! timestamp timer for `polyattn bench`). The kernels themselves are the WGSL family
 //! ([`crate::kernels::wgsl`]: sources, specialisation, tile policy, knobs); compiling,
