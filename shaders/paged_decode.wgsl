@@ -64,7 +64,7 @@
 // Stale cache contents: any slot the item may not read (block 0, the tail of a last block,
 // keys outside every row's window) may hold NaN or ±inf, and p = 0 times inf is still NaN,
 // so no such slot is ever loaded: a key past the range loads the item's last key hi − 1
-// instead (`key_bases`), and its score is never used (the softmax takes only keys that are
+// instead (`key_bases` clamps it), and its score is never used (the softmax takes only keys that are
 // in range and visible, and gives the rest p = 0 by assignment). Every key of [lo, hi) is
 // visible to some row (the rows are consecutive positions, and the union of their causal /
 // window intervals is the range `key_range` returns), so it is the request's own data.
@@ -97,31 +97,28 @@ fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
     return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
 }
 
-// Element bases of keys j0 .. j0 + U − 1; keys at or past `hi` get `last`, the base of key
-// hi − 1 (the item's own last key, which it reads anyway, so a key past the range never
-// loads a slot that may hold stale NaN / inf). With `one_block` (j0 is a multiple of U and U
-// divides the block size, so the U keys share a block) one block-table read serves all of
-// them.
-fn key_bases(j0: u32, hi: u32, kv_head: u32, kv_row: u32, one_block: bool, last: u32) -> array<u32, U> {
+// Element bases of keys j0 .. j0 + U − 1, each key clamped to `last` = hi − 1 (the item's
+// own last key, which it reads anyway, so a key past the range never loads a slot that may
+// hold stale NaN / inf). Branch-free: a key group wholly inside the range gets its own keys,
+// one crossing `hi` gets its keys up to hi − 1 and then hi − 1 again, one past it hi − 1 for
+// all U. With `one_block` (j0 is a multiple of U and U divides the block size, so the U
+// clamped keys share a block: hi − 1 ≥ j0 lies in j0's block, or all of them are hi − 1)
+// one block-table read serves all of them. Needs hi ≥ 1 (the caller runs it only when
+// lo < hi).
+fn key_bases(j0: u32, last: u32, kv_head: u32, kv_row: u32, one_block: bool) -> array<u32, U> {
     var kb: array<u32, U>;
     if one_block {
-        var b0 = last;
-        if j0 < hi {
-            b0 = key_base(j0, kv_head, kv_row);
-        }
+        let jc = min(j0, last);
+        let b0 = key_base(jc, kv_head, kv_row);
         // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
-            kb[u] = select(last, b0 + u * params.tok_stride, j0 + u < hi);
+            kb[u] = b0 + (min(j0 + u, last) - jc) * params.tok_stride;
         }
         return kb;
     }
     // @unroll
     for (var u = 0u; u < U; u = u + 1u) {
-        var b = last;
-        if j0 + u < hi {
-            b = key_base(j0 + u, kv_head, kv_row);
-        }
-        kb[u] = b;
+        kb[u] = key_base(min(j0 + u, last), kv_head, kv_row);
     }
     return kb;
 }
@@ -245,15 +242,13 @@ fn main(
 
     // Element bases of the keys whose granules load next. The granules of step `it` + STEP
     // load while step `it` is computed (two steps of loads in flight).
-    var last = 0u;
-    if lo < hi {
-        last = key_base(hi - 1u, kv_head, kv_row);
-    }
-    var kb = key_bases(lo + kg * U, hi, kv_head, kv_row, one_block, last);
+    let last = hi - 1u;
+    var kb: array<u32, U>;
     var nxt: Granules;
     if lo < hi {
+        kb = key_bases(lo + kg * U, last, kv_head, kv_row, one_block);
         nxt = load_step(kb, c);
-        kb = key_bases(lo + STEP + kg * U, hi, kv_head, kv_row, one_block, last);
+        kb = key_bases(lo + STEP + kg * U, last, kv_head, kv_row, one_block);
     }
 
     for (var it = lo; it < hi; it = it + STEP) {
@@ -264,7 +259,7 @@ fn main(
         if it + STEP < hi {
             nxt = load_step(kb, c);
         }
-        kb = key_bases(it + 2u * STEP + kg * U, hi, kv_head, kv_row, one_block, last);
+        kb = key_bases(it + 2u * STEP + kg * U, last, kv_head, kv_row, one_block);
 
         // 2. Scores: partial dots over this lane's granules, summed over the key's lanes.
         var s: array<f32, U * ROWS>;
