@@ -746,7 +746,10 @@ fn check_decode_kernel(dev: &WgpuDevice, scope: DecodeScope) -> Vec<String> {
         };
         let batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 3).unwrap();
         let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p, tuning).unwrap();
-        let Some(shader) = imp.shaders().decode_shader(8, dtype, &batch.kv_cache) else {
+        let Some(shader) = imp
+            .shaders()
+            .decode_shader(tuning.decode_rows, dtype, &batch.kv_cache)
+        else {
             failures.push(format!("{dtype}/{cache} d{d}: no decode kernel"));
             continue;
         };

@@ -26,9 +26,7 @@ use crate::device::wgpu::{
     bind_group, check_binding, dispatch_all, grid, pipeline, pipeline_with, storage, upload_words,
     whole, LoopBounding, ParamBlock, Words, PARAM_WORDS,
 };
-use crate::kernels::wgsl::{
-    Bindings, CombineShader, ReshapeShader, DECODE_MAX_ROWS, ELEMENTWISE_WORKGROUP,
-};
+use crate::kernels::wgsl::{Bindings, CombineShader, ReshapeShader, ELEMENTWISE_WORKGROUP};
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
 const CAUSAL: u32 = 1;
@@ -324,7 +322,11 @@ impl ForwardKernels for WgpuAttentionImpl {
 
         let g = p.num_queries_per_kv() as u32;
         let window = p.sliding_window.map(|w| w.min(1 << 30) as u32);
-        let fast_decode_rows = DECODE_MAX_ROWS.min(self.shaders.decode_tile.0);
+        let fast_decode_rows = self
+            .shaders
+            .tuning
+            .decode_rows
+            .min(self.shaders.decode_tile.0);
         let fast_decode_rows = if cache.is_some_and(|c| {
             self.shaders
                 .decode_shader(fast_decode_rows, dtype, c)

@@ -34,6 +34,7 @@ use crate::metadata::{
 
 use super::kernels::upload_words;
 use super::tuning::WgpuTuning;
+use crate::kernels::wgsl::DECODE_MAX_ROWS;
 #[cfg(doc)]
 use crate::plan::WorkItem;
 use crate::plan::{
@@ -178,7 +179,16 @@ pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists 
     } else {
         key.decode_rows as usize / g
     };
-    let fast_max = (key.fast_decode_rows as usize / g).min(dec_max);
+    // Tokens per decode-kernel item. A GQA group wider than the kernel's rows (CPU adapters
+    // take 2) but within DECODE_MAX_ROWS still decodes there, one token per item in chunks of
+    // its heads; a wider one (MQA 16:1) takes the decode tile.
+    let fast_rows = key.fast_decode_rows as usize;
+    let fast_tokens = if fast_rows > 0 && g <= DECODE_MAX_ROWS as usize {
+        (fast_rows / g).max(1)
+    } else {
+        fast_rows / g
+    };
+    let fast_max = fast_tokens.min(dec_max);
     let decode_requests = (0..common.num_reqs())
         .filter(|&r| (1..=dec_max).contains(&common.query_len(r)))
         .count();

@@ -103,9 +103,7 @@ pub fn pipeline_with(
     dev.cached_pipeline(key, |device| {
         // Which specialisation a tuning knob actually produced (a tile or blocking that
         // does not fit falls back to another form): `POLYATTN_WGPU_LOG_PIPELINES=1`.
-        if knobs.log_pipelines {
-            eprintln!("polyattn wgpu: compiling pipeline `{key}`");
-        }
+        let started = knobs.log_pipelines.then(std::time::Instant::now);
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let source = source();
         let desc = wgpu::ShaderModuleDescriptor {
@@ -193,6 +191,12 @@ pub fn pipeline_with(
                 message: format!("compiling {key} failed: {e}"),
             });
         }
+        if let Some(t) = started {
+            eprintln!(
+                "polyattn wgpu: compiled pipeline `{key}` in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
         Ok(p)
     })
 }
@@ -206,9 +210,10 @@ pub struct PipelineTuning {
     /// (`POLYATTN_WGPU_LOOP_BOUNDING=0|1`; default off: the kernels' loops are bounded by
     /// construction, and the counters cost registers and time on GPUs).
     pub loop_bounding: bool,
-    /// Print the key of every pipeline compiled to stderr (`POLYATTN_WGPU_LOG_PIPELINES=0|1`;
-    /// default off): which specialisation a tuning knob actually produced (a tile or
-    /// blocking that does not fit falls back to another form).
+    /// Print the key of every pipeline compiled, and how long the driver took, to stderr
+    /// (`POLYATTN_WGPU_LOG_PIPELINES=0|1`; default off): which specialisation a tuning knob
+    /// actually produced (a tile or blocking that does not fit falls back to another form),
+    /// and which specialisations dominate a test run's time on a CPU adapter.
     pub log_pipelines: bool,
 }
 

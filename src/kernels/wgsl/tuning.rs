@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use super::attention::{DECODE_KEYS_PER_STEP, DECODE_WORKGROUP};
+use super::attention::{DECODE_KEYS_PER_STEP, DECODE_MAX_ROWS, DECODE_WORKGROUP};
 use super::tiles::TILED2_DEFAULT_BLOCK;
 
 use crate::kernels::tuning_env::{self, Env};
@@ -33,6 +33,9 @@ pub const GPU_PREFILL_BLOCK_H: (u32, u32) = (4, 1);
 
 /// Default threads per workgroup of the fused-softmax prefill form.
 pub const PREFILL_TILED2_WORKGROUP: u32 = 128;
+
+/// Most rows of one decode-kernel item on CPU adapters ([`WgpuTuning::decode_rows`]).
+pub const CPU_DECODE_ROWS: u32 = 2;
 
 /// The form of `paged_attention.wgsl` that runs prefill items (decode tiles always take the
 /// three-phase form). Each form falls back to the next simpler one for a layer it cannot
@@ -213,11 +216,20 @@ pub struct WgpuTuning {
     /// subgroup that owns all of a tile's output matrices needs about twice the registers,
     /// which halves the subgroups an SM runs.
     pub prefill_coop_split: Option<u32>,
-    /// Run decode items of at most [`DECODE_MAX_ROWS`](super::DECODE_MAX_ROWS) rows on the split-KV decode
+    /// Run decode items of at most [`WgpuTuning::decode_rows`] rows on the split-KV decode
     /// kernel (`paged_decode.wgsl`) where the adapter has subgroups and the layer fits it
     /// (`POLYATTN_WGPU_DECODE_KERNEL=0|1`; default on); off, they take the decode tile of
     /// `paged_attention.wgsl`.
     pub decode_kernel: bool,
+    /// Most query rows (tokens × heads of one KV head) of one decode-kernel item
+    /// (`POLYATTN_WGPU_DECODE_ROWS`: 1 to [`DECODE_MAX_ROWS`](super::DECODE_MAX_ROWS);
+    /// default that on GPUs, where a GQA group's heads share every key load, and 2 on CPU
+    /// adapters). Why 2 on a CPU: lavapipe runs the rows of an item one after another anyway,
+    /// and its LLVM compile of the kernel grows with the rows (`ROWS` sizes every per-thread
+    /// array): about 1–3 s with 1 or 2 rows against 10–15 s with 8 at head sizes 64–128,
+    /// which was most of a cold test run. Two rows still run every multi-row path of the kernel; longer items take the
+    /// decode tile of `paged_attention.wgsl`.
+    pub decode_rows: u32,
     /// Keys per key group per step of the decode kernel (`POLYATTN_WGPU_DECODE_KEYS`: 1–16;
     /// default [`DECODE_KEYS_PER_STEP`]).
     pub decode_keys_per_step: u32,
@@ -262,6 +274,11 @@ impl WgpuTuning {
             prefill_block_h: (!cpu).then_some(GPU_PREFILL_BLOCK_H),
             prefill_coop_split: None,
             decode_kernel: true,
+            decode_rows: if cpu {
+                CPU_DECODE_ROWS
+            } else {
+                DECODE_MAX_ROWS
+            },
             decode_keys_per_step: DECODE_KEYS_PER_STEP,
             decode_workgroup: DECODE_WORKGROUP,
         }
@@ -360,6 +377,11 @@ impl WgpuTuning {
                 .one_of("POLYATTN_WGPU_COOP_SPLIT", &[1, 2, 4], "the most that fit")
                 .or(d.prefill_coop_split),
             decode_kernel: env.switch("POLYATTN_WGPU_DECODE_KERNEL", d.decode_kernel),
+            decode_rows: env.int_in(
+                "POLYATTN_WGPU_DECODE_ROWS",
+                1..=DECODE_MAX_ROWS,
+                d.decode_rows,
+            ),
             decode_keys_per_step: env.int_in(
                 "POLYATTN_WGPU_DECODE_KEYS",
                 1..=16,
