@@ -186,7 +186,7 @@ pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists 
     let fast_tokens = if fast_rows > 0 && g <= DECODE_MAX_ROWS as usize {
         (fast_rows / g).max(1)
     } else {
-        fast_rows / g
+        0
     };
     let fast_max = fast_tokens.min(dec_max);
     let decode_requests = (0..common.num_reqs())

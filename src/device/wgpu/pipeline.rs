@@ -101,8 +101,9 @@ pub fn pipeline_with(
         });
     }
     dev.cached_pipeline(key, |device| {
-        // Which specialisation a tuning knob actually produced (a tile or blocking that
-        // does not fit falls back to another form): `POLYATTN_WGPU_LOG_PIPELINES=1`.
+        // `POLYATTN_WGPU_LOG_PIPELINES=1`: which specialisation a tuning knob actually
+        // produced (a tile or blocking that does not fit falls back to another form), and
+        // what its creation cost.
         let started = knobs.log_pipelines.then(std::time::Instant::now);
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let source = source();

@@ -227,8 +227,9 @@ pub struct WgpuTuning {
     /// adapters). Why 2 on a CPU: lavapipe runs the rows of an item one after another anyway,
     /// and its LLVM compile of the kernel grows with the rows (`ROWS` sizes every per-thread
     /// array): about 1–3 s with 1 or 2 rows against 10–15 s with 8 at head sizes 64–128,
-    /// which was most of a cold test run. Two rows still run every multi-row path of the kernel; longer items take the
-    /// decode tile of `paged_attention.wgsl`.
+    /// which was most of a cold test run. Two rows still run every multi-row path of the
+    /// kernel; a wider GQA group decodes there in chunks of its heads (see the wgpu metadata
+    /// builder), and longer items take the decode tile of `paged_attention.wgsl`.
     pub decode_rows: u32,
     /// Keys per key group per step of the decode kernel (`POLYATTN_WGPU_DECODE_KEYS`: 1–16;
     /// default [`DECODE_KEYS_PER_STEP`]).
@@ -505,5 +506,15 @@ mod tests {
             ..d
         };
         assert_eq!(t, want);
+        // Decode-kernel rows: 1 to DECODE_MAX_ROWS; 9 keeps the default.
+        let four = WgpuTuning::from_lookup(d, &lookup(&[("POLYATTN_WGPU_DECODE_ROWS", "4")]));
+        assert_eq!(four.decode_rows, 4);
+        let nine = WgpuTuning::from_lookup(d, &lookup(&[("POLYATTN_WGPU_DECODE_ROWS", "9")]));
+        assert_eq!(nine.decode_rows, d.decode_rows);
+        assert_eq!(
+            WgpuTuning::defaults(true, true).decode_rows,
+            CPU_DECODE_ROWS
+        );
+        assert_eq!(d.decode_rows, DECODE_MAX_ROWS);
     }
 }
