@@ -88,10 +88,13 @@ extern "C" __global__ void merge_attn_states(const MergeParams p) {
         if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = -PA_INF;
         return;
     }
+    // A side of weight 0 is neither read nor multiplied (its row may hold NaN / inf).
+    const bool use_p = wa != 0.0f;
+    const bool use_s = wb != 0.0f;
     for (int d = threadIdx.x; d < p.head_size; d += blockDim.x) {
-        const float vp = wa != 0.0f ? pa_load(p.o_p, row + d, p.in_dtype) * wa : 0.0f;
-        const float vs = wb != 0.0f ? pa_load(p.o_s, row + d, p.in_dtype) * wb : 0.0f;
-        const float v = vp + vs;
+        float v = 0.0f;
+        if (use_p) v = pa_load(p.o_p, row + d, p.in_dtype) * wa;
+        if (use_s) v += pa_load(p.o_s, row + d, p.in_dtype) * wb;
         pa_store(p.out, row + d, p.out_dtype, v);
     }
     if (p.out_lse != 0 && threadIdx.x == 0) p.out_lse[li] = lse;
@@ -146,12 +149,21 @@ extern "C" __global__ void merge_attn_states_vec(const MergeParams p) {
     }
     float wa, wb;
     const float lse = pm_weights(lp, ls_raw, &wa, &wb);
+    // A side of weight 0 is dropped by selection (0 * inf is NaN). One test per row, not
+    // per element: when the row is not empty the larger side's weight is at least 1/2, so
+    // the cases are both sides, the prefix alone, the suffix alone.
+    if (lse == -PA_INF) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        // A side of weight 0 is dropped by selection (0 * inf is NaN).
-        const float a = wa != 0.0f ? vp[k] * wa : 0.0f;
-        const float b = wb != 0.0f ? vs[k] * wb : 0.0f;
-        vs[k] = lse == -PA_INF ? 0.0f : a + b;
+        for (int k = 0; k < 8; ++k) vs[k] = 0.0f;
+    } else if (wa != 0.0f && wb != 0.0f) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) vs[k] = vp[k] * wa + vs[k] * wb;
+    } else if (wa != 0.0f) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) vs[k] = vp[k] * wa;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) vs[k] *= wb;
     }
     pm_store8(p.out, i, p.out_dtype, vs);
     if (p.out_lse != 0 && c == 0) p.out_lse[li] = lse;
