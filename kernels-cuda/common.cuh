@@ -1,9 +1,12 @@
-// polyattn CUDA kernels: shared definitions.
+// polyattn CUDA-family kernels: shared definitions.
 //
-// Compiled by NVRTC at run time (src/device/cuda/nvrtc.rs), which pastes this header in
-// place of `#include "common.cuh"`. It includes NO system or CUDA header: NVRTC 13 ships no
+// Compiled at run time by NVRTC (src/device/cuda/nvrtc.rs) and, for AMD, by hiprtc; the host
+// pastes this header and portability.cuh in place of their include lines, so no compiler
+// needs an include path. It includes NO system or toolkit header: NVRTC 13 ships no
 // cuda_fp16.h / cuda_bf16.h, so the f16 / bf16 / fp8 conversions below are written with
-// inline PTX `cvt` and bit arithmetic, and no include path is needed at run time.
+// inline PTX `cvt` (NVIDIA), clang's _Float16 (AMD) and bit arithmetic. What differs between
+// the compilers (PA_NVIDIA / PA_AMD, PA_WAVE, the shuffles, launch bounds) is in
+// portability.cuh; everything in this file before the tensor-core section compiles for both.
 //
 // Element types are passed to kernels as run-time codes (PA_F32 ... PA_E5M2, the same numbers
 // as `DtypeCode` in kernels.rs). Conversions happen only where data enters or leaves shared
@@ -16,6 +19,8 @@
 
 #ifndef POLYATTN_COMMON_CUH
 #define POLYATTN_COMMON_CUH
+
+#include "portability.cuh"
 
 typedef unsigned char pa_u8;
 typedef unsigned short pa_u16;
@@ -35,16 +40,25 @@ typedef unsigned long long pa_u64;
 
 // ---------------------------------------------------------------- f16 / bf16 <-> f32
 
+// f16: round to nearest even, both vendors' hardware conversion.
 __device__ __forceinline__ float pa_f16_to_f32(pa_u16 h) {
+#if PA_NVIDIA
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, h);
+#endif
 }
 
 __device__ __forceinline__ pa_u16 pa_f32_to_f16(float f) {
+#if PA_NVIDIA
     pa_u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    return __builtin_bit_cast(pa_u16, (_Float16)f);
+#endif
 }
 
 __device__ __forceinline__ float pa_bf16_to_f32(pa_u16 b) {
@@ -190,15 +204,16 @@ __device__ __forceinline__ pa_i64 pa_cache_offset(pa_i64 block, int kv, int tok,
 
 // ---------------------------------------------------------------- warp reductions
 
+// Sum / max over the PA_WAVE lanes of a warp or wavefront (every lane ends with the result).
 __device__ __forceinline__ float pa_warp_sum(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(PA_FULL_MASK, v, o);
+    for (int o = PA_WAVE / 2; o > 0; o >>= 1) v += pa_shfl_xor(v, o);
     return v;
 }
 
 __device__ __forceinline__ float pa_warp_max(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(PA_FULL_MASK, v, o));
+    for (int o = PA_WAVE / 2; o > 0; o >>= 1) v = fmaxf(v, pa_shfl_xor(v, o));
     return v;
 }
 
@@ -290,6 +305,7 @@ __device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_
 
 #endif  // POLYATTN_COMMON_CUH
 
+#if PA_NVIDIA
 // ---- PTX wrappers shared by the tensor-core kernels (paged_attention_mma.cu, paged_decode.cu):
 // shared-memory addresses, cp.async, ldmatrix, mma.sync m16n8k16 with f32 accumulators and
 // f32 -> f16x2/bf16x2 packing. sm_80+ instructions: only kernels compiled for sm_80 or
@@ -374,3 +390,4 @@ __device__ __forceinline__ pa_u32 ptx_pack2(float lo, float hi) {
     }
     return r;
 }
+#endif  // PA_NVIDIA

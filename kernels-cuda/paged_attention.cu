@@ -5,14 +5,18 @@
 // 256, every activation dtype (f32/f16/bf16), every cache dtype (f16/bf16/f32/fp8 e4m3/e5m2
 // with scales), causal and bidirectional masks, GQA/MQA, sliding windows, ALiBi, logit soft
 // cap, attention sinks and the LSE output. Dtypes are run-time codes (common.cuh); the head
-// size is bucketed at compile time as DPL = ceil(head_size / 32) (one kernel per bucket,
-// `paged_attention_dpl{1..8}`), so per-lane register arrays have fixed sizes.
+// size is bucketed at compile time as DPL = ceil(head_size / PA_WAVE) (one kernel per bucket,
+// `paged_attention_dpl{1..256/PA_WAVE}`), so per-lane register arrays have fixed sizes.
+//
+// Portable to AMD (portability.cuh): lane math uses PA_WAVE, the warp / wavefront width (32
+// on NVIDIA and RDNA, 64 on CDNA), and the shuffles pa_shfl / pa_shfl_xor; no inline PTX.
 //
 // Work: the host cuts the batch into work items (WorkItem in common.cuh, planned once per step
 // and layer shape by src/plan): query tokens
 // [q_start, q_start + q_len) of request `req`, query heads
 // kv_head*group + [head_start, head_start + head_count) (all share KV head `kv_head`), keys of
-// positions [kv_lo, kv_hi). One CTA (4 warps) per item; q_len * head_count <= 16 rows.
+// positions [kv_lo, kv_hi). One CTA (4 warps, PA_ATTN_THREADS = 4 * PA_WAVE threads) per
+// item; q_len * head_count <= 16 rows.
 //
 // Algorithm per CTA (FlashAttention-2 style, CUDA cores):
 //  1. The item's query rows are loaded once into shared memory, converted to f32 and
@@ -23,11 +27,12 @@
 //     block sizes are multiples of 16): the whole CTA loads K and V of the chunk from the
 //     paged cache (or from dense K/V for encoder attention), dequantised to f32, into shared
 //     memory.
-//  3. Each warp, for each of its rows: lane j (and j+16) computes half of the dot product of
-//     the row with key j, combined by one shuffle; then s = c*tanh(s/c) (soft cap), then
+//  3. Each warp, for each of its rows: the lanes j, j+16, j+32, ... (PA_WAVE / 16 of them)
+//     compute strided parts of the dot product of the row with key j (lane j & 15), combined
+//     by log2(PA_WAVE / 16) shuffles; then s = c*tanh(s/c) (soft cap), then
 //     s -= slope*|pos - j| (ALiBi, FlashAttention's form: slope*(j - pos) under a causal
 //     mask, symmetric when bidirectional), then the mask; the running max m, denominator l and the
-//     per-lane accumulators (lane owns dims lane + 32*e) are rescaled by exp(m_old - m_new)
+//     per-lane accumulators (lane owns dims lane + PA_WAVE*e) are rescaled by exp(m_old - m_new)
 //     and the chunk's p_j*v_j added. A sink starts a row at m = sink, l = 1: it joins the
 //     denominator and adds no value.
 //  4. Output: out = acc / l (0 when l = 0), lse = m + ln l (natural log, -inf when the row saw
@@ -51,7 +56,7 @@
 // seq_len, block ids of every position < seq_len in range); every item has
 // q_start..q_start+q_len inside its request, kv_hi <= seq_len (dense: <= the request's query
 // length), head_start + head_count <= group, q_len * head_count <= 16, kv_head <
-// num_kv_heads; head_size <= 32 * DPL; out / lse / part buffers sized as above; dynamic shared
+// num_kv_heads; head_size <= PA_WAVE * DPL; blockDim.x == PA_ATTN_THREADS; out / lse / part buffers sized as above; dynamic shared
 // memory = paged_attention_smem_bytes(head_size). Positions outside [kv_lo, kv_hi) are never
 // loaded.
 
@@ -61,6 +66,8 @@
 #define PA_RPW 4                       // rows per warp
 #define PA_ROWS (PA_WARPS * PA_RPW)    // rows per CTA
 #define PA_KC 16                       // keys per chunk
+#define PA_ATTN_THREADS (PA_WARPS * PA_WAVE)
+#define PA_PARTS (PA_WAVE / PA_KC)     // lanes sharing one key's dot product
 
 // WorkItem, AttnParams and pa_visible live in common.cuh (shared with paged_attention_mma.cu).
 
@@ -68,15 +75,15 @@ template <int DPL>
 __device__ __forceinline__ void pa_attend(const AttnParams& p) {
     extern __shared__ float pa_smem[];
     const int D = p.head_size;
-    const int SK = D + 2;  // padded K row: the 32 lanes of a warp hit 32 distinct banks
+    const int SK = D + 2;  // padded K row: a warp's 16 keys start in distinct banks
     float* q_s = pa_smem;              // [PA_ROWS][D]
     float* k_s = q_s + PA_ROWS * D;    // [PA_KC][SK]
     float* v_s = k_s + PA_KC * SK;     // [PA_KC][D]
 
     const WorkItem it = p.items[blockIdx.x];
     const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
+    const int lane = tid % PA_WAVE;
+    const int warp = tid / PA_WAVE;
     const int hc = it.head_count;
     const int rows = it.q_len * hc;
     const int qsl0 = p.query_start_loc[it.req];
@@ -164,41 +171,42 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
         __syncthreads();
 
         // 3. Scores and online softmax, one row at a time per warp.
-        const int j = lane & 15;
-        const int half = lane >> 4;
+        const int j = lane % PA_KC;
+        const int part = lane / PA_KC;
         const int kp = c0 + j;
 #pragma unroll
         for (int k = 0; k < PA_RPW; ++k) {
             if (lo[k] >= hi[k] || c0 >= hi[k] || c0 + PA_KC <= lo[k]) continue;  // warp-uniform
             const float* qr = q_s + (k * PA_WARPS + warp) * D;
             float s = 0.0f;
-            for (int d = half; d < D; d += 2) s += qr[d] * k_s[j * SK + d];
-            s += __shfl_xor_sync(PA_FULL_MASK, s, 16);
+            for (int d = part; d < D; d += PA_PARTS) s += qr[d] * k_s[j * SK + d];
+#pragma unroll
+            for (int o = PA_KC; o < PA_WAVE; o <<= 1) s += pa_shfl_xor(s, o);
             if (p.soft_cap > 0.0f) s = p.soft_cap * tanhf(s / p.soft_cap);
             if (p.alibi != 0) s -= p.alibi[qh[k]] * fabsf((float)(pos[k] - kp));
             const bool vis = kp >= lo[k] && kp < hi[k];
             s = vis ? s : -PA_INF;
             float cm = s;
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(PA_FULL_MASK, cm, o));
+            for (int o = PA_KC / 2; o > 0; o >>= 1) cm = fmaxf(cm, pa_shfl_xor(cm, o));
             const float mn = fmaxf(m[k], cm);
             if (mn == -PA_INF) continue;  // nothing visible yet (warp-uniform)
             const float alpha = expf(m[k] - mn);
             const float pj = vis ? expf(s - mn) : 0.0f;
             float ps = pj;
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) ps += __shfl_xor_sync(PA_FULL_MASK, ps, o);
+            for (int o = PA_KC / 2; o > 0; o >>= 1) ps += pa_shfl_xor(ps, o);
             l[k] = l[k] * alpha + ps;
             m[k] = mn;
 #pragma unroll
             for (int e = 0; e < DPL; ++e) acc[k][e] *= alpha;
 #pragma unroll 4
             for (int jj = 0; jj < PA_KC; ++jj) {
-                const float pv = __shfl_sync(PA_FULL_MASK, pj, jj);
+                const float pv = pa_shfl(pj, jj);
                 if (pv != 0.0f) {
 #pragma unroll
                     for (int e = 0; e < DPL; ++e) {
-                        const int d = lane + 32 * e;
+                        const int d = lane + PA_WAVE * e;
                         if (d < D) acc[k][e] += pv * v_s[jj * D + d];
                     }
                 }
@@ -220,7 +228,7 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
                 ((pa_i64)it.split * p.n_part_tokens + it.part_tok + r / hc) * p.num_heads + h;
 #pragma unroll
             for (int e = 0; e < DPL; ++e) {
-                const int d = lane + 32 * e;
+                const int d = lane + PA_WAVE * e;
                 if (d < D) p.part_out[base * D + d] = acc[k][e] * inv;
             }
             if (lane == 0) p.part_lse[base] = row_lse;
@@ -228,7 +236,7 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
             const pa_i64 base = (pa_i64)t * p.num_heads + h;
 #pragma unroll
             for (int e = 0; e < DPL; ++e) {
-                const int d = lane + 32 * e;
+                const int d = lane + PA_WAVE * e;
                 if (d < D) pa_store(p.out, base * D + d, p.out_dtype, acc[k][e] * inv);
             }
             if (lane == 0 && p.lse != 0) p.lse[(pa_i64)h * p.num_tokens + t] = row_lse;
@@ -237,18 +245,18 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
 }
 
 #define PA_DEFINE(DPL)                                                                  \
-    extern "C" __global__ void __launch_bounds__(PA_WARPS * 32, 4)                       \
+    extern "C" __global__ void PA_LAUNCH_BOUNDS(PA_ATTN_THREADS, 4)                      \
         paged_attention_dpl##DPL(const AttnParams p) {                                    \
         pa_attend<DPL>(p);                                                                \
     }
 
 // The host compiles only the bucket it needs (-DPA_ONLY_DPL=n, a module per bucket, which
-// keeps the first-call NVRTC time short); without the define every bucket is built (the CI
-// compile check).
+// keeps the first-call NVRTC time short); without the define every bucket up to head size
+// 256 is built (the CI compile check): 8 on a 32-wide warp, 4 on a 64-wide wavefront.
 #ifndef PA_ONLY_DPL
 #define PA_ONLY_DPL 0
 #endif
-#define PA_WANT_DPL(n) (PA_ONLY_DPL == 0 || PA_ONLY_DPL == (n))
+#define PA_WANT_DPL(n) ((n) * PA_WAVE <= 256 && (PA_ONLY_DPL == 0 || PA_ONLY_DPL == (n)))
 #if PA_WANT_DPL(1)
 PA_DEFINE(1)
 #endif

@@ -96,12 +96,18 @@ __device__ __forceinline__ int rc_elem_bytes() {
     return DT == PA_F32 ? 4 : (DT == PA_F16 || DT == PA_BF16) ? 2 : 1;
 }
 
+// 16 bytes of a buffer no kernel writes during the launch: NVIDIA reads them through the
+// non-coherent (texture) path; AMD has no such path and takes a plain vector load.
 __device__ __forceinline__ uint4 rc_ld_nc16(const char* p) {
+#if PA_NVIDIA
     uint4 v;
     asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
+#else
+    return *(const uint4*)p;
+#endif
 }
 
 // Input elements e..e+8 (e a multiple of 8) of a read-only activation buffer.
@@ -279,7 +285,7 @@ __device__ __forceinline__ void rc_dispatch_out(const ReshapeParams& p, pa_i64* 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(RC_THREADS, RC_MIN_CTAS)
+extern "C" __global__ void PA_LAUNCH_BOUNDS(RC_THREADS, RC_MIN_CTAS)
     reshape_and_cache(const ReshapeParams p) {
     __shared__ pa_i64 s_row[RC_MAX_TOKENS];
     switch (p.in_dtype) {

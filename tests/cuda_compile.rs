@@ -129,8 +129,8 @@ fn run_time_variants_select_their_entry_points() {
         Err(e) => failures.push(format!("{} {defines:?}: {e}", k.name)),
     };
     for head_size in [8, 64, 128, 256] {
-        let variant = cuda::attention_variant(head_size);
-        let name = cuda::attention_function_name(head_size).expect("bucket");
+        let variant = cuda::attention_variant(head_size, cuda::NVIDIA_WARP);
+        let name = cuda::attention_function_name(head_size, cuda::NVIDIA_WARP).expect("bucket");
         check(
             &cuda::PAGED_ATTENTION,
             &[variant.as_str()],

@@ -26,7 +26,7 @@ use super::tuning::CudaTuning;
 use crate::kernels::cuda::{
     attention_function_name, code, decode_function_name, decode_smem_bytes, decode_variant,
     mma_function_name, AttnParams, ReshapeParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS,
-    PAGED_DECODE, ROWS_PER_ITEM,
+    NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
 };
 use crate::plan::{Pass, PlanKey, SplitRule};
 
@@ -49,7 +49,7 @@ impl CudaAttentionImpl {
     /// Builds the impl on `device` (parameters already validated by the descriptor); uploads
     /// the ALiBi slopes and sinks once.
     pub fn new(params: AttentionParams, device: CudaDevice) -> Result<Self> {
-        if attention_function_name(params.head_size).is_none() {
+        if attention_function_name(params.head_size, NVIDIA_WARP).is_none() {
             return Err(Error::config(format!(
                 "the CUDA kernels support head sizes up to 256, got {}",
                 params.head_size

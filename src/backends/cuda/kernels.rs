@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     attention_function_name, attention_smem_bytes, attention_variant, code, decode_smem_bytes,
     mma_smem_bytes, mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
-    DECODE_THREADS, MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
+    DECODE_THREADS, MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
+    RESHAPE_AND_CACHE,
 };
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
@@ -200,9 +201,9 @@ pub(crate) fn launch_attention(
     let mut params = *base;
     params.items = items.device_ptr();
     set_partials(&mut params, p, plan, md)?;
-    let name = attention_function_name(d)
+    let name = attention_function_name(d, NVIDIA_WARP)
         .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
-    let variant = attention_variant(d);
+    let variant = attention_variant(d, NVIDIA_WARP);
     let f = function(device, &PAGED_ATTENTION, &[&variant], name)?;
     let cfg = LaunchConfig {
         grid_dim: (plan.work.items.len() as u32, 1, 1),

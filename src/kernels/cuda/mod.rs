@@ -4,11 +4,12 @@
 //! runs which request is the CUDA backend's.
 //!
 //! Nothing here names a `cudarc` type: a source is text plus the `-D` options of a variant,
-//! a parameter block is plain `#[repr(C)]` bytes, so a HIP runtime could compile the same
-//! family with hiprtc.
+//! a parameter block is plain `#[repr(C)]` bytes, so the HIP runtime compiles the same
+//! family with hiprtc. `portability.cuh` holds what differs between the compilers
+//! (`PA_NVIDIA` / `PA_AMD`, the warp / wavefront width `PA_WAVE`, shuffles, launch bounds).
 //!
-//! **Conventions of the family.** Every source includes `common.cuh`, which
-//! [`full_source`] pastes in place of its include line (no include path, no toolkit header).
+//! **Conventions of the family.** Every source includes `common.cuh` (which includes
+//! `portability.cuh`), which [`full_source`] pastes in place of its include line (no include path, no toolkit header).
 //! Element types travel as integer codes ([`dtype_code`]: `PA_F32` … in `common.cuh`), so one
 //! build serves every dtype of a kernel; the variants a build selects are `-D` options
 //! ([`attention_variant`], [`mma_variant`], [`decode_variant`]), each with its entry point
@@ -22,11 +23,14 @@
 //! - [`shapes`]: threads, rows and keys per CTA, tensor-core CTA shapes, shared memory;
 //! - [`params`]: the attention kernels' parameter blocks;
 //! - [`model_ops`]: the model operations' launch constants and parameter blocks;
-//! - [`tuning`]: the family's knobs ([`CudaTuning`]).
+//! - [`tuning`]: the family's knobs ([`CudaTuning`]);
+//! - [`amd`]: the AMD targets, their wavefront widths and the variants an AMD device
+//!   requests (the portable sources, `PA_AMD` in `portability.cuh`).
 //!
 //! Everything public is re-exported here, so `kernels::cuda::AttnParams` and
 //! `kernels::cuda::params::AttnParams` name the same item.
 
+pub mod amd;
 pub mod model_ops;
 pub mod params;
 pub mod shapes;
@@ -34,6 +38,7 @@ pub mod sources;
 pub mod tuning;
 pub mod variants;
 
+pub use amd::*;
 pub use model_ops::*;
 pub use params::*;
 pub use shapes::*;

@@ -11,8 +11,20 @@ pub const ROWS_PER_ITEM: usize = 16;
 /// Keys per chunk (`PA_KC`).
 pub const KEYS_PER_CHUNK: usize = 16;
 
-/// Threads per attention CTA.
-pub const ATTN_THREADS: u32 = 128;
+/// Threads of an NVIDIA warp (`PA_WAVE` on NVIDIA; AMD's wavefront is 64 on CDNA, 32 on RDNA).
+pub const NVIDIA_WARP: usize = 32;
+
+/// Warps (wavefronts) per attention CTA (`PA_WARPS`).
+pub const ATTN_WARPS: usize = 4;
+
+/// Threads per attention CTA on a device whose warps / wavefronts are `wave` wide
+/// (`PA_ATTN_THREADS`).
+pub const fn attention_threads(wave: usize) -> u32 {
+    (ATTN_WARPS * wave) as u32
+}
+
+/// Threads per attention CTA on NVIDIA.
+pub const ATTN_THREADS: u32 = attention_threads(NVIDIA_WARP);
 
 /// Dynamic shared memory of the attention kernel for `head_size`.
 pub fn attention_smem_bytes(head_size: usize) -> u32 {

@@ -18,6 +18,10 @@ pub struct KernelSource {
 /// `kernels-cuda/common.cuh`, pasted into every source.
 pub const COMMON: &str = include_str!("../../../kernels-cuda/common.cuh");
 
+/// `kernels-cuda/portability.cuh` (what differs between NVRTC / nvcc and hiprtc / hipcc /
+/// clang: `PA_NVIDIA`, `PA_AMD`, `PA_WAVE`, the shuffles), pasted into `common.cuh`.
+pub const PORTABILITY: &str = include_str!("../../../kernels-cuda/portability.cuh");
+
 /// `reshape_and_cache.cu`.
 pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
     name: "reshape_and_cache",
@@ -124,9 +128,16 @@ pub const ALL_SOURCES: [KernelSource; 7] = [
     MODEL_OPS,
 ];
 
-/// The source as NVRTC compiles it: `common.cuh` pasted in place of its include line.
+/// The sources that compile for AMD as well (`PA_AMD`): no inline PTX, lane math in
+/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `model_ops`, `probes`) use
+/// NVIDIA's tensor-core, `cp.async` or warp-synchronous instructions.
+pub const PORTABLE_SOURCES: [KernelSource; 3] = [RESHAPE_AND_CACHE, PAGED_ATTENTION, MERGE_STATES];
+
+/// The source as a compiler of the family takes it: `common.cuh` pasted in place of its
+/// include line and `portability.cuh` in place of common's.
 pub fn full_source(k: &KernelSource) -> String {
-    k.source.replace("#include \"common.cuh\"", COMMON)
+    let common = COMMON.replace("#include \"portability.cuh\"", PORTABILITY);
+    k.source.replace("#include \"common.cuh\"", &common)
 }
 
 #[cfg(test)]
@@ -235,6 +246,7 @@ mod tests {
                 k.name
             );
             assert!(s.contains("POLYATTN_COMMON_CUH"));
+            assert!(s.contains("POLYATTN_PORTABILITY_CUH"));
         }
     }
 }

@@ -31,10 +31,14 @@ pub(crate) fn code(dtype: DType) -> Result<i32> {
     })
 }
 
-/// The `-D` option that builds only the attention bucket of `head_size`
-/// (`PA_ONLY_DPL`, see paged_attention.cu).
-pub fn attention_variant(head_size: usize) -> String {
-    format!("-DPA_ONLY_DPL={}", head_size.div_ceil(32))
+/// The most head size of the CUDA-core attention kernel (`paged_attention.cu`).
+pub const ATTENTION_MAX_HEAD_SIZE: usize = 256;
+
+/// The `-D` option that builds only the attention bucket of `head_size` on a device whose
+/// warps / wavefronts are `wave` wide (`PA_ONLY_DPL` = ceil(head_size / wave), see
+/// paged_attention.cu).
+pub fn attention_variant(head_size: usize, wave: usize) -> String {
+    format!("-DPA_ONLY_DPL={}", head_size.div_ceil(wave.max(1)))
 }
 
 /// The `-D` options that build only the tensor-core variant for `dtype`, `head_size`,
@@ -72,9 +76,14 @@ pub fn decode_variant(dtype: DType, cache_dtype: DType, head_size: usize) -> [St
     ]
 }
 
-/// The attention entry point for `head_size` (`paged_attention_dpl{ceil(D/32)}`).
-pub fn attention_function_name(head_size: usize) -> Option<&'static str> {
-    let dpl = head_size.div_ceil(32);
+/// The attention entry point for `head_size` on a device whose warps / wavefronts are `wave`
+/// wide (`paged_attention_dpl{ceil(D/wave)}`); `None` past [`ATTENTION_MAX_HEAD_SIZE`] (the
+/// buckets a compile builds, see `PA_WANT_DPL`).
+pub fn attention_function_name(head_size: usize, wave: usize) -> Option<&'static str> {
+    if head_size > ATTENTION_MAX_HEAD_SIZE || !matches!(wave, 32 | 64) {
+        return None;
+    }
+    let dpl = head_size.div_ceil(wave);
     PAGED_ATTENTION
         .functions
         .get(dpl.checked_sub(1)?)
@@ -125,9 +134,28 @@ mod tests {
 
     #[test]
     fn entry_points_and_variants() {
-        assert_eq!(attention_function_name(128), Some("paged_attention_dpl4"));
-        assert_eq!(attention_function_name(256), Some("paged_attention_dpl8"));
-        assert_eq!(attention_function_name(264), None);
+        assert_eq!(
+            attention_function_name(128, 32),
+            Some("paged_attention_dpl4")
+        );
+        assert_eq!(
+            attention_function_name(256, 32),
+            Some("paged_attention_dpl8")
+        );
+        assert_eq!(attention_function_name(264, 32), None);
+        // A 64-wide wavefront (AMD CDNA) holds two dims per lane where a warp holds four.
+        assert_eq!(
+            attention_function_name(128, 64),
+            Some("paged_attention_dpl2")
+        );
+        assert_eq!(
+            attention_function_name(200, 64),
+            Some("paged_attention_dpl4")
+        );
+        assert_eq!(attention_function_name(264, 64), None);
+        assert_eq!(attention_function_name(128, 48), None);
+        assert_eq!(attention_variant(200, 64), "-DPA_ONLY_DPL=4");
+        assert_eq!(attention_variant(200, 32), "-DPA_ONLY_DPL=7");
         assert_eq!(
             decode_function_name(DType::Bf16, DType::Bf16, 128),
             Some("paged_decode_bf16_d128")
