@@ -15,12 +15,14 @@ PASSES=${PASSES:-2}
 BUDGET=${BUDGET:-0.2}
 mkdir -p "$OUT"
 export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
-# AB_SHAPES / AB_SHAPES_F16 replace the row lists (an empty AB_SHAPES_F16 skips the f16 rows).
+# AB_SHAPES / AB_SHAPES_F16 replace the row lists (an empty AB_SHAPES_F16 skips the f16 rows);
+# AB_BACKENDS the backends of the bf16 rows (default cuda,wgpu).
 ALL=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
 ALL=$ALL,P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
 ALL=$ALL,D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
 ALL=$ALL,K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
 SHAPES=${AB_SHAPES:-$ALL}
+BACKENDS=${AB_BACKENDS:-cuda,wgpu}
 SHAPES_F16=${AB_SHAPES_F16-P2.b1s4k.p16,P2.b1s16k.p16,P2.b8s4k.p16}
 say() { echo "== $* ($(date +%T))"; }
 for pass in $(seq 1 "$PASSES"); do
@@ -28,7 +30,7 @@ for pass in $(seq 1 "$PASSES"); do
     bin=$OLD
     [ "$side" = new ] && bin=$NEW
     say "$side pass $pass"
-    timeout 400 "$bin" bench --backend cuda,wgpu --shapes "$SHAPES" --budget "$BUDGET" \
+    timeout 400 "$bin" bench --backend "$BACKENDS" --shapes "$SHAPES" --budget "$BUDGET" \
       --json "$OUT/$side-$pass.json" --no-svg --quiet >"$OUT/$side-$pass.log" 2>&1
     echo "-- rc=$? rows=$(grep -c '^|' "$OUT/$side-$pass.log")"
     [ -n "$SHAPES_F16" ] || continue
