@@ -65,7 +65,7 @@
 #define PA_WARPS 4
 #define PA_RPW 4                       // rows per warp
 #define PA_ROWS (PA_WARPS * PA_RPW)    // rows per CTA
-#define PA_KC 16                       // keys per chunk
+#define PA_KC 16                       // keys per chunk (the shifts by 4 below rely on it)
 #define PA_ATTN_THREADS (PA_WARPS * PA_WAVE)
 #define PA_PARTS (PA_WAVE / PA_KC)     // lanes sharing one key's dot product
 
@@ -82,8 +82,8 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
 
     const WorkItem it = p.items[blockIdx.x];
     const int tid = threadIdx.x;
-    const int lane = tid % PA_WAVE;
-    const int warp = tid / PA_WAVE;
+    const int lane = tid & (PA_WAVE - 1);
+    const int warp = tid >> PA_WAVE_LOG2;
     const int hc = it.head_count;
     const int rows = it.q_len * hc;
     const int qsl0 = p.query_start_loc[it.req];
@@ -171,8 +171,8 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
         __syncthreads();
 
         // 3. Scores and online softmax, one row at a time per warp.
-        const int j = lane % PA_KC;
-        const int part = lane / PA_KC;
+        const int j = lane & (PA_KC - 1);
+        const int part = lane >> 4;  // lane / PA_KC
         const int kp = c0 + j;
 #pragma unroll
         for (int k = 0; k < PA_RPW; ++k) {

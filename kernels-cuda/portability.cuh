@@ -8,6 +8,8 @@
 //   PA_WAVE                  threads of a warp / wavefront, a compile-time constant: 32 on
 //                            NVIDIA; on AMD the target's wavefront (64 on CDNA: gfx90a,
 //                            gfx942; 32 on RDNA: gfx1030, gfx1100), from the compiler
+//   PA_WAVE_LOG2             log2(PA_WAVE) (lane and warp ids as mask and shift, as the
+//                            kernels were tuned on NVIDIA: signed / and % cost more)
 //   pa_shfl_xor(v, m)        v of lane (lane ^ m) of the same warp / wavefront
 //   pa_shfl(v, src)          v of lane `src` of the same warp / wavefront
 //   PA_LAUNCH_BOUNDS(t, b)   at most t threads per CTA (NVIDIA: and b CTAs per SM wanted)
@@ -43,6 +45,7 @@
 #if PA_NVIDIA
 
 #define PA_WAVE 32
+#define PA_WAVE_LOG2 5
 #define PA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 __device__ __forceinline__ float pa_shfl_xor(float v, int m) {
     return __shfl_xor_sync(0xffffffffu, v, m);
@@ -60,6 +63,13 @@ __device__ __forceinline__ float pa_shfl(float v, int src) {
 #define PA_WAVE __AMDGCN_WAVEFRONT_SIZE
 #else
 #define PA_WAVE 64  // host pass of a single-source compile: no kernel is generated
+#endif
+#if PA_WAVE == 64
+#define PA_WAVE_LOG2 6
+#elif PA_WAVE == 32
+#define PA_WAVE_LOG2 5
+#else
+#error "polyattn kernels: wavefronts of 32 or 64 lanes only"
 #endif
 // HIP's second __launch_bounds__ argument means waves per execution unit, not CTAs per SM:
 // only the thread count is passed.
