@@ -125,7 +125,7 @@ mod layering {
 
     /// Crates of a runtime, which no kernel family names: a family is sources and plain
     /// types, compiled and launched by `device/`.
-    const RUNTIME_CRATES: &[&str] = &["cudarc", "wgpu", "naga"];
+    const RUNTIME_CRATES: &[&str] = &["cudarc", "wgpu", "naga", "libloading"];
 
     /// (from, to): imports that run upward today.
     const KNOWN: &[(&str, &str, &str)] = &[(

@@ -10,6 +10,7 @@
 
 mod cpu;
 pub mod cuda;
+pub mod hip;
 mod tensor;
 pub mod wgpu;
 
