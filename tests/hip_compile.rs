@@ -7,10 +7,18 @@
 //! - `clang++-19` (or newer) with `-x hip -nogpuinc -nogpulib -DPA_NO_GPU_HEADERS` for those it
 //!   does not (gfx942, gfx1100; `portability.cuh` supplies what ROCm's headers would).
 //!
-//! Each compile appends `static_assert(PA_WAVE == <the target's wavefront>)`, so the lane
-//! math is checked to follow the target. The test fails on a compile error, on a missing
-//! entry point, or on a kernel whose resource-usage report shows scratch memory (`ScratchSize`
-//! or VGPR spills); SGPR spills, which go to VGPR lanes and not to memory, are reported.
+//! Each compile appends `static_assert(PA_WAVE == <the target's wavefront>)`, and the code
+//! object's metadata must give every kernel that `.wavefront_size`, so the lane math is
+//! checked to follow the target. The test fails on a compile error, on a missing entry point,
+//! or on a kernel that uses scratch memory (`ScratchSize` or VGPR spills in the compiler's
+//! resource-usage remarks; for hiprtc, whose log has no remarks, `.private_segment_fixed_size`
+//! and `.vgpr_spill_count` in the metadata); SGPR spills, which go to VGPR lanes and not to
+//! memory, are reported.
+//!
+//! The same variants also go through hiprtc, as a device compiles them at run time, for the
+//! targets the local ROCm knows (ROCm 5.2's hiprtc runs without a GPU; it is inside
+//! `libamdhip64.so.5`): the code object must be an ELF (or offload bundle) that names every
+//! entry point.
 //!
 //! A machine without the compilers prints SKIP and the reason; `.ci/run` installs them
 //! (`apt-get install hipcc libamdhip64-dev rocm-device-libs clang-19`) and sets
@@ -22,6 +30,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use polyattn::device::hip::hiprtc;
 use polyattn::kernels::cuda::{amd_variants, full_source, AmdTarget, AmdVariant, AMD_TARGETS};
 
 /// Targets Debian's hipcc (ROCm 5.2, clang 15) compiles; the rest go to a newer clang.
@@ -99,15 +108,15 @@ fn parse_resource_usage(log: &str) -> Vec<ResourceUsage> {
     out
 }
 
-/// Compiles one variant for one target; the compiler's output (remarks included), or the
-/// failure.
+/// Compiles one variant for one target; the compiler's output (remarks included) and the
+/// code object, or the failure.
 fn compile(
     compiler: &Path,
     hipcc: bool,
     target: &AmdTarget,
     v: &AmdVariant,
     dir: &Path,
-) -> Result<String, String> {
+) -> Result<(String, Vec<u8>), String> {
     let tag = format!("{}-{}-{}", v.source.name, v.defines.join("_"), target.arch);
     let src = dir.join(format!("{tag}.hip"));
     let mut text = full_source(&v.source);
@@ -158,8 +167,8 @@ fn compile(
             .collect();
         return Err(format!("{tag}: compile failed:\n{}", errors.join("\n")));
     }
-    match std::fs::metadata(&out_file) {
-        Ok(m) if m.len() > 0 => Ok(log),
+    match std::fs::read(&out_file) {
+        Ok(code) if !code.is_empty() => Ok((log, code)),
         _ => Err(format!("{tag}: no code object written")),
     }
 }
@@ -169,13 +178,24 @@ fn check_target(compiler: &Path, hipcc: bool, target: &AmdTarget, dir: &Path) ->
     let mut failures = Vec::new();
     let tool = if hipcc { "hipcc" } else { "clang" };
     for v in amd_variants(target.wave) {
-        let log = match compile(compiler, hipcc, target, &v, dir) {
-            Ok(log) => log,
+        let (log, code) = match compile(compiler, hipcc, target, &v, dir) {
+            Ok(out) => out,
             Err(e) => {
                 failures.push(format!("{} ({tool}): {e}", target.arch));
                 continue;
             }
         };
+        let waves = metadata_values(&code, ".wavefront_size");
+        if waves.len() != v.functions.len() || waves.iter().any(|&w| w != target.wave as u64) {
+            failures.push(format!(
+                "{} ({tool}) {} {:?}: kernel wavefronts {waves:?}, want {} kernels of {}",
+                target.arch,
+                v.source.name,
+                v.defines,
+                v.functions.len(),
+                target.wave
+            ));
+        }
         let usage = parse_resource_usage(&log);
         for f in &v.functions {
             if !usage.iter().any(|u| u.function == *f) {
@@ -267,6 +287,127 @@ fn every_amd_variant_compiles_for_cdna_and_rdna_without_scratch() {
     assert!(
         failures.is_empty(),
         "AMD kernel checks failed:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The unsigned values of metadata key `key` (e.g. `.wavefront_size`) of every kernel in an
+/// AMDGPU code object: the ELF's `NT_AMDGPU_METADATA` note is MessagePack, where each
+/// kernel's map holds the key as a fixstr followed by its value (a positive fixint or a
+/// `uint 8/16/32/64`).
+fn metadata_values(code: &[u8], key: &str) -> Vec<u64> {
+    let mut pattern = vec![0xa0 | key.len() as u8];
+    pattern.extend_from_slice(key.as_bytes());
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(at) = code[i..]
+        .windows(pattern.len())
+        .position(|w| w == pattern.as_slice())
+    {
+        let v = i + at + pattern.len();
+        let be = |n: usize| {
+            code.get(v + 1..v + 1 + n)
+                .map(|b| b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x)))
+        };
+        let value = match code.get(v) {
+            Some(&b) if b < 0x80 => Some(u64::from(b)),
+            Some(0xcc) => be(1),
+            Some(0xcd) => be(2),
+            Some(0xce) => be(4),
+            Some(0xcf) => be(8),
+            _ => None,
+        };
+        out.extend(value);
+        i = v;
+    }
+    out
+}
+
+/// Whether `needle` occurs in `haystack` (entry-point names in a code object's symbol table).
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn every_amd_variant_compiles_through_hiprtc() {
+    let required = std::env::var("POLYATTN_REQUIRE_HIP_COMPILERS").is_ok_and(|v| v == "1");
+    let version = match hiprtc::hiprtc_version() {
+        Ok(v) => v,
+        Err(why) => {
+            report!("SKIP hip_compile hiprtc: {why}");
+            assert!(
+                !required,
+                "POLYATTN_REQUIRE_HIP_COMPILERS=1 but hiprtc: {why}"
+            );
+            return;
+        }
+    };
+    let mut failures = Vec::new();
+    let mut compiled = Vec::new();
+    for t in AMD_TARGETS {
+        if !hiprtc::knows_arch(version.major, t.arch) {
+            report!(
+                "hiprtc (ROCm {version}) does not know {}: left to clang",
+                t.arch
+            );
+            continue;
+        }
+        for v in amd_variants(t.wave) {
+            let mut src = full_source(&v.source);
+            src.push_str(&format!(
+                "\nstatic_assert(PA_WAVE == {}, \"wavefront\");\n",
+                t.wave
+            ));
+            let tag = format!("{} {} {:?}", t.arch, v.source.name, v.defines);
+            let out = match hiprtc::compile(&src, v.source.name, t.arch, &v.defines) {
+                Ok(o) => o,
+                Err(e) => {
+                    failures.push(format!("{tag}: {e}"));
+                    continue;
+                }
+            };
+            if !out.is_elf() && !out.is_offload_bundle() {
+                failures.push(format!(
+                    "{tag}: the code object is neither an ELF nor a bundle"
+                ));
+            }
+            for f in &v.functions {
+                if !contains(&out.code, f) {
+                    failures.push(format!("{tag}: no entry point {f} in the code object"));
+                }
+            }
+            // hiprtc's log carries no resource remarks: the code object's metadata does.
+            let waves = metadata_values(&out.code, ".wavefront_size");
+            let scratch = metadata_values(&out.code, ".private_segment_fixed_size");
+            let vgpr_spills = metadata_values(&out.code, ".vgpr_spill_count");
+            let sgpr_spills = metadata_values(&out.code, ".sgpr_spill_count");
+            if waves.len() != v.functions.len() || waves.iter().any(|&w| w != t.wave as u64) {
+                failures.push(format!(
+                    "{tag}: kernel wavefronts {waves:?}, want {} kernels of {}",
+                    v.functions.len(),
+                    t.wave
+                ));
+            }
+            if scratch.iter().chain(&vgpr_spills).any(|&n| n > 0) {
+                failures.push(format!(
+                    "{tag}: scratch {scratch:?} B per lane, VGPR spills {vgpr_spills:?}"
+                ));
+            }
+            report!(
+                "hiprtc {tag}: {} B, wavefronts {waves:?}, scratch {scratch:?}, spills: SGPR \
+                 {sgpr_spills:?} (to VGPR lanes), VGPR {vgpr_spills:?}",
+                out.code.len()
+            );
+        }
+        compiled.push(t.arch);
+    }
+    report!("hiprtc (ROCm {version}) compiled every variant for {compiled:?}");
+    assert!(!compiled.is_empty(), "hiprtc knows none of the targets");
+    assert!(
+        failures.is_empty(),
+        "hiprtc checks failed:\n{}",
         failures.join("\n")
     );
 }
