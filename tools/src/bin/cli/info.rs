@@ -42,6 +42,23 @@ pub fn run(args: &InfoArgs) -> Result<bool> {
     if !missing.is_empty() {
         println!("  not in this build yet: {}", missing.join(", "));
     }
+    if !built.iter().any(|b| b.eq_ignore_ascii_case("HIP")) {
+        // The HIP runtime and the AMD builds of the CUDA family exist ahead of the backend:
+        // say what this machine's ROCm would give it.
+        let runtime = match polyattn::device::hip::probe(0) {
+            Ok(info) => format!("{} ({}, wave{})", info.name, info.arch, info.wavefront_size),
+            Err(why) => format!("unavailable: {why}"),
+        };
+        let targets: Vec<&str> = polyattn::kernels::cuda::AMD_TARGETS
+            .iter()
+            .map(|t| t.arch)
+            .collect();
+        println!(
+            "  HIP runtime here: {runtime}; the CUDA family's AMD kernels are compile-checked \
+             for {}",
+            targets.join(", ")
+        );
+    }
     println!();
     println!("Configuration: {config}");
     for c in reg.explain(&config) {
