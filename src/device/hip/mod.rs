@@ -11,8 +11,14 @@
 //! process (hiprtc aborts on a target its LLVM does not know, so [`hiprtc::compile`] checks
 //! the target against the ROCm version first, [`hiprtc::knows_arch`]).
 //!
-//! Device-side work (buffers, modules, launches) is not here yet: only the probe and the
-//! compiler.
+//! The device side: [`HipDevice`] opens a GPU once per ordinal with one non-blocking stream
+//! that all of polyattn's work on it runs on, and records a sticky fault; [`HipStorage`] is
+//! its memory (uploads, downloads, zero fills, device-to-device copies); its modules are
+//! loaded from code objects and cached by key ([`HipDevice::function`]), the code objects
+//! themselves on disk ([`compile_cached`]); [`HipDevice::launch`] checks a launch and passes
+//! the arguments by value in their C layout ([`KernArgs`]). The functions it calls are
+//! resolved once and all required (`runtime`), so a runtime that lacks one is reported when a
+//! device is opened.
 //!
 //! Two things of HIP's ABI change between ROCm versions and are handled per major version:
 //! - `hipDeviceProp_t` grew from 792 bytes (ROCm 5, `hipGetDeviceProperties`, the layout
@@ -28,9 +34,19 @@ use std::fmt;
 
 use crate::error::Error;
 
+mod buffer;
+mod device;
+mod launch;
 mod library;
+mod module;
+mod runtime;
 
 pub mod hiprtc;
+
+pub use buffer::HipStorage;
+pub use device::HipDevice;
+pub use launch::{KernArgs, MAX_THREADS_PER_BLOCK};
+pub use module::{cache_dir, compile_cached, HipFunction};
 
 /// The error every HIP entry point returns (`backend: "hip"`).
 fn device_error(message: impl Into<String>) -> Error {
