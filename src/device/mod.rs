@@ -10,6 +10,7 @@
 
 mod cpu;
 pub mod cuda;
+mod disk_cache;
 pub mod hip;
 mod tensor;
 pub mod wgpu;

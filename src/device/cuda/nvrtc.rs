@@ -11,11 +11,11 @@
 //! [`nvrtc_status`] probes with `is_culib_present()` first and every compile goes through it.
 
 use std::ffi::CString;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaModule};
 
+use crate::device::disk_cache::{cache_dir, fnv1a};
 use crate::error::Result;
 use crate::kernels::cuda::{full_source, KernelSource};
 
@@ -188,29 +188,6 @@ pub fn parse_ptxas_report(log: &str) -> Vec<PtxasReport> {
         }
     }
     out
-}
-
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("POLYATTN_CACHE_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("polyattn"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("polyattn"))
 }
 
 /// Compiles `k` for `arch` with `defines` (`-DNAME=VALUE` options selecting a variant),

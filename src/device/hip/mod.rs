@@ -43,10 +43,11 @@ mod runtime;
 
 pub mod hiprtc;
 
+pub use crate::device::disk_cache::cache_dir;
 pub use buffer::HipStorage;
 pub use device::HipDevice;
 pub use launch::{KernArgs, MAX_THREADS_PER_BLOCK};
-pub use module::{cache_dir, compile_cached, HipFunction};
+pub use module::{compile_cached, HipFunction};
 
 /// The error every HIP entry point returns (`backend: "hip"`).
 fn device_error(message: impl Into<String>) -> Error {

@@ -12,7 +12,7 @@
 
 use std::ffi::{c_int, c_void, CString};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -22,6 +22,7 @@ use super::runtime::{
     FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
 };
 use super::{base_arch, device_error, hiprtc, RocmVersion, HIP_SUCCESS};
+use crate::device::disk_cache::{cache_dir, fnv1a};
 use crate::error::Result;
 
 /// A loaded module (`hipModuleLoadData`), unloaded when the last [`HipFunction`] of it and
@@ -224,33 +225,6 @@ impl HipDevice {
         modules.insert(key.to_string(), module.clone());
         Ok(module)
     }
-}
-
-/// FNV-1a over `parts`, each followed by a separator byte so that ("ab", "c") and ("a", "bc")
-/// differ: the cubin cache's hash (`src/device/cuda/nvrtc.rs`), bit for bit.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// The cache directory: `$POLYATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/polyattn`, else
-/// `$HOME/.cache/polyattn` (the cubin cache's rule); `None` when none is set.
-pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("POLYATTN_CACHE_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("polyattn"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("polyattn"))
 }
 
 /// What one cached code object is compiled from.
