@@ -18,6 +18,7 @@
 
 mod cpu;
 mod cuda;
+mod hip;
 mod wgpu;
 
 use crate::device::{Device, Tensor};
@@ -77,6 +78,7 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     match table.device() {
         Device::Cpu(_) => cpu::embedding(table, ids, v, h, t),
         Device::Cuda(d) => cuda::embedding(d, table, ids, v, h, t),
+        Device::Hip(_) => hip::via_host2(table, ids, |a, b| cpu::embedding(a, b, v, h, t)),
         Device::Wgpu(d) => wgpu::embedding(d, table, ids, v, h, t),
     }
 }
@@ -97,6 +99,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     match x.device() {
         Device::Cpu(_) => cpu::rms_norm(x, weight, eps, t, h),
         Device::Cuda(d) => cuda::rms_norm(d, x, weight, eps, t, h),
+        Device::Hip(_) => hip::via_host2(x, weight, |a, b| cpu::rms_norm(a, b, eps, t, h)),
         Device::Wgpu(d) => wgpu::rms_norm(d, x, weight, eps, t, h),
     }
 }
@@ -118,6 +121,7 @@ pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     match x.device() {
         Device::Cpu(_) => cpu::linear(x, weight, t, k, n),
         Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n),
+        Device::Hip(_) => hip::via_host2(x, weight, |a, b| cpu::linear(a, b, t, k, n)),
         Device::Wgpu(d) => wgpu::linear(d, x, weight, t, k, n),
     }
 }
@@ -151,6 +155,9 @@ pub fn rope(x: &mut Tensor, positions: &Tensor, rope: Rope) -> Result<()> {
     match x.device().clone() {
         Device::Cpu(_) => cpu::rope(x, positions, rope, t, heads, d),
         Device::Cuda(dev) => cuda::rope(&dev, x, positions, rope, t, heads, d),
+        Device::Hip(_) => {
+            hip::via_host_in_place(x, positions, |a, p| cpu::rope(a, p, rope, t, heads, d))
+        }
         Device::Wgpu(dev) => wgpu::rope(&dev, x, positions, rope, t, heads, d),
     }
 }
@@ -165,6 +172,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     match gate.device() {
         Device::Cpu(_) => cpu::silu_mul(gate, up),
         Device::Cuda(d) => cuda::silu_mul(d, gate, up),
+        Device::Hip(_) => hip::via_host2(gate, up, cpu::silu_mul),
         Device::Wgpu(d) => wgpu::silu_mul(d, gate, up),
     }
 }
@@ -178,6 +186,7 @@ pub fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
     match x.device().clone() {
         Device::Cpu(_) => cpu::add_assign(x, y),
         Device::Cuda(d) => cuda::add_assign(&d, x, y),
+        Device::Hip(_) => hip::via_host_in_place(x, y, cpu::add_assign),
         Device::Wgpu(d) => wgpu::add_assign(&d, x, y),
     }
 }
@@ -194,6 +203,7 @@ pub fn gather_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
     match x.device() {
         Device::Cpu(_) => cpu::embedding(x, rows, t, h, r),
         Device::Cuda(d) => cuda::embedding(d, x, rows, t, h, r),
+        Device::Hip(_) => hip::via_host2(x, rows, |a, b| cpu::embedding(a, b, t, h, r)),
         Device::Wgpu(d) => wgpu::embedding(d, x, rows, t, h, r),
     }
 }

@@ -17,6 +17,7 @@ pub mod wgpu;
 
 pub use cpu::{CpuDevice, CpuStorage};
 pub use cuda::{CudaDevice, CudaGraph, CudaStorage};
+pub use hip::{HipDevice, HipStorage};
 pub use tensor::{Storage, Tensor};
 pub use wgpu::{WgpuDevice, WgpuStorage};
 
@@ -32,6 +33,8 @@ pub enum Device {
     Cpu(CpuDevice),
     /// An NVIDIA GPU through the CUDA driver API (cudarc).
     Cuda(CudaDevice),
+    /// An AMD GPU through the HIP runtime (ROCm, loaded at run time).
+    Hip(HipDevice),
     /// A GPU (or lavapipe) through wgpu.
     Wgpu(WgpuDevice),
 }
@@ -78,6 +81,7 @@ impl Device {
         match self {
             Device::Cpu(_) => DeviceKind::Cpu,
             Device::Cuda(_) => DeviceKind::Cuda,
+            Device::Hip(_) => DeviceKind::Hip,
             Device::Wgpu(_) => DeviceKind::Wgpu,
         }
     }
@@ -87,6 +91,7 @@ impl Device {
         match self {
             Device::Cpu(c) => c.description(),
             Device::Cuda(d) => d.description(),
+            Device::Hip(d) => d.description(),
             Device::Wgpu(d) => d.description(),
         }
     }
@@ -97,6 +102,7 @@ impl Device {
         match self {
             Device::Cpu(_) => Ok(()),
             Device::Cuda(d) => d.synchronize(),
+            Device::Hip(d) => d.synchronize(),
             Device::Wgpu(d) => d.synchronize(),
         }
     }

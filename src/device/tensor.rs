@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use super::{CpuStorage, CudaStorage, Device, WgpuStorage};
+use super::{CpuStorage, CudaStorage, Device, HipStorage, WgpuStorage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::fp8;
@@ -17,6 +17,8 @@ pub enum Storage {
     Cpu(CpuStorage),
     /// CUDA device memory.
     Cuda(CudaStorage),
+    /// HIP device memory.
+    Hip(HipStorage),
     /// A wgpu storage buffer.
     Wgpu(WgpuStorage),
 }
@@ -66,6 +68,7 @@ impl Tensor {
         let storage = match device {
             Device::Cpu(_) => Storage::Cpu(CpuStorage::try_zeros(n, dtype)?),
             Device::Cuda(d) => Storage::Cuda(d.zeros(n, dtype)?),
+            Device::Hip(d) => Storage::Hip(d.zeros(n, dtype)?),
             Device::Wgpu(d) => Storage::Wgpu(d.zeros(n, dtype)?),
         };
         Ok(Tensor {
@@ -145,6 +148,7 @@ impl Tensor {
         let storage = match device {
             Device::Cpu(_) => Storage::Cpu(cpu),
             Device::Cuda(d) => Storage::Cuda(d.upload(&cpu, dtype)?),
+            Device::Hip(d) => Storage::Hip(d.upload(&cpu, dtype)?),
             Device::Wgpu(d) => Storage::Wgpu(d.upload(&cpu, dtype)?),
         };
         Ok(Tensor {
@@ -160,6 +164,7 @@ impl Tensor {
         match (&self.storage, &self.device) {
             (Storage::Cpu(c), _) => Ok(c.clone()),
             (Storage::Cuda(s), Device::Cuda(d)) => d.download(s, self.dtype),
+            (Storage::Hip(s), Device::Hip(d)) => d.download(s, self.dtype),
             (Storage::Wgpu(s), Device::Wgpu(d)) => d.download(s, self.dtype),
             _ => Err(Error::Device {
                 backend: self.device.kind().as_str().into(),

@@ -40,6 +40,7 @@ mod launch;
 mod library;
 mod module;
 mod runtime;
+mod tensor_io;
 
 pub mod hiprtc;
 

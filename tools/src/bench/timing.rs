@@ -38,6 +38,8 @@ pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
         Device::Cpu(_) => Box::new(WallTimer::new(device)),
         Device::Wgpu(d) => polyattn::backends::wgpu::probes::timer(d),
         Device::Cuda(d) => polyattn::backends::cuda::probes::timer(d),
+        // No HIP event timer yet: the wall clock around a synchronised region.
+        Device::Hip(_) => Box::new(WallTimer::new(device)),
     }
 }
 
