@@ -90,8 +90,8 @@ pub fn merge_attn_states(
             prefill_tokens_with_context,
         ),
         Storage::Hip(_) => {
-            // The merge kernel builds for AMD, but no HIP backend launches it yet: the merge
-            // runs on host copies (the CPU's numbers), and the results go back to the GPU.
+            // The merge kernel builds for AMD, but the HIP backend does not launch it yet: the
+            // merge runs on host copies (the CPU's numbers), and the results go back to the GPU.
             let device = output.device().clone();
             let cpu = Device::cpu();
             let mut out = output.to_device(&cpu)?;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use crate::backend::{BackendRef, SelectorConfig};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::cuda::CudaBackend;
+use crate::backends::hip::HipBackend;
 use crate::backends::wgpu::WgpuBackend;
 
 /// The backends shipped with polyattn. GPU backends join this enum as they land.
@@ -20,15 +21,18 @@ pub enum BuiltinBackend {
     Cpu,
     /// NVIDIA GPUs through CUDA and NVRTC ([`crate::backends::cuda`]).
     Cuda,
+    /// AMD GPUs through HIP and hiprtc ([`crate::backends::hip`]).
+    Hip,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
     Wgpu,
 }
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 3] = [
+    pub const ALL: [BuiltinBackend; 4] = [
         BuiltinBackend::Cpu,
         BuiltinBackend::Cuda,
+        BuiltinBackend::Hip,
         BuiltinBackend::Wgpu,
     ];
 
@@ -37,6 +41,7 @@ impl BuiltinBackend {
         match self {
             BuiltinBackend::Cpu => "CPU",
             BuiltinBackend::Cuda => "CUDA",
+            BuiltinBackend::Hip => "HIP",
             BuiltinBackend::Wgpu => "WGPU",
         }
     }
@@ -46,6 +51,7 @@ impl BuiltinBackend {
         match self {
             BuiltinBackend::Cpu => Arc::new(CpuBackend::new()),
             BuiltinBackend::Cuda => Arc::new(CudaBackend::new()),
+            BuiltinBackend::Hip => Arc::new(HipBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
         }
     }

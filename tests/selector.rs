@@ -316,3 +316,50 @@ fn empty_registry_has_no_valid_backend() {
         Err(Error::UnknownBackend { valid, .. }) if valid.is_empty()
     ));
 }
+
+#[test]
+fn default_ranking_puts_hip_right_after_cuda() {
+    let r = Registry::with_builtins();
+    let why = r.explain(&llama());
+    let names: Vec<&str> = why.iter().map(|c| c.name.as_str()).collect();
+    let at = |n: &str| {
+        names
+            .iter()
+            .position(|x| *x == n)
+            .unwrap_or_else(|| panic!("{n} is not ranked: {names:?}"))
+    };
+    assert_eq!(at("HIP"), at("CUDA") + 1, "{names:?}");
+    assert!(at("HIP") < at("WGPU") && at("HIP") < at("CPU"), "{names:?}");
+    if let Some(v) = names.iter().position(|x| x.eq_ignore_ascii_case("VULKAN")) {
+        assert!(at("HIP") < v, "{names:?}");
+    }
+    let hip = &why[at("HIP")];
+    assert_eq!(hip.priority, 200);
+    assert_eq!(BuiltinBackend::Hip.name(), "HIP");
+    assert_eq!(BuiltinBackend::Hip.create().device_kind(), DeviceKind::Hip);
+    match &hip.availability {
+        // Without an AMD GPU (this repository's machines): the reason names the cause.
+        Availability::Unavailable(reason) => {
+            assert!(
+                reason.contains("no AMD GPU")
+                    || reason.contains("libamdhip64")
+                    || reason.contains("AMD GPU 0"),
+                "{reason}"
+            );
+            assert!(!hip.is_usable());
+            assert!(r.select(&llama(), None).unwrap().name() != "HIP");
+            match r.select(&llama(), Some("hip")) {
+                Err(Error::ForcedBackendInvalid { reasons, .. }) => {
+                    assert!(reasons
+                        .iter()
+                        .any(|x| x.code == "backend unavailable" && x.detail == *reason));
+                }
+                other => panic!(
+                    "expected ForcedBackendInvalid, got {:?}",
+                    other.map(|b| b.name().to_string())
+                ),
+            }
+        }
+        Availability::Available(dev) => eprintln!("an AMD GPU is here: {dev}"),
+    }
+}

@@ -15,4 +15,5 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod hip;
 pub mod wgpu;

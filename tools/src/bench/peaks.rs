@@ -31,9 +31,7 @@ pub fn measure(device: &Device, dtype: DType, cfg: &ProbeConfig) -> Result<Peaks
         // shader FMA loop / cooperative-matrix GEMM.
         Device::Wgpu(d) => polyattn::backends::wgpu::probes::peaks(d, dtype, cfg),
         Device::Cuda(d) => polyattn::backends::cuda::probes::peaks(d, dtype, cfg),
-        Device::Hip(_) => Err(polyattn::Error::Config(
-            "no roofline probes on HIP yet: the HIP attention backend does not exist".into(),
-        )),
+        Device::Hip(d) => polyattn::backends::hip::probes::peaks(d, dtype, cfg),
     }
 }
 

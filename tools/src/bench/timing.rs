@@ -39,7 +39,7 @@ pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
         Device::Wgpu(d) => polyattn::backends::wgpu::probes::timer(d),
         Device::Cuda(d) => polyattn::backends::cuda::probes::timer(d),
         // No HIP event timer yet: the wall clock around a synchronised region.
-        Device::Hip(_) => Box::new(WallTimer::new(device)),
+        Device::Hip(d) => polyattn::backends::hip::probes::timer(d),
     }
 }
 

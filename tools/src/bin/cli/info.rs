@@ -16,8 +16,7 @@ pub struct InfoArgs {
 }
 
 /// Device families the selector ranks but this build has no backend for yet.
-const NOT_YET_BUILT: [(&str, u32); 4] =
-    [("CUDA", 100), ("HIP", 200), ("VULKAN", 300), ("WGPU", 400)];
+const NOT_YET_BUILT: [(&str, u32); 3] = [("CUDA", 100), ("VULKAN", 300), ("WGPU", 400)];
 
 /// Prints the report; returns false when no backend can be selected.
 pub fn run(args: &InfoArgs) -> Result<bool> {
@@ -41,23 +40,6 @@ pub fn run(args: &InfoArgs) -> Result<bool> {
         .collect();
     if !missing.is_empty() {
         println!("  not in this build yet: {}", missing.join(", "));
-    }
-    if !built.iter().any(|b| b.eq_ignore_ascii_case("HIP")) {
-        // The HIP runtime and the AMD builds of the CUDA family exist ahead of the backend:
-        // say what this machine's ROCm would give it.
-        let runtime = match polyattn::device::hip::probe(0) {
-            Ok(info) => format!("{} ({}, wave{})", info.name, info.arch, info.wavefront_size),
-            Err(why) => format!("unavailable: {why}"),
-        };
-        let targets: Vec<&str> = polyattn::kernels::cuda::AMD_TARGETS
-            .iter()
-            .map(|t| t.arch)
-            .collect();
-        println!(
-            "  HIP runtime here: {runtime}; the CUDA family's AMD kernels are compile-checked \
-             for {}",
-            targets.join(", ")
-        );
     }
     println!();
     println!("Configuration: {config}");

@@ -1,0 +1,304 @@
+//! The HIP impl: the forward driver's kernels (`crate::forward`) queued on the device's
+//! stream — `reshape_and_cache`, then the CUDA-core paged-attention kernel for every
+//! query-length band (decode and prefill alike) over the planner's work lists, split-KV with
+//! `combine_splits` for a full pass over the cache, as the CUDA backend's CUDA-core path.
+//! Cascade batches run as one full pass. Nothing waits for the GPU; the caller synchronises
+//! (a download does).
+
+use crate::attention::{AttentionLayer, AttentionParams};
+use crate::backend::KvLayout;
+use crate::device::{HipDevice, HipStorage, Tensor};
+use crate::error::{Error, Result};
+use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
+use crate::kernels::cuda::{attention_function_name, code, AttnParams, ReshapeParams};
+use crate::kv_cache::KvCache;
+use crate::metadata::AttentionMetadata;
+use crate::plan::{Pass, PlanKey, SplitRule};
+
+use super::kernels::{self, i32_of, not_here, tensor_ptr, ROWS_PER_ITEM};
+use super::metadata_builder::HipAttentionMetadata;
+
+/// The HIP attention impl of one layer.
+#[derive(Debug)]
+pub struct HipAttentionImpl {
+    params: AttentionParams,
+    device: HipDevice,
+    alibi: Option<HipStorage>,
+    sinks: Option<HipStorage>,
+}
+
+impl HipAttentionImpl {
+    /// Builds the impl on `device` (parameters already validated by the descriptor); uploads
+    /// the ALiBi slopes and sinks once.
+    pub fn new(params: AttentionParams, device: HipDevice) -> Result<Self> {
+        let wave = kernels::wave(&device)?;
+        if attention_function_name(params.head_size, wave).is_none() {
+            return Err(Error::config(format!(
+                "the HIP kernels have no attention kernel for head size {} on wave{wave}",
+                params.head_size
+            )));
+        }
+        let alibi = match &params.alibi_slopes {
+            Some(a) => Some(device.upload_pod(a)?),
+            None => None,
+        };
+        let sinks = match &params.sinks {
+            Some(s) => Some(device.upload_pod(s)?),
+            None => None,
+        };
+        Ok(HipAttentionImpl {
+            params,
+            device,
+            alibi,
+            sinks,
+        })
+    }
+
+    fn scales(&self, layer: &AttentionLayer) -> (f32, f32) {
+        if self.params.kv_cache_dtype.is_fp8() {
+            (layer.k_scale, layer.v_scale)
+        } else {
+            (1.0, 1.0)
+        }
+    }
+
+    /// The device addresses of the output and the output LSE (0 when not asked for).
+    fn output_ptrs(&self, io: &ForwardIo<'_>) -> Result<(u64, u64)> {
+        let out = tensor_ptr(&self.device, io.output, "output")?;
+        let lse = match io.output_lse.as_deref() {
+            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
+            None => 0,
+        };
+        Ok((out, lse))
+    }
+
+    /// The kernels' parameters for one pass: the batch, the key source, the output.
+    fn pass_params(
+        &self,
+        md: &HipAttentionMetadata,
+        io: &ForwardIo<'_>,
+        spec: &PassSpec,
+    ) -> Result<AttnParams> {
+        if spec.target != Target::Output {
+            // runs_cascade is false: the driver never asks for a cascade partial.
+            return Err(Error::config(
+                "the HIP backend runs cascade batches as one full pass; a partial target was \
+                 requested",
+            ));
+        }
+        let p = &self.params;
+        let common = &md.common;
+        let n = io.num_tokens;
+        let arrays = md.arrays();
+        let (out, lse) = self.output_ptrs(io)?;
+        let mut params = AttnParams {
+            q: tensor_ptr(&self.device, io.query, "query")?,
+            block_table: tensor_ptr(&self.device, &arrays.block_table, "block_table")?,
+            seq_lens: tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?,
+            query_start_loc: tensor_ptr(&self.device, &arrays.query_start_loc, "query_start_loc")?,
+            alibi: self.alibi.as_ref().map_or(0, |a| a.device_ptr()),
+            sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
+            out,
+            lse,
+            q_dtype: code(io.dtype)?,
+            out_dtype: code(io.dtype)?,
+            num_heads: i32_of("num_heads", p.num_heads)?,
+            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
+            head_size: i32_of("head_size", p.head_size)?,
+            group: i32_of("group", p.num_queries_per_kv())?,
+            block_size: i32_of("block_size", common.block_size())?,
+            bt_stride: i32_of("max_blocks_per_req", common.max_blocks_per_req())?,
+            num_tokens: i32_of("num_tokens", n)?,
+            causal: i32::from(spec.causal),
+            window: match p.sliding_window {
+                Some(w) => i32_of("sliding_window", w)?,
+                None => 0,
+            },
+            use_sinks: i32::from(self.sinks.is_some() && spec.sinks),
+            scale: p.scale,
+            soft_cap: p.soft_cap().unwrap_or(0.0),
+            k_scale: 1.0,
+            v_scale: 1.0,
+            ..Default::default()
+        };
+        match io.keys {
+            Keys::Dense { key, value } => {
+                params.k_dense = tensor_ptr(&self.device, key, "key")?;
+                params.v_dense = tensor_ptr(&self.device, value, "value")?;
+                params.dense = 1;
+                params.cache_dtype = params.q_dtype;
+            }
+            Keys::Cache(cache) => {
+                params.cache = tensor_ptr(&self.device, cache.data(), "the KV cache")?;
+                params.cache_dtype = code(cache.spec().storage_dtype())?;
+                params.layout_hnd = i32::from(cache.layout() == KvLayout::Hnd);
+                (params.k_scale, params.v_scale) = self.scales(io.layer);
+            }
+        }
+        Ok(params)
+    }
+}
+
+impl ForwardKernels for HipAttentionImpl {
+    type Metadata = HipAttentionMetadata;
+    /// One kernel family member for every band: the CUDA-core `paged_attention_dpl{n}`.
+    type Kernel = ();
+    type Recording = ();
+    const BACKEND: &'static str = "HIP";
+
+    fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn metadata<'m>(
+        &self,
+        metadata: &'m dyn AttentionMetadata,
+    ) -> Result<&'m HipAttentionMetadata> {
+        let md = metadata.downcast::<HipAttentionMetadata>("HipAttentionImpl")?;
+        if md.device != self.device {
+            return Err(not_here("the metadata"));
+        }
+        Ok(md)
+    }
+
+    fn check_cache(&self, cache: &KvCache, _: &HipAttentionMetadata) -> Result<()> {
+        if cache.block_size() % kernels::KEYS_PER_CHUNK != 0 {
+            return Err(Error::config(format!(
+                "the HIP kernels need a block size that is a multiple of {}, got {}",
+                kernels::KEYS_PER_CHUNK,
+                cache.block_size()
+            )));
+        }
+        tensor_ptr(&self.device, cache.data(), "the KV cache").map(|_| ())
+    }
+
+    /// False: a cascade batch is one full pass over the cache (the same result).
+    fn runs_cascade(&self) -> bool {
+        false
+    }
+
+    /// One band from query length 0: the CUDA-core kernel takes decodes and prefills alike.
+    fn bands(
+        &self,
+        _: &HipAttentionMetadata,
+        _: &ForwardIo<'_>,
+        _: &PassSpec,
+    ) -> Result<Vec<Band<()>>> {
+        Ok(vec![Band {
+            min_q: 0,
+            kernel: (),
+        }])
+    }
+
+    fn begin(&self, _: &HipAttentionMetadata) -> Result<()> {
+        Ok(())
+    }
+
+    fn write_cache(
+        &self,
+        _: &mut (),
+        md: &HipAttentionMetadata,
+        layer: &AttentionLayer,
+        key: &Tensor,
+        value: &Tensor,
+        kv_cache: &mut KvCache,
+    ) -> Result<()> {
+        let p = &self.params;
+        let n = md.common.slot_mapping_cpu().len();
+        let dtype = kv_cache.spec().dtype;
+        let k = tensor_ptr(&self.device, key, "key")?;
+        let v = tensor_ptr(&self.device, value, "value")?;
+        let cache = tensor_ptr(&self.device, kv_cache.data(), "the KV cache")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let slots = tensor_ptr(&self.device, &md.arrays().slot_mapping, "slot_mapping")?;
+        let (k_scale, v_scale) = self.scales(layer);
+        let params = ReshapeParams {
+            key: k,
+            value: v,
+            cache,
+            slot_mapping: slots,
+            in_dtype: code(dtype)?,
+            cache_dtype: code(kv_cache.spec().storage_dtype())?,
+            layout_hnd: i32::from(kv_cache.layout() == KvLayout::Hnd),
+            num_tokens: i32_of("num_tokens", n)?,
+            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
+            head_size: i32_of("head_size", p.head_size)?,
+            block_size: i32_of("block_size", kv_cache.block_size())?,
+            k_scale,
+            v_scale,
+            pad_: 0,
+        };
+        if p.head_size % 8 != 0 {
+            // The kernel moves 8-element vectors (16-byte loads of f16 / bf16).
+            return Err(Error::config(format!(
+                "the HIP cache write needs a head size that is a multiple of 8, got {}",
+                p.head_size
+            )));
+        }
+        // Offsets within one block are 32-bit in the kernel.
+        let per_block = kv_cache
+            .block_size()
+            .checked_mul(p.num_kv_heads)
+            .and_then(|x| x.checked_mul(p.head_size))
+            .ok_or_else(|| {
+                Error::config("block_size * num_kv_heads * head_size overflows usize")
+            })?;
+        i32_of("block_size * num_kv_heads * head_size", per_block)?;
+        let units = p
+            .num_kv_heads
+            .checked_mul(p.head_size / 8)
+            .ok_or_else(|| Error::config("num_kv_heads * head_size overflows usize"))?;
+        kernels::launch_reshape(&self.device, &params, n, units)
+    }
+
+    fn attend(
+        &self,
+        _: &mut (),
+        md: &HipAttentionMetadata,
+        io: &mut ForwardIo<'_>,
+        job: &AttendJob<()>,
+    ) -> Result<()> {
+        let base = self.pass_params(md, io, &job.spec)?;
+        let dense = io.keys.is_dense();
+        let p = &self.params;
+        // Split-KV only for a full pass over the cache (dense keys are unsplit).
+        let split = if job.spec.pass == Pass::Full && !dense {
+            SplitRule::TwoPerSm {
+                sm_count: usize::try_from(self.device.info().compute_units)
+                    .unwrap_or(1)
+                    .max(1),
+            }
+        } else {
+            SplitRule::Never
+        };
+        let key = PlanKey {
+            pass: job.spec.pass,
+            dense,
+            split,
+            min_q: job.min_q,
+            max_q: job.max_q,
+            ..PlanKey::new(
+                p.num_queries_per_kv(),
+                p.num_kv_heads,
+                job.spec.causal,
+                p.sliding_window,
+                ROWS_PER_ITEM,
+            )
+        };
+        let plan = md.plan(&key)?;
+        kernels::launch_attention(&self.device, p, &plan, &base, md)
+    }
+
+    fn merge(&self, _: &mut (), _: &HipAttentionMetadata, _: &mut ForwardIo<'_>) -> Result<()> {
+        // runs_cascade is false: the driver never asks for a merge.
+        Err(Error::config(
+            "the HIP backend runs cascade batches as one full pass; it has no merge step",
+        ))
+    }
+
+    fn finish(&self, _: (), _: Option<&mut ForwardIo<'_>>) -> Result<()> {
+        Ok(())
+    }
+}

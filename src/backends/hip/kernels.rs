@@ -1,0 +1,239 @@
+//! The HIP backend's kernel glue: how the backend launches the CUDA family's portable
+//! kernels through the HIP runtime — the module lookup (compiled by hiprtc for the device's
+//! target, cached per module and variant), one launch function per kernel (the CUDA-core
+//! attention kernel with its split combine, `reshape_and_cache`) over the planner's work
+//! lists, and the host checks they share (device residency, i32 ranges). Launch shapes are
+//! the CUDA backend's, with the attention CTA sized by the device's wavefront
+//! ([`attention_threads`]).
+
+use crate::attention::AttentionParams;
+use crate::device::hip::{compile_cached, HipFunction};
+use crate::device::{Device, HipDevice, Storage, Tensor};
+use crate::error::{Error, Result};
+use crate::kernels::cuda::{
+    attention_function_name, attention_smem_bytes, attention_threads, attention_variant,
+    full_source, AttnParams, KernelSource, ReshapeParams, PAGED_ATTENTION, RESHAPE_AND_CACHE,
+};
+
+use super::metadata_builder::{HipAttentionMetadata, HipPlan};
+
+pub use crate::kernels::cuda::{KEYS_PER_CHUNK, ROWS_PER_ITEM};
+pub use crate::plan::WorkItem;
+
+pub(crate) fn not_here(what: &str) -> Error {
+    Error::Device {
+        backend: "HIP".into(),
+        message: format!(
+            "{what} is not on this backend's AMD GPU; create it on the backend's device \
+             (backend.device()) or move it with to_device"
+        ),
+    }
+}
+
+pub(crate) fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i32 range")))
+}
+
+fn u32_of(what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v)
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds a HIP launch dimension")))
+}
+
+fn overflow(what: &'static str, detail: String) -> Error {
+    Error::overflow(what, detail)
+}
+
+/// The raw device address of `t`, which must live on `device`.
+pub(crate) fn tensor_ptr(device: &HipDevice, t: &Tensor, what: &str) -> Result<u64> {
+    match (t.device(), t.storage()) {
+        (Device::Hip(d), Storage::Hip(s)) if d == device => Ok(s.device_ptr()),
+        _ => Err(not_here(what)),
+    }
+}
+
+/// The device's wavefront width, as the family's kernels take it.
+pub(crate) fn wave(device: &HipDevice) -> Result<usize> {
+    usize::try_from(device.wavefront_size())
+        .map_err(|_| Error::config("the device's wavefront size does not fit usize"))
+}
+
+/// Entry point `name` of source `k` built with `defines`, compiled by hiprtc for the device's
+/// target on first use and cached under a key naming the module and the variant.
+pub(crate) fn function(
+    device: &HipDevice,
+    k: &KernelSource,
+    defines: &[String],
+    name: &str,
+) -> Result<HipFunction> {
+    let key = if defines.is_empty() {
+        k.name.to_string()
+    } else {
+        format!("{} {}", k.name, defines.join(" "))
+    };
+    device.function(
+        &key,
+        || compile_cached(&full_source(k), k.name, device.arch(), defines),
+        name,
+    )
+}
+
+/// Points `params` at the split-KV partials of `plan` in the metadata's scratch buffer:
+/// `part_out` `[split][partial token][head][D]` f32, 256-byte aligned, then `part_lse`.
+/// False when the plan splits nothing.
+fn set_partials(
+    params: &mut AttnParams,
+    p: &AttentionParams,
+    plan: &HipPlan,
+    md: &HipAttentionMetadata,
+) -> Result<bool> {
+    let n_split = plan.work.n_part_tokens;
+    if n_split == 0 {
+        return Ok(false);
+    }
+    let planes = plan
+        .work
+        .max_splits
+        .checked_mul(n_split)
+        .and_then(|x| x.checked_mul(p.num_heads))
+        .ok_or_else(|| overflow("split-KV partials", format!("{n_split} split tokens")))?;
+    let out_bytes = planes
+        .checked_mul(p.head_size)
+        .and_then(|x| x.checked_mul(4))
+        .and_then(|x| x.checked_next_multiple_of(256))
+        .ok_or_else(|| overflow("split-KV partials", format!("{planes} planes")))?;
+    let total = planes
+        .checked_mul(4)
+        .and_then(|x| x.checked_add(out_bytes))
+        .ok_or_else(|| overflow("split-KV partials", format!("{planes} planes")))?;
+    let ptr = md.scratch(total)?;
+    params.part_out = ptr;
+    params.part_lse = ptr
+        .checked_add(out_bytes as u64)
+        .ok_or_else(|| overflow("split-KV partials", "device address".into()))?;
+    params.n_part_tokens = i32_of("split tokens", n_split)?;
+    Ok(true)
+}
+
+/// Queues the CUDA-core attention kernel over `plan` (and `combine_splits`, when the plan
+/// splits): `attention_threads(wave)` threads per CTA, one CTA per work item.
+pub(crate) fn launch_attention(
+    device: &HipDevice,
+    p: &AttentionParams,
+    plan: &HipPlan,
+    base: &AttnParams,
+    md: &HipAttentionMetadata,
+) -> Result<()> {
+    let items = match &plan.items_dev {
+        Some(i) if !plan.work.items.is_empty() => i,
+        _ => return Ok(()),
+    };
+    let (h, d) = (p.num_heads, p.head_size);
+    let wave = wave(device)?;
+    let mut params = *base;
+    params.items = items.device_ptr();
+    set_partials(&mut params, p, plan, md)?;
+    let name = attention_function_name(d, wave).ok_or_else(|| {
+        Error::config(format!(
+            "no HIP attention kernel for head size {d} on wave{wave}"
+        ))
+    })?;
+    let variant = [attention_variant(d, wave)];
+    let f = function(device, &PAGED_ATTENTION, &variant, name)?;
+    let grid = (u32_of("work items", plan.work.items.len())?, 1, 1);
+    device.launch(
+        &f,
+        grid,
+        (attention_threads(wave), 1, 1),
+        attention_smem_bytes(d),
+        &params,
+    )?;
+    if let Some(list) = &plan.groups_dev {
+        let f = function(device, &PAGED_ATTENTION, &variant, "combine_splits")?;
+        let grid = (
+            u32_of("split groups", plan.work.groups.len())?,
+            u32_of("num_heads", h)?,
+            1,
+        );
+        device.launch2(
+            &f,
+            grid,
+            (COMBINE_THREADS, 1, 1),
+            0,
+            &params,
+            &list.device_ptr(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Threads per CTA of `combine_splits` (as on CUDA; the kernel strides over the head dims).
+const COMBINE_THREADS: u32 = 128;
+
+/// Threads per CTA of `reshape_and_cache` (`RC_THREADS` in the kernel, its launch bound).
+const RESHAPE_THREADS: u32 = 256;
+/// 8-element vectors per thread a `reshape_and_cache` chunk aims for (`RC_ITEMS_PER_THREAD`).
+const RESHAPE_ITEMS_PER_THREAD: usize = 8;
+/// Most CTAs of one `reshape_and_cache` launch (each then loops over several chunks).
+const RESHAPE_MAX_GRID: usize = 1 << 20;
+
+/// Tokens per chunk (one CTA's work) of `reshape_and_cache` for `units` 8-element vectors per
+/// token: about `RESHAPE_ITEMS_PER_THREAD` vectors per thread, 1 to 256 tokens. Mirrors
+/// `rc_tokens_per_chunk`.
+fn reshape_tokens_per_cta(units: usize) -> usize {
+    (RESHAPE_THREADS as usize * RESHAPE_ITEMS_PER_THREAD / units.max(1)).clamp(1, 256)
+}
+
+/// Queues `reshape_and_cache` for `n` tokens of `units` 8-element vectors each (`params`
+/// checked by the caller).
+pub(crate) fn launch_reshape(
+    device: &HipDevice,
+    params: &ReshapeParams,
+    n: usize,
+    units: usize,
+) -> Result<()> {
+    let f = function(device, &RESHAPE_AND_CACHE, &[], "reshape_and_cache")?;
+    // One chunk of tokens per CTA (the kernel's grid-stride loop covers any remainder).
+    let chunks = n.div_ceil(reshape_tokens_per_cta(units));
+    let grid = (u32_of("reshape CTAs", chunks.min(RESHAPE_MAX_GRID))?, 1, 1);
+    device.launch(&f, grid, (RESHAPE_THREADS, 1, 1), 0, params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cuda::{amd_variants, AMD_TARGETS, ATTENTION_MAX_HEAD_SIZE};
+
+    #[test]
+    fn every_launch_asks_for_a_module_the_amd_checks_compile() {
+        for t in AMD_TARGETS {
+            let variants = amd_variants(t.wave);
+            for d in (8..=ATTENTION_MAX_HEAD_SIZE).step_by(8) {
+                let name = attention_function_name(d, t.wave).expect("a bucket");
+                let defines = [attention_variant(d, t.wave)];
+                assert!(
+                    variants
+                        .iter()
+                        .any(|v| v.source.name == PAGED_ATTENTION.name
+                            && v.defines == defines
+                            && v.functions.contains(&name)
+                            && v.functions.contains(&"combine_splits")),
+                    "{} d={d}",
+                    t.arch
+                );
+            }
+            assert!(variants
+                .iter()
+                .any(|v| v.source.name == RESHAPE_AND_CACHE.name && v.defines.is_empty()));
+            assert_eq!(attention_threads(t.wave) as usize, 4 * t.wave);
+        }
+    }
+
+    #[test]
+    fn reshape_chunks_mirror_the_kernel() {
+        assert_eq!(reshape_tokens_per_cta(8 * 128 / 8), 16);
+        assert_eq!(reshape_tokens_per_cta(1), 256);
+        assert_eq!(reshape_tokens_per_cta(1 << 20), 1);
+        assert_eq!(reshape_tokens_per_cta(0), 256);
+    }
+}

@@ -1,0 +1,34 @@
+//! The HIP backend: the CUDA kernel family's portable kernels (`kernels-cuda/`, built with
+//! `PA_AMD`, see [`crate::kernels::cuda::amd`]) compiled at run time by hiprtc for the AMD
+//! GPU's own target and launched through the HIP runtime ([`crate::device::hip`], loaded
+//! dynamically: building needs no ROCm, and a machine without `libamdhip64` or an AMD GPU
+//! reports the backend unavailable with the reason instead of failing).
+//!
+//! Same shape as the CUDA backend: [`HipBackend`] (descriptor), [`HipMetadataBuilder`]
+//! (metadata and work lists from [`crate::plan::plan_work`]), [`HipAttentionImpl`] (the
+//! forward driver's kernels, [`crate::forward::ForwardKernels`]) and [`kernels`] (one launch
+//! function per kernel).
+//!
+//! What runs on AMD: `reshape_and_cache` (every cache dtype; fp8 e4m3 / e5m2 converted in
+//! software) and, for every query-length band (decode and prefill alike), the CUDA-core
+//! paged-attention kernel `paged_attention_dpl{ceil(D / wavefront)}` with online softmax
+//! (causal and bidirectional, GQA, sliding window, ALiBi, soft cap, sinks, LSE, fp8 KV, head
+//! sizes that are multiples of 8 up to 256), split-KV with `combine_splits`, exactly as the
+//! CUDA backend's CUDA-core path, with `4 * wavefront` threads per CTA (the wavefront is the
+//! device's, 64 on CDNA, 32 on RDNA). Cascade batches run as one full pass; no tensor-core
+//! kernels, no graph capture (level `Never`). `merge_attn_states` on HIP tensors runs on host
+//! copies ([`crate::ops`]).
+//!
+//! **Nothing here has run on AMD hardware**: the machine this was written on has no AMD GPU.
+//! The kernels are compile-checked for the AMD targets (`tests/hip_compile.rs`), and only the
+//! "unavailable" path of this backend has been run.
+
+mod attention_impl;
+mod descriptor;
+pub mod kernels;
+mod metadata_builder;
+pub mod probes;
+
+pub use attention_impl::HipAttentionImpl;
+pub use descriptor::HipBackend;
+pub use metadata_builder::{HipAttentionMetadata, HipMetadataBuilder, HipPlan};
