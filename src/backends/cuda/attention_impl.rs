@@ -17,6 +17,7 @@ use crate::device::{CudaDevice, CudaStorage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
+use crate::kernels::cuda::{reshape_launch, ReshapeBuffers, ReshapeShape};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
@@ -25,8 +26,8 @@ use super::metadata_builder::CudaAttentionMetadata;
 use super::tuning::CudaTuning;
 use crate::kernels::cuda::{
     attention_function_name, code, decode_function_name, decode_smem_bytes, decode_variant,
-    mma_function_name, AttnParams, ReshapeParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS,
-    NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
+    mma_function_name, AttnParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS, NVIDIA_WARP, PAGED_DECODE,
+    ROWS_PER_ITEM,
 };
 use crate::plan::{Pass, PlanKey, SplitRule};
 
@@ -394,35 +395,26 @@ impl ForwardKernels for CudaAttentionImpl {
         }
         let slots = tensor_ptr(&self.device, &md.arrays().slot_mapping, "slot_mapping")?;
         let (k_scale, v_scale) = self.scales(layer);
-        let params = ReshapeParams {
-            key: k,
-            value: v,
-            cache,
-            slot_mapping: slots,
-            in_dtype: code(dtype)?,
-            cache_dtype: code(kv_cache.spec().storage_dtype())?,
-            layout_hnd: i32::from(kv_cache.layout() == KvLayout::Hnd),
-            num_tokens: i32_of("num_tokens", n)?,
-            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
-            head_size: i32_of("head_size", p.head_size)?,
-            block_size: i32_of("block_size", kv_cache.block_size())?,
-            k_scale,
-            v_scale,
-            pad_: 0,
-        };
-        if p.head_size % 8 != 0 {
-            // The kernel moves 8-element vectors (16-byte loads of f16 / bf16).
-            return Err(Error::config(format!(
-                "the CUDA cache write needs a head size that is a multiple of 8, got {}",
-                p.head_size
-            )));
-        }
-        // Offsets within one block are 32-bit in the kernel.
-        i32_of(
-            "block_size * num_kv_heads * head_size",
-            kv_cache.block_size() * p.num_kv_heads * p.head_size,
+        let launch = reshape_launch(
+            ReshapeBuffers {
+                key: k,
+                value: v,
+                cache,
+                slot_mapping: slots,
+            },
+            &ReshapeShape {
+                num_tokens: n,
+                num_kv_heads: p.num_kv_heads,
+                head_size: p.head_size,
+                block_size: kv_cache.block_size(),
+                dtype,
+                cache_dtype: kv_cache.spec().storage_dtype(),
+                layout_hnd: kv_cache.layout() == KvLayout::Hnd,
+                k_scale,
+                v_scale,
+            },
         )?;
-        kernels::launch_reshape(&self.device, &params, n, p.num_kv_heads * p.head_size / 8)
+        kernels::launch_reshape(&self.device, &launch)
     }
 
     fn attend(

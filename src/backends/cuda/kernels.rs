@@ -12,11 +12,11 @@ use crate::attention::AttentionParams;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::cuda::ReshapeLaunch;
 use crate::kernels::cuda::{
     attention_function_name, attention_smem_bytes, attention_variant, code, decode_smem_bytes,
-    mma_smem_bytes, mma_variant, AttnParams, MergeParams, MmaShape, ReshapeParams, ATTN_THREADS,
-    DECODE_THREADS, MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION, PAGED_ATTENTION_MMA,
-    RESHAPE_AND_CACHE,
+    mma_smem_bytes, mma_variant, AttnParams, MergeParams, MmaShape, ATTN_THREADS, DECODE_THREADS,
+    MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
 };
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
@@ -328,37 +328,15 @@ pub fn merge_attn_states(
     )
 }
 
-/// Threads per CTA of `reshape_and_cache` (`RC_THREADS` in the kernel, its launch bound).
-const RESHAPE_THREADS: u32 = 256;
-/// 8-element vectors per thread a `reshape_and_cache` chunk aims for (`RC_ITEMS_PER_THREAD`).
-const RESHAPE_ITEMS_PER_THREAD: usize = 8;
-/// Most CTAs of one `reshape_and_cache` launch (each then loops over several chunks).
-const RESHAPE_MAX_GRID: usize = 1 << 20;
-
-/// Tokens per chunk (one CTA's work) of `reshape_and_cache` for `units` 8-element vectors per
-/// token: about `RESHAPE_ITEMS_PER_THREAD` vectors per thread, 1 to 256 tokens. Mirrors
-/// `rc_tokens_per_chunk`.
-fn reshape_tokens_per_cta(units: usize) -> usize {
-    (RESHAPE_THREADS as usize * RESHAPE_ITEMS_PER_THREAD / units.max(1)).clamp(1, 256)
-}
-
-/// Queues `reshape_and_cache` for `n` tokens of `units` 8-element vectors each (`params`
-/// checked by the caller).
-pub(crate) fn launch_reshape(
-    device: &CudaDevice,
-    params: &ReshapeParams,
-    n: usize,
-    units: usize,
-) -> Result<()> {
+/// Queues the cache write `l` (built and checked by `kernels::cuda::reshape_launch`).
+pub(crate) fn launch_reshape(device: &CudaDevice, l: &ReshapeLaunch) -> Result<()> {
     let f = function(device, &RESHAPE_AND_CACHE, &[], "reshape_and_cache")?;
-    // One chunk of tokens per CTA (the kernel's grid-stride loop covers any remainder).
-    let chunks = n.div_ceil(reshape_tokens_per_cta(units));
     let cfg = LaunchConfig {
-        grid_dim: (chunks.min(RESHAPE_MAX_GRID) as u32, 1, 1),
-        block_dim: (RESHAPE_THREADS, 1, 1),
+        grid_dim: (l.grid, 1, 1),
+        block_dim: (l.threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(device, &f, cfg, params, None)
+    launch(device, &f, cfg, &l.params, None)
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use crate::backend::KvLayout;
 use crate::device::{HipDevice, HipStorage, Tensor};
 use crate::error::{Error, Result};
 use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
-use crate::kernels::cuda::{attention_function_name, code, AttnParams, ReshapeParams};
+use crate::kernels::cuda::{attention_function_name, code, AttnParams};
+use crate::kernels::cuda::{reshape_launch, ReshapeBuffers, ReshapeShape};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 use crate::plan::{Pass, PlanKey, SplitRule};
@@ -214,43 +215,26 @@ impl ForwardKernels for HipAttentionImpl {
         }
         let slots = tensor_ptr(&self.device, &md.arrays().slot_mapping, "slot_mapping")?;
         let (k_scale, v_scale) = self.scales(layer);
-        let params = ReshapeParams {
-            key: k,
-            value: v,
-            cache,
-            slot_mapping: slots,
-            in_dtype: code(dtype)?,
-            cache_dtype: code(kv_cache.spec().storage_dtype())?,
-            layout_hnd: i32::from(kv_cache.layout() == KvLayout::Hnd),
-            num_tokens: i32_of("num_tokens", n)?,
-            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
-            head_size: i32_of("head_size", p.head_size)?,
-            block_size: i32_of("block_size", kv_cache.block_size())?,
-            k_scale,
-            v_scale,
-            pad_: 0,
-        };
-        if p.head_size % 8 != 0 {
-            // The kernel moves 8-element vectors (16-byte loads of f16 / bf16).
-            return Err(Error::config(format!(
-                "the HIP cache write needs a head size that is a multiple of 8, got {}",
-                p.head_size
-            )));
-        }
-        // Offsets within one block are 32-bit in the kernel.
-        let per_block = kv_cache
-            .block_size()
-            .checked_mul(p.num_kv_heads)
-            .and_then(|x| x.checked_mul(p.head_size))
-            .ok_or_else(|| {
-                Error::config("block_size * num_kv_heads * head_size overflows usize")
-            })?;
-        i32_of("block_size * num_kv_heads * head_size", per_block)?;
-        let units = p
-            .num_kv_heads
-            .checked_mul(p.head_size / 8)
-            .ok_or_else(|| Error::config("num_kv_heads * head_size overflows usize"))?;
-        kernels::launch_reshape(&self.device, &params, n, units)
+        let launch = reshape_launch(
+            ReshapeBuffers {
+                key: k,
+                value: v,
+                cache,
+                slot_mapping: slots,
+            },
+            &ReshapeShape {
+                num_tokens: n,
+                num_kv_heads: p.num_kv_heads,
+                head_size: p.head_size,
+                block_size: kv_cache.block_size(),
+                dtype,
+                cache_dtype: kv_cache.spec().storage_dtype(),
+                layout_hnd: kv_cache.layout() == KvLayout::Hnd,
+                k_scale,
+                v_scale,
+            },
+        )?;
+        kernels::launch_reshape(&self.device, &launch)
     }
 
     fn attend(

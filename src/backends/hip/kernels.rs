@@ -10,9 +10,10 @@ use crate::attention::AttentionParams;
 use crate::device::hip::{compile_cached, HipFunction};
 use crate::device::{Device, HipDevice, Storage, Tensor};
 use crate::error::{Error, Result};
+use crate::kernels::cuda::ReshapeLaunch;
 use crate::kernels::cuda::{
     attention_function_name, attention_smem_bytes, attention_threads, attention_variant,
-    full_source, AttnParams, KernelSource, ReshapeParams, PAGED_ATTENTION, RESHAPE_AND_CACHE,
+    full_source, AttnParams, KernelSource, PAGED_ATTENTION, RESHAPE_AND_CACHE,
 };
 
 use super::metadata_builder::{HipAttentionMetadata, HipPlan};
@@ -170,33 +171,10 @@ pub(crate) fn launch_attention(
 /// Threads per CTA of `combine_splits` (as on CUDA; the kernel strides over the head dims).
 const COMBINE_THREADS: u32 = 128;
 
-/// Threads per CTA of `reshape_and_cache` (`RC_THREADS` in the kernel, its launch bound).
-const RESHAPE_THREADS: u32 = 256;
-/// 8-element vectors per thread a `reshape_and_cache` chunk aims for (`RC_ITEMS_PER_THREAD`).
-const RESHAPE_ITEMS_PER_THREAD: usize = 8;
-/// Most CTAs of one `reshape_and_cache` launch (each then loops over several chunks).
-const RESHAPE_MAX_GRID: usize = 1 << 20;
-
-/// Tokens per chunk (one CTA's work) of `reshape_and_cache` for `units` 8-element vectors per
-/// token: about `RESHAPE_ITEMS_PER_THREAD` vectors per thread, 1 to 256 tokens. Mirrors
-/// `rc_tokens_per_chunk`.
-fn reshape_tokens_per_cta(units: usize) -> usize {
-    (RESHAPE_THREADS as usize * RESHAPE_ITEMS_PER_THREAD / units.max(1)).clamp(1, 256)
-}
-
-/// Queues `reshape_and_cache` for `n` tokens of `units` 8-element vectors each (`params`
-/// checked by the caller).
-pub(crate) fn launch_reshape(
-    device: &HipDevice,
-    params: &ReshapeParams,
-    n: usize,
-    units: usize,
-) -> Result<()> {
+/// Queues the cache write `l` (built and checked by `kernels::cuda::reshape_launch`).
+pub(crate) fn launch_reshape(device: &HipDevice, l: &ReshapeLaunch) -> Result<()> {
     let f = function(device, &RESHAPE_AND_CACHE, &[], "reshape_and_cache")?;
-    // One chunk of tokens per CTA (the kernel's grid-stride loop covers any remainder).
-    let chunks = n.div_ceil(reshape_tokens_per_cta(units));
-    let grid = (u32_of("reshape CTAs", chunks.min(RESHAPE_MAX_GRID))?, 1, 1);
-    device.launch(&f, grid, (RESHAPE_THREADS, 1, 1), 0, params)
+    device.launch(&f, (l.grid, 1, 1), (l.threads, 1, 1), 0, &l.params)
 }
 
 #[cfg(test)]
@@ -227,13 +205,5 @@ mod tests {
                 .any(|v| v.source.name == RESHAPE_AND_CACHE.name && v.defines.is_empty()));
             assert_eq!(attention_threads(t.wave) as usize, 4 * t.wave);
         }
-    }
-
-    #[test]
-    fn reshape_chunks_mirror_the_kernel() {
-        assert_eq!(reshape_tokens_per_cta(8 * 128 / 8), 16);
-        assert_eq!(reshape_tokens_per_cta(1), 256);
-        assert_eq!(reshape_tokens_per_cta(1 << 20), 1);
-        assert_eq!(reshape_tokens_per_cta(0), 256);
     }
 }

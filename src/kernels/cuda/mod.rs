@@ -22,6 +22,8 @@
 //! - [`variants`]: `-D` options, entry-point names, dtype codes;
 //! - [`shapes`]: threads, rows and keys per CTA, tensor-core CTA shapes, shared memory;
 //! - [`params`]: the attention kernels' parameter blocks;
+//! - [`reshape`]: the cache write's parameter block, checks and launch shape, for every
+//!   runtime;
 //! - [`model_ops`]: the model operations' launch constants and parameter blocks;
 //! - [`tuning`]: the family's knobs ([`CudaTuning`]);
 //! - [`amd`]: the AMD targets, their wavefront widths and the variants an AMD device
@@ -33,6 +35,7 @@
 pub mod amd;
 pub mod model_ops;
 pub mod params;
+pub mod reshape;
 pub mod shapes;
 pub mod sources;
 pub mod tuning;
@@ -41,6 +44,7 @@ pub mod variants;
 pub use amd::*;
 pub use model_ops::*;
 pub use params::*;
+pub use reshape::*;
 pub use shapes::*;
 pub use sources::*;
 pub use tuning::*;
