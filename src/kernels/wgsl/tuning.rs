@@ -222,7 +222,7 @@ pub struct WgpuTuning {
     /// `paged_attention.wgsl`.
     pub decode_kernel: bool,
     /// Most query rows (tokens × heads of one KV head) of one decode-kernel item
-    /// (`POLYATTN_WGPU_DECODE_ROWS`: 1 to [`DECODE_MAX_ROWS`](super::DECODE_MAX_ROWS);
+    /// (`POLYATTN_WGPU_DECODE_ROWS`: 1 to [`DECODE_MAX_ROWS`];
     /// default that on GPUs, where a GQA group's heads share every key load, and 2 on CPU
     /// adapters). Why 2 on a CPU: lavapipe runs the rows of an item one after another anyway,
     /// and its LLVM compile of the kernel grows with the rows (`ROWS` sizes every per-thread
