@@ -54,6 +54,28 @@ pub struct DeviceMetadata {
     pub slot_mapping: Tensor,
 }
 
+impl DeviceMetadata {
+    /// `None` when every array already lives on `device`, else copies of them there (a
+    /// builder's uploads when the batch was described on another device).
+    pub fn copies_on(&self, device: &Device) -> Result<Option<DeviceMetadata>> {
+        let arrays = [
+            &self.query_start_loc,
+            &self.seq_lens,
+            &self.block_table,
+            &self.slot_mapping,
+        ];
+        if arrays.iter().all(|t| t.device() == device) {
+            return Ok(None);
+        }
+        Ok(Some(DeviceMetadata {
+            query_start_loc: self.query_start_loc.to_device(device)?,
+            seq_lens: self.seq_lens.to_device(device)?,
+            block_table: self.block_table.to_device(device)?,
+            slot_mapping: self.slot_mapping.to_device(device)?,
+        }))
+    }
+}
+
 /// Validated, backend-neutral metadata of one batch (vLLM's `CommonAttentionMetadata`).
 ///
 /// Construct it with [`CommonAttentionMetadata::new`]; the fields are read through accessors
@@ -165,6 +187,17 @@ impl CommonAttentionMetadata {
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.desc.block_size
+    }
+    /// `Ok` when the batch's block size is `block_size`, the KV-cache group's a builder
+    /// serves; the error every builder gives otherwise.
+    pub fn expect_block_size(&self, block_size: usize) -> Result<()> {
+        if self.block_size() != block_size {
+            return Err(Error::metadata(format!(
+                "batch block size {} differs from the KV-cache group's {block_size}",
+                self.block_size()
+            )));
+        }
+        Ok(())
     }
     /// The fewest blocks a KV cache must have for this batch: one more than the largest
     /// block id a request reads or a slot writes (0 when it touches no block).

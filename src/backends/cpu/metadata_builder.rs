@@ -4,7 +4,7 @@
 use std::any::Any;
 
 use crate::backend::GraphCaptureSupport;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
@@ -78,13 +78,7 @@ impl AttentionMetadataBuilder for CpuMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        if common.block_size() != self.spec.block_size {
-            return Err(Error::metadata(format!(
-                "batch block size {} differs from the KV-cache group's {}",
-                common.block_size(),
-                self.spec.block_size
-            )));
-        }
+        common.expect_block_size(self.spec.block_size)?;
         let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
         let qsl = common.query_start_loc_cpu();
         let mut tiles = Vec::new();

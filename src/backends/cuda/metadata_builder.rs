@@ -414,17 +414,6 @@ impl CudaMetadataBuilder {
         }
     }
 
-    fn check_block_size(&self, common: &CommonAttentionMetadata) -> Result<()> {
-        if common.block_size() != self.spec.block_size {
-            return Err(Error::metadata(format!(
-                "batch block size {} differs from the KV-cache group's {}",
-                common.block_size(),
-                self.spec.block_size
-            )));
-        }
-        Ok(())
-    }
-
     /// Metadata whose kernels read only persistent device buffers, for a forward that is
     /// captured into a CUDA graph or that runs a step of one (see the type docs for what is
     /// capturable).
@@ -440,7 +429,7 @@ impl CudaMetadataBuilder {
     /// `UniformSingleTokenDecode`) or the block size is not the builder's; [`Error::Device`]
     /// inside a capture (updates happen between replays).
     pub fn build_graph(&self, common: &CommonAttentionMetadata) -> Result<CudaAttentionMetadata> {
-        self.check_block_size(common)?;
+        common.expect_block_size(self.spec.block_size)?;
         if common.num_reqs() == 0 {
             return Err(Error::metadata(
                 "a graph-captured batch needs at least one request",
@@ -489,26 +478,6 @@ impl CudaMetadataBuilder {
             graph: Some((buffers, generation)),
         })
     }
-
-    /// `None` when `common`'s device copies are on this GPU, else copies uploaded here.
-    fn uploaded(&self, common: &CommonAttentionMetadata) -> Result<Option<DeviceMetadata>> {
-        let d = common.device();
-        let on_this_gpu = [&d.query_start_loc, &d.seq_lens, &d.block_table, &d.slot_mapping]
-            .iter()
-            .all(|t| {
-                matches!((t.device(), t.storage()), (Device::Cuda(g), Storage::Cuda(_)) if *g == self.device)
-            });
-        if on_this_gpu {
-            return Ok(None);
-        }
-        let here = Device::Cuda(self.device.clone());
-        Ok(Some(DeviceMetadata {
-            query_start_loc: d.query_start_loc.to_device(&here)?,
-            seq_lens: d.seq_lens.to_device(&here)?,
-            block_table: d.block_table.to_device(&here)?,
-            slot_mapping: d.slot_mapping.to_device(&here)?,
-        }))
-    }
 }
 
 impl AttentionMetadataBuilder for CudaMetadataBuilder {
@@ -523,9 +492,11 @@ impl AttentionMetadataBuilder for CudaMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        self.check_block_size(common)?;
+        common.expect_block_size(self.spec.block_size)?;
         let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
-        let uploaded = self.uploaded(common)?;
+        let uploaded = common
+            .device()
+            .copies_on(&Device::Cuda(self.device.clone()))?;
         Ok(Box::new(CudaAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),
             common: common.clone(),

@@ -10,13 +10,16 @@ use crate::backend::KvLayout;
 use crate::device::{HipDevice, HipStorage, Tensor};
 use crate::error::{Error, Result};
 use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
-use crate::kernels::cuda::{attention_function_name, code, AttnParams};
-use crate::kernels::cuda::{reshape_launch, ReshapeBuffers, ReshapeShape};
+use crate::kernels::cuda::{attention_function_name, AttnParams};
+use crate::kernels::cuda::{
+    attn_params, reshape_launch, AttnBuffers, AttnKeySource, AttnPassShape, ReshapeBuffers,
+    ReshapeShape,
+};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 use crate::plan::{Pass, PlanKey, SplitRule};
 
-use super::kernels::{self, i32_of, not_here, tensor_ptr, ROWS_PER_ITEM};
+use super::kernels::{self, not_here, tensor_ptr, ROWS_PER_ITEM};
 use super::metadata_builder::HipAttentionMetadata;
 
 /// The HIP attention impl of one layer.
@@ -92,7 +95,7 @@ impl HipAttentionImpl {
         let n = io.num_tokens;
         let arrays = md.arrays();
         let (out, lse) = self.output_ptrs(io)?;
-        let mut params = AttnParams {
+        let buffers = AttnBuffers {
             q: tensor_ptr(&self.device, io.query, "query")?,
             block_table: tensor_ptr(&self.device, &arrays.block_table, "block_table")?,
             seq_lens: tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?,
@@ -101,42 +104,40 @@ impl HipAttentionImpl {
             sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
             out,
             lse,
-            q_dtype: code(io.dtype)?,
-            out_dtype: code(io.dtype)?,
-            num_heads: i32_of("num_heads", p.num_heads)?,
-            num_kv_heads: i32_of("num_kv_heads", p.num_kv_heads)?,
-            head_size: i32_of("head_size", p.head_size)?,
-            group: i32_of("group", p.num_queries_per_kv())?,
-            block_size: i32_of("block_size", common.block_size())?,
-            bt_stride: i32_of("max_blocks_per_req", common.max_blocks_per_req())?,
-            num_tokens: i32_of("num_tokens", n)?,
-            causal: i32::from(spec.causal),
-            window: match p.sliding_window {
-                Some(w) => i32_of("sliding_window", w)?,
-                None => 0,
+        };
+        let keys = match io.keys {
+            Keys::Dense { key, value } => AttnKeySource::Dense {
+                key: tensor_ptr(&self.device, key, "key")?,
+                value: tensor_ptr(&self.device, value, "value")?,
             },
-            use_sinks: i32::from(self.sinks.is_some() && spec.sinks),
+            Keys::Cache(cache) => {
+                let (k_scale, v_scale) = self.scales(io.layer);
+                AttnKeySource::Cache {
+                    cache: tensor_ptr(&self.device, cache.data(), "the KV cache")?,
+                    storage_dtype: cache.spec().storage_dtype(),
+                    layout_hnd: cache.layout() == KvLayout::Hnd,
+                    k_scale,
+                    v_scale,
+                }
+            }
+        };
+        let shape = AttnPassShape {
+            num_heads: p.num_heads,
+            num_kv_heads: p.num_kv_heads,
+            group: p.num_queries_per_kv(),
+            head_size: p.head_size,
+            block_size: common.block_size(),
+            max_blocks_per_req: common.max_blocks_per_req(),
+            num_tokens: n,
+            sliding_window: p.sliding_window,
             scale: p.scale,
             soft_cap: p.soft_cap().unwrap_or(0.0),
-            k_scale: 1.0,
-            v_scale: 1.0,
-            ..Default::default()
+            causal: spec.causal,
+            use_sinks: self.sinks.is_some() && spec.sinks,
+            dtype: io.dtype,
+            out_dtype: io.dtype,
         };
-        match io.keys {
-            Keys::Dense { key, value } => {
-                params.k_dense = tensor_ptr(&self.device, key, "key")?;
-                params.v_dense = tensor_ptr(&self.device, value, "value")?;
-                params.dense = 1;
-                params.cache_dtype = params.q_dtype;
-            }
-            Keys::Cache(cache) => {
-                params.cache = tensor_ptr(&self.device, cache.data(), "the KV cache")?;
-                params.cache_dtype = code(cache.spec().storage_dtype())?;
-                params.layout_hnd = i32::from(cache.layout() == KvLayout::Hnd);
-                (params.k_scale, params.v_scale) = self.scales(io.layer);
-            }
-        }
-        Ok(params)
+        attn_params(buffers, keys, &shape)
     }
 }
 

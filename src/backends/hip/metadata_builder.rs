@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::GraphCaptureSupport;
-use crate::device::{Device, HipDevice, HipStorage, Storage};
-use crate::error::{Error, Result};
+use crate::device::{Device, HipDevice, HipStorage};
+use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
@@ -139,26 +139,6 @@ impl HipMetadataBuilder {
     pub fn new(spec: KvCacheSpec, device: HipDevice) -> Self {
         HipMetadataBuilder { spec, device }
     }
-
-    /// `None` when `common`'s device copies are on this GPU, else copies uploaded here.
-    fn uploaded(&self, common: &CommonAttentionMetadata) -> Result<Option<DeviceMetadata>> {
-        let d = common.device();
-        let on_this_gpu = [&d.query_start_loc, &d.seq_lens, &d.block_table, &d.slot_mapping]
-            .iter()
-            .all(|t| {
-                matches!((t.device(), t.storage()), (Device::Hip(g), Storage::Hip(_)) if *g == self.device)
-            });
-        if on_this_gpu {
-            return Ok(None);
-        }
-        let here = Device::Hip(self.device.clone());
-        Ok(Some(DeviceMetadata {
-            query_start_loc: d.query_start_loc.to_device(&here)?,
-            seq_lens: d.seq_lens.to_device(&here)?,
-            block_table: d.block_table.to_device(&here)?,
-            slot_mapping: d.slot_mapping.to_device(&here)?,
-        }))
-    }
 }
 
 impl AttentionMetadataBuilder for HipMetadataBuilder {
@@ -173,15 +153,11 @@ impl AttentionMetadataBuilder for HipMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        if common.block_size() != self.spec.block_size {
-            return Err(Error::metadata(format!(
-                "batch block size {} differs from the KV-cache group's {}",
-                common.block_size(),
-                self.spec.block_size
-            )));
-        }
+        common.expect_block_size(self.spec.block_size)?;
         let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
-        let uploaded = self.uploaded(common)?;
+        let uploaded = common
+            .device()
+            .copies_on(&Device::Hip(self.device.clone()))?;
         Ok(Box::new(HipAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),
             common: common.clone(),

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::GraphCaptureSupport;
 use crate::device::{Storage, Tensor, WgpuDevice};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
@@ -315,13 +315,7 @@ impl AttentionMetadataBuilder for WgpuMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        if common.block_size() != self.spec.block_size {
-            return Err(Error::metadata(format!(
-                "batch block size {} differs from the KV-cache group's {}",
-                common.block_size(),
-                self.spec.block_size
-            )));
-        }
+        common.expect_block_size(self.spec.block_size)?;
         let cascade = CascadePlan::for_batch(common, common_prefix_len)?;
         let dm = common.device();
         let bt_host: Vec<u32> = common.block_table_cpu().iter().map(|&b| b as u32).collect();

@@ -22,6 +22,8 @@
 //! - [`variants`]: `-D` options, entry-point names, dtype codes;
 //! - [`shapes`]: threads, rows and keys per CTA, tensor-core CTA shapes, shared memory;
 //! - [`params`]: the attention kernels' parameter blocks;
+//! - [`attn_pass`]: one attention pass's parameter block from plain values, for every
+//!   runtime;
 //! - [`reshape`]: the cache write's parameter block, checks and launch shape, for every
 //!   runtime;
 //! - [`model_ops`]: the model operations' launch constants and parameter blocks;
@@ -33,6 +35,7 @@
 //! `kernels::cuda::params::AttnParams` name the same item.
 
 pub mod amd;
+pub mod attn_pass;
 pub mod model_ops;
 pub mod params;
 pub mod reshape;
@@ -42,6 +45,7 @@ pub mod tuning;
 pub mod variants;
 
 pub use amd::*;
+pub use attn_pass::*;
 pub use model_ops::*;
 pub use params::*;
 pub use reshape::*;
