@@ -1368,7 +1368,9 @@ fn mutate_and_run(
             "output with more rows than the query".into()
         }
         34 => {
-            let shape = pick(rng, &[[n, h], [h, n + 1], [h + 1, n]]);
+            // The transposed shape is a wrong one only when the two sizes differ.
+            let transposed = if n != h { [n, h] } else { [h + 2, n] };
+            let shape = pick(rng, &[transposed, [h, n + 1], [h + 1, n]]);
             pipe.lse = Some(zeros(&shape, DType::F32)?);
             format!("LSE of shape {shape:?} (expected [{h}, {n}])")
         }
