@@ -121,6 +121,9 @@ struct __attribute__((aligned(16))) uint4 {
 struct __attribute__((aligned(8))) uint2 {
     unsigned x, y;
 };
+struct __attribute__((aligned(8))) int2 {
+    int x, y;
+};
 struct __attribute__((aligned(16))) float4 {
     float x, y, z, w;
 };
@@ -128,6 +131,7 @@ __device__ __forceinline__ uint4 make_uint4(unsigned x, unsigned y, unsigned z, 
     return {x, y, z, w};
 }
 __device__ __forceinline__ uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+__device__ __forceinline__ int2 make_int2(int x, int y) { return {x, y}; }
 __device__ __forceinline__ float4 make_float4(float x, float y, float z, float w) {
     return {x, y, z, w};
 }
