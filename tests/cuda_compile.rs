@@ -163,5 +163,13 @@ fn run_time_variants_select_their_entry_points() {
             }
         }
     }
+    // The HIP family's matrix-core prefill in the form the CUDA backend runs it (WMMA layout,
+    // product emulated by shuffles: `POLYATTN_CUDA_MMA=amd-wmma`).
+    let variant = cuda::matrix_variant(cuda::MatrixCores::Wmma);
+    check(
+        &cuda::PAGED_ATTENTION_MATRIX,
+        &[variant.as_str()],
+        cuda::PAGED_ATTENTION_MATRIX.functions,
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -177,7 +177,7 @@ fn compile(
 fn check_target(compiler: &Path, hipcc: bool, target: &AmdTarget, dir: &Path) -> Vec<String> {
     let mut failures = Vec::new();
     let tool = if hipcc { "hipcc" } else { "clang" };
-    for v in amd_variants(target.wave) {
+    for v in amd_variants(target.arch) {
         let (log, code) = match compile(compiler, hipcc, target, &v, dir) {
             Ok(out) => out,
             Err(e) => {
@@ -354,7 +354,7 @@ fn every_amd_variant_compiles_through_hiprtc() {
             );
             continue;
         }
-        for v in amd_variants(t.wave) {
+        for v in amd_variants(t.arch) {
             let mut src = full_source(&v.source);
             src.push_str(&format!(
                 "\nstatic_assert(PA_WAVE == {}, \"wavefront\");\n",

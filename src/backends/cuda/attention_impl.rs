@@ -26,11 +26,11 @@ use crate::metadata::AttentionMetadata;
 
 use super::kernels::{self, not_here, tensor_ptr};
 use super::metadata_builder::CudaAttentionMetadata;
-use super::tuning::CudaTuning;
+use super::tuning::{CudaTuning, MmaKernel};
 use crate::kernels::cuda::{
     attention_function_name, decode_function_name, decode_smem_bytes, decode_variant,
-    mma_function_name, AttnParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS, NVIDIA_WARP, PAGED_DECODE,
-    ROWS_PER_ITEM,
+    matrix_function_name, mma_function_name, AttnParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS,
+    MATRIX_ROWS, NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
 };
 use crate::plan::{Pass, PlanKey, SplitRule};
 
@@ -84,16 +84,21 @@ impl CudaAttentionImpl {
         }
     }
 
-    /// The tensor-core kernel for this layer and batch, when enabled and applicable: f16 /
-    /// bf16 activations with a cache of the same dtype, a supported head size, sm_80+.
-    fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<&'static str> {
-        if !CudaTuning::get().mma
-            || dtype != cache_dtype
-            || self.device.compute_capability() < (8, 0)
-        {
+    /// The prefill kernel [`CudaTuning::mma`] picks for this layer and batch, when it
+    /// applies: f16 / bf16 activations with a cache of the same dtype, a supported head size,
+    /// sm_80+; `None` leaves the prefill band on CUDA cores.
+    fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<CudaKernel> {
+        if dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
             return None;
         }
-        mma_function_name(dtype, self.params.head_size)
+        let d = self.params.head_size;
+        match CudaTuning::get().mma {
+            MmaKernel::CudaCores => None,
+            MmaKernel::TensorCores => mma_function_name(dtype, d).map(CudaKernel::Mma),
+            MmaKernel::AmdWmmaEmulated => {
+                matrix_function_name(dtype, d).map(CudaKernel::AmdMatrixEmulated)
+            }
+        }
     }
 
     /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations
@@ -149,6 +154,9 @@ pub enum CudaKernel {
     CudaCores,
     /// The tensor-core prefill kernel (`paged_attention_mma.cu`), by function name.
     Mma(&'static str),
+    /// The HIP backend's matrix-core prefill with the WMMA product emulated
+    /// ([`MmaKernel::AmdWmmaEmulated`]), by function name.
+    AmdMatrixEmulated(&'static str),
 }
 
 /// The cascade partials of one call (`[T][H][D]` f32 outputs, `[H][T]` LSEs: prefix, then
@@ -366,8 +374,8 @@ impl ForwardKernels for CudaAttentionImpl {
             ]),
             None => bands.push(band(0, CudaKernel::CudaCores)),
         }
-        if let Some(name) = self.mma_kernel(io.dtype, cache_dtype) {
-            bands.push(band(MMA_MIN_QUERY_LEN, CudaKernel::Mma(name)));
+        if let Some(kernel) = self.mma_kernel(io.dtype, cache_dtype) {
+            bands.push(band(MMA_MIN_QUERY_LEN, kernel));
         }
         Ok(bands)
     }
@@ -481,6 +489,11 @@ impl ForwardKernels for CudaAttentionImpl {
                     io.dtype,
                     shape,
                 )
+            }
+            CudaKernel::AmdMatrixEmulated(name) => {
+                let key = self.plan_key(job, false, MATRIX_ROWS, SplitRule::Never);
+                let plan = md.plan(&key)?;
+                kernels::launch_amd_matrix(&self.device, &self.params, &plan, &base, name)
             }
         }
     }

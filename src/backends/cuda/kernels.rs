@@ -15,8 +15,9 @@ use crate::error::{Error, Result};
 use crate::kernels::cuda::ReshapeLaunch;
 use crate::kernels::cuda::{
     attention_function_name, attention_smem_bytes, attention_variant, code, decode_smem_bytes,
-    mma_smem_bytes, mma_variant, AttnParams, MergeParams, MmaShape, ATTN_THREADS, DECODE_THREADS,
-    MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
+    matrix_smem_bytes, matrix_threads, matrix_variant, mma_smem_bytes, mma_variant, AttnParams,
+    MatrixCores, MergeParams, MmaShape, ATTN_THREADS, DECODE_THREADS, MERGE_STATES, NVIDIA_WARP,
+    PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
 };
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
@@ -179,6 +180,32 @@ pub(crate) fn launch_mma(
         grid_dim: (plan.work.items.len() as u32, 1, 1),
         block_dim: (shape.threads(), 1, 1),
         shared_mem_bytes: mma_smem_bytes(p.head_size, shape.rows),
+    };
+    launch(device, &f, cfg, &params, None)
+}
+
+/// Queues the HIP family's matrix-core prefill in its WMMA form, the product emulated by
+/// warp shuffles (`kernels-hip/paged_attention_matrix.hip`), over `plan` (items of up to 64
+/// rows, never split).
+pub(crate) fn launch_amd_matrix(
+    device: &CudaDevice,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    base: &AttnParams,
+    name: &str,
+) -> Result<()> {
+    let items = match &plan.items_dev {
+        Some(i) if !plan.work.items.is_empty() => i,
+        _ => return Ok(()),
+    };
+    let mut params = *base;
+    params.items = items.device_ptr();
+    let variant = matrix_variant(MatrixCores::Wmma);
+    let f = function(device, &PAGED_ATTENTION_MATRIX, &[&variant], name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (matrix_threads(NVIDIA_WARP), 1, 1),
+        shared_mem_bytes: matrix_smem_bytes(p.head_size),
     };
     launch(device, &f, cfg, &params, None)
 }

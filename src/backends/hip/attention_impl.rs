@@ -1,16 +1,22 @@
 //! The HIP impl: the forward driver's kernels (`crate::forward`) queued on the device's
-//! stream — `reshape_and_cache`, then the CUDA-core paged-attention kernel for every
-//! query-length band (decode and prefill alike) over the planner's work lists, split-KV with
-//! `combine_splits` for a full pass over the cache, as the CUDA backend's CUDA-core path.
-//! Cascade batches run as one full pass. Nothing waits for the GPU; the caller synchronises
-//! (a download does).
+//! stream — `reshape_and_cache`, then the paged-attention kernels over the planner's work
+//! lists by query length ([`HipKernel`]): prefills of at least [`MATRIX_MIN_QUERY_LEN`] tokens
+//! on the matrix-core kernel where the device and the layer allow it
+//! (`kernels-hip/paged_attention_matrix.hip`: MFMA on CDNA, WMMA on RDNA3), everything else on
+//! the CUDA-core kernel, split-KV with `combine_splits` for a full pass over the cache, as the
+//! CUDA backend's CUDA-core path. Cascade batches run as one full pass. Nothing waits for the
+//! GPU; the caller synchronises (a download does).
 
 use crate::attention::{AttentionLayer, AttentionParams};
 use crate::backend::KvLayout;
 use crate::device::{HipDevice, HipStorage, Tensor};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
-use crate::kernels::cuda::{attention_function_name, AttnParams};
+use crate::kernels::cuda::{
+    amd_matrix_cores, attention_function_name, matrix_function_name, AttnParams, MatrixCores,
+    MATRIX_ROWS,
+};
 use crate::kernels::cuda::{
     attn_params, reshape_launch, AttnBuffers, AttnKeySource, AttnPassShape, ReshapeBuffers,
     ReshapeShape,
@@ -141,10 +147,37 @@ impl HipAttentionImpl {
     }
 }
 
+/// Requests with at least this many query tokens go to the matrix-core kernel where it
+/// applies (as the CUDA backend's tensor-core prefill).
+pub const MATRIX_MIN_QUERY_LEN: usize = 16;
+
+/// The HIP kernels a band of query lengths can go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HipKernel {
+    /// The CUDA-core kernel (`paged_attention.cu`), split-KV with its combine.
+    CudaCores,
+    /// The matrix-core prefill (`paged_attention_matrix.hip`) of the device's kind, by
+    /// function name.
+    Matrix(MatrixCores, &'static str),
+}
+
+impl HipAttentionImpl {
+    /// The matrix-core prefill for this layer and batch, when the device has matrix cores
+    /// and the layer fits the kernel: f16 / bf16 activations with a cache of the same dtype,
+    /// head size 64, 96 or 128.
+    fn matrix_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<HipKernel> {
+        if dtype != cache_dtype {
+            return None;
+        }
+        let kind = amd_matrix_cores(self.device.arch())?;
+        let name = matrix_function_name(dtype, self.params.head_size)?;
+        Some(HipKernel::Matrix(kind, name))
+    }
+}
+
 impl ForwardKernels for HipAttentionImpl {
     type Metadata = HipAttentionMetadata;
-    /// One kernel family member for every band: the CUDA-core `paged_attention_dpl{n}`.
-    type Kernel = ();
+    type Kernel = HipKernel;
     type Recording = ();
     const BACKEND: &'static str = "HIP";
 
@@ -179,17 +212,27 @@ impl ForwardKernels for HipAttentionImpl {
         false
     }
 
-    /// One band from query length 0: the CUDA-core kernel takes decodes and prefills alike.
+    /// The CUDA-core kernel from query length 0; with cache keys in a full pass, queries of
+    /// at least [`MATRIX_MIN_QUERY_LEN`] tokens on the matrix-core kernel where it applies.
     fn bands(
         &self,
         _: &HipAttentionMetadata,
-        _: &ForwardIo<'_>,
-        _: &PassSpec,
-    ) -> Result<Vec<Band<()>>> {
-        Ok(vec![Band {
+        io: &ForwardIo<'_>,
+        spec: &PassSpec,
+    ) -> Result<Vec<Band<HipKernel>>> {
+        let mut bands = vec![Band {
             min_q: 0,
-            kernel: (),
-        }])
+            kernel: HipKernel::CudaCores,
+        }];
+        if let (Keys::Cache(cache), Pass::Full) = (io.keys, spec.pass) {
+            if let Some(kernel) = self.matrix_kernel(io.dtype, cache.spec().storage_dtype()) {
+                bands.push(Band {
+                    min_q: MATRIX_MIN_QUERY_LEN,
+                    kernel,
+                });
+            }
+        }
+        Ok(bands)
     }
 
     fn begin(&self, _: &HipAttentionMetadata) -> Result<()> {
@@ -243,11 +286,28 @@ impl ForwardKernels for HipAttentionImpl {
         _: &mut (),
         md: &HipAttentionMetadata,
         io: &mut ForwardIo<'_>,
-        job: &AttendJob<()>,
+        job: &AttendJob<HipKernel>,
     ) -> Result<()> {
         let base = self.pass_params(md, io, &job.spec)?;
         let dense = io.keys.is_dense();
         let p = &self.params;
+        if let HipKernel::Matrix(kind, name) = job.kernel {
+            let key = PlanKey {
+                pass: job.spec.pass,
+                split: SplitRule::Never,
+                min_q: job.min_q,
+                max_q: job.max_q,
+                ..PlanKey::new(
+                    p.num_queries_per_kv(),
+                    p.num_kv_heads,
+                    job.spec.causal,
+                    p.sliding_window,
+                    MATRIX_ROWS,
+                )
+            };
+            let plan = md.plan(&key)?;
+            return kernels::launch_matrix(&self.device, p, &plan, &base, kind, name);
+        }
         // Split-KV only for a full pass over the cache (dense keys are unsplit).
         let split = if job.spec.pass == Pass::Full && !dense {
             SplitRule::TwoPerSm {

@@ -2,7 +2,8 @@
 //! kernels through the HIP runtime — the module lookup (compiled by hiprtc for the device's
 //! target, cached per module and variant), one launch function per kernel (the CUDA-core
 //! attention kernel with its split combine, `reshape_and_cache`) over the planner's work
-//! lists, and the host checks they share (device residency, i32 ranges). Launch shapes are
+//! lists (and the matrix-core prefill of `kernels-hip/` on targets with matrix cores), and
+//! the host checks they share (device residency, i32 ranges). Launch shapes are
 //! the CUDA backend's, with the attention CTA sized by the device's wavefront
 //! ([`attention_threads`]).
 
@@ -13,7 +14,8 @@ use crate::error::{Error, Result};
 use crate::kernels::cuda::ReshapeLaunch;
 use crate::kernels::cuda::{
     attention_function_name, attention_smem_bytes, attention_threads, attention_variant,
-    full_source, AttnParams, KernelSource, PAGED_ATTENTION, RESHAPE_AND_CACHE,
+    full_source, matrix_smem_bytes, matrix_threads, matrix_variant, AttnParams, KernelSource,
+    MatrixCores, PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, RESHAPE_AND_CACHE,
 };
 
 use super::metadata_builder::{HipAttentionMetadata, HipPlan};
@@ -168,6 +170,46 @@ pub(crate) fn launch_attention(
     Ok(())
 }
 
+/// Queues the matrix-core prefill `name` of `kind` over `plan` (items of up to
+/// `MATRIX_ROWS` rows, never split): `matrix_threads(wave)` threads per workgroup, one per
+/// work item.
+pub(crate) fn launch_matrix(
+    device: &HipDevice,
+    p: &AttentionParams,
+    plan: &HipPlan,
+    base: &AttnParams,
+    kind: MatrixCores,
+    name: &str,
+) -> Result<()> {
+    let items = match &plan.items_dev {
+        Some(i) if !plan.work.items.is_empty() => i,
+        _ => return Ok(()),
+    };
+    let wave = wave(device)?;
+    if kind.wave() != wave {
+        return Err(Error::config(format!(
+            "the {kind:?} prefill is laid out for wave{}, the device runs wave{wave}",
+            kind.wave()
+        )));
+    }
+    let mut params = *base;
+    params.items = items.device_ptr();
+    let f = function(
+        device,
+        &PAGED_ATTENTION_MATRIX,
+        &[matrix_variant(kind)],
+        name,
+    )?;
+    let grid = (u32_of("work items", plan.work.items.len())?, 1, 1);
+    device.launch(
+        &f,
+        grid,
+        (matrix_threads(wave), 1, 1),
+        matrix_smem_bytes(p.head_size),
+        &params,
+    )
+}
+
 /// Threads per CTA of `combine_splits` (as on CUDA; the kernel strides over the head dims).
 const COMBINE_THREADS: u32 = 128;
 
@@ -185,7 +227,7 @@ mod tests {
     #[test]
     fn every_launch_asks_for_a_module_the_amd_checks_compile() {
         for t in AMD_TARGETS {
-            let variants = amd_variants(t.wave);
+            let variants = amd_variants(t.arch);
             for d in (8..=ATTENTION_MAX_HEAD_SIZE).step_by(8) {
                 let name = attention_function_name(d, t.wave).expect("a bucket");
                 let defines = [attention_variant(d, t.wave)];
@@ -204,6 +246,23 @@ mod tests {
                 .iter()
                 .any(|v| v.source.name == RESHAPE_AND_CACHE.name && v.defines.is_empty()));
             assert_eq!(attention_threads(t.wave) as usize, 4 * t.wave);
+            if let Some(kind) = crate::kernels::cuda::amd_matrix_cores(t.arch) {
+                for dtype in [crate::dtype::DType::F16, crate::dtype::DType::Bf16] {
+                    for d in [64, 96, 128] {
+                        let name = crate::kernels::cuda::matrix_function_name(dtype, d)
+                            .expect("a matrix kernel");
+                        assert!(
+                            variants
+                                .iter()
+                                .any(|v| v.source.name == PAGED_ATTENTION_MATRIX.name
+                                    && v.defines == [matrix_variant(kind)]
+                                    && v.functions.contains(&name)),
+                            "{} {name}",
+                            t.arch
+                        );
+                    }
+                }
+            }
         }
     }
 }

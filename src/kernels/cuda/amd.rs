@@ -3,11 +3,17 @@
 //! HIP runtime's (hiprtc), checking them without a GPU is `tests/hip_compile.rs`'s (hipcc and
 //! clang).
 //!
-//! Only the [`PORTABLE_SOURCES`] build for AMD: `reshape_and_cache`, the CUDA-core
+//! The [`PORTABLE_SOURCES`] build for AMD: `reshape_and_cache`, the CUDA-core
 //! `paged_attention` (prefill, decode and split-KV decode with its `combine_splits`) and
-//! `merge_states`. The tensor-core and `cp.async` kernels are NVIDIA's.
+//! `merge_states`. AMD's own prefill, `kernels-hip/paged_attention_matrix.hip`
+//! ([`PAGED_ATTENTION_MATRIX`]), runs on the targets with matrix cores ([`MatrixCores`]). The
+//! tensor-core and `cp.async` kernels of `kernels-cuda/` are NVIDIA's.
 
-use super::sources::{KernelSource, MERGE_STATES, PAGED_ATTENTION, RESHAPE_AND_CACHE};
+use crate::dtype::DType;
+
+use super::sources::{
+    KernelSource, MERGE_STATES, PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, RESHAPE_AND_CACHE,
+};
 use super::variants::{attention_function_name, attention_variant, ATTENTION_MAX_HEAD_SIZE};
 
 pub use super::sources::PORTABLE_SOURCES;
@@ -61,6 +67,83 @@ pub fn amd_wave(arch: &str) -> Option<usize> {
     Some(if id.len() <= 3 { 64 } else { 32 })
 }
 
+/// The matrix instruction an AMD target's prefill tiles use (`-DPA_MC_KIND` of
+/// [`PAGED_ATTENTION_MATRIX`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixCores {
+    /// `v_mfma_f32_16x16x16{f16,bf16_1k}` on 64-lane wavefronts: CDNA2 and CDNA3 (gfx90a,
+    /// gfx940–gfx942, gfx950).
+    Mfma,
+    /// `v_wmma_f32_16x16x16_{f16,bf16}_w32` on 32-lane wavefronts: RDNA3 (gfx1100–gfx1103,
+    /// gfx1150, gfx1151). On NVIDIA the same fragment layout is emulated by warp shuffles.
+    Wmma,
+}
+
+impl MatrixCores {
+    /// The wavefront width the instruction's fragment layout is written for.
+    pub fn wave(self) -> usize {
+        match self {
+            MatrixCores::Mfma => 64,
+            MatrixCores::Wmma => 32,
+        }
+    }
+}
+
+/// The matrix instruction of an LLVM AMDGPU processor (or a full `gcnArchName`), if the
+/// matrix-core prefill is built for it. Why not every target with matrix cores: gfx908's MFMA
+/// has no `bf16_1k` form, and RDNA4's (gfx12) WMMA lays its fragments out differently.
+pub fn amd_matrix_cores(arch: &str) -> Option<MatrixCores> {
+    let name = arch.split(':').next()?;
+    match name {
+        "gfx90a" | "gfx940" | "gfx941" | "gfx942" | "gfx950" => Some(MatrixCores::Mfma),
+        "gfx1100" | "gfx1101" | "gfx1102" | "gfx1103" | "gfx1150" | "gfx1151" => {
+            Some(MatrixCores::Wmma)
+        }
+        _ => None,
+    }
+}
+
+/// The `-D` option selecting `kind`'s fragment layout in [`PAGED_ATTENTION_MATRIX`].
+pub fn matrix_variant(kind: MatrixCores) -> String {
+    let code = match kind {
+        MatrixCores::Mfma => 1,
+        MatrixCores::Wmma => 2,
+    };
+    format!("-DPA_MC_KIND={code}")
+}
+
+/// Query rows per work item of the matrix-core prefill: 16 per wavefront, 4 wavefronts.
+pub const MATRIX_ROWS: usize = 64;
+
+/// Threads per workgroup of the matrix-core prefill on `wave`-wide wavefronts.
+pub fn matrix_threads(wave: usize) -> u32 {
+    (4 * wave) as u32
+}
+
+/// Dynamic LDS of the matrix-core prefill at head size `d` (as the kernel lays it out): the
+/// Q tile `[64][d+8]`, two K tiles `[32][d+8]`, two transposed V tiles `[d][40]` and the
+/// four wavefronts' P tiles `[16][40]`, 16-bit elements.
+pub fn matrix_smem_bytes(d: usize) -> u32 {
+    let elems = MATRIX_ROWS * (d + 8) + 2 * 32 * (d + 8) + 2 * d * 40 + 4 * 16 * 40;
+    (2 * elems) as u32
+}
+
+/// The matrix-core prefill's entry point for `dtype` activations (with a cache of the same
+/// dtype) at `head_size`, if it has one (f16 / bf16 at 64, 96, 128).
+pub fn matrix_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+    let t = match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        _ => return None,
+    };
+    let want = format!("paged_attention_matrix_{t}_d{head_size}");
+    PAGED_ATTENTION_MATRIX
+        .functions
+        .iter()
+        .find(|f| **f == want)
+        .copied()
+}
+
 /// One module an AMD device compiles: a source, its `-D` options and the entry points it
 /// must define.
 #[derive(Clone, Debug)]
@@ -73,10 +156,14 @@ pub struct AmdVariant {
     pub functions: Vec<&'static str>,
 }
 
-/// Every module a device with `wave`-wide wavefronts can request: the cache write, the merge,
-/// and one attention bucket per `ceil(head_size / wave)` up to
-/// [`ATTENTION_MAX_HEAD_SIZE`] (each with the split-KV combine).
-pub fn amd_variants(wave: usize) -> Vec<AmdVariant> {
+/// Every module a device of target `arch` can request: the cache write, the merge, one
+/// attention bucket per `ceil(head_size / wave)` up to [`ATTENTION_MAX_HEAD_SIZE`] (each with
+/// the split-KV combine) and, where the target has [`MatrixCores`], the matrix-core prefill.
+/// Empty for a name that is not an AMD target.
+pub fn amd_variants(arch: &str) -> Vec<AmdVariant> {
+    let Some(wave) = amd_wave(arch) else {
+        return Vec::new();
+    };
     let mut out = vec![
         AmdVariant {
             source: RESHAPE_AND_CACHE,
@@ -104,6 +191,13 @@ pub fn amd_variants(wave: usize) -> Vec<AmdVariant> {
             functions: vec![name, "combine_splits"],
         });
     }
+    if let Some(kind) = amd_matrix_cores(arch) {
+        out.push(AmdVariant {
+            source: PAGED_ATTENTION_MATRIX,
+            defines: vec![matrix_variant(kind)],
+            functions: PAGED_ATTENTION_MATRIX.functions.to_vec(),
+        });
+    }
     out
 }
 
@@ -126,11 +220,43 @@ mod tests {
 
     #[test]
     fn variants_cover_every_head_size_bucket() {
-        // wave64: dims per lane 1..=4; wave32: 1..=8; plus the cache write and the merge.
-        assert_eq!(amd_variants(64).len(), 2 + 4);
-        assert_eq!(amd_variants(32).len(), 2 + 8);
-        let v = amd_variants(64);
+        // wave64: dims per lane 1..=4; wave32: 1..=8; plus the cache write and the merge, and
+        // the matrix-core prefill where the target has one.
+        assert_eq!(amd_variants("gfx90a").len(), 2 + 4 + 1);
+        assert_eq!(amd_variants("gfx942:sramecc+:xnack-").len(), 2 + 4 + 1);
+        assert_eq!(amd_variants("gfx1030").len(), 2 + 8);
+        assert_eq!(amd_variants("gfx1100").len(), 2 + 8 + 1);
+        assert!(amd_variants("sm_90").is_empty());
+        let v = amd_variants("gfx90a");
         assert_eq!(v[5].defines, ["-DPA_ONLY_DPL=4"]);
         assert_eq!(v[5].functions, ["paged_attention_dpl4", "combine_splits"]);
+        assert_eq!(v[6].defines, ["-DPA_MC_KIND=1"]);
+        assert_eq!(amd_variants("gfx1100")[10].defines, ["-DPA_MC_KIND=2"]);
+    }
+
+    #[test]
+    fn matrix_cores_per_target() {
+        assert_eq!(
+            amd_matrix_cores("gfx942:sramecc+:xnack-"),
+            Some(MatrixCores::Mfma)
+        );
+        assert_eq!(amd_matrix_cores("gfx1100"), Some(MatrixCores::Wmma));
+        assert_eq!(amd_matrix_cores("gfx1030"), None);
+        assert_eq!(amd_matrix_cores("gfx908"), None);
+        assert_eq!(amd_matrix_cores("gfx1201"), None);
+        for t in AMD_TARGETS {
+            if let Some(k) = amd_matrix_cores(t.arch) {
+                assert_eq!(k.wave(), t.wave, "{}", t.arch);
+            }
+        }
+        assert_eq!(
+            matrix_function_name(DType::Bf16, 128),
+            Some("paged_attention_matrix_bf16_d128")
+        );
+        assert_eq!(matrix_function_name(DType::F32, 128), None);
+        assert_eq!(matrix_function_name(DType::F16, 256), None);
+        // The kernel's LDS at d128: 59 KiB, inside the 64 KiB of a workgroup.
+        assert_eq!(matrix_smem_bytes(128), 60_416);
+        assert!(matrix_smem_bytes(128) <= 64 * 1024);
     }
 }

@@ -4,7 +4,8 @@
 //! sees them ([`full_source`]: `common.cuh` pasted in place of its include line, so no
 //! include path and no toolkit header is needed — NVRTC 13 ships no `cuda_fp16.h`).
 
-/// One kernel source file of `kernels-cuda/` and the entry points it defines.
+/// One kernel source file of the family (`kernels-cuda/`, or `kernels-hip/` for AMD's own
+/// kernels) and the entry points it defines.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSource {
     /// Module name (the file name without `.cu`).
@@ -87,6 +88,23 @@ pub const PAGED_DECODE: KernelSource = KernelSource {
     ],
 };
 
+/// `kernels-hip/paged_attention_matrix.hip`: the family's prefill on AMD matrix cores (MFMA
+/// on CDNA, WMMA on RDNA3; f16 / bf16, head sizes 64, 96, 128). Built with
+/// [`matrix_variant`](super::matrix_variant)'s `-DPA_MC_KIND`; on NVIDIA (NVRTC) the WMMA form
+/// runs with its product emulated by warp shuffles, to check the kernel on a GPU here.
+pub const PAGED_ATTENTION_MATRIX: KernelSource = KernelSource {
+    name: "paged_attention_matrix",
+    source: include_str!("../../../kernels-hip/paged_attention_matrix.hip"),
+    functions: &[
+        "paged_attention_matrix_f16_d64",
+        "paged_attention_matrix_f16_d96",
+        "paged_attention_matrix_f16_d128",
+        "paged_attention_matrix_bf16_d64",
+        "paged_attention_matrix_bf16_d96",
+        "paged_attention_matrix_bf16_d128",
+    ],
+};
+
 /// `merge_states.cu`.
 pub const MERGE_STATES: KernelSource = KernelSource {
     name: "merge_states",
@@ -117,7 +135,7 @@ pub const MODEL_OPS: KernelSource = KernelSource {
     ],
 };
 
-/// Every kernel source, for compile checks.
+/// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
 pub const ALL_SOURCES: [KernelSource; 7] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,

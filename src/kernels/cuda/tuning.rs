@@ -9,7 +9,8 @@ use super::shapes::{MmaShape, DECODE_MAX_SPLITS, MMA_SHAPES};
 
 use crate::kernels::tuning_env::{self, Env};
 
-/// Turns the tensor-core prefill kernel off (`0`) or on (`1`); see [`CudaTuning::mma`].
+/// Picks the CUDA backend's prefill kernel: `0` / `1` (the CUDA-core kernel / the tensor-core
+/// kernel) or `amd-wmma`; see [`CudaTuning::mma`].
 pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";
 /// Forces the query rows per CTA of the tensor-core prefill kernel; see
 /// [`CudaTuning::mma_shape`].
@@ -26,16 +27,29 @@ pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
 /// Picks the GPU ordinal; see [`CudaTuning::device`].
 pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 
+/// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaKernel {
+    /// The CUDA-core kernel (`paged_attention.cu`), as for short queries (`0`).
+    CudaCores,
+    /// The tensor-core kernel (`paged_attention_mma.cu`; `1`, the default).
+    TensorCores,
+    /// The HIP backend's matrix-core prefill (`kernels-hip/paged_attention_matrix.hip`) in its
+    /// RDNA3 WMMA form, the matrix product emulated by warp shuffles (`amd-wmma`). Many times
+    /// slower than either kernel above; it exists so that the AMD kernel's tiling, masks,
+    /// softmax and stores run through the shared test bodies on an NVIDIA GPU.
+    AmdWmmaEmulated,
+}
+
 /// The knobs of the CUDA kernel family. [`CudaTuning::default`] is what runs when no
 /// variable is set; [`CudaTuning::get`] is the process's tuning, read from the environment
 /// once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CudaTuning {
-    /// Run prefill requests of at least the backend's `MMA_MIN_QUERY_LEN` (16) query tokens
-    /// (f16 / bf16 with a same-dtype cache, head size 64 / 96 / 128, sm_80+) on the
-    /// tensor-core prefill kernel (`paged_attention_mma.cu`); off, they run on the CUDA-core
-    /// kernel. [`MMA_ENV`]: `0` / `1`; default on.
-    pub mma: bool,
+    /// The kernel of prefill requests of at least the backend's `MMA_MIN_QUERY_LEN` (16)
+    /// query tokens (f16 / bf16 with a same-dtype cache, head size 64 / 96 / 128, sm_80+).
+    /// [`MMA_ENV`]: `0` / `1` / `amd-wmma`; default [`MmaKernel::TensorCores`].
+    pub mma: MmaKernel,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
     /// 128 or 256) and [`MMA_WARPS_ENV`] (4 or 8); a row count alone takes the fewest warps
@@ -62,7 +76,7 @@ pub struct CudaTuning {
 impl Default for CudaTuning {
     fn default() -> Self {
         CudaTuning {
-            mma: true,
+            mma: MmaKernel::TensorCores,
             mma_shape: None,
             mma_subk: None,
             decode: true,
@@ -90,7 +104,22 @@ impl CudaTuning {
         let env = Env::new(lookup);
         let d = CudaTuning::default();
         CudaTuning {
-            mma: env.switch(MMA_ENV, d.mma),
+            mma: env.get(
+                MMA_ENV,
+                "0, 1 (or off / on) or amd-wmma",
+                d.mma,
+                "on",
+                |v| match v.to_ascii_lowercase().as_str() {
+                    "amd-wmma" => Some(MmaKernel::AmdWmmaEmulated),
+                    other => tuning_env::parse_switch(other).map(|on| {
+                        if on {
+                            MmaKernel::TensorCores
+                        } else {
+                            MmaKernel::CudaCores
+                        }
+                    }),
+                },
+            ),
             mma_shape: mma_shape(&env),
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
@@ -189,7 +218,7 @@ mod tests {
         assert_eq!(
             t,
             CudaTuning {
-                mma: false,
+                mma: MmaKernel::CudaCores,
                 mma_shape: Some(MmaShape {
                     rows: 128,
                     warps: 8
@@ -231,5 +260,14 @@ mod tests {
         assert_eq!(t, CudaTuning::default());
         assert_eq!(tuning(&[(DECODE_SPLITS_ENV, "129")]).decode_splits, None);
         assert_eq!(tuning(&[(MMA_WARPS_ENV, "x")]).mma_shape, None);
+    }
+
+    #[test]
+    fn the_prefill_kernel_choice() {
+        let k = |v| tuning(&[(MMA_ENV, v)]).mma;
+        assert_eq!(k("on"), MmaKernel::TensorCores);
+        assert_eq!(k("0"), MmaKernel::CudaCores);
+        assert_eq!(k("AMD-WMMA"), MmaKernel::AmdWmmaEmulated);
+        assert_eq!(k("amd"), MmaKernel::TensorCores);
     }
 }
