@@ -52,7 +52,7 @@
 //     with l = 1 on one lane of the row.
 //
 // Layouts: q [T][H][D], cache NHD or HND, out [T][H][D] in the activation dtype, lse
-// [H][num_tokens]; dynamic LDS (mc_smem_bytes on the host): Q [64][D+8], K [2][32][D+8],
+// [H][num_tokens]; dynamic LDS (`matrix_smem_bytes` on the host): Q [64][D+8], K [2][32][D+8],
 // V^T [2][D][40], P [4][16][40] (16-bit elements; every row a multiple of 16 bytes).
 //
 // Bounds relied on (host side): as paged_attention.cu, plus q_len * head_count <= 64,
