@@ -1,5 +1,6 @@
 //! CI check for the CUDA family on AMD without a GPU: every module an AMD device can request
-//! (`kernels::cuda::amd_variants`: the cache write, the merge, each attention bucket) is
+//! (`kernels::cuda::amd_variants`: the cache write, the merge, each attention bucket, the
+//! matrix-core prefill where the target has matrix cores) is
 //! compiled for gfx90a, gfx942, gfx1030 and gfx1100, always with an explicit target:
 //!
 //! - Debian's `hipcc` (ROCm 5.2, with ROCm's headers and math library) for the targets it
@@ -13,7 +14,8 @@
 //! or on a kernel that uses scratch memory (`ScratchSize` or VGPR spills in the compiler's
 //! resource-usage remarks; for hiprtc, whose log has no remarks, `.private_segment_fixed_size`
 //! and `.vgpr_spill_count` in the metadata); SGPR spills, which go to VGPR lanes and not to
-//! memory, are reported.
+//! memory, are reported. The matrix-core prefill is also compiled to assembly, which must use
+//! the target's MFMA or WMMA instruction in its f16 and bf16 forms.
 //!
 //! The same variants also go through hiprtc, as a device compiles them at run time, for the
 //! targets the local ROCm knows (ROCm 5.2's hiprtc runs without a GPU; it is inside
@@ -31,7 +33,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use polyattn::device::hip::hiprtc;
-use polyattn::kernels::cuda::{amd_variants, full_source, AmdTarget, AmdVariant, AMD_TARGETS};
+use polyattn::kernels::cuda::{
+    amd_matrix_cores, amd_variants, full_source, AmdTarget, AmdVariant, MatrixCores, AMD_TARGETS,
+    PAGED_ATTENTION_MATRIX,
+};
 
 /// Targets Debian's hipcc (ROCm 5.2, clang 15) compiles; the rest go to a newer clang.
 const HIPCC_TARGETS: [&str; 2] = ["gfx90a", "gfx1030"];
@@ -116,8 +121,15 @@ fn compile(
     target: &AmdTarget,
     v: &AmdVariant,
     dir: &Path,
+    assembly: bool,
 ) -> Result<(String, Vec<u8>), String> {
-    let tag = format!("{}-{}-{}", v.source.name, v.defines.join("_"), target.arch);
+    let kind = if assembly { "s" } else { "o" };
+    let tag = format!(
+        "{}-{}-{}-{kind}",
+        v.source.name,
+        v.defines.join("_"),
+        target.arch
+    );
     let src = dir.join(format!("{tag}.hip"));
     let mut text = full_source(&v.source);
     text.push_str(&format!(
@@ -132,7 +144,12 @@ fn compile(
     cmd.arg("-std=c++17").arg("-O3");
     if hipcc {
         // hipcc adds ROCm's include paths and device libraries; --genco builds device code only.
-        cmd.args(["-include", "hip/hip_runtime.h", "--genco"]);
+        cmd.args(["-include", "hip/hip_runtime.h"]);
+        if assembly {
+            cmd.args(["--cuda-device-only", "-S"]);
+        } else {
+            cmd.arg("--genco");
+        }
     } else {
         cmd.args([
             "-x",
@@ -142,7 +159,7 @@ fn compile(
             "-nogpuinc",
             "-nogpulib",
             "-DPA_NO_GPU_HEADERS",
-            "-c",
+            if assembly { "-S" } else { "-c" },
         ]);
     }
     cmd.arg(format!("--offload-arch={}", target.arch))
@@ -178,7 +195,15 @@ fn check_target(compiler: &Path, hipcc: bool, target: &AmdTarget, dir: &Path) ->
     let mut failures = Vec::new();
     let tool = if hipcc { "hipcc" } else { "clang" };
     for v in amd_variants(target.arch) {
-        let (log, code) = match compile(compiler, hipcc, target, &v, dir) {
+        if let Some(kind) = (v.source.name == PAGED_ATTENTION_MATRIX.name)
+            .then(|| amd_matrix_cores(target.arch))
+            .flatten()
+        {
+            failures.extend(check_matrix_instructions(
+                compiler, hipcc, target, &v, dir, kind,
+            ));
+        }
+        let (log, code) = match compile(compiler, hipcc, target, &v, dir, false) {
             Ok(out) => out,
             Err(e) => {
                 failures.push(format!("{} ({tool}): {e}", target.arch));
@@ -226,6 +251,48 @@ fn check_target(compiler: &Path, hipcc: bool, target: &AmdTarget, dir: &Path) ->
                     target.arch, v.source.name, u.function, u.scratch_bytes, u.vgpr_spills
                 ));
             }
+        }
+    }
+    failures
+}
+
+/// The matrix-core prefill's assembly must use the target's matrix instruction in both its
+/// f16 and bf16 forms: a kernel that compiled to scalar FMAs would pass every other check.
+fn check_matrix_instructions(
+    compiler: &Path,
+    hipcc: bool,
+    target: &AmdTarget,
+    v: &AmdVariant,
+    dir: &Path,
+    kind: MatrixCores,
+) -> Vec<String> {
+    let (_, asm) = match compile(compiler, hipcc, target, v, dir, true) {
+        Ok(out) => out,
+        Err(e) => return vec![format!("{} assembly: {e}", target.arch)],
+    };
+    let asm = String::from_utf8_lossy(&asm);
+    // The f16 and the bf16 instruction, each under every name the assembler gives it (gfx940
+    // and later spell MFMA `v_mfma_f32_16x16x16_f16` / `_bf16`).
+    let wanted: [&[&str]; 2] = match kind {
+        MatrixCores::Mfma => [
+            &["v_mfma_f32_16x16x16f16", "v_mfma_f32_16x16x16_f16"],
+            &["v_mfma_f32_16x16x16bf16_1k", "v_mfma_f32_16x16x16_bf16"],
+        ],
+        MatrixCores::Wmma => [&["v_wmma_f32_16x16x16_f16"], &["v_wmma_f32_16x16x16_bf16"]],
+    };
+    let mut failures = Vec::new();
+    for names in wanted {
+        let n: usize = names.iter().map(|w| asm.matches(w).count()).sum();
+        let w = names.join(" / ");
+        report!("{:<7} {} uses {w} {n} times", target.arch, v.source.name);
+        if n < v.functions.len() {
+            failures.push(format!(
+                "{} {}: {n} uses of {w} in {} kernels (each of the f16 / bf16 kernels \
+                 has at least one)",
+                target.arch,
+                v.source.name,
+                v.functions.len()
+            ));
         }
     }
     failures
