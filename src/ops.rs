@@ -2,7 +2,7 @@
 //! [`merge_attn_states`] (vLLM's LSE merge of two partial results).
 
 use crate::backends::cpu::kernels::merge_states;
-use crate::device::{CpuStorage, Device, Storage, Tensor};
+use crate::device::{CpuStorage, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -89,31 +89,15 @@ pub fn merge_attn_states(
             output_lse,
             prefill_tokens_with_context,
         ),
-        Storage::Hip(_) => {
-            // The merge kernel builds for AMD, but the HIP backend does not launch it yet: the
-            // merge runs on host copies (the CPU's numbers), and the results go back to the GPU.
-            let device = output.device().clone();
-            let cpu = Device::cpu();
-            let mut out = output.to_device(&cpu)?;
-            let mut lse = match output_lse.as_deref() {
-                Some(l) => Some(l.to_device(&cpu)?),
-                None => None,
-            };
-            merge_attn_states(
-                &mut out,
-                &prefix_output.to_device(&cpu)?,
-                &prefix_lse.to_device(&cpu)?,
-                &suffix_output.to_device(&cpu)?,
-                &suffix_lse.to_device(&cpu)?,
-                lse.as_mut(),
-                prefill_tokens_with_context,
-            )?;
-            *output = out.to_device(&device)?;
-            if let (Some(dst), Some(src)) = (output_lse, lse) {
-                *dst = src.to_device(&device)?;
-            }
-            Ok(())
-        }
+        Storage::Hip(_) => crate::backends::hip::kernels::merge_attn_states(
+            output,
+            prefix_output,
+            prefix_lse,
+            suffix_output,
+            suffix_lse,
+            output_lse,
+            prefill_tokens_with_context,
+        ),
         Storage::Wgpu(_) => crate::backends::wgpu::kernels::merge_attn_states(
             output,
             prefix_output,

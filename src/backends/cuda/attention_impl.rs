@@ -18,8 +18,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
 use crate::kernels::cuda::{
-    attn_params, reshape_launch, AttnBuffers, AttnKeySource, AttnPassShape, ReshapeBuffers,
-    ReshapeShape,
+    attn_params, reshape_launch, AttnBuffers, AttnKeySource, AttnPassShape, MergeBuffers,
+    MergeShape, ReshapeBuffers, ReshapeShape,
 };
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
@@ -509,19 +509,23 @@ impl ForwardKernels for CudaAttentionImpl {
         let (o_p, l_p) = self.partial(rec, Target::Prefix, n)?;
         let (o_s, l_s) = self.partial(rec, Target::Suffix, n)?;
         let (out, out_lse) = self.output_ptrs(io)?;
-        kernels::launch_merge(
-            &self.device,
-            o_p,
-            l_p,
-            o_s,
-            l_s,
+        let buffers = MergeBuffers {
+            prefix_out: o_p,
+            prefix_lse: l_p,
+            suffix_out: o_s,
+            suffix_lse: l_s,
             out,
             out_lse,
-            DType::F32,
-            io.dtype,
-            (n, p.num_heads, p.head_size),
-            n,
-        )
+        };
+        let shape = MergeShape {
+            num_tokens: n,
+            num_heads: p.num_heads,
+            head_size: p.head_size,
+            in_dtype: DType::F32,
+            out_dtype: io.dtype,
+            prefill_tokens: n,
+        };
+        kernels::launch_merge(&self.device, buffers, &shape)
     }
 
     fn finish(&self, _: CudaRecording, _: Option<&mut ForwardIo<'_>>) -> Result<()> {

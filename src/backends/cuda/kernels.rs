@@ -12,13 +12,13 @@ use crate::attention::AttentionParams;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::cuda::ReshapeLaunch;
 use crate::kernels::cuda::{
-    attention_function_name, attention_smem_bytes, attention_variant, code, decode_smem_bytes,
+    attention_function_name, attention_smem_bytes, attention_variant, decode_smem_bytes,
     matrix_smem_bytes, matrix_threads, matrix_variant, mma_smem_bytes, mma_variant, AttnParams,
-    MatrixCores, MergeParams, MmaShape, ATTN_THREADS, DECODE_THREADS, MERGE_STATES, NVIDIA_WARP,
-    PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
+    MatrixCores, MergeBuffers, MergeShape, MmaShape, ATTN_THREADS, DECODE_THREADS, MERGE_STATES,
+    NVIDIA_WARP, PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
 };
+use crate::kernels::cuda::{merge_launch, ReshapeLaunch};
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
 use super::tuning::CudaTuning;
@@ -250,60 +250,20 @@ pub(crate) fn launch_attention(
     Ok(())
 }
 
-/// Queues `merge_attn_states` on `device` over raw buffers whose shapes the caller checked.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_merge(
-    device: &CudaDevice,
-    o_p: u64,
-    lse_p: u64,
-    o_s: u64,
-    lse_s: u64,
-    out: u64,
-    out_lse: u64,
-    in_dtype: DType,
-    out_dtype: DType,
-    (t, h, d): (usize, usize, usize),
-    prefill_tokens: usize,
-) -> Result<()> {
-    if t == 0 || h == 0 {
+/// Queues `merge_attn_states` over raw buffers whose shapes the caller checked (built by
+/// `kernels::cuda::merge_launch`).
+pub(crate) fn launch_merge(device: &CudaDevice, b: MergeBuffers, s: &MergeShape) -> Result<()> {
+    let Some(l) = merge_launch(b, s)? else {
         return Ok(());
-    }
-    let params = MergeParams {
-        o_p,
-        o_s,
-        lse_p,
-        lse_s,
-        out,
-        out_lse,
-        in_dtype: code(in_dtype)?,
-        out_dtype: code(out_dtype)?,
-        num_tokens: i32_of("num_tokens", t)?,
-        num_heads: i32_of("num_heads", h)?,
-        head_size: i32_of("head_size", d)?,
-        prefill_tokens: i32_of("prefill_tokens_with_context", prefill_tokens.min(t))?,
-    };
-    let (name, grid_dim, threads) = if d % 8 == 0 {
-        // One thread per 8 elements of a row (merge_states.cu says why).
-        let threads = (t as u64 * h as u64 * (d / 8) as u64).div_ceil(MERGE_VEC_THREADS as u64);
-        let ctas = u32::try_from(threads).map_err(|_| {
-            Error::config(format!("merge of {t} tokens x {h} heads: too many CTAs"))
-        })?;
-        ("merge_attn_states_vec", (ctas, 1, 1), MERGE_VEC_THREADS)
-    } else {
-        let threads = (d.div_ceil(32) * 32).clamp(32, 128) as u32;
-        ("merge_attn_states", (t as u32, h as u32, 1), threads)
     };
     let cfg = LaunchConfig {
-        grid_dim,
-        block_dim: (threads, 1, 1),
+        grid_dim: l.grid,
+        block_dim: (l.threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let f = function(device, &MERGE_STATES, &[], name)?;
-    launch(device, &f, cfg, &params, None)
+    let f = function(device, &MERGE_STATES, &[], l.function)?;
+    launch(device, &f, cfg, &l.params, None)
 }
-
-/// Threads per CTA of `merge_attn_states_vec`.
-const MERGE_VEC_THREADS: u32 = 256;
 
 /// `merge_attn_states` on CUDA tensors (the CUDA arm of [`crate::ops::merge_attn_states`],
 /// which has checked shapes and dtypes): every tensor must live on the output's GPU.
@@ -321,38 +281,25 @@ pub fn merge_attn_states(
         Device::Cuda(d) => d.clone(),
         _ => return Err(not_here("output")),
     };
-    let s = prefix_output.shape().to_vec();
-    if s.len() != 3 {
-        return Err(Error::shape(
-            "prefix_output",
-            &s,
-            "[num_tokens, num_heads, head_size]",
-        ));
-    }
-    let (t, h, d) = (s[0], s[1], s[2]);
-    let o_p = tensor_ptr(&device, prefix_output, "prefix_output")?;
-    let o_s = tensor_ptr(&device, suffix_output, "suffix_output")?;
-    let l_p = tensor_ptr(&device, prefix_lse, "prefix_lse")?;
-    let l_s = tensor_ptr(&device, suffix_lse, "suffix_lse")?;
-    let out = tensor_ptr(&device, output, "output")?;
-    let out_lse = match output_lse {
-        Some(l) => tensor_ptr(&device, l, "output_lse")?,
-        None => 0,
+    let ptr = |t: &Tensor, what: &str| tensor_ptr(&device, t, what);
+    let buffers = MergeBuffers {
+        prefix_out: ptr(prefix_output, "prefix_output")?,
+        prefix_lse: ptr(prefix_lse, "prefix_lse")?,
+        suffix_out: ptr(suffix_output, "suffix_output")?,
+        suffix_lse: ptr(suffix_lse, "suffix_lse")?,
+        out: ptr(output, "output")?,
+        out_lse: match output_lse {
+            Some(l) => ptr(l, "output_lse")?,
+            None => 0,
+        },
     };
-    let dtype = prefix_output.dtype();
-    launch_merge(
-        &device,
-        o_p,
-        l_p,
-        o_s,
-        l_s,
-        out,
-        out_lse,
-        dtype,
+    let shape = MergeShape::of(
+        prefix_output.shape(),
+        prefix_output.dtype(),
         output.dtype(),
-        (t, h, d),
-        prefill_tokens_with_context.unwrap_or(t),
-    )
+        prefill_tokens_with_context,
+    )?;
+    launch_merge(&device, buffers, &shape)
 }
 
 /// Queues the cache write `l` (built and checked by `kernels::cuda::reshape_launch`).

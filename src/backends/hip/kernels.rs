@@ -1,7 +1,7 @@
 //! The HIP backend's kernel glue: how the backend launches the CUDA family's portable
 //! kernels through the HIP runtime — the module lookup (compiled by hiprtc for the device's
 //! target, cached per module and variant), one launch function per kernel (the CUDA-core
-//! attention kernel with its split combine, `reshape_and_cache`) over the planner's work
+//! attention kernel with its split combine, `reshape_and_cache`, `merge_attn_states`) over the planner's work
 //! lists (and the matrix-core prefill of `kernels-hip/` on targets with matrix cores), and
 //! the host checks they share (device residency, i32 ranges). Launch shapes are
 //! the CUDA backend's, with the attention CTA sized by the device's wavefront
@@ -11,12 +11,12 @@ use crate::attention::AttentionParams;
 use crate::device::hip::{compile_cached, HipFunction};
 use crate::device::{Device, HipDevice, Storage, Tensor};
 use crate::error::{Error, Result};
-use crate::kernels::cuda::ReshapeLaunch;
 use crate::kernels::cuda::{
     attention_function_name, attention_smem_bytes, attention_threads, attention_variant,
     full_source, matrix_smem_bytes, matrix_threads, matrix_variant, AttnParams, KernelSource,
     MatrixCores, PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, RESHAPE_AND_CACHE,
 };
+use crate::kernels::cuda::{merge_launch, MergeBuffers, MergeShape, ReshapeLaunch, MERGE_STATES};
 
 use super::metadata_builder::{HipAttentionMetadata, HipPlan};
 
@@ -212,6 +212,53 @@ pub(crate) fn launch_matrix(
 
 /// Threads per CTA of `combine_splits` (as on CUDA; the kernel strides over the head dims).
 const COMBINE_THREADS: u32 = 128;
+
+/// Queues `merge_attn_states` over raw buffers whose shapes the caller checked (built by
+/// `kernels::cuda::merge_launch`, as on CUDA).
+pub(crate) fn launch_merge(device: &HipDevice, b: MergeBuffers, s: &MergeShape) -> Result<()> {
+    let Some(l) = merge_launch(b, s)? else {
+        return Ok(());
+    };
+    let f = function(device, &MERGE_STATES, &[], l.function)?;
+    device.launch(&f, l.grid, (l.threads, 1, 1), 0, &l.params)
+}
+
+/// `merge_attn_states` on HIP tensors (the HIP arm of [`crate::ops::merge_attn_states`],
+/// which has checked shapes and dtypes): every tensor must live on the output's GPU.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_attn_states(
+    output: &mut Tensor,
+    prefix_output: &Tensor,
+    prefix_lse: &Tensor,
+    suffix_output: &Tensor,
+    suffix_lse: &Tensor,
+    output_lse: Option<&mut Tensor>,
+    prefill_tokens_with_context: Option<usize>,
+) -> Result<()> {
+    let device = match output.device() {
+        Device::Hip(d) => d.clone(),
+        _ => return Err(not_here("output")),
+    };
+    let ptr = |t: &Tensor, what: &str| tensor_ptr(&device, t, what);
+    let buffers = MergeBuffers {
+        prefix_out: ptr(prefix_output, "prefix_output")?,
+        prefix_lse: ptr(prefix_lse, "prefix_lse")?,
+        suffix_out: ptr(suffix_output, "suffix_output")?,
+        suffix_lse: ptr(suffix_lse, "suffix_lse")?,
+        out: ptr(output, "output")?,
+        out_lse: match output_lse {
+            Some(l) => ptr(l, "output_lse")?,
+            None => 0,
+        },
+    };
+    let shape = MergeShape::of(
+        prefix_output.shape(),
+        prefix_output.dtype(),
+        output.dtype(),
+        prefill_tokens_with_context,
+    )?;
+    launch_merge(&device, buffers, &shape)
+}
 
 /// Queues the cache write `l` (built and checked by `kernels::cuda::reshape_launch`).
 pub(crate) fn launch_reshape(device: &HipDevice, l: &ReshapeLaunch) -> Result<()> {

@@ -26,6 +26,8 @@
 //!   runtime;
 //! - [`reshape`]: the cache write's parameter block, checks and launch shape, for every
 //!   runtime;
+//! - [`merge`]: the LSE merge's parameter block, entry point and launch shape, for every
+//!   runtime;
 //! - [`model_ops`]: the model operations' launch constants and parameter blocks;
 //! - [`tuning`]: the family's knobs ([`CudaTuning`]);
 //! - [`amd`]: the AMD targets, their wavefront widths and the variants an AMD device
@@ -36,6 +38,7 @@
 
 pub mod amd;
 pub mod attn_pass;
+pub mod merge;
 pub mod model_ops;
 pub mod params;
 pub mod reshape;
@@ -46,6 +49,7 @@ pub mod variants;
 
 pub use amd::*;
 pub use attn_pass::*;
+pub use merge::*;
 pub use model_ops::*;
 pub use params::*;
 pub use reshape::*;
@@ -53,5 +57,3 @@ pub use shapes::*;
 pub use sources::*;
 pub use tuning::*;
 pub use variants::*;
-
-pub(crate) use variants::code;
