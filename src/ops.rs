@@ -2,9 +2,11 @@
 //! [`merge_attn_states`] (vLLM's LSE merge of two partial results).
 
 use crate::backends::cpu::kernels::merge_states;
-use crate::device::{CpuStorage, Storage, Tensor};
+use crate::backends::{cuda::kernels as cuda, hip::kernels as hip};
+use crate::device::{CpuStorage, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::cuda::{MergeBuffers, MergeShape};
 
 /// Merges two partial attention results over disjoint key sets (vLLM's `merge_attn_states`).
 ///
@@ -80,24 +82,34 @@ pub fn merge_attn_states(
             }
             Ok(())
         }
-        Storage::Cuda(_) => crate::backends::cuda::merge_attn_states(
-            output,
-            prefix_output,
-            prefix_lse,
-            suffix_output,
-            suffix_lse,
-            output_lse,
-            prefill_tokens_with_context,
-        ),
-        Storage::Hip(_) => crate::backends::hip::kernels::merge_attn_states(
-            output,
-            prefix_output,
-            prefix_lse,
-            suffix_output,
-            suffix_lse,
-            output_lse,
-            prefill_tokens_with_context,
-        ),
+        Storage::Cuda(_) => {
+            let Device::Cuda(dev) = output.device() else {
+                return Err(not_on_one_device("CUDA"));
+            };
+            let dev = dev.clone();
+            let (b, shape) = merge_plan(
+                |t, what| cuda::tensor_ptr(&dev, t, what),
+                output,
+                [prefix_output, prefix_lse, suffix_output, suffix_lse],
+                output_lse.as_deref(),
+                prefill_tokens_with_context,
+            )?;
+            cuda::launch_merge(&dev, b, &shape)
+        }
+        Storage::Hip(_) => {
+            let Device::Hip(dev) = output.device() else {
+                return Err(not_on_one_device("HIP"));
+            };
+            let dev = dev.clone();
+            let (b, shape) = merge_plan(
+                |t, what| hip::tensor_ptr(&dev, t, what),
+                output,
+                [prefix_output, prefix_lse, suffix_output, suffix_lse],
+                output_lse.as_deref(),
+                prefill_tokens_with_context,
+            )?;
+            hip::launch_merge(&dev, b, &shape)
+        }
         Storage::Wgpu(_) => crate::backends::wgpu::kernels::merge_attn_states(
             output,
             prefix_output,
@@ -108,4 +120,44 @@ pub fn merge_attn_states(
             prefill_tokens_with_context,
         ),
     }
+}
+
+/// The error for an output whose storage and device disagree (not produced by this crate's
+/// tensors; kept as an error rather than a panic).
+fn not_on_one_device(backend: &str) -> Error {
+    Error::Device {
+        backend: backend.into(),
+        message: "merge_attn_states: the output's storage and device disagree".into(),
+    }
+}
+
+/// The device buffers of a merge on a GPU whose tensors `ptr` resolves (erring for one on
+/// another device), and its shape. `inputs`: prefix output, prefix LSE, suffix output, suffix
+/// LSE (shapes and dtypes checked by [`merge_attn_states`]).
+fn merge_plan(
+    ptr: impl Fn(&Tensor, &str) -> Result<u64>,
+    output: &Tensor,
+    inputs: [&Tensor; 4],
+    output_lse: Option<&Tensor>,
+    prefill_tokens_with_context: Option<usize>,
+) -> Result<(MergeBuffers, MergeShape)> {
+    let [prefix_output, prefix_lse, suffix_output, suffix_lse] = inputs;
+    let buffers = MergeBuffers {
+        prefix_out: ptr(prefix_output, "prefix_output")?,
+        prefix_lse: ptr(prefix_lse, "prefix_lse")?,
+        suffix_out: ptr(suffix_output, "suffix_output")?,
+        suffix_lse: ptr(suffix_lse, "suffix_lse")?,
+        out: ptr(output, "output")?,
+        out_lse: match output_lse {
+            Some(l) => ptr(l, "output_lse")?,
+            None => 0,
+        },
+    };
+    let shape = MergeShape::of(
+        prefix_output.shape(),
+        prefix_output.dtype(),
+        output.dtype(),
+        prefill_tokens_with_context,
+    )?;
+    Ok((buffers, shape))
 }

@@ -35,7 +35,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::metadata::{AttentionMetadata, BatchMetadata};
-use crate::plan::Pass;
+use crate::plan::{Pass, PlanKey, SplitRule};
 
 /// Where the keys and values of a forward come from.
 #[derive(Clone, Copy, Debug)]
@@ -124,6 +124,34 @@ pub struct AttendJob<K> {
     pub min_q: usize,
     /// See `min_q` (`usize::MAX` for the last band).
     pub max_q: usize,
+}
+
+impl<K> AttendJob<K> {
+    /// The planner's key for this job of layer `p`: its pass, causality and query-length
+    /// band, with `rows` query rows per work item, keys split by `split`, from the dense
+    /// keys when `dense`.
+    pub fn plan_key(
+        &self,
+        p: &AttentionParams,
+        dense: bool,
+        rows: usize,
+        split: SplitRule,
+    ) -> PlanKey {
+        PlanKey {
+            pass: self.spec.pass,
+            dense,
+            split,
+            min_q: self.min_q,
+            max_q: self.max_q,
+            ..PlanKey::new(
+                p.num_queries_per_kv(),
+                p.num_kv_heads,
+                self.spec.causal,
+                p.sliding_window,
+                rows,
+            )
+        }
+    }
 }
 
 /// What a backend implements for the driver: its metadata, its cache rules, and its kernels

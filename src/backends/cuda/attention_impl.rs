@@ -32,7 +32,7 @@ use crate::kernels::cuda::{
     matrix_function_name, mma_function_name, AttnParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS,
     MATRIX_ROWS, NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
 };
-use crate::plan::{Pass, PlanKey, SplitRule};
+use crate::plan::{Pass, SplitRule};
 
 /// Requests with at least this many query tokens go to the tensor-core kernel when it is on.
 pub const MMA_MIN_QUERY_LEN: usize = 16;
@@ -276,31 +276,6 @@ impl CudaAttentionImpl {
         };
         attn_params(buffers, keys, &shape)
     }
-
-    /// A plan key of this layer for `job` (`rows` per item, `split` along the keys).
-    fn plan_key(
-        &self,
-        job: &AttendJob<CudaKernel>,
-        dense: bool,
-        rows: usize,
-        split: SplitRule,
-    ) -> PlanKey {
-        let p = &self.params;
-        PlanKey {
-            pass: job.spec.pass,
-            dense,
-            split,
-            min_q: job.min_q,
-            max_q: job.max_q,
-            ..PlanKey::new(
-                p.num_queries_per_kv(),
-                p.num_kv_heads,
-                job.spec.causal,
-                p.sliding_window,
-                rows,
-            )
-        }
-    }
 }
 
 impl ForwardKernels for CudaAttentionImpl {
@@ -446,7 +421,8 @@ impl ForwardKernels for CudaAttentionImpl {
                     slots,
                     fixed: CudaTuning::get().decode_splits,
                 };
-                let plan = md.plan(&self.plan_key(job, false, DECODE_ROWS_PER_ITEM, split))?;
+                let plan =
+                    md.plan(&job.plan_key(&self.params, false, DECODE_ROWS_PER_ITEM, split))?;
                 kernels::launch_decode(
                     &self.device,
                     &self.params,
@@ -467,7 +443,7 @@ impl ForwardKernels for CudaAttentionImpl {
                 } else {
                     SplitRule::Never
                 };
-                let plan = md.plan(&self.plan_key(job, dense, ROWS_PER_ITEM, split))?;
+                let plan = md.plan(&job.plan_key(&self.params, dense, ROWS_PER_ITEM, split))?;
                 kernels::launch_attention(&self.device, &self.params, &plan, &base, md)
             }
             CudaKernel::Mma(name) => {
@@ -479,7 +455,8 @@ impl ForwardKernels for CudaAttentionImpl {
                     p.num_kv_heads,
                     self.device.sm_count() as usize,
                 );
-                let plan = md.plan(&self.plan_key(job, false, shape.rows, SplitRule::Never))?;
+                let plan =
+                    md.plan(&job.plan_key(&self.params, false, shape.rows, SplitRule::Never))?;
                 kernels::launch_mma(
                     &self.device,
                     &self.params,
@@ -491,7 +468,7 @@ impl ForwardKernels for CudaAttentionImpl {
                 )
             }
             CudaKernel::AmdMatrixEmulated(name) => {
-                let key = self.plan_key(job, false, MATRIX_ROWS, SplitRule::Never);
+                let key = job.plan_key(&self.params, false, MATRIX_ROWS, SplitRule::Never);
                 let plan = md.plan(&key)?;
                 kernels::launch_amd_matrix(&self.device, &self.params, &plan, &base, name)
             }

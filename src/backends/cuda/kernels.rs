@@ -135,13 +135,10 @@ pub(crate) fn launch_decode(
     f: &CudaFunction,
     cache_dtype: DType,
 ) -> Result<()> {
-    let items = match &plan.items_dev {
-        Some(i) if !plan.work.items.is_empty() => i,
-        _ => return Ok(()),
+    let Some(mut params) = plan.item_params(base) else {
+        return Ok(());
     };
     let d = p.head_size;
-    let mut params = *base;
-    params.items = items.device_ptr();
     if set_partials(&mut params, p, plan, md)? {
         let n_split = plan.work.n_part_tokens;
         params.split_counters = md.split_counters(n_split * p.num_heads)?;
@@ -164,12 +161,9 @@ pub(crate) fn launch_mma(
     dtype: DType,
     shape: MmaShape,
 ) -> Result<()> {
-    let items = match &plan.items_dev {
-        Some(i) if !plan.work.items.is_empty() => i,
-        _ => return Ok(()),
+    let Some(params) = plan.item_params(base) else {
+        return Ok(());
     };
-    let mut params = *base;
-    params.items = items.device_ptr();
     // Soft cap and ALiBi live in a separate build (the plain one is the hot path).
     let plain = p.soft_cap().is_none() && p.alibi_slopes.is_none();
     let variant = mma_variant(dtype, p.head_size, shape, plain);
@@ -194,12 +188,9 @@ pub(crate) fn launch_amd_matrix(
     base: &AttnParams,
     name: &str,
 ) -> Result<()> {
-    let items = match &plan.items_dev {
-        Some(i) if !plan.work.items.is_empty() => i,
-        _ => return Ok(()),
+    let Some(params) = plan.item_params(base) else {
+        return Ok(());
     };
-    let mut params = *base;
-    params.items = items.device_ptr();
     let variant = matrix_variant(MatrixCores::Wmma);
     let f = function(device, &PAGED_ATTENTION_MATRIX, &[&variant], name)?;
     let cfg = LaunchConfig {
@@ -220,13 +211,10 @@ pub(crate) fn launch_attention(
     base: &AttnParams,
     md: &CudaAttentionMetadata,
 ) -> Result<()> {
-    let items = match &plan.items_dev {
-        Some(i) if !plan.work.items.is_empty() => i,
-        _ => return Ok(()),
+    let Some(mut params) = plan.item_params(base) else {
+        return Ok(());
     };
     let (h, d) = (p.num_heads, p.head_size);
-    let mut params = *base;
-    params.items = items.device_ptr();
     set_partials(&mut params, p, plan, md)?;
     let name = attention_function_name(d, NVIDIA_WARP)
         .ok_or_else(|| Error::config(format!("no CUDA attention kernel for head size {d}")))?;
@@ -263,43 +251,6 @@ pub(crate) fn launch_merge(device: &CudaDevice, b: MergeBuffers, s: &MergeShape)
     };
     let f = function(device, &MERGE_STATES, &[], l.function)?;
     launch(device, &f, cfg, &l.params, None)
-}
-
-/// `merge_attn_states` on CUDA tensors (the CUDA arm of [`crate::ops::merge_attn_states`],
-/// which has checked shapes and dtypes): every tensor must live on the output's GPU.
-#[allow(clippy::too_many_arguments)]
-pub fn merge_attn_states(
-    output: &mut Tensor,
-    prefix_output: &Tensor,
-    prefix_lse: &Tensor,
-    suffix_output: &Tensor,
-    suffix_lse: &Tensor,
-    output_lse: Option<&mut Tensor>,
-    prefill_tokens_with_context: Option<usize>,
-) -> Result<()> {
-    let device = match output.device() {
-        Device::Cuda(d) => d.clone(),
-        _ => return Err(not_here("output")),
-    };
-    let ptr = |t: &Tensor, what: &str| tensor_ptr(&device, t, what);
-    let buffers = MergeBuffers {
-        prefix_out: ptr(prefix_output, "prefix_output")?,
-        prefix_lse: ptr(prefix_lse, "prefix_lse")?,
-        suffix_out: ptr(suffix_output, "suffix_output")?,
-        suffix_lse: ptr(suffix_lse, "suffix_lse")?,
-        out: ptr(output, "output")?,
-        out_lse: match output_lse {
-            Some(l) => ptr(l, "output_lse")?,
-            None => 0,
-        },
-    };
-    let shape = MergeShape::of(
-        prefix_output.shape(),
-        prefix_output.dtype(),
-        output.dtype(),
-        prefill_tokens_with_context,
-    )?;
-    launch_merge(&device, buffers, &shape)
 }
 
 /// Queues the cache write `l` (built and checked by `kernels::cuda::reshape_launch`).

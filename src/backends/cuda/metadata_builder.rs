@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use crate::backend::GraphCaptureSupport;
 use crate::device::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use crate::error::{Error, Result};
+use crate::kernels::cuda::AttnParams;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
@@ -52,6 +53,19 @@ pub struct CudaPlan {
 }
 
 impl CudaPlan {
+    /// `base` pointed at this plan's work items for one launch over them; `None` when the
+    /// plan has no item (nothing to launch).
+    pub(crate) fn item_params(&self, base: &AttnParams) -> Option<AttnParams> {
+        let items = self
+            .items_dev
+            .as_ref()
+            .filter(|_| !self.work.items.is_empty())?;
+        Some(AttnParams {
+            items: items.device_ptr(),
+            ..*base
+        })
+    }
+
     /// Uploads what the kernels of `key` read.
     fn upload(work: WorkPlan, key: &PlanKey, device: &CudaDevice) -> Result<Self> {
         let items_dev = if work.items.is_empty() {

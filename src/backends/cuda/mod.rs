@@ -44,7 +44,6 @@ const _: () = assert!(crate::plan::DECODE_MAX_SPLITS == crate::kernels::cuda::DE
 
 pub use attention_impl::{CudaAttentionImpl, CudaKernel, CudaRecording, MMA_MIN_QUERY_LEN};
 pub use descriptor::CudaBackend;
-pub use kernels::merge_attn_states;
 pub use metadata_builder::{CudaAttentionMetadata, CudaMetadataBuilder, CudaPlan};
 pub use tuning::{
     CudaTuning, CUDA_DEVICE_ENV, DECODE_ENV, DECODE_SPLITS_ENV, MMA_ENV, MMA_ROWS_ENV,

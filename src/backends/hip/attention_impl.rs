@@ -23,7 +23,7 @@ use crate::kernels::cuda::{
 };
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
-use crate::plan::{Pass, PlanKey, SplitRule};
+use crate::plan::{Pass, SplitRule};
 
 use super::kernels::{self, not_here, tensor_ptr, ROWS_PER_ITEM};
 use super::metadata_builder::HipAttentionMetadata;
@@ -292,20 +292,7 @@ impl ForwardKernels for HipAttentionImpl {
         let dense = io.keys.is_dense();
         let p = &self.params;
         if let HipKernel::Matrix(kind, name) = job.kernel {
-            let key = PlanKey {
-                pass: job.spec.pass,
-                split: SplitRule::Never,
-                min_q: job.min_q,
-                max_q: job.max_q,
-                ..PlanKey::new(
-                    p.num_queries_per_kv(),
-                    p.num_kv_heads,
-                    job.spec.causal,
-                    p.sliding_window,
-                    MATRIX_ROWS,
-                )
-            };
-            let plan = md.plan(&key)?;
+            let plan = md.plan(&job.plan_key(p, false, MATRIX_ROWS, SplitRule::Never))?;
             return kernels::launch_matrix(&self.device, p, &plan, &base, kind, name);
         }
         // Split-KV only for a full pass over the cache (dense keys are unsplit).
@@ -318,21 +305,7 @@ impl ForwardKernels for HipAttentionImpl {
         } else {
             SplitRule::Never
         };
-        let key = PlanKey {
-            pass: job.spec.pass,
-            dense,
-            split,
-            min_q: job.min_q,
-            max_q: job.max_q,
-            ..PlanKey::new(
-                p.num_queries_per_kv(),
-                p.num_kv_heads,
-                job.spec.causal,
-                p.sliding_window,
-                ROWS_PER_ITEM,
-            )
-        };
-        let plan = md.plan(&key)?;
+        let plan = md.plan(&job.plan_key(p, dense, ROWS_PER_ITEM, split))?;
         kernels::launch_attention(&self.device, p, &plan, &base, md)
     }
 

@@ -127,14 +127,11 @@ pub(crate) fn launch_attention(
     base: &AttnParams,
     md: &HipAttentionMetadata,
 ) -> Result<()> {
-    let items = match &plan.items_dev {
-        Some(i) if !plan.work.items.is_empty() => i,
-        _ => return Ok(()),
+    let Some(mut params) = plan.item_params(base) else {
+        return Ok(());
     };
     let (h, d) = (p.num_heads, p.head_size);
     let wave = wave(device)?;
-    let mut params = *base;
-    params.items = items.device_ptr();
     set_partials(&mut params, p, plan, md)?;
     let name = attention_function_name(d, wave).ok_or_else(|| {
         Error::config(format!(
@@ -181,9 +178,8 @@ pub(crate) fn launch_matrix(
     kind: MatrixCores,
     name: &str,
 ) -> Result<()> {
-    let items = match &plan.items_dev {
-        Some(i) if !plan.work.items.is_empty() => i,
-        _ => return Ok(()),
+    let Some(params) = plan.item_params(base) else {
+        return Ok(());
     };
     let wave = wave(device)?;
     if kind.wave() != wave {
@@ -192,8 +188,6 @@ pub(crate) fn launch_matrix(
             kind.wave()
         )));
     }
-    let mut params = *base;
-    params.items = items.device_ptr();
     let f = function(
         device,
         &PAGED_ATTENTION_MATRIX,
@@ -221,43 +215,6 @@ pub(crate) fn launch_merge(device: &HipDevice, b: MergeBuffers, s: &MergeShape) 
     };
     let f = function(device, &MERGE_STATES, &[], l.function)?;
     device.launch(&f, l.grid, (l.threads, 1, 1), 0, &l.params)
-}
-
-/// `merge_attn_states` on HIP tensors (the HIP arm of [`crate::ops::merge_attn_states`],
-/// which has checked shapes and dtypes): every tensor must live on the output's GPU.
-#[allow(clippy::too_many_arguments)]
-pub fn merge_attn_states(
-    output: &mut Tensor,
-    prefix_output: &Tensor,
-    prefix_lse: &Tensor,
-    suffix_output: &Tensor,
-    suffix_lse: &Tensor,
-    output_lse: Option<&mut Tensor>,
-    prefill_tokens_with_context: Option<usize>,
-) -> Result<()> {
-    let device = match output.device() {
-        Device::Hip(d) => d.clone(),
-        _ => return Err(not_here("output")),
-    };
-    let ptr = |t: &Tensor, what: &str| tensor_ptr(&device, t, what);
-    let buffers = MergeBuffers {
-        prefix_out: ptr(prefix_output, "prefix_output")?,
-        prefix_lse: ptr(prefix_lse, "prefix_lse")?,
-        suffix_out: ptr(suffix_output, "suffix_output")?,
-        suffix_lse: ptr(suffix_lse, "suffix_lse")?,
-        out: ptr(output, "output")?,
-        out_lse: match output_lse {
-            Some(l) => ptr(l, "output_lse")?,
-            None => 0,
-        },
-    };
-    let shape = MergeShape::of(
-        prefix_output.shape(),
-        prefix_output.dtype(),
-        output.dtype(),
-        prefill_tokens_with_context,
-    )?;
-    launch_merge(&device, buffers, &shape)
 }
 
 /// Queues the cache write `l` (built and checked by `kernels::cuda::reshape_launch`).

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use crate::backend::GraphCaptureSupport;
 use crate::device::{Device, HipDevice, HipStorage};
 use crate::error::Result;
+use crate::kernels::cuda::AttnParams;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
@@ -34,6 +35,19 @@ pub struct HipPlan {
 }
 
 impl HipPlan {
+    /// `base` pointed at this plan's work items for one launch over them; `None` when the
+    /// plan has no item (nothing to launch).
+    pub(crate) fn item_params(&self, base: &AttnParams) -> Option<AttnParams> {
+        let items = self
+            .items_dev
+            .as_ref()
+            .filter(|_| !self.work.items.is_empty())?;
+        Some(AttnParams {
+            items: items.device_ptr(),
+            ..*base
+        })
+    }
+
     /// Uploads what the kernels read.
     fn upload(work: WorkPlan, device: &HipDevice) -> Result<Self> {
         let items_dev = if work.items.is_empty() {
