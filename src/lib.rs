@@ -54,6 +54,7 @@ pub mod kernels;
 pub mod kv_cache;
 pub mod layer;
 pub mod metadata;
+pub mod mla;
 pub mod ops;
 pub mod plan;
 pub mod probe;
@@ -110,6 +111,7 @@ mod layering {
         ("probe", 6),
         ("kv_cache", 7),
         ("attention", 8),
+        ("mla", 8),
         ("forward", 9),
         ("backend", 9),
         ("backends", 10),

@@ -4,5 +4,6 @@
 
 pub mod convert;
 pub mod merge_states;
+pub mod mla_decode;
 pub mod paged_attention;
 pub mod reshape_and_cache;

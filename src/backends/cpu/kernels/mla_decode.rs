@@ -1,0 +1,100 @@
+//! MLA decode in latent space (vLLM's `forward_mqa`): every query head attends over the
+//! request's cached latents as one shared key / value head (MQA).
+//!
+//! Query token `t` of request `i` (at sequence position `seq_len - query_len + j` for its
+//! `j`-th query token, causal) and head `h`: `q[t][h]` is the absorbed `[q_nope·W_UK_T |
+//! q_pe]` query of `latent_dim` elements; scores `scale · q·latent[s]` over the visible
+//! positions `s` (two passes: max, then exponentials, in f32); the output is the softmax
+//! average of the latents' first `kv_lora_rank` elements, `[T][N][kv_lora_rank]`, and the
+//! LSE `[N][T]` (natural log). Latents are read through the block table; fp8 caches are
+//! multiplied by `k_scale`. Bounds relied on: the metadata was validated against the cache
+//! (block ids, seq_lens ≤ blocks × block_size), `q` holds `T × N × latent_dim` elements.
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::metadata::CommonAttentionMetadata;
+use crate::mla::MlaKvCache;
+
+use super::convert::RowsView;
+
+/// Output `[T][N][kv_lora_rank]` and LSE `[N][T]` of the decode of every query token of
+/// `md` (see the module docs).
+pub fn mla_decode(
+    q: &[f32],
+    num_heads: usize,
+    kv_lora_rank: usize,
+    scale: f32,
+    k_scale: f32,
+    cache: &MlaKvCache,
+    md: &CommonAttentionMetadata,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let dim = cache.latent_dim();
+    let bs = cache.block_size();
+    let storage = cache.data().to_host()?;
+    let rows = RowsView::new(&storage, cache.storage_dtype())?;
+    let k_scale = if cache.cache_dtype().is_fp8() {
+        k_scale
+    } else {
+        1.0
+    };
+    let qsl = md.query_start_loc_cpu();
+    let seq_lens = md.seq_lens_cpu();
+    let tokens = md.num_actual_tokens();
+    // Per token: (its request's block-table row, the number of positions it sees).
+    let mut owner = Vec::with_capacity(tokens);
+    for i in 0..md.num_reqs() {
+        let (a, b) = (qsl[i] as usize, qsl[i + 1] as usize);
+        let ctx = seq_lens[i] as usize - (b - a);
+        for j in 0..b - a {
+            owner.push((i, ctx + j + 1));
+        }
+    }
+    let per_token: Vec<(Vec<f32>, Vec<f32>)> = owner
+        .par_iter()
+        .enumerate()
+        .map(|(t, &(req, visible))| {
+            let blocks = md.block_table_row(req);
+            let mut latents = vec![0.0f32; visible * dim];
+            for (s, dst) in latents.chunks_exact_mut(dim).enumerate() {
+                let b = blocks[s / bs] as usize;
+                rows.load(cache.offset(b, s % bs), dst, k_scale);
+            }
+            let mut out = vec![0.0f32; num_heads * kv_lora_rank];
+            let mut lse = vec![f32::NEG_INFINITY; num_heads];
+            let mut scores = vec![0.0f32; visible];
+            for h in 0..num_heads {
+                let qh = &q[(t * num_heads + h) * dim..][..dim];
+                let mut m = f32::NEG_INFINITY;
+                for (sc, lat) in scores.iter_mut().zip(latents.chunks_exact(dim)) {
+                    *sc = scale * qh.iter().zip(lat).map(|(a, b)| a * b).sum::<f32>();
+                    m = m.max(*sc);
+                }
+                if visible == 0 {
+                    continue;
+                }
+                let mut sum = 0.0f32;
+                let o = &mut out[h * kv_lora_rank..][..kv_lora_rank];
+                for (sc, lat) in scores.iter().zip(latents.chunks_exact(dim)) {
+                    let e = (sc - m).exp();
+                    sum += e;
+                    for (d, &x) in o.iter_mut().zip(&lat[..kv_lora_rank]) {
+                        *d += e * x;
+                    }
+                }
+                o.iter_mut().for_each(|d| *d /= sum);
+                lse[h] = m + sum.ln();
+            }
+            (out, lse)
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tokens * num_heads * kv_lora_rank);
+    let mut lse = vec![0.0f32; num_heads * tokens];
+    for (t, (o, l)) in per_token.into_iter().enumerate() {
+        out.extend_from_slice(&o);
+        for (h, &x) in l.iter().enumerate() {
+            lse[h * tokens + t] = x;
+        }
+    }
+    Ok((out, lse))
+}

@@ -1,0 +1,184 @@
+//! MLA's latent-space decode (absorbed query, MQA over the cached `[kv_c | k_pe]` latents,
+//! `W_UV` up-projection: the CPU backend's `mla_decode` and the weight helpers) against the
+//! f64 reference in its expanded form (every head's keys and values up-projected, ordinary
+//! attention), at DeepSeek-V3 sizes: 16 and 128 heads, kv_lora_rank 512, rope 64, qk_nope
+//! 128, v 128, block sizes 32 and 64, 16-bit and fp8 latents. Unused cache slots and the
+//! null block hold NaN, so a kernel that read outside a request's blocks would fail.
+
+use polyattn::backends::cpu::kernels::mla_decode::mla_decode;
+use polyattn::metadata::{BatchDescription, CommonAttentionMetadata};
+use polyattn::mla::{absorb_kv_b_proj, concat_and_cache_mla, reference, MlaKvCache, MlaParams};
+use polyattn::rng::Rng;
+use polyattn::{CacheDType, DType, Device, Tensor};
+
+struct Case {
+    heads: usize,
+    block_size: usize,
+    dtype: DType,
+    cache: CacheDType,
+    seq_lens: Vec<usize>,
+}
+
+fn run(c: &Case, seed: u64) {
+    let label = format!(
+        "{} heads bs{} {}/{} seq_lens {:?}",
+        c.heads, c.block_size, c.dtype, c.cache, c.seq_lens
+    );
+    let cpu = Device::cpu();
+    let p = MlaParams {
+        kv_cache_dtype: c.cache,
+        ..MlaParams::deepseek_v3(c.heads)
+    };
+    let (l, r, dim) = (p.kv_lora_rank, p.qk_rope_head_dim, p.latent_dim());
+    let mut rng = Rng::new(seed);
+    let w: Vec<f32> = rng
+        .normals(p.num_heads * (p.qk_nope_head_dim + p.v_head_dim) * l)
+        .into_iter()
+        .map(|x| x / (l as f32).sqrt())
+        .collect();
+    let weights = absorb_kv_b_proj(&w, &p).unwrap();
+
+    // Blocks: a shuffled pool from 1 (0 is the null block), one run per request.
+    let bs = c.block_size;
+    let per_req: Vec<usize> = c.seq_lens.iter().map(|s| s.div_ceil(bs)).collect();
+    let width = *per_req.iter().max().unwrap();
+    let num_blocks = 1 + per_req.iter().sum::<usize>() + 2;
+    let mut pool: Vec<i32> = (1..num_blocks as i32).collect();
+    rng.shuffle(&mut pool);
+    let mut table = vec![0i32; c.seq_lens.len() * width];
+    let mut next = 0;
+    for (i, &n) in per_req.iter().enumerate() {
+        for b in 0..n {
+            table[i * width + b] = pool[next];
+            next += 1;
+        }
+    }
+    let k_scale = 0.25f32;
+    let mut cache = MlaKvCache::new(&cpu, num_blocks, bs, dim, c.dtype, c.cache).unwrap();
+    // Every slot first NaN, then each request's latents over it.
+    let all: Vec<i64> = (0..(num_blocks * bs) as i64).collect();
+    let nan = |n: usize, w: usize| {
+        Tensor::from_f32(&cpu, &vec![f32::NAN; n * w], &[n, w], c.dtype).unwrap()
+    };
+    concat_and_cache_mla(
+        &nan(all.len(), l),
+        &nan(all.len(), r),
+        &mut cache,
+        &all,
+        k_scale,
+    )
+    .unwrap();
+    let mut slots = Vec::new();
+    for (i, &s) in c.seq_lens.iter().enumerate() {
+        for t in 0..s {
+            slots.push(table[i * width + t / bs] as i64 * bs as i64 + (t % bs) as i64);
+        }
+    }
+    let n = slots.len();
+    let kv_c = Tensor::from_f32(&cpu, &rng.normals(n * l), &[n, l], c.dtype).unwrap();
+    let k_pe = Tensor::from_f32(&cpu, &rng.normals(n * r), &[n, r], c.dtype).unwrap();
+    concat_and_cache_mla(&kv_c, &k_pe, &mut cache, &slots, k_scale).unwrap();
+
+    // One decode token per request (query_len 1): its latent-space query and the kernel.
+    let reqs = c.seq_lens.len();
+    let qk = p.qk_head_dim();
+    let q = rng.normals(reqs * p.num_heads * qk);
+    let desc = BatchDescription {
+        query_start_loc: (0..=reqs as i32).collect(),
+        seq_lens: c.seq_lens.iter().map(|&s| s as i32).collect(),
+        block_table: table.clone(),
+        max_blocks_per_req: width,
+        slot_mapping: (0..reqs)
+            .map(|i| {
+                let t = c.seq_lens[i] - 1;
+                table[i * width + t / bs] as i64 * bs as i64 + (t % bs) as i64
+            })
+            .collect(),
+        causal: true,
+        block_size: bs,
+        is_prefilling: None,
+    };
+    let md = CommonAttentionMetadata::new(&cpu, desc).unwrap();
+    let ql = weights.absorb_query(&q).unwrap();
+    let (latent_out, lse) = mla_decode(&ql, p.num_heads, l, p.scale, k_scale, &cache, &md).unwrap();
+    let out = weights.up_project(&latent_out).unwrap();
+
+    // The expanded f64 reference over the latents as the cache holds them.
+    let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+    let tol = polyattn::testing::Tolerance {
+        atol: 2e-4,
+        rtol: 2e-3,
+    };
+    let v = p.v_head_dim;
+    for (i, &s) in c.seq_lens.iter().enumerate() {
+        let lat: Vec<f64> = cache
+            .gather_f32(&table[i * width..(i + 1) * width], s, k_scale)
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        assert!(
+            lat.iter().all(|x| x.is_finite()),
+            "{label}: a NaN slot inside request {i}"
+        );
+        let qi: Vec<f64> = q[i * p.num_heads * qk..(i + 1) * p.num_heads * qk]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let (want, want_lse) = reference::mla_attention(&p, &qi, &lat, &w64, 1, s);
+        for h in 0..p.num_heads {
+            for j in 0..v {
+                let got = out[(i * p.num_heads + h) * v + j] as f64;
+                let exp = want[h * v + j];
+                assert!(
+                    tol.accepts(got, exp),
+                    "{label}: out[req {i}][head {h}][{j}] = {got}, reference {exp}"
+                );
+            }
+            let got = lse[h * reqs + i] as f64;
+            assert!(
+                tol.accepts(got, want_lse[h]),
+                "{label}: lse[head {h}][req {i}] = {got}, reference {}",
+                want_lse[h]
+            );
+        }
+    }
+    eprintln!("ok   {label}");
+}
+
+#[test]
+fn latent_decode_equals_the_expanded_reference() {
+    let cases = [
+        Case {
+            heads: 16,
+            block_size: 64,
+            dtype: DType::Bf16,
+            cache: CacheDType::Auto,
+            seq_lens: vec![1, 70, 129],
+        },
+        Case {
+            heads: 16,
+            block_size: 32,
+            dtype: DType::F32,
+            cache: CacheDType::Fp8E4m3,
+            seq_lens: vec![33, 5],
+        },
+        Case {
+            heads: 128,
+            block_size: 64,
+            dtype: DType::Bf16,
+            cache: CacheDType::Fp8E4m3,
+            seq_lens: vec![17, 64],
+        },
+        Case {
+            heads: 128,
+            block_size: 32,
+            dtype: DType::F16,
+            cache: CacheDType::Auto,
+            seq_lens: vec![40],
+        },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        run(c, 2100 + i as u64);
+    }
+}
