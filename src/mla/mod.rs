@@ -1,7 +1,7 @@
 //! Multi-head latent attention (DeepSeek-V2 / V3; vLLM's `MLAAttention`): the layer's sizes
 //! ([`MlaParams`]), the weight absorption that lets decode run in latent space
 //! ([`absorb_kv_b_proj`]), the latent KV cache and its write ([`MlaKvCache`],
-//! [`concat_and_cache_mla`]), and the f64 reference of both paths ([`reference`]).
+//! [`concat_and_cache_mla`]), and the f64 reference of both paths ([`mod@reference`]).
 //!
 //! The cache holds one `kv_lora_rank + qk_rope_head_dim`-wide latent per token
 //! (`[kv_c | k_pe]`, 512 + 64 = 576 in DeepSeek-V3), shape `[num_blocks, block_size, 576]`.

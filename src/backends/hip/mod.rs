@@ -21,7 +21,7 @@
 //! cache at head sizes 64, 96 and 128 run on `kernels-hip/paged_attention_matrix.hip`
 //! instead ([`HipKernel::Matrix`]). Cascade batches run as one full pass; no graph capture
 //! (level `Never`). `merge_attn_states` on HIP tensors runs the family's merge kernel
-//! ([`kernels::merge_attn_states`]).
+//! (`crate::ops::merge_attn_states`).
 //!
 //! **Nothing here has run on AMD hardware**: the machine this was written on has no AMD GPU.
 //! The kernels are compile-checked for the AMD targets (`tests/hip_compile.rs`), only the
