@@ -1,11 +1,13 @@
 //! MLA's latent-space decode (absorbed query, MQA over the cached `[kv_c | k_pe]` latents,
-//! `W_UV` up-projection: the CPU backend's `mla_decode` and the weight helpers) against the
-//! f64 reference in its expanded form (every head's keys and values up-projected, ordinary
+//! `W_UV` up-projection: the CPU backend's `mla_decode` and the weight helpers) and its
+//! expanded prefill (`mla_prefill`, causal, with cached context) against the f64 reference
+//! in its expanded form (every head's keys and values up-projected, ordinary
 //! attention), at DeepSeek-V3 sizes: 16 and 128 heads, kv_lora_rank 512, rope 64, qk_nope
 //! 128, v 128, block sizes 32 and 64, 16-bit and fp8 latents. Unused cache slots and the
 //! null block hold NaN, so a kernel that read outside a request's blocks would fail.
 
 use polyattn::backends::cpu::kernels::mla_decode::mla_decode;
+use polyattn::backends::cpu::kernels::mla_prefill::mla_prefill;
 use polyattn::metadata::{BatchDescription, CommonAttentionMetadata};
 use polyattn::mla::{absorb_kv_b_proj, concat_and_cache_mla, reference, MlaKvCache, MlaParams};
 use polyattn::rng::Rng;
@@ -17,6 +19,8 @@ struct Case {
     dtype: DType,
     cache: CacheDType,
     seq_lens: Vec<usize>,
+    /// New tokens per request: 1 runs the latent decode; more, the expanded prefill.
+    q_lens: Vec<usize>,
 }
 
 fn run(c: &Case, seed: u64) {
@@ -79,30 +83,51 @@ fn run(c: &Case, seed: u64) {
     let k_pe = Tensor::from_f32(&cpu, &rng.normals(n * r), &[n, r], c.dtype).unwrap();
     concat_and_cache_mla(&kv_c, &k_pe, &mut cache, &slots, k_scale).unwrap();
 
-    // One decode token per request (query_len 1): its latent-space query and the kernel.
-    let reqs = c.seq_lens.len();
+    // The batch: the last q_lens[i] positions of request i are its new tokens.
     let qk = p.qk_head_dim();
-    let q = rng.normals(reqs * p.num_heads * qk);
+    let total_q: usize = c.q_lens.iter().sum();
+    let q = rng.normals(total_q * p.num_heads * qk);
+    let mut qsl = vec![0i32];
+    let mut new_slots = Vec::new();
+    let mut new_rows = Vec::new();
+    let mut row0 = 0;
+    for (i, (&s, &ql)) in c.seq_lens.iter().zip(&c.q_lens).enumerate() {
+        qsl.push(qsl[i] + ql as i32);
+        new_slots.extend_from_slice(&slots[row0 + s - ql..row0 + s]);
+        new_rows.extend(row0 + s - ql..row0 + s);
+        row0 += s;
+    }
     let desc = BatchDescription {
-        query_start_loc: (0..=reqs as i32).collect(),
+        query_start_loc: qsl,
         seq_lens: c.seq_lens.iter().map(|&s| s as i32).collect(),
         block_table: table.clone(),
         max_blocks_per_req: width,
-        slot_mapping: (0..reqs)
-            .map(|i| {
-                let t = c.seq_lens[i] - 1;
-                table[i * width + t / bs] as i64 * bs as i64 + (t % bs) as i64
-            })
-            .collect(),
+        slot_mapping: new_slots,
         causal: true,
         block_size: bs,
         is_prefilling: None,
     };
     let md = CommonAttentionMetadata::new(&cpu, desc).unwrap();
-    let ql = weights.absorb_query(&q).unwrap();
-    let (latent_out, lse) = mla_decode(&ql, p.num_heads, l, p.scale, k_scale, &cache, &md).unwrap();
-    let out = weights.up_project(&latent_out).unwrap();
-
+    // The new tokens' own latents, as the activation dtype holds them.
+    let (c_all, p_all) = (kv_c.to_f32_vec().unwrap(), k_pe.to_f32_vec().unwrap());
+    let new_latents: Vec<f32> = new_rows
+        .iter()
+        .flat_map(|&t| {
+            c_all[t * l..(t + 1) * l]
+                .iter()
+                .chain(&p_all[t * r..(t + 1) * r])
+        })
+        .copied()
+        .collect();
+    let decode = c.q_lens.iter().all(|&x| x == 1);
+    let (out, lse) = if decode {
+        let ql = weights.absorb_query(&q).unwrap();
+        let (latent_out, lse) =
+            mla_decode(&ql, p.num_heads, l, p.scale, k_scale, &cache, &md).unwrap();
+        (weights.up_project(&latent_out).unwrap(), lse)
+    } else {
+        mla_prefill(&q, &new_latents, &weights, k_scale, &cache, &md).unwrap()
+    };
     // The expanded f64 reference over the latents as the cache holds them.
     let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
     let tol = polyattn::testing::Tolerance {
@@ -110,38 +135,52 @@ fn run(c: &Case, seed: u64) {
         rtol: 2e-3,
     };
     let v = p.v_head_dim;
-    for (i, &s) in c.seq_lens.iter().enumerate() {
-        let lat: Vec<f64> = cache
-            .gather_f32(&table[i * width..(i + 1) * width], s, k_scale)
+    let mut q0 = 0;
+    for (i, (&s, &ql)) in c.seq_lens.iter().zip(&c.q_lens).enumerate() {
+        // Context from the cache (dequantised); the decode reads every position there, the
+        // prefill its new tokens from their own latents.
+        let cached = if decode { s } else { s - ql };
+        let mut lat: Vec<f64> = cache
+            .gather_f32(&table[i * width..(i + 1) * width], cached, k_scale)
             .unwrap()
             .into_iter()
             .map(f64::from)
             .collect();
+        if !decode {
+            lat.extend(
+                new_latents[q0 * dim..(q0 + ql) * dim]
+                    .iter()
+                    .map(|&x| x as f64),
+            );
+        }
         assert!(
             lat.iter().all(|x| x.is_finite()),
             "{label}: a NaN slot inside request {i}"
         );
-        let qi: Vec<f64> = q[i * p.num_heads * qk..(i + 1) * p.num_heads * qk]
+        let qi: Vec<f64> = q[q0 * p.num_heads * qk..(q0 + ql) * p.num_heads * qk]
             .iter()
             .map(|&x| x as f64)
             .collect();
-        let (want, want_lse) = reference::mla_attention(&p, &qi, &lat, &w64, 1, s);
-        for h in 0..p.num_heads {
-            for j in 0..v {
-                let got = out[(i * p.num_heads + h) * v + j] as f64;
-                let exp = want[h * v + j];
+        let (want, want_lse) = reference::mla_attention(&p, &qi, &lat, &w64, ql, s);
+        for j in 0..ql {
+            for h in 0..p.num_heads {
+                for d in 0..v {
+                    let got = out[((q0 + j) * p.num_heads + h) * v + d] as f64;
+                    let exp = want[(j * p.num_heads + h) * v + d];
+                    assert!(
+                        tol.accepts(got, exp),
+                        "{label}: out[req {i} token {j}][head {h}][{d}] = {got}, reference {exp}"
+                    );
+                }
+                let got = lse[h * total_q + q0 + j] as f64;
+                let exp = want_lse[h * ql + j];
                 assert!(
                     tol.accepts(got, exp),
-                    "{label}: out[req {i}][head {h}][{j}] = {got}, reference {exp}"
+                    "{label}: lse[head {h}][req {i} token {j}] = {got}, reference {exp}"
                 );
             }
-            let got = lse[h * reqs + i] as f64;
-            assert!(
-                tol.accepts(got, want_lse[h]),
-                "{label}: lse[head {h}][req {i}] = {got}, reference {}",
-                want_lse[h]
-            );
         }
+        q0 += ql;
     }
     eprintln!("ok   {label}");
 }
@@ -155,6 +194,7 @@ fn latent_decode_equals_the_expanded_reference() {
             dtype: DType::Bf16,
             cache: CacheDType::Auto,
             seq_lens: vec![1, 70, 129],
+            q_lens: vec![1, 1, 1],
         },
         Case {
             heads: 16,
@@ -162,6 +202,7 @@ fn latent_decode_equals_the_expanded_reference() {
             dtype: DType::F32,
             cache: CacheDType::Fp8E4m3,
             seq_lens: vec![33, 5],
+            q_lens: vec![1, 1],
         },
         Case {
             heads: 128,
@@ -169,6 +210,7 @@ fn latent_decode_equals_the_expanded_reference() {
             dtype: DType::Bf16,
             cache: CacheDType::Fp8E4m3,
             seq_lens: vec![17, 64],
+            q_lens: vec![1, 1],
         },
         Case {
             heads: 128,
@@ -176,9 +218,45 @@ fn latent_decode_equals_the_expanded_reference() {
             dtype: DType::F16,
             cache: CacheDType::Auto,
             seq_lens: vec![40],
+            q_lens: vec![1],
         },
     ];
     for (i, c) in cases.iter().enumerate() {
         run(c, 2100 + i as u64);
+    }
+}
+
+#[test]
+fn expanded_prefill_equals_the_reference() {
+    // Fresh prompts and chunked prefills over cached context (fp8 context dequantised, the
+    // new tokens at the activation dtype).
+    let cases = [
+        Case {
+            heads: 16,
+            block_size: 64,
+            dtype: DType::Bf16,
+            cache: CacheDType::Auto,
+            seq_lens: vec![20, 90],
+            q_lens: vec![20, 17],
+        },
+        Case {
+            heads: 16,
+            block_size: 32,
+            dtype: DType::F32,
+            cache: CacheDType::Fp8E4m3,
+            seq_lens: vec![45],
+            q_lens: vec![9],
+        },
+        Case {
+            heads: 128,
+            block_size: 64,
+            dtype: DType::Bf16,
+            cache: CacheDType::Fp8E4m3,
+            seq_lens: vec![12, 3],
+            q_lens: vec![4, 3],
+        },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        run(c, 2200 + i as u64);
     }
 }

@@ -5,5 +5,6 @@
 pub mod convert;
 pub mod merge_states;
 pub mod mla_decode;
+pub mod mla_prefill;
 pub mod paged_attention;
 pub mod reshape_and_cache;
