@@ -14,6 +14,7 @@ use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
+use crate::mla::MlaKvCache;
 
 /// The hyper-parameters an impl is constructed with (vLLM's `AttentionImpl.__init__`).
 #[derive(Clone, Debug, PartialEq)]
@@ -376,10 +377,14 @@ pub trait AttentionImpl: Send + Sync {
 }
 
 /// MLA (multi-head latent attention) kernels (vLLM's `MLAAttentionImpl`): decode runs as MQA
-/// on the latent cache with absorbed weights, prefill as MHA. There is no plain `forward`.
+/// on the latent cache ([`MlaKvCache`]) with absorbed weights, prefill as MHA. There is no
+/// plain `forward`.
 ///
-/// No built-in backend implements it yet; the contract is fixed here so that MLA backends and
-/// plugins plug into the same registry and selector (`use_mla` in [`SelectorConfig`](crate::backend::SelectorConfig)).
+/// No built-in backend implements it yet (the CPU kernels exist:
+/// `backends::cpu::kernels::mla_decode` and `mla_prefill`, checked against
+/// [`crate::mla::reference`]); the contract is fixed here so that MLA backends and plugins
+/// plug into the same registry and selector (`use_mla` in
+/// [`SelectorConfig`](crate::backend::SelectorConfig)).
 pub trait MlaAttentionImpl: Send + Sync {
     /// Decode: `q [B, N, kv_lora_rank + rope_dim]` against the latent cache
     /// `[blocks, block_size, kv_lora_rank + rope_dim]`; writes `output [B, N, kv_lora_rank]`
@@ -388,7 +393,7 @@ pub trait MlaAttentionImpl: Send + Sync {
         &self,
         layer: &AttentionLayer,
         q: &Tensor,
-        kv_cache: &KvCache,
+        kv_cache: &MlaKvCache,
         metadata: &dyn AttentionMetadata,
         output: &mut Tensor,
         lse: Option<&mut Tensor>,
@@ -402,7 +407,7 @@ pub trait MlaAttentionImpl: Send + Sync {
         q: &Tensor,
         kv_c_normed: &Tensor,
         k_pe: &Tensor,
-        kv_cache: &KvCache,
+        kv_cache: &MlaKvCache,
         metadata: &dyn AttentionMetadata,
         output: &mut Tensor,
     ) -> Result<()>;
