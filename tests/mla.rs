@@ -122,11 +122,29 @@ fn run(c: &Case, seed: u64) {
     let decode = c.q_lens.iter().all(|&x| x == 1);
     let (out, lse) = if decode {
         let ql = weights.absorb_query(&q).unwrap();
-        let (latent_out, lse) =
-            mla_decode(&ql, p.num_heads, l, p.scale, k_scale, &cache, &md).unwrap();
+        let (latent_out, lse) = mla_decode(
+            &ql,
+            p.num_heads,
+            l,
+            p.scale,
+            k_scale,
+            &cache,
+            &md,
+            0..c.seq_lens.len(),
+        )
+        .unwrap();
         (weights.up_project(&latent_out).unwrap(), lse)
     } else {
-        mla_prefill(&q, &new_latents, &weights, k_scale, &cache, &md).unwrap()
+        mla_prefill(
+            &q,
+            &new_latents,
+            &weights,
+            k_scale,
+            &cache,
+            &md,
+            0..c.seq_lens.len(),
+        )
+        .unwrap()
     };
     // The expanded f64 reference over the latents as the cache holds them.
     let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();

@@ -12,14 +12,17 @@
 
 use rayon::prelude::*;
 
-use crate::error::Result;
+use std::ops::Range;
+
+use crate::error::{Error, Result};
 use crate::metadata::CommonAttentionMetadata;
 use crate::mla::MlaKvCache;
 
 use super::convert::RowsView;
 
-/// Output `[T][N][kv_lora_rank]` and LSE `[N][T]` of the decode of every query token of
-/// `md` (see the module docs).
+/// Output `[T][N][kv_lora_rank]` and LSE `[N][T]` of the query tokens of requests `reqs` of
+/// `md` (`T` of them, `q` `[T][N][latent_dim]` from the first; see the module docs).
+#[allow(clippy::too_many_arguments)]
 pub fn mla_decode(
     q: &[f32],
     num_heads: usize,
@@ -28,6 +31,7 @@ pub fn mla_decode(
     k_scale: f32,
     cache: &MlaKvCache,
     md: &CommonAttentionMetadata,
+    reqs: Range<usize>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let dim = cache.latent_dim();
     let bs = cache.block_size();
@@ -40,10 +44,19 @@ pub fn mla_decode(
     };
     let qsl = md.query_start_loc_cpu();
     let seq_lens = md.seq_lens_cpu();
-    let tokens = md.num_actual_tokens();
+    let first = qsl[reqs.start] as usize;
+    let tokens = qsl[reqs.end] as usize - first;
+    if q.len() != tokens * num_heads * dim || kv_lora_rank > dim {
+        return Err(Error::config(format!(
+            "mla_decode: {tokens} tokens x {num_heads} heads need a query of {} elements \
+             and kv_lora_rank <= {dim}; got {} and {kv_lora_rank}",
+            tokens * num_heads * dim,
+            q.len()
+        )));
+    }
     // Per token: (its request's block-table row, the number of positions it sees).
     let mut owner = Vec::with_capacity(tokens);
-    for i in 0..md.num_reqs() {
+    for i in reqs {
         let (a, b) = (qsl[i] as usize, qsl[i + 1] as usize);
         let ctx = seq_lens[i] as usize - (b - a);
         for j in 0..b - a {

@@ -12,14 +12,16 @@
 
 use rayon::prelude::*;
 
+use std::ops::Range;
+
 use crate::error::{Error, Result};
 use crate::metadata::CommonAttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache};
 
 use super::convert::RowsView;
 
-/// Output `[T][N][V]` and LSE `[N][T]` of the prefill of every token of `md` (see the
-/// module docs).
+/// Output `[T][N][V]` and LSE `[N][T]` of the prefill of the tokens of requests `reqs` of
+/// `md` (`T` of them; `q` and `new_latents` from the first; see the module docs).
 pub fn mla_prefill(
     q: &[f32],
     new_latents: &[f32],
@@ -27,6 +29,7 @@ pub fn mla_prefill(
     k_scale: f32,
     cache: &MlaKvCache,
     md: &CommonAttentionMetadata,
+    reqs: Range<usize>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let p = &weights.params;
     let (n, l, pd, r, v) = (
@@ -37,7 +40,9 @@ pub fn mla_prefill(
         p.v_head_dim,
     );
     let (dim, qk) = (l + r, pd + r);
-    let tokens = md.num_actual_tokens();
+    let qsl = md.query_start_loc_cpu();
+    let first = qsl[reqs.start] as usize;
+    let tokens = qsl[reqs.end] as usize - first;
     if q.len() != tokens * n * qk || new_latents.len() != tokens * dim || cache.latent_dim() != dim
     {
         return Err(Error::config(format!(
@@ -58,12 +63,11 @@ pub fn mla_prefill(
     } else {
         1.0
     };
-    let qsl = md.query_start_loc_cpu();
     let seq_lens = md.seq_lens_cpu();
     let mut out = vec![0.0f32; tokens * n * v];
     let mut lse = vec![f32::NEG_INFINITY; n * tokens];
-    for i in 0..md.num_reqs() {
-        let (a, b) = (qsl[i] as usize, qsl[i + 1] as usize);
+    for i in reqs {
+        let (a, b) = (qsl[i] as usize - first, qsl[i + 1] as usize - first);
         let s_len = seq_lens[i] as usize;
         let ctx = s_len - (b - a);
         let blocks = md.block_table_row(i);
