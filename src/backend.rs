@@ -13,12 +13,13 @@ pub use crate::capability::{
     AttentionType, BlockSize, DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout, Reason,
 };
 
-use crate::attention::{AttentionImpl, AttentionParams};
+use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
 use crate::device::{Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvCacheSpec};
 use crate::metadata::AttentionMetadataBuilder;
+use crate::mla::{AbsorbedWeights, MlaParams};
 
 /// Everything a backend supports, as plain data. [`AttentionBackend::validate_configuration`]
 /// checks a [`SelectorConfig`] against it.
@@ -221,6 +222,19 @@ pub trait AttentionBackend: Send + Sync {
 
     /// Builds the metadata builder for one KV-cache group (vLLM's `get_builder_cls()(...)`).
     fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>>;
+
+    /// Builds the MLA impl of one layer from its sizes and absorbed `kv_b_proj`; only MLA
+    /// backends (`is_mla`) have one: the default is the typed error "MLA not supported".
+    fn make_mla_impl(
+        &self,
+        _params: MlaParams,
+        _weights: AbsorbedWeights,
+    ) -> Result<Box<dyn MlaAttentionImpl>> {
+        Err(Error::Unsupported {
+            backend: self.name().into(),
+            reasons: vec![Reason::new("MLA not supported", "")],
+        })
+    }
 
     /// Cross-feature veto (vLLM's `supports_combination`): a reason, or `None` if fine.
     fn supports_combination(&self, _config: &SelectorConfig) -> Option<Reason> {

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::backend::{BackendRef, SelectorConfig};
 use crate::backends::cpu::CpuBackend;
+use crate::backends::cpu_mla::CpuMlaBackend;
 use crate::backends::cuda::CudaBackend;
 use crate::backends::hip::HipBackend;
 use crate::backends::wgpu::WgpuBackend;
@@ -19,6 +20,8 @@ use crate::backends::wgpu::WgpuBackend;
 pub enum BuiltinBackend {
     /// Multithreaded CPU kernels in Rust ([`crate::backends::cpu`]).
     Cpu,
+    /// MLA (latent cache) on the CPU ([`crate::backends::cpu_mla`]).
+    CpuMla,
     /// NVIDIA GPUs through CUDA and NVRTC ([`crate::backends::cuda`]).
     Cuda,
     /// AMD GPUs through HIP and hiprtc ([`crate::backends::hip`]).
@@ -29,8 +32,9 @@ pub enum BuiltinBackend {
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 4] = [
+    pub const ALL: [BuiltinBackend; 5] = [
         BuiltinBackend::Cpu,
+        BuiltinBackend::CpuMla,
         BuiltinBackend::Cuda,
         BuiltinBackend::Hip,
         BuiltinBackend::Wgpu,
@@ -40,6 +44,7 @@ impl BuiltinBackend {
     pub const fn name(self) -> &'static str {
         match self {
             BuiltinBackend::Cpu => "CPU",
+            BuiltinBackend::CpuMla => "CPU_MLA",
             BuiltinBackend::Cuda => "CUDA",
             BuiltinBackend::Hip => "HIP",
             BuiltinBackend::Wgpu => "WGPU",
@@ -50,6 +55,7 @@ impl BuiltinBackend {
     pub fn create(self) -> BackendRef {
         match self {
             BuiltinBackend::Cpu => Arc::new(CpuBackend::new()),
+            BuiltinBackend::CpuMla => Arc::new(CpuMlaBackend::new()),
             BuiltinBackend::Cuda => Arc::new(CudaBackend::new()),
             BuiltinBackend::Hip => Arc::new(HipBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),

@@ -14,6 +14,7 @@
 //! anything from here.
 
 pub mod cpu;
+pub mod cpu_mla;
 pub mod cuda;
 pub mod hip;
 pub mod wgpu;

@@ -6,9 +6,9 @@ use polyattn::{AttentionType, CacheDType, DType, SelectorConfig};
 /// A layer configuration, as the selector sees it.
 #[derive(Args, Debug, Clone)]
 pub struct ConfigArgs {
-    /// Head size.
-    #[arg(long, default_value_t = 128)]
-    pub head_size: usize,
+    /// Head size (default 128; with `--mla`, 576: DeepSeek-V3's kv_lora_rank 512 + rope 64).
+    #[arg(long)]
+    pub head_size: Option<usize>,
     /// Activation dtype: f32, f16, bf16.
     #[arg(long, default_value = "bf16")]
     pub dtype: DType,
@@ -55,7 +55,8 @@ fn parse_attn_type(s: &str) -> Result<AttentionType, String> {
 impl ConfigArgs {
     /// The selector configuration these flags describe.
     pub fn selector_config(&self) -> SelectorConfig {
-        let mut c = SelectorConfig::new(self.head_size, self.dtype, self.kv_dtype);
+        let head_size = self.head_size.unwrap_or(if self.mla { 576 } else { 128 });
+        let mut c = SelectorConfig::new(head_size, self.dtype, self.kv_dtype);
         c.block_size = self.block_size;
         c.attn_type = self.attn_type;
         c.has_sink = self.sinks;

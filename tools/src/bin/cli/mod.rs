@@ -9,7 +9,7 @@ pub mod log;
 use polyattn::{registry, Availability, BackendRef, Error, Reason, Result};
 
 /// The backends a subcommand runs on: the one `forced` names (an error if it is unknown or
-/// unavailable here), else every available backend in ranking order.
+/// unavailable here), else every available standard (non-MLA) backend in ranking order.
 pub fn run_on(forced: Option<String>) -> Result<Vec<BackendRef>> {
     let reg = registry::global();
     match forced {
@@ -27,10 +27,11 @@ pub fn run_on(forced: Option<String>) -> Result<Vec<BackendRef>> {
             }
             Ok(vec![b])
         }
+        // MLA backends run no standard batch (check, fuzz): they are left out unless named.
         None => Ok(reg
             .backends()
             .into_iter()
-            .filter(|b| b.availability().is_available())
+            .filter(|b| b.availability().is_available() && !b.capabilities().is_mla)
             .collect()),
     }
 }

@@ -1,0 +1,191 @@
+//! The CPU MLA backend's descriptor.
+
+use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
+use crate::backend::{
+    AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
+    GraphCaptureSupport, HeadSizes, KvLayout, Reason,
+};
+use crate::device::{Device, DeviceKind};
+use crate::dtype::{CacheDType, DType};
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::AttentionMetadataBuilder;
+use crate::mla::{AbsorbedWeights, MlaParams};
+
+use super::{CpuMlaAttentionImpl, CpuMlaMetadataBuilder};
+
+/// The CPU MLA backend descriptor (name `CPU_MLA`, ranked after `CPU`).
+#[derive(Debug)]
+pub struct CpuMlaBackend {
+    caps: BackendCapabilities,
+}
+
+impl CpuMlaBackend {
+    /// The descriptor.
+    pub fn new() -> Self {
+        CpuMlaBackend {
+            caps: BackendCapabilities {
+                // vLLM's MLA common head sizes: kv_lora_rank + rope (512 + 64, 256 + 64).
+                head_sizes: HeadSizes::List(vec![320, 576]),
+                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
+                // TRITON_MLA's list (`fp8` is E4M3).
+                kv_cache_dtypes: vec![
+                    CacheDType::Auto,
+                    CacheDType::F16,
+                    CacheDType::Bf16,
+                    CacheDType::Fp8E4m3,
+                ],
+                block_sizes: vec![BlockSize::MultipleOf(16)],
+                attn_types: vec![AttentionType::Decoder],
+                supports_sink: false,
+                supports_non_causal: false,
+                supports_alibi: false,
+                supports_sliding_window: false,
+                supports_soft_cap: false,
+                supports_cascade: false,
+                is_mla: true,
+                min_capability: None,
+                graph_capture: GraphCaptureSupport::Never,
+                kv_layout: KvLayout::Nhd,
+            },
+        }
+    }
+}
+
+impl Default for CpuMlaBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn non_mla(backend: &str) -> Error {
+    Error::Unsupported {
+        backend: backend.into(),
+        reasons: vec![Reason::new(
+            "non-MLA not supported",
+            "an MLA backend runs forward_mqa / forward_mha on a latent cache (make_mla_impl)",
+        )],
+    }
+}
+
+impl AttentionBackend for CpuMlaBackend {
+    fn name(&self) -> &str {
+        "CPU_MLA"
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+
+    fn priority(&self) -> u32 {
+        1010
+    }
+
+    fn availability(&self) -> Availability {
+        Availability::Available(Device::cpu().description())
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    fn device(&self) -> Result<Device> {
+        Ok(Device::cpu())
+    }
+
+    /// Always the typed error "non-MLA not supported": a standard layer's `forward` does not
+    /// run on an MLA backend.
+    fn make_impl(&self, _params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
+        Err(non_mla(self.name()))
+    }
+
+    /// The standard KV cache has no MLA form: the latent cache is
+    /// [`crate::mla::MlaKvCache`]. Always the typed error "non-MLA not supported".
+    fn make_builder(&self, _spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        Err(non_mla(self.name()))
+    }
+
+    /// The standard `(num_blocks, 2, block_size, heads, head_size)` shape does not apply:
+    /// always "non-MLA not supported" (see [`CpuMlaBackend::mla_kv_cache_shape`]).
+    fn kv_cache_shape(
+        &self,
+        _num_blocks: usize,
+        _block_size: usize,
+        _num_kv_heads: usize,
+        _head_size: usize,
+        _cache_dtype: CacheDType,
+    ) -> Result<[usize; 5]> {
+        Err(non_mla(self.name()))
+    }
+
+    fn make_mla_impl(
+        &self,
+        params: MlaParams,
+        weights: AbsorbedWeights,
+    ) -> Result<Box<dyn MlaAttentionImpl>> {
+        params.validate()?;
+        if weights.params != params {
+            return Err(Error::config(
+                "make_mla_impl: the absorbed weights were made for other MLA sizes",
+            ));
+        }
+        if !self.caps.head_sizes.contains(params.latent_dim()) {
+            return Err(Error::Unsupported {
+                backend: self.name().into(),
+                reasons: vec![Reason::new(
+                    "head_size not supported",
+                    format!(
+                        "got {} (kv_lora_rank + qk_rope_head_dim); supported: {}",
+                        params.latent_dim(),
+                        self.caps.head_sizes
+                    ),
+                )],
+            });
+        }
+        if !self.caps.kv_cache_dtypes.contains(&params.kv_cache_dtype) {
+            return Err(Error::Unsupported {
+                backend: self.name().into(),
+                reasons: vec![Reason::new(
+                    "kv_cache_dtype not supported",
+                    format!("got {}", params.kv_cache_dtype),
+                )],
+            });
+        }
+        Ok(Box::new(CpuMlaAttentionImpl::new(params, weights)))
+    }
+}
+
+impl CpuMlaBackend {
+    /// The latent cache's shape `[num_blocks, block_size, head_size]`, or why this backend
+    /// cannot hold it (block size not a multiple of 16, head size not 320 / 576).
+    pub fn mla_kv_cache_shape(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        head_size: usize,
+    ) -> Result<[usize; 3]> {
+        if !self
+            .caps
+            .block_sizes
+            .iter()
+            .any(|b| b.accepts(block_size as u32))
+        {
+            return Err(Error::config(format!(
+                "CPU_MLA: block size {block_size} is not a multiple of 16"
+            )));
+        }
+        if !self.caps.head_sizes.contains(head_size) {
+            return Err(Error::config(format!(
+                "CPU_MLA: head size {head_size} is not supported (supported: {})",
+                self.caps.head_sizes
+            )));
+        }
+        Ok([num_blocks, block_size, head_size])
+    }
+
+    /// The metadata builder for latent caches of `block_size` tokens per block.
+    pub fn make_mla_builder(&self, block_size: usize) -> Result<CpuMlaMetadataBuilder> {
+        self.mla_kv_cache_shape(1, block_size, 576)?;
+        Ok(CpuMlaMetadataBuilder::new(block_size))
+    }
+}
