@@ -19,7 +19,7 @@ use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvCacheSpec};
 use crate::metadata::AttentionMetadataBuilder;
-use crate::mla::{AbsorbedWeights, MlaParams};
+use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
 
 /// Everything a backend supports, as plain data. [`AttentionBackend::validate_configuration`]
 /// checks a [`SelectorConfig`] against it.
@@ -236,6 +236,29 @@ pub trait AttentionBackend: Send + Sync {
         })
     }
 
+    /// The metadata builder of an MLA backend for latent caches of `block_size` tokens per
+    /// block; the default is the typed error "MLA not supported".
+    fn make_mla_builder(&self, _block_size: usize) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        Err(Error::Unsupported {
+            backend: self.name().into(),
+            reasons: vec![Reason::new("MLA not supported", "")],
+        })
+    }
+
+    /// The latent cache's shape `[num_blocks, block_size, head_size]` on an MLA backend, or
+    /// why it cannot hold it; the default is the typed error "MLA not supported".
+    fn mla_kv_cache_shape(
+        &self,
+        _num_blocks: usize,
+        _block_size: usize,
+        _head_size: usize,
+    ) -> Result<[usize; 3]> {
+        Err(Error::Unsupported {
+            backend: self.name().into(),
+            reasons: vec![Reason::new("MLA not supported", "")],
+        })
+    }
+
     /// Cross-feature veto (vLLM's `supports_combination`): a reason, or `None` if fine.
     fn supports_combination(&self, _config: &SelectorConfig) -> Option<Reason> {
         None
@@ -412,6 +435,30 @@ fn list<T: fmt::Display>(items: &[T]) -> String {
         .map(|x| x.to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+impl MlaKvCache {
+    /// Allocates a zeroed latent cache for an MLA layer of `params` with activation dtype
+    /// `dtype` on `backend`'s device, after the backend accepts its shape
+    /// ([`AttentionBackend::mla_kv_cache_shape`]).
+    pub fn for_backend(
+        backend: &dyn AttentionBackend,
+        params: &MlaParams,
+        dtype: DType,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self> {
+        params.validate()?;
+        backend.mla_kv_cache_shape(num_blocks, block_size, params.latent_dim())?;
+        MlaKvCache::new(
+            &backend.device()?,
+            num_blocks,
+            block_size,
+            params.latent_dim(),
+            dtype,
+            params.kv_cache_dtype,
+        )
+    }
 }
 
 impl KvCache {

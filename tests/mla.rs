@@ -278,3 +278,175 @@ fn expanded_prefill_equals_the_reference() {
         run(c, 2200 + i as u64);
     }
 }
+
+/// Through the public API, as a model would: the selector's MLA choice, its builder and impl,
+/// the cache write, then `forward_mqa` on the decodes (first in the batch) and `forward_mha`
+/// on the prefill, each against the reference; a standard layer on the MLA backend and MLA
+/// on a standard one are typed errors with the reference's reasons.
+#[test]
+fn the_selected_mla_backend_runs_a_mixed_batch() {
+    use polyattn::backend::SelectorConfig;
+    use polyattn::{AttentionLayer, AttentionParams};
+
+    let mut config = SelectorConfig::new(576, DType::Bf16, CacheDType::Auto);
+    config.use_mla = true;
+    config.block_size = Some(32);
+    let backend = polyattn::selector::get_attn_backend(&config).expect("an MLA backend");
+    assert!(backend.capabilities().is_mla, "{}", backend.name());
+    for c in polyattn::registry::global().explain(&config) {
+        let mla = polyattn::registry::global()
+            .get(&c.name)
+            .is_some_and(|b| b.capabilities().is_mla);
+        let says = c
+            .reasons
+            .iter()
+            .any(|r| r.to_string().contains("MLA not supported"));
+        assert_eq!(says, !mla, "{}: {:?}", c.name, c.reasons);
+    }
+    let err = backend
+        .make_impl(AttentionParams::new(16, 128, 16))
+        .err()
+        .expect("a standard layer on an MLA backend is an error");
+    assert!(err.to_string().contains("non-MLA not supported"), "{err}");
+    let standard = polyattn::registry::global().get("CPU").unwrap();
+    let p = MlaParams::deepseek_v3(16);
+    let w: Vec<f32> = Rng::new(7)
+        .normals(p.num_heads * (p.qk_nope_head_dim + p.v_head_dim) * p.kv_lora_rank)
+        .into_iter()
+        .map(|x| x / (p.kv_lora_rank as f32).sqrt())
+        .collect();
+    let weights = absorb_kv_b_proj(&w, &p).unwrap();
+    let err = standard
+        .make_mla_impl(p.clone(), weights.clone())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("MLA not supported"), "{err}");
+
+    // Two decodes (seq_lens 40, 70), then a chunked prefill (30 cached + 10 new tokens).
+    let bs = 32;
+    let (l, r, dim) = (p.kv_lora_rank, p.qk_rope_head_dim, p.latent_dim());
+    let cpu = Device::cpu();
+    let mut cache = MlaKvCache::for_backend(backend.as_ref(), &p, DType::Bf16, 16, bs).unwrap();
+    assert!(MlaKvCache::for_backend(backend.as_ref(), &p, DType::Bf16, 16, 24).is_err());
+    let seq_lens = [40usize, 70, 40];
+    let q_lens = [1usize, 1, 10];
+    let width = 3;
+    let table: Vec<i32> = vec![3, 4, 0, 5, 6, 7, 8, 9, 0];
+    let slot = |i: usize, t: usize| table[i * width + t / bs] as i64 * bs as i64 + (t % bs) as i64;
+    let mut rng = Rng::new(8);
+    let total: usize = seq_lens.iter().sum();
+    let c_all = rng.normals(total * l);
+    let p_all = rng.normals(total * r);
+    let mut slots = Vec::new();
+    for (i, &s) in seq_lens.iter().enumerate() {
+        slots.extend((0..s).map(|t| slot(i, t)));
+    }
+    let kv_c = Tensor::from_f32(&cpu, &c_all, &[total, l], DType::Bf16).unwrap();
+    let k_pe = Tensor::from_f32(&cpu, &p_all, &[total, r], DType::Bf16).unwrap();
+    concat_and_cache_mla(&kv_c, &k_pe, &mut cache, &slots, 1.0).unwrap();
+    let (c16, p16) = (kv_c.to_f32_vec().unwrap(), k_pe.to_f32_vec().unwrap());
+
+    let desc = BatchDescription {
+        query_start_loc: vec![0, 1, 2, 12],
+        seq_lens: seq_lens.iter().map(|&s| s as i32).collect(),
+        block_table: table.clone(),
+        max_blocks_per_req: width,
+        slot_mapping: vec![slot(0, 39), slot(1, 69)]
+            .into_iter()
+            .chain((30..40).map(|t| slot(2, t)))
+            .collect(),
+        causal: true,
+        block_size: bs,
+        is_prefilling: None,
+    };
+    let common = CommonAttentionMetadata::new(&cpu, desc).unwrap();
+    let builder = backend.make_mla_builder(bs).unwrap();
+    assert_eq!(builder.reorder_batch_threshold(), Some(1));
+    let md = builder.build(0, &common, false).unwrap();
+    let imp = backend.make_mla_impl(p.clone(), weights.clone()).unwrap();
+    let layer = AttentionLayer::new("mla.0");
+    let n = p.num_heads;
+    let qk = p.qk_head_dim();
+    let q = rng.normals(12 * n * qk);
+
+    // Decodes: absorbed queries through forward_mqa, up-projected.
+    let ql = weights.absorb_query(&q[..2 * n * qk]).unwrap();
+    let q_lat = Tensor::from_f32(&cpu, &ql, &[2, n, dim], DType::F32).unwrap();
+    let mut o_lat = Tensor::zeros(&cpu, &[2, n, l], DType::F32).unwrap();
+    let mut lse = Tensor::zeros(&cpu, &[n, 2], DType::F32).unwrap();
+    imp.forward_mqa(
+        &layer,
+        &q_lat,
+        &cache,
+        md.as_ref(),
+        &mut o_lat,
+        Some(&mut lse),
+    )
+    .unwrap();
+    let dec = weights.up_project(&o_lat.to_f32_vec().unwrap()).unwrap();
+    // Prefill: the expanded path over the new tokens' own latents.
+    let q_pre = Tensor::from_f32(&cpu, &q[2 * n * qk..], &[10, n, qk], DType::F32).unwrap();
+    let new: Vec<usize> = (110 + 30..110 + 40).collect();
+    let pick = |v: &[f32], w: usize| -> Vec<f32> {
+        new.iter()
+            .flat_map(|&t| v[t * w..(t + 1) * w].to_vec())
+            .collect()
+    };
+    let c_new = Tensor::from_f32(&cpu, &pick(&c16, l), &[10, l], DType::F32).unwrap();
+    let p_new = Tensor::from_f32(&cpu, &pick(&p16, r), &[10, r], DType::F32).unwrap();
+    let mut o_pre = Tensor::zeros(&cpu, &[10, n, p.v_head_dim], DType::F32).unwrap();
+    imp.forward_mha(
+        &layer,
+        &q_pre,
+        &c_new,
+        &p_new,
+        &cache,
+        md.as_ref(),
+        &mut o_pre,
+    )
+    .unwrap();
+    let pre = o_pre.to_f32_vec().unwrap();
+    // Wrong shapes are typed errors.
+    let mut bad = Tensor::zeros(&cpu, &[2, n, l + 1], DType::F32).unwrap();
+    assert!(imp
+        .forward_mqa(&layer, &q_lat, &cache, md.as_ref(), &mut bad, None)
+        .is_err());
+
+    let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+    let tol = polyattn::testing::Tolerance {
+        atol: 2e-4,
+        rtol: 2e-3,
+    };
+    let v = p.v_head_dim;
+    let mut start = 0;
+    for (i, (&s, &ql)) in seq_lens.iter().zip(&q_lens).enumerate() {
+        let lat: Vec<f64> = (0..s)
+            .flat_map(|t| {
+                let g = start + t;
+                c16[g * l..(g + 1) * l]
+                    .iter()
+                    .chain(&p16[g * r..(g + 1) * r])
+                    .map(|&x| x as f64)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let q0 = if i < 2 { i } else { 2 };
+        let qi: Vec<f64> = q[q0 * n * qk..(q0 + ql) * n * qk]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let (want, _) = reference::mla_attention(&p, &qi, &lat, &w64, ql, s);
+        let got: &[f32] = if i < 2 {
+            &dec[i * n * v..(i + 1) * n * v]
+        } else {
+            &pre
+        };
+        for (k, (&g, &e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                tol.accepts(g as f64, e),
+                "request {i} element {k}: {g} vs {e}"
+            );
+        }
+        start += s;
+    }
+}

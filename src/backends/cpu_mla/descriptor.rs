@@ -153,22 +153,22 @@ impl AttentionBackend for CpuMlaBackend {
         }
         Ok(Box::new(CpuMlaAttentionImpl::new(params, weights)))
     }
-}
 
-impl CpuMlaBackend {
-    /// The latent cache's shape `[num_blocks, block_size, head_size]`, or why this backend
-    /// cannot hold it (block size not a multiple of 16, head size not 320 / 576).
-    pub fn mla_kv_cache_shape(
+    /// Block sizes that are multiples of 16.
+    fn make_mla_builder(&self, block_size: usize) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        self.mla_kv_cache_shape(1, block_size, 576)?;
+        Ok(Box::new(CpuMlaMetadataBuilder::new(block_size)))
+    }
+
+    /// Block sizes that are multiples of 16, head sizes 320 and 576.
+    fn mla_kv_cache_shape(
         &self,
         num_blocks: usize,
         block_size: usize,
         head_size: usize,
     ) -> Result<[usize; 3]> {
-        if !self
-            .caps
-            .block_sizes
-            .iter()
-            .any(|b| b.accepts(block_size as u32))
+        if !u32::try_from(block_size)
+            .is_ok_and(|bs| self.caps.block_sizes.iter().any(|b| b.accepts(bs)))
         {
             return Err(Error::config(format!(
                 "CPU_MLA: block size {block_size} is not a multiple of 16"
@@ -181,11 +181,5 @@ impl CpuMlaBackend {
             )));
         }
         Ok([num_blocks, block_size, head_size])
-    }
-
-    /// The metadata builder for latent caches of `block_size` tokens per block.
-    pub fn make_mla_builder(&self, block_size: usize) -> Result<CpuMlaMetadataBuilder> {
-        self.mla_kv_cache_shape(1, block_size, 576)?;
-        Ok(CpuMlaMetadataBuilder::new(block_size))
     }
 }
