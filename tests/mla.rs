@@ -203,41 +203,45 @@ fn run(c: &Case, seed: u64) {
     eprintln!("ok   {label}");
 }
 
+fn case(
+    heads: usize,
+    block_size: usize,
+    dtype: DType,
+    cache: CacheDType,
+    seq_lens: &[usize],
+    q_lens: &[usize],
+) -> Case {
+    Case {
+        heads,
+        block_size,
+        dtype,
+        cache,
+        seq_lens: seq_lens.to_vec(),
+        q_lens: q_lens.to_vec(),
+    }
+}
+
 #[test]
 fn latent_decode_equals_the_expanded_reference() {
     let cases = [
-        Case {
-            heads: 16,
-            block_size: 64,
-            dtype: DType::Bf16,
-            cache: CacheDType::Auto,
-            seq_lens: vec![1, 70, 129],
-            q_lens: vec![1, 1, 1],
-        },
-        Case {
-            heads: 16,
-            block_size: 32,
-            dtype: DType::F32,
-            cache: CacheDType::Fp8E4m3,
-            seq_lens: vec![33, 5],
-            q_lens: vec![1, 1],
-        },
-        Case {
-            heads: 128,
-            block_size: 64,
-            dtype: DType::Bf16,
-            cache: CacheDType::Fp8E4m3,
-            seq_lens: vec![17, 64],
-            q_lens: vec![1, 1],
-        },
-        Case {
-            heads: 128,
-            block_size: 32,
-            dtype: DType::F16,
-            cache: CacheDType::Auto,
-            seq_lens: vec![40],
-            q_lens: vec![1],
-        },
+        case(
+            16,
+            64,
+            DType::Bf16,
+            CacheDType::Auto,
+            &[1, 70, 129],
+            &[1, 1, 1],
+        ),
+        case(16, 32, DType::F32, CacheDType::Fp8E4m3, &[33, 5], &[1, 1]),
+        case(
+            128,
+            64,
+            DType::Bf16,
+            CacheDType::Fp8E4m3,
+            &[17, 64],
+            &[1, 1],
+        ),
+        case(128, 32, DType::F16, CacheDType::Auto, &[40], &[1]),
     ];
     for (i, c) in cases.iter().enumerate() {
         run(c, 2100 + i as u64);
@@ -249,30 +253,9 @@ fn expanded_prefill_equals_the_reference() {
     // Fresh prompts and chunked prefills over cached context (fp8 context dequantised, the
     // new tokens at the activation dtype).
     let cases = [
-        Case {
-            heads: 16,
-            block_size: 64,
-            dtype: DType::Bf16,
-            cache: CacheDType::Auto,
-            seq_lens: vec![20, 90],
-            q_lens: vec![20, 17],
-        },
-        Case {
-            heads: 16,
-            block_size: 32,
-            dtype: DType::F32,
-            cache: CacheDType::Fp8E4m3,
-            seq_lens: vec![45],
-            q_lens: vec![9],
-        },
-        Case {
-            heads: 128,
-            block_size: 64,
-            dtype: DType::Bf16,
-            cache: CacheDType::Fp8E4m3,
-            seq_lens: vec![12, 3],
-            q_lens: vec![4, 3],
-        },
+        case(16, 64, DType::Bf16, CacheDType::Auto, &[20, 90], &[20, 17]),
+        case(16, 32, DType::F32, CacheDType::Fp8E4m3, &[45], &[9]),
+        case(128, 64, DType::Bf16, CacheDType::Fp8E4m3, &[12, 3], &[4, 3]),
     ];
     for (i, c) in cases.iter().enumerate() {
         run(c, 2200 + i as u64);

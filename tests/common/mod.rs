@@ -186,6 +186,11 @@ impl Coverage {
                     .map(|r| r.to_string()),
             );
         }
+        // A case without a configuration runs standard attention, which an MLA backend
+        // refuses by design (a configured one says "non-MLA not supported" above).
+        if case.config.is_none() && backend.capabilities().is_mla {
+            why.push("an MLA backend: the body runs standard attention".into());
+        }
         if case.cascade && !backend.capabilities().supports_cascade {
             why.push("cascade attention not supported".into());
         }

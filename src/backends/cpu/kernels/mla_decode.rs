@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::metadata::CommonAttentionMetadata;
 use crate::mla::MlaKvCache;
 
-use super::convert::RowsView;
+use super::mla_latents::LatentReader;
 
 /// Output `[T][N][kv_lora_rank]` and LSE `[N][T]` of the query tokens of requests `reqs` of
 /// `md` (`T` of them, `q` `[T][N][latent_dim]` from the first; see the module docs).
@@ -34,14 +34,8 @@ pub fn mla_decode(
     reqs: Range<usize>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let dim = cache.latent_dim();
-    let bs = cache.block_size();
     let storage = cache.data().to_host()?;
-    let rows = RowsView::new(&storage, cache.storage_dtype())?;
-    let k_scale = if cache.cache_dtype().is_fp8() {
-        k_scale
-    } else {
-        1.0
-    };
+    let reader = LatentReader::new(&storage, cache, k_scale)?;
     let qsl = md.query_start_loc_cpu();
     let seq_lens = md.seq_lens_cpu();
     let first = qsl[reqs.start] as usize;
@@ -70,8 +64,7 @@ pub fn mla_decode(
             let blocks = md.block_table_row(req);
             let mut latents = vec![0.0f32; visible * dim];
             for (s, dst) in latents.chunks_exact_mut(dim).enumerate() {
-                let b = blocks[s / bs] as usize;
-                rows.load(cache.offset(b, s % bs), dst, k_scale);
+                reader.load(blocks, s, dst);
             }
             let mut out = vec![0.0f32; num_heads * kv_lora_rank];
             let mut lse = vec![f32::NEG_INFINITY; num_heads];

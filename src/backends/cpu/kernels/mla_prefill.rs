@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::metadata::CommonAttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache};
 
-use super::convert::RowsView;
+use super::mla_latents::LatentReader;
 
 /// Output `[T][N][V]` and LSE `[N][T]` of the prefill of the tokens of requests `reqs` of
 /// `md` (`T` of them; `q` and `new_latents` from the first; see the module docs).
@@ -55,14 +55,8 @@ pub fn mla_prefill(
             cache.latent_dim()
         )));
     }
-    let bs = cache.block_size();
     let storage = cache.data().to_host()?;
-    let rows = RowsView::new(&storage, cache.storage_dtype())?;
-    let k_scale = if cache.cache_dtype().is_fp8() {
-        k_scale
-    } else {
-        1.0
-    };
+    let reader = LatentReader::new(&storage, cache, k_scale)?;
     let seq_lens = md.seq_lens_cpu();
     let mut out = vec![0.0f32; tokens * n * v];
     let mut lse = vec![f32::NEG_INFINITY; n * tokens];
@@ -74,7 +68,7 @@ pub fn mla_prefill(
         let mut latents = vec![0.0f32; s_len * dim];
         for (s, dst) in latents.chunks_exact_mut(dim).enumerate() {
             if s < ctx {
-                rows.load(cache.offset(blocks[s / bs] as usize, s % bs), dst, k_scale);
+                reader.load(blocks, s, dst);
             } else {
                 dst.copy_from_slice(&new_latents[(a + s - ctx) * dim..][..dim]);
             }

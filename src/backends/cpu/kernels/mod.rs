@@ -5,6 +5,7 @@
 pub mod convert;
 pub mod merge_states;
 pub mod mla_decode;
+pub mod mla_latents;
 pub mod mla_prefill;
 pub mod paged_attention;
 pub mod reshape_and_cache;
