@@ -515,6 +515,44 @@ pub trait BatchMetadata: AttentionMetadata {
     fn cascade(&self) -> Option<CascadePlan>;
 }
 
+/// Implements [`AttentionMetadata`] and [`BatchMetadata`] for a backend's metadata type from
+/// its fields `common: CommonAttentionMetadata` and `cascade: Option<CascadePlan>` (or, with
+/// `no_cascade`, for a backend that runs no cascade).
+macro_rules! batch_metadata {
+    ($t:ty) => {
+        $crate::metadata::batch_metadata!(@any $t);
+        impl $crate::metadata::BatchMetadata for $t {
+            fn common(&self) -> &$crate::metadata::CommonAttentionMetadata {
+                &self.common
+            }
+
+            fn cascade(&self) -> Option<$crate::metadata::CascadePlan> {
+                self.cascade
+            }
+        }
+    };
+    ($t:ty, no_cascade) => {
+        $crate::metadata::batch_metadata!(@any $t);
+        impl $crate::metadata::BatchMetadata for $t {
+            fn common(&self) -> &$crate::metadata::CommonAttentionMetadata {
+                &self.common
+            }
+
+            fn cascade(&self) -> Option<$crate::metadata::CascadePlan> {
+                None
+            }
+        }
+    };
+    (@any $t:ty) => {
+        impl $crate::metadata::AttentionMetadata for $t {
+            fn as_any(&self) -> &dyn ::std::any::Any {
+                self
+            }
+        }
+    };
+}
+pub(crate) use batch_metadata;
+
 /// Backend-specific metadata produced by a builder (vLLM's `AttentionMetadata` marker).
 pub trait AttentionMetadata: Any + Debug + Send + Sync {
     /// For the impl to downcast to its own type.

@@ -1,14 +1,12 @@
 //! The CPU backend's metadata builder: validates cascade requests and cuts the batch into
 //! work tiles once per step, so every layer's forward just walks the tiles.
 
-use std::any::Any;
-
 use crate::backend::GraphCaptureSupport;
 use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
-    CommonAttentionMetadata, DecodePrefillSplit,
+    AttentionMetadata, AttentionMetadataBuilder, CascadePlan, CommonAttentionMetadata,
+    DecodePrefillSplit,
 };
 
 /// Query rows of one request processed together: they share every key block they load.
@@ -38,21 +36,7 @@ pub struct CpuAttentionMetadata {
     pub cascade: Option<CascadePlan>,
 }
 
-impl AttentionMetadata for CpuAttentionMetadata {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BatchMetadata for CpuAttentionMetadata {
-    fn common(&self) -> &CommonAttentionMetadata {
-        &self.common
-    }
-
-    fn cascade(&self) -> Option<CascadePlan> {
-        self.cascade
-    }
-}
+crate::metadata::batch_metadata!(CpuAttentionMetadata);
 
 /// Builds [`CpuAttentionMetadata`].
 #[derive(Clone, Debug)]

@@ -1,13 +1,10 @@
 //! The CPU MLA backend's metadata builder: the decode / prefill split of a batch ordered
 //! decodes first (vLLM's MLA common builder: `SINGLE_ONLY`, reorder threshold 1).
 
-use std::any::Any;
-
 use crate::backend::GraphCaptureSupport;
 use crate::error::{Error, Result};
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
-    CommonAttentionMetadata, DecodePrefillSplit,
+    AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
 };
 
 /// What the CPU MLA kernels consume for one batch.
@@ -19,21 +16,7 @@ pub struct CpuMlaMetadata {
     pub split: DecodePrefillSplit,
 }
 
-impl AttentionMetadata for CpuMlaMetadata {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BatchMetadata for CpuMlaMetadata {
-    fn common(&self) -> &CommonAttentionMetadata {
-        &self.common
-    }
-
-    fn cascade(&self) -> Option<CascadePlan> {
-        None
-    }
-}
+crate::metadata::batch_metadata!(CpuMlaMetadata, no_cascade);
 
 /// Builds [`CpuMlaMetadata`].
 #[derive(Clone, Debug)]

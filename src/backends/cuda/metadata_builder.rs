@@ -22,7 +22,6 @@
 //! work list has a fixed layout ([`plan_graph_work`]): the split count is chosen for the longest
 //! context the block table can hold, and shorter requests leave their surplus splits empty.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -32,8 +31,8 @@ use crate::error::{Error, Result};
 use crate::kernels::cuda::AttnParams;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
-    CommonAttentionMetadata, DecodePrefillSplit, DeviceMetadata,
+    AttentionMetadata, AttentionMetadataBuilder, CascadePlan, CommonAttentionMetadata,
+    DecodePrefillSplit, DeviceMetadata,
 };
 
 #[cfg(doc)]
@@ -292,21 +291,7 @@ pub struct CudaAttentionMetadata {
     graph: Option<(Arc<GraphBuffers>, u64)>,
 }
 
-impl AttentionMetadata for CudaAttentionMetadata {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BatchMetadata for CudaAttentionMetadata {
-    fn common(&self) -> &CommonAttentionMetadata {
-        &self.common
-    }
-
-    fn cascade(&self) -> Option<CascadePlan> {
-        self.cascade
-    }
-}
+crate::metadata::batch_metadata!(CudaAttentionMetadata);
 
 impl CudaAttentionMetadata {
     /// The metadata arrays (query_start_loc, seq_lens, block_table, slot_mapping) on this GPU

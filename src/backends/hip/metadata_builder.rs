@@ -8,7 +8,6 @@
 //! uploaded once and reused by every later layer of that shape ([`HipAttentionMetadata::plan`]).
 //! No graph capture: the graph level is [`GraphCaptureSupport::Never`].
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -18,8 +17,8 @@ use crate::error::Result;
 use crate::kernels::cuda::AttnParams;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
-    CommonAttentionMetadata, DecodePrefillSplit, DeviceMetadata,
+    AttentionMetadata, AttentionMetadataBuilder, CascadePlan, CommonAttentionMetadata,
+    DecodePrefillSplit, DeviceMetadata,
 };
 use crate::plan::{plan_work, PlanInputs, PlanKey, WorkPlan};
 
@@ -85,21 +84,7 @@ pub struct HipAttentionMetadata {
     scratch: Mutex<Option<HipStorage>>,
 }
 
-impl AttentionMetadata for HipAttentionMetadata {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BatchMetadata for HipAttentionMetadata {
-    fn common(&self) -> &CommonAttentionMetadata {
-        &self.common
-    }
-
-    fn cascade(&self) -> Option<CascadePlan> {
-        self.cascade
-    }
-}
+crate::metadata::batch_metadata!(HipAttentionMetadata);
 
 impl HipAttentionMetadata {
     /// The metadata arrays (query_start_loc, seq_lens, block_table, slot_mapping) on this GPU.

@@ -19,7 +19,6 @@
 //! request's cached context, every query sees all of it under the causal mask too — the
 //! result equals vLLM's prefix pass + suffix pass + merge, sinks counted once.
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -28,8 +27,8 @@ use crate::device::{Storage, Tensor, WgpuDevice};
 use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
-    AttentionMetadata, AttentionMetadataBuilder, BatchMetadata, CascadePlan,
-    CommonAttentionMetadata, DecodePrefillSplit, PAD_SLOT_ID,
+    AttentionMetadata, AttentionMetadataBuilder, CascadePlan, CommonAttentionMetadata,
+    DecodePrefillSplit, PAD_SLOT_ID,
 };
 
 use super::kernels::upload_words;
@@ -106,21 +105,7 @@ pub struct WgpuAttentionMetadata {
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
 }
 
-impl AttentionMetadata for WgpuAttentionMetadata {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl BatchMetadata for WgpuAttentionMetadata {
-    fn common(&self) -> &CommonAttentionMetadata {
-        &self.common
-    }
-
-    fn cascade(&self) -> Option<CascadePlan> {
-        self.cascade
-    }
-}
+crate::metadata::batch_metadata!(WgpuAttentionMetadata);
 
 impl WgpuAttentionMetadata {
     /// The plan for `key`, built on first use and shared by every later layer.
