@@ -384,6 +384,8 @@ __device__ __forceinline__ void mc_attend(const AttnParams& p) {
 #pragma unroll
                 for (int i = 0; i < MC_CPL; ++i) s[nj][i] = 0.0f;
             }
+            // Not unrolled (nor the P V loop below): unrolled, the compiler hoists every
+            // fragment load of the tile and exceeds RDNA3's 256 VGPRs (scratch spills).
 #pragma unroll 1
             for (int kk = 0; kk < NT; ++kk) {
                 const mc_frag a = mc_lds_load(q_row + 16 * kk);
