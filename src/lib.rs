@@ -12,13 +12,14 @@
 //!   (`tools/examples/generate` is a complete Llama);
 //! - the **abstraction**: backend descriptors ([`AttentionBackend`]), per-batch metadata
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
-//!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`];
+//!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`]; [`mla`] holds what an MLA
+//!   layer brings besides (its sizes, the weight absorption, the latent cache);
 //! - the **forward driver** in [`forward`]: every backend's `forward` — checks, cache write,
 //!   cascade passes, the decode / prefill split — written once over the kernels a backend
 //!   provides ([`forward::ForwardKernels`]);
 //! - **backends** in [`backends`], one folder per device family, all of the same shape;
 //! - **devices** in [`device`]: [`Device`] and [`Tensor`], and each GPU runtime (compile,
-//!   cache, launch: [`device::cuda`], [`device::wgpu`]);
+//!   cache, launch: [`device::cuda`], [`device::hip`], [`device::wgpu`]);
 //! - the **work plan** in [`plan`]: the work items every GPU kernel runs, planned once for
 //!   every GPU backend;
 //! - **kernel families** in [`kernels`]: the CUDA C++ and WGSL kernels, their variants,
