@@ -305,7 +305,8 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
         .unwrap();
     assert!(err.to_string().contains("MLA not supported"), "{err}");
 
-    // Two decodes (seq_lens 40, 70), then a chunked prefill (30 cached + 10 new tokens).
+    // Two decodes (seq_lens 40, 70), then a chunked prefill (30 cached + 10 new tokens: its
+    // query length differs from the decodes', so the uniform decode region ends before it).
     let bs = 32;
     let (l, r, dim) = (p.kv_lora_rank, p.qk_rope_head_dim, p.latent_dim());
     let cpu = Device::cpu();
@@ -344,7 +345,7 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
     };
     let common = CommonAttentionMetadata::new(&cpu, desc).unwrap();
     let builder = backend.make_mla_builder(bs).unwrap();
-    assert_eq!(builder.reorder_batch_threshold(), Some(1));
+    assert_eq!(builder.reorder_batch_threshold(), Some(128));
     let md = builder.build(0, &common, false).unwrap();
     let imp = backend.make_mla_impl(p.clone(), weights.clone()).unwrap();
     let layer = AttentionLayer::new("mla.0");

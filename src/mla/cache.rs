@@ -101,6 +101,12 @@ impl MlaKvCache {
         &self.data
     }
 
+    /// The cache tensor, to replace its contents (with a tensor of the same shape, dtype and
+    /// device: the kernels rely on them).
+    pub fn data_mut(&mut self) -> &mut Tensor {
+        &mut self.data
+    }
+
     /// Element offset of latent `tok` of block `block`.
     pub fn offset(&self, block: usize, tok: usize) -> usize {
         (block * self.block_size + tok) * self.latent_dim

@@ -1,5 +1,5 @@
-//! The CPU MLA impl: `forward_mqa` runs the batch's decodes (requests `0..num_decodes`,
-//! query length 1) in latent space, `forward_mha` its prefills in expanded form; both check
+//! The CPU MLA impl: `forward_mqa` runs the batch's decodes (requests `0..num_decodes`, one
+//! query length, causal within the request) in latent space, `forward_mha` its prefills in expanded form; both check
 //! every tensor's shape, dtype and device first and write their outputs in the activation
 //! dtype.
 

@@ -1,5 +1,7 @@
 //! The CPU MLA backend's metadata builder: the decode / prefill split of a batch ordered
-//! decodes first (vLLM's MLA common builder: `SINGLE_ONLY`, reorder threshold 1).
+//! decodes first (as vLLM's FlashMLA builder: `UNIFORM` query lengths up to
+//! [`MLA_DECODE_MAX_QUERY_LEN`] run the latent-space decode, which is exact for any query
+//! length; the rest the expanded prefill).
 
 use crate::backend::GraphCaptureSupport;
 use crate::error::{Error, Result};
@@ -7,12 +9,16 @@ use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
 };
 
+/// The longest query a decode request may have (FlashMLA's reorder threshold).
+pub const MLA_DECODE_MAX_QUERY_LEN: usize = 128;
+
 /// What the CPU MLA kernels consume for one batch.
 #[derive(Clone, Debug)]
 pub struct CpuMlaMetadata {
     /// The validated common metadata.
     pub common: CommonAttentionMetadata,
-    /// Requests `0..num_decodes` (query length 1) run `forward_mqa`, the rest `forward_mha`.
+    /// Requests `0..num_decodes` (one query length, at most [`MLA_DECODE_MAX_QUERY_LEN`]) run
+    /// `forward_mqa`, the rest `forward_mha`.
     pub split: DecodePrefillSplit,
 }
 
@@ -30,10 +36,10 @@ impl CpuMlaMetadataBuilder {
         CpuMlaMetadataBuilder { block_size }
     }
 
-    /// The query lengths the decode kernel takes (vLLM's `query_len_support`): one token
-    /// per decode request.
+    /// The query lengths the decode kernel takes (vLLM's `query_len_support`): one length
+    /// for every decode request of a batch.
     pub fn query_len_support(&self) -> &'static str {
-        "SINGLE_ONLY"
+        "UNIFORM"
     }
 }
 
@@ -42,9 +48,9 @@ impl AttentionMetadataBuilder for CpuMlaMetadataBuilder {
         GraphCaptureSupport::Never
     }
 
-    /// 1: decodes (query length 1) go to the front of the batch.
+    /// [`MLA_DECODE_MAX_QUERY_LEN`]: shorter requests go to the front of the batch.
     fn reorder_batch_threshold(&self) -> Option<usize> {
-        Some(1)
+        Some(MLA_DECODE_MAX_QUERY_LEN)
     }
 
     fn build(
@@ -62,7 +68,7 @@ impl AttentionMetadataBuilder for CpuMlaMetadataBuilder {
         if !common.causal() {
             return Err(Error::config("CPU_MLA runs causal (decoder) batches only"));
         }
-        let split = common.split_decodes_and_prefills(1, true, false);
+        let split = common.split_decodes_and_prefills(MLA_DECODE_MAX_QUERY_LEN, true, false);
         Ok(Box::new(CpuMlaMetadata {
             common: common.clone(),
             split,

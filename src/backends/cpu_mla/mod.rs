@@ -4,7 +4,7 @@
 //!
 //! Same shape as every backend: [`CpuMlaBackend`] (descriptor: `is_mla`, head sizes 320 and
 //! 576, block sizes multiple of 16, decoder only), [`CpuMlaMetadataBuilder`] (decodes first:
-//! a request of query length 1 is a decode), [`CpuMlaAttentionImpl`] (`forward_mqa` on the
+//! requests of one query length up to 128), [`CpuMlaAttentionImpl`] (`forward_mqa` on the
 //! decodes with the latent-space kernel `mla_decode`, `forward_mha` on the prefills with the
 //! expanded kernel `mla_prefill`, both in `backends::cpu::kernels`). The latent cache is a
 //! [`crate::mla::MlaKvCache`], written by [`crate::mla::concat_and_cache_mla`].
@@ -15,4 +15,4 @@ mod metadata_builder;
 
 pub use attention_impl::CpuMlaAttentionImpl;
 pub use descriptor::CpuMlaBackend;
-pub use metadata_builder::{CpuMlaMetadata, CpuMlaMetadataBuilder};
+pub use metadata_builder::{CpuMlaMetadata, CpuMlaMetadataBuilder, MLA_DECODE_MAX_QUERY_LEN};

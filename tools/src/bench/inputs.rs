@@ -11,7 +11,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use polyattn::attention::{AttentionImpl, AttentionLayer, AttentionParams};
+use polyattn::attention::{AttentionImpl, AttentionLayer, AttentionParams, MlaAttentionImpl};
 use polyattn::backend::{AttentionBackend, KvLayout};
 use polyattn::device::{CpuStorage, Device, Tensor};
 use polyattn::dtype::{CacheDType, DType};
@@ -19,6 +19,7 @@ use polyattn::error::Result;
 use polyattn::fp8;
 use polyattn::kv_cache::{KvCache, KvCacheSpec};
 use polyattn::metadata::{AttentionMetadata, BatchDescription, CommonAttentionMetadata};
+use polyattn::mla::{absorb_kv_b_proj, MlaKvCache, MlaParams};
 use polyattn::testing::Rng;
 
 use super::formulas::Request;
@@ -201,6 +202,78 @@ pub fn fill_cache(device: &Device, cache: &mut KvCache, seed: u64) -> Result<()>
     let shape = cache.data().shape().to_vec();
     *cache.data_mut() = random_tensor(device, &shape, dtype, seed)?;
     Ok(())
+}
+
+/// One input set of an MLA decode row.
+pub struct MlaSet {
+    /// `[T, N, head_size]` absorbed queries.
+    pub query: Tensor,
+    /// `[T, N, head_size_v]` latent-space outputs.
+    pub output: Tensor,
+    /// The latent cache (random contents).
+    pub cache: MlaKvCache,
+    /// The batch's metadata from the backend's MLA builder.
+    pub metadata: Box<dyn AttentionMetadata>,
+}
+
+/// The MLA sizes of a row: DeepSeek-V3's with the row's heads, latent `head_size_v` +
+/// rope `head_size - head_size_v`, and cache dtype `kv`.
+pub fn mla_params(case: &Case, kv: CacheDType) -> MlaParams {
+    MlaParams {
+        kv_lora_rank: case.head_size_v,
+        qk_rope_head_dim: case.head_size - case.head_size_v,
+        kv_cache_dtype: kv,
+        ..MlaParams::deepseek_v3(case.num_heads)
+    }
+}
+
+/// The MLA impl of a row, with random `kv_b_proj` (the decode does not read it).
+pub fn make_mla_impl(
+    backend: &dyn AttentionBackend,
+    case: &Case,
+    kv: CacheDType,
+) -> Result<(Box<dyn MlaAttentionImpl>, AttentionLayer)> {
+    let p = mla_params(case, kv);
+    let n = p.num_heads * (p.qk_nope_head_dim + p.v_head_dim) * p.kv_lora_rank;
+    let w = Rng::new(0x3b1a).normals(n);
+    let weights = absorb_kv_b_proj(&w, &p)?;
+    Ok((
+        backend.make_mla_impl(p, weights)?,
+        AttentionLayer::new("bench"),
+    ))
+}
+
+/// Builds one MLA decode input set: the row's requests over a random latent cache.
+pub fn mla_set(
+    backend: &dyn AttentionBackend,
+    case: &Case,
+    dtype: DType,
+    kv: CacheDType,
+    seed: u64,
+) -> Result<MlaSet> {
+    let device = backend.device()?;
+    let p = mla_params(case, kv);
+    let desc = attention_description(&case.requests, case.block_size, true, seed);
+    let nb = num_blocks(&case.requests, case.block_size);
+    let mut cache = MlaKvCache::for_backend(backend, &p, dtype, nb, case.block_size)?;
+    let shape = cache.data().shape().to_vec();
+    *cache.data_mut() = random_tensor(&device, &shape, cache.storage_dtype(), seed ^ 0xcac4e)?;
+    let common = CommonAttentionMetadata::new(&device, desc)?;
+    let metadata = backend
+        .make_mla_builder(case.block_size)?
+        .build(0, &common, false)?;
+    let t = case.num_tokens();
+    Ok(MlaSet {
+        query: random_tensor(
+            &device,
+            &[t, p.num_heads, case.head_size],
+            dtype,
+            seed ^ 0x9,
+        )?,
+        output: Tensor::zeros(&device, &[t, p.num_heads, case.head_size_v], dtype)?,
+        cache,
+        metadata,
+    })
 }
 
 /// One input set of a KV-write row.

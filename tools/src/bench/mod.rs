@@ -973,9 +973,24 @@ fn time_job(
             s
         }
         Family::Mla => {
-            return Err(config_error(
-                "MLA rows need an MlaAttentionImpl, which no backend provides yet",
-            ))
+            let (imp, layer) = inputs::make_mla_impl(backend, case, job.kv)?;
+            let mut v = (0..sets)
+                .map(|i| inputs::mla_set(backend, case, job.dtype, job.kv, seed_of(i)))
+                .collect::<Result<Vec<_>>>()?;
+            let s = timing::measure(timer.as_mut(), cfg, |i| {
+                let n = v.len();
+                let set = &mut v[i % n];
+                imp.forward_mqa(
+                    &layer,
+                    &set.query,
+                    &set.cache,
+                    set.metadata.as_ref(),
+                    &mut set.output,
+                    None,
+                )
+            })?;
+            check_finite(&v[0].output)?;
+            s
         }
     };
     Ok((samples, timer.method().to_string()))

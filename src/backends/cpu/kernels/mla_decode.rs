@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::metadata::CommonAttentionMetadata;
 use crate::mla::MlaKvCache;
 
-use super::mla_latents::LatentReader;
+use super::mla_latents::{dot, LatentReader};
 
 /// Output `[T][N][kv_lora_rank]` and LSE `[N][T]` of the query tokens of requests `reqs` of
 /// `md` (`T` of them, `q` `[T][N][latent_dim]` from the first; see the module docs).
@@ -34,8 +34,16 @@ pub fn mla_decode(
     reqs: Range<usize>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let dim = cache.latent_dim();
-    let storage = cache.data().to_host()?;
-    let reader = LatentReader::new(&storage, cache, k_scale)?;
+    // A CPU cache is read in place; another device's is copied to the host once.
+    let copy;
+    let storage = match cache.data().as_cpu() {
+        Some(s) => s,
+        None => {
+            copy = cache.data().to_host()?;
+            &copy
+        }
+    };
+    let reader = LatentReader::new(storage, cache, k_scale)?;
     let qsl = md.query_start_loc_cpu();
     let seq_lens = md.seq_lens_cpu();
     let first = qsl[reqs.start] as usize;
@@ -73,7 +81,7 @@ pub fn mla_decode(
                 let qh = &q[(t * num_heads + h) * dim..][..dim];
                 let mut m = f32::NEG_INFINITY;
                 for (sc, lat) in scores.iter_mut().zip(latents.chunks_exact(dim)) {
-                    *sc = scale * qh.iter().zip(lat).map(|(a, b)| a * b).sum::<f32>();
+                    *sc = scale * dot(qh, lat);
                     m = m.max(*sc);
                 }
                 if visible == 0 {

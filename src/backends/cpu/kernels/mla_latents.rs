@@ -37,3 +37,19 @@ impl<'a> LatentReader<'a> {
         self.rows.load(o, dst, self.scale);
     }
 }
+
+/// `a · b` with eight partial sums, so the compiler can keep them in one vector register
+/// (a single running sum is a dependency chain it may not reorder).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}

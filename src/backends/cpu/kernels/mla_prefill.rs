@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::metadata::CommonAttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache};
 
-use super::mla_latents::LatentReader;
+use super::mla_latents::{dot, LatentReader};
 
 /// Output `[T][N][V]` and LSE `[N][T]` of the prefill of the tokens of requests `reqs` of
 /// `md` (`T` of them; `q` and `new_latents` from the first; see the module docs).
@@ -55,8 +55,16 @@ pub fn mla_prefill(
             cache.latent_dim()
         )));
     }
-    let storage = cache.data().to_host()?;
-    let reader = LatentReader::new(&storage, cache, k_scale)?;
+    // A CPU cache is read in place; another device's is copied to the host once.
+    let copy;
+    let storage = match cache.data().as_cpu() {
+        Some(s) => s,
+        None => {
+            copy = cache.data().to_host()?;
+            &copy
+        }
+    };
+    let reader = LatentReader::new(storage, cache, k_scale)?;
     let seq_lens = md.seq_lens_cpu();
     let mut out = vec![0.0f32; tokens * n * v];
     let mut lse = vec![f32::NEG_INFINITY; n * tokens];
@@ -83,7 +91,7 @@ pub fn mla_prefill(
                     let k = &mut keys[s * qk..][..qk];
                     for (j, kj) in k[..pd].iter_mut().enumerate() {
                         let w = &weights.w_uk_t[(h * pd + j) * l..][..l];
-                        *kj = w.iter().zip(&lat[..l]).map(|(a, b)| a * b).sum();
+                        *kj = dot(w, &lat[..l]);
                     }
                     k[pd..].copy_from_slice(&lat[l..]);
                     let vs = &mut values[s * v..][..v];
@@ -102,7 +110,7 @@ pub fn mla_prefill(
                     let qh = &q[((a + j) * n + h) * qk..][..qk];
                     let mut m = f32::NEG_INFINITY;
                     for (sc, k) in scores[..visible].iter_mut().zip(keys.chunks_exact(qk)) {
-                        *sc = p.scale * qh.iter().zip(k).map(|(x, y)| x * y).sum::<f32>();
+                        *sc = p.scale * dot(qh, k);
                         m = m.max(*sc);
                     }
                     let oj = &mut o[j * v..][..v];
