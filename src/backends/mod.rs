@@ -16,5 +16,6 @@
 pub mod cpu;
 pub mod cpu_mla;
 pub mod cuda;
+pub(crate) mod cuda_family;
 pub mod hip;
 pub mod wgpu;

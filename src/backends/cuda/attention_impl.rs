@@ -12,15 +12,12 @@ use std::sync::OnceLock;
 use cudarc::driver::sys::CUfunction_attribute;
 
 use crate::attention::{AttentionLayer, AttentionParams};
-use crate::backend::KvLayout;
+use crate::backends::cuda_family::{self, cache_write, output_target, PassBatch, PassTarget};
 use crate::device::{CudaDevice, CudaStorage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::forward::{AttendJob, Band, ForwardIo, ForwardKernels, Keys, PassSpec, Target};
-use crate::kernels::cuda::{
-    attn_params, reshape_launch, AttnBuffers, AttnKeySource, AttnPassShape, MergeBuffers,
-    MergeShape, ReshapeBuffers, ReshapeShape,
-};
+use crate::kernels::cuda::{MergeBuffers, MergeShape};
 use crate::kv_cache::KvCache;
 use crate::metadata::AttentionMetadata;
 
@@ -74,14 +71,6 @@ impl CudaAttentionImpl {
             sinks,
             decode_slots: [OnceLock::new(), OnceLock::new()],
         })
-    }
-
-    fn scales(&self, layer: &AttentionLayer) -> (f32, f32) {
-        if self.params.kv_cache_dtype.is_fp8() {
-            (layer.k_scale, layer.v_scale)
-        } else {
-            (1.0, 1.0)
-        }
     }
 
     /// The prefill kernel [`CudaTuning::mma`] picks for this layer and batch, when it
@@ -200,16 +189,6 @@ impl CudaAttentionImpl {
         Ok(ptrs)
     }
 
-    /// The device addresses of the output and the output LSE (0 when not asked for).
-    fn output_ptrs(&self, io: &ForwardIo<'_>) -> Result<(u64, u64)> {
-        let out = tensor_ptr(&self.device, io.output, "output")?;
-        let lse = match io.output_lse.as_deref() {
-            Some(t) => tensor_ptr(&self.device, t, "output_lse")?,
-            None => 0,
-        };
-        Ok((out, lse))
-    }
-
     /// The kernels' parameters for one pass: the batch, the key source, the target.
     fn pass_params(
         &self,
@@ -218,63 +197,25 @@ impl CudaAttentionImpl {
         io: &ForwardIo<'_>,
         spec: &PassSpec,
     ) -> Result<AttnParams> {
-        let p = &self.params;
-        let common = &md.common;
-        let n = io.num_tokens;
-        let arrays = md.arrays();
-        let (out, lse, out_dtype) = match spec.target {
-            Target::Output => {
-                let (out, lse) = self.output_ptrs(io)?;
-                (out, lse, io.dtype)
-            }
+        let ptr = |t: &Tensor, what: &str| tensor_ptr(&self.device, t, what);
+        let target = match spec.target {
+            Target::Output => output_target(ptr, io)?,
             t => {
-                let (o, l) = self.partial(rec, t, n)?;
-                (o, l, DType::F32)
-            }
-        };
-        let buffers = AttnBuffers {
-            q: tensor_ptr(&self.device, io.query, "query")?,
-            block_table: tensor_ptr(&self.device, &arrays.block_table, "block_table")?,
-            seq_lens: tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?,
-            query_start_loc: tensor_ptr(&self.device, &arrays.query_start_loc, "query_start_loc")?,
-            alibi: self.alibi.as_ref().map_or(0, |a| a.device_ptr()),
-            sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
-            out,
-            lse,
-        };
-        let keys = match io.keys {
-            Keys::Dense { key, value } => AttnKeySource::Dense {
-                key: tensor_ptr(&self.device, key, "key")?,
-                value: tensor_ptr(&self.device, value, "value")?,
-            },
-            Keys::Cache(cache) => {
-                let (k_scale, v_scale) = self.scales(io.layer);
-                AttnKeySource::Cache {
-                    cache: tensor_ptr(&self.device, cache.data(), "the KV cache")?,
-                    storage_dtype: cache.spec().storage_dtype(),
-                    layout_hnd: cache.layout() == KvLayout::Hnd,
-                    k_scale,
-                    v_scale,
+                let (out, lse) = self.partial(rec, t, io.num_tokens)?;
+                PassTarget {
+                    out,
+                    lse,
+                    out_dtype: DType::F32,
                 }
             }
         };
-        let shape = AttnPassShape {
-            num_heads: p.num_heads,
-            num_kv_heads: p.num_kv_heads,
-            group: p.num_queries_per_kv(),
-            head_size: p.head_size,
-            block_size: common.block_size(),
-            max_blocks_per_req: common.max_blocks_per_req(),
-            num_tokens: n,
-            sliding_window: p.sliding_window,
-            scale: p.scale,
-            soft_cap: p.soft_cap().unwrap_or(0.0),
-            causal: spec.causal,
-            use_sinks: self.sinks.is_some() && spec.sinks,
-            dtype: io.dtype,
-            out_dtype,
+        let batch = PassBatch {
+            common: &md.common,
+            arrays: md.arrays(),
+            alibi: self.alibi.as_ref().map_or(0, |a| a.device_ptr()),
+            sinks: self.sinks.as_ref().map_or(0, |s| s.device_ptr()),
         };
-        attn_params(buffers, keys, &shape)
+        cuda_family::pass_params(ptr, &self.params, &batch, io, spec, target)
     }
 }
 
@@ -368,36 +309,20 @@ impl ForwardKernels for CudaAttentionImpl {
         value: &Tensor,
         kv_cache: &mut KvCache,
     ) -> Result<()> {
-        let p = &self.params;
-        let n = md.common.slot_mapping_cpu().len();
-        let dtype = kv_cache.spec().dtype;
-        let k = tensor_ptr(&self.device, key, "key")?;
-        let v = tensor_ptr(&self.device, value, "value")?;
-        let cache = tensor_ptr(&self.device, kv_cache.data(), "the KV cache")?;
-        if n == 0 {
-            return Ok(());
-        }
-        let slots = tensor_ptr(&self.device, &md.arrays().slot_mapping, "slot_mapping")?;
-        let (k_scale, v_scale) = self.scales(layer);
-        let launch = reshape_launch(
-            ReshapeBuffers {
-                key: k,
-                value: v,
-                cache,
-                slot_mapping: slots,
-            },
-            &ReshapeShape {
-                num_tokens: n,
-                num_kv_heads: p.num_kv_heads,
-                head_size: p.head_size,
-                block_size: kv_cache.block_size(),
-                dtype,
-                cache_dtype: kv_cache.spec().storage_dtype(),
-                layout_hnd: kv_cache.layout() == KvLayout::Hnd,
-                k_scale,
-                v_scale,
-            },
+        let ptr = |t: &Tensor, what: &str| tensor_ptr(&self.device, t, what);
+        let launch = cache_write(
+            ptr,
+            &self.params,
+            &md.common,
+            md.arrays(),
+            layer,
+            key,
+            value,
+            kv_cache,
         )?;
+        let Some(launch) = launch else {
+            return Ok(());
+        };
         kernels::launch_reshape(&self.device, &launch)
     }
 
@@ -485,14 +410,14 @@ impl ForwardKernels for CudaAttentionImpl {
         let n = io.num_tokens;
         let (o_p, l_p) = self.partial(rec, Target::Prefix, n)?;
         let (o_s, l_s) = self.partial(rec, Target::Suffix, n)?;
-        let (out, out_lse) = self.output_ptrs(io)?;
+        let target = output_target(|t, what| tensor_ptr(&self.device, t, what), io)?;
         let buffers = MergeBuffers {
             prefix_out: o_p,
             prefix_lse: l_p,
             suffix_out: o_s,
             suffix_lse: l_s,
-            out,
-            out_lse,
+            out: target.out,
+            out_lse: target.lse,
         };
         let shape = MergeShape {
             num_tokens: n,
