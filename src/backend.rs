@@ -223,6 +223,36 @@ pub trait AttentionBackend: Send + Sync {
     /// Builds the metadata builder for one KV-cache group (vLLM's `get_builder_cls()(...)`).
     fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>>;
 
+    /// Checks a standard layer before its impl is built: the parameters themselves, then
+    /// every reason this backend rejects the layer's configuration (the activation dtype is
+    /// only known per call; f32 stands in for it) as [`Error::Unsupported`].
+    fn check_layer(&self, params: &AttentionParams) -> Result<()> {
+        params.validate()?;
+        let config = SelectorConfig::for_layer(params, DType::F32, None);
+        let reasons = self.validate_configuration(&config);
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Unsupported {
+                backend: self.name().into(),
+                reasons,
+            })
+        }
+    }
+
+    /// Checks a cache spec before a metadata builder is made for it
+    /// ([`Self::kv_cache_shape`] of one block).
+    fn check_cache_spec(&self, spec: &KvCacheSpec) -> Result<()> {
+        self.kv_cache_shape(
+            1,
+            spec.block_size,
+            spec.num_kv_heads,
+            spec.head_size,
+            spec.cache_dtype,
+        )
+        .map(|_| ())
+    }
+
     /// Builds the MLA impl of one layer from its sizes and absorbed `kv_b_proj`; only MLA
     /// backends (`is_mla`) have one: the default is the typed error "MLA not supported".
     fn make_mla_impl(

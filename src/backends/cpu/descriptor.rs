@@ -3,11 +3,11 @@
 use crate::attention::{AttentionImpl, AttentionParams};
 use crate::backend::{
     AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    GraphCaptureSupport, HeadSizes, KvLayout, SelectorConfig,
+    GraphCaptureSupport, HeadSizes, KvLayout,
 };
 use crate::device::{Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 
@@ -90,28 +90,12 @@ impl AttentionBackend for CpuBackend {
     }
 
     fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        params.validate()?;
-        // The activation dtype is only known per call; check everything else now.
-        let mut config = SelectorConfig::for_layer(&params, DType::F32, None);
-        config.dtype = DType::F32;
-        let reasons = self.validate_configuration(&config);
-        if !reasons.is_empty() {
-            return Err(Error::Unsupported {
-                backend: self.name().into(),
-                reasons,
-            });
-        }
+        self.check_layer(&params)?;
         Ok(Box::new(CpuAttentionImpl::new(params)))
     }
 
     fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        self.kv_cache_shape(
-            1,
-            spec.block_size,
-            spec.num_kv_heads,
-            spec.head_size,
-            spec.cache_dtype,
-        )?;
+        self.check_cache_spec(spec)?;
         Ok(Box::new(CpuMetadataBuilder::new(*spec)))
     }
 }

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use crate::attention::{AttentionImpl, AttentionParams};
 use crate::backend::{
     AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout, SelectorConfig,
+    DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout,
 };
 use crate::device::{CudaDevice, Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
@@ -146,15 +146,7 @@ impl AttentionBackend for CudaBackend {
     }
 
     fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        params.validate()?;
-        let config = SelectorConfig::for_layer(&params, DType::F32, None);
-        let reasons = self.validate_configuration(&config);
-        if !reasons.is_empty() {
-            return Err(Error::Unsupported {
-                backend: self.name().into(),
-                reasons,
-            });
-        }
+        self.check_layer(&params)?;
         Ok(Box::new(CudaAttentionImpl::new(
             params,
             self.cuda_device()?,
@@ -162,13 +154,7 @@ impl AttentionBackend for CudaBackend {
     }
 
     fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        self.kv_cache_shape(
-            1,
-            spec.block_size,
-            spec.num_kv_heads,
-            spec.head_size,
-            spec.cache_dtype,
-        )?;
+        self.check_cache_spec(spec)?;
         Ok(Box::new(CudaMetadataBuilder::new(
             *spec,
             self.cuda_device()?,

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use crate::attention::{AttentionImpl, AttentionParams};
 use crate::backend::{
     AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    GraphCaptureSupport, HeadSizes, KvLayout, SelectorConfig,
+    GraphCaptureSupport, HeadSizes, KvLayout,
 };
 use crate::device::{Device, DeviceKind, HipDevice};
 use crate::dtype::{CacheDType, DType};
@@ -149,26 +149,12 @@ impl AttentionBackend for HipBackend {
     }
 
     fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        params.validate()?;
-        let config = SelectorConfig::for_layer(&params, DType::F32, None);
-        let reasons = self.validate_configuration(&config);
-        if !reasons.is_empty() {
-            return Err(Error::Unsupported {
-                backend: self.name().into(),
-                reasons,
-            });
-        }
+        self.check_layer(&params)?;
         Ok(Box::new(HipAttentionImpl::new(params, self.hip_device()?)?))
     }
 
     fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        self.kv_cache_shape(
-            1,
-            spec.block_size,
-            spec.num_kv_heads,
-            spec.head_size,
-            spec.cache_dtype,
-        )?;
+        self.check_cache_spec(spec)?;
         Ok(Box::new(HipMetadataBuilder::new(*spec, self.hip_device()?)))
     }
 }
@@ -176,6 +162,7 @@ impl AttentionBackend for HipBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::SelectorConfig;
 
     #[test]
     fn capabilities_are_the_cuda_core_paths() {

@@ -171,15 +171,7 @@ impl AttentionBackend for WgpuBackend {
     }
 
     fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        params.validate()?;
-        let config = SelectorConfig::for_layer(&params, DType::F32, None);
-        let reasons = self.validate_configuration(&config);
-        if !reasons.is_empty() {
-            return Err(Error::Unsupported {
-                backend: self.name().into(),
-                reasons,
-            });
-        }
+        self.check_layer(&params)?;
         Ok(Box::new(WgpuAttentionImpl::new(
             WgpuDevice::open()?,
             params,
@@ -187,13 +179,7 @@ impl AttentionBackend for WgpuBackend {
     }
 
     fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        self.kv_cache_shape(
-            1,
-            spec.block_size,
-            spec.num_kv_heads,
-            spec.head_size,
-            spec.cache_dtype,
-        )?;
+        self.check_cache_spec(spec)?;
         Ok(Box::new(WgpuMetadataBuilder::new(
             WgpuDevice::open()?,
             *spec,
