@@ -183,39 +183,6 @@ __device__ __forceinline__ void pd_merge_if_last(const AttnParams& p, const Work
     }
 }
 
-// Four fp8 values (the bytes of `w`, lowest first) as four 16-bit values of the activation
-// type (two f16x2 / bf16x2 words, lowest first). Exact: every E4M3 / E5M2 value is an f16 and
-// a bf16. KV: 1 = E4M3, 2 = E5M2.
-template <bool BF16, int KV>
-__device__ __forceinline__ uint2 pd_fp8x4(pa_u32 w) {
-    pa_u32 h[2];  // f16x2
-    if (KV == 2) {
-        h[0] = __byte_perm(w, 0, 0x1404);  // bytes 0, 1 as the high bytes of two f16
-        h[1] = __byte_perm(w, 0, 0x3424);  // bytes 2, 3
-    } else {
-#if __CUDA_ARCH__ >= 890
-        const pa_u16 lo = (pa_u16)(w & 0xffffu);
-        const pa_u16 hi = (pa_u16)(w >> 16);
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[0]) : "h"(lo));
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[1]) : "h"(hi));
-#else
-        float f[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) f[k] = pa_e4m3_to_f32((pa_u8)((w >> (8 * k)) & 0xffu));
-        return make_uint2(ptx_pack2<BF16>(f[0], f[1]), ptx_pack2<BF16>(f[2], f[3]));
-#endif
-    }
-    if (!BF16) return make_uint2(h[0], h[1]);
-    pa_u32 r[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const float lo = pa_f16_to_f32((pa_u16)(h[k] & 0xffffu));
-        const float hi = pa_f16_to_f32((pa_u16)(h[k] >> 16));
-        r[k] = ptx_pack2<true>(lo, hi);
-    }
-    return make_uint2(r[0], r[1]);
-}
-
 template <bool BF16, int D, int KV>
 __device__ __forceinline__ void pd_decode(const AttnParams& p) {
     constexpr bool FP8 = KV != 0;
@@ -393,10 +360,10 @@ __device__ __forceinline__ void pd_decode(const AttnParams& p) {
                 const int j = piece / CHB;
                 const int c = piece - j * CHB;
                 const uint4 raw = *(const uint4*)(rk + kv * RAW + j * RS + c * 16);
-                const uint2 a = pd_fp8x4<BF16, KV>(raw.x);
-                const uint2 b = pd_fp8x4<BF16, KV>(raw.y);
-                const uint2 e = pd_fp8x4<BF16, KV>(raw.z);
-                const uint2 f = pd_fp8x4<BF16, KV>(raw.w);
+                const uint2 a = pa_fp8x4<BF16, KV>(raw.x);
+                const uint2 b = pa_fp8x4<BF16, KV>(raw.y);
+                const uint2 e = pa_fp8x4<BF16, KV>(raw.z);
+                const uint2 f = pa_fp8x4<BF16, KV>(raw.w);
                 uint4* dst = (uint4*)(conv + kv * TILE + j * S + c * 16);
                 dst[0] = make_uint4(a.x, a.y, b.x, b.y);
                 dst[1] = make_uint4(e.x, e.y, f.x, f.y);

@@ -386,6 +386,18 @@ pub trait AttentionImpl: Send + Sync {
 /// plug into the same registry and selector (`use_mla` in
 /// [`SelectorConfig`](crate::backend::SelectorConfig)).
 pub trait MlaAttentionImpl: Send + Sync {
+    /// Writes the batch's new latents into the cache (vLLM's `concat_and_cache_mla`):
+    /// `kv_c [T, kv_lora_rank]` and `k_pe [T, rope_dim]` at the metadata's slot mapping (−1
+    /// skipped; fp8 caches store `x / k_scale`), on the cache's device.
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        kv_c: &Tensor,
+        k_pe: &Tensor,
+        kv_cache: &mut MlaKvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()>;
+
     /// Decode: `q [B, N, kv_lora_rank + rope_dim]` against the latent cache
     /// `[blocks, block_size, kv_lora_rank + rope_dim]`; writes `output [B, N, kv_lora_rank]`
     /// and, when given, `lse [N, B]`.

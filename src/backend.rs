@@ -253,6 +253,73 @@ pub trait AttentionBackend: Send + Sync {
         .map(|_| ())
     }
 
+    /// Checks an MLA layer before an MLA impl is made for it: valid sizes, weights made for
+    /// them, the latent width (`kv_lora_rank + rope`) among the head sizes and the cache
+    /// dtype among the cache dtypes, with the reference's reason strings.
+    fn check_mla_layer(&self, params: &MlaParams, weights: &AbsorbedWeights) -> Result<()> {
+        params.validate()?;
+        if weights.params != *params {
+            return Err(Error::config(
+                "make_mla_impl: the absorbed weights were made for other MLA sizes",
+            ));
+        }
+        let caps = self.capabilities();
+        let mut reasons = Vec::new();
+        if !caps.head_sizes.contains(params.latent_dim()) {
+            reasons.push(Reason::new(
+                "head_size not supported",
+                format!(
+                    "got {} (kv_lora_rank + qk_rope_head_dim); supported: {}",
+                    params.latent_dim(),
+                    caps.head_sizes
+                ),
+            ));
+        }
+        if !caps.kv_cache_dtypes.contains(&params.kv_cache_dtype) {
+            reasons.push(Reason::new(
+                "kv_cache_dtype not supported",
+                format!("got {}", params.kv_cache_dtype),
+            ));
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Unsupported {
+                backend: self.name().into(),
+                reasons,
+            })
+        }
+    }
+
+    /// The latent cache shape `[num_blocks, block_size, head_size]` after checking the block
+    /// size and head size against the capabilities (what an MLA backend's
+    /// [`Self::mla_kv_cache_shape`] checks).
+    fn checked_mla_cache_shape(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        head_size: usize,
+    ) -> Result<[usize; 3]> {
+        let caps = self.capabilities();
+        if !u32::try_from(block_size).is_ok_and(|bs| caps.block_sizes.iter().any(|b| b.accepts(bs)))
+        {
+            let sizes: Vec<String> = caps.block_sizes.iter().map(|b| format!("{b:?}")).collect();
+            return Err(Error::config(format!(
+                "{}: block size {block_size} is not supported (supported: {})",
+                self.name(),
+                sizes.join(", ")
+            )));
+        }
+        if !caps.head_sizes.contains(head_size) {
+            return Err(Error::config(format!(
+                "{}: head size {head_size} is not supported (supported: {})",
+                self.name(),
+                caps.head_sizes
+            )));
+        }
+        Ok([num_blocks, block_size, head_size])
+    }
+
     /// Builds the MLA impl of one layer from its sizes and absorbed `kv_b_proj`; only MLA
     /// backends (`is_mla`) have one: the default is the typed error "MLA not supported".
     fn make_mla_impl(
@@ -513,3 +580,15 @@ impl KvCache {
 
 /// A shared handle to a backend descriptor.
 pub type BackendRef = Arc<dyn AttentionBackend>;
+
+/// The typed error "non-MLA not supported" an MLA backend gives a standard layer, builder or
+/// cache shape: it runs `forward_mqa` / `forward_mha` on a latent cache instead.
+pub fn non_mla_error(backend: &str) -> Error {
+    Error::Unsupported {
+        backend: backend.into(),
+        reasons: vec![Reason::new(
+            "non-MLA not supported",
+            "an MLA backend runs forward_mqa / forward_mha on a latent cache (make_mla_impl)",
+        )],
+    }
+}

@@ -12,6 +12,7 @@ use crate::backend::{BackendRef, SelectorConfig};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::cpu_mla::CpuMlaBackend;
 use crate::backends::cuda::CudaBackend;
+use crate::backends::cuda_mla::CudaMlaBackend;
 use crate::backends::hip::HipBackend;
 use crate::backends::wgpu::WgpuBackend;
 
@@ -24,6 +25,8 @@ pub enum BuiltinBackend {
     CpuMla,
     /// NVIDIA GPUs through CUDA and NVRTC ([`crate::backends::cuda`]).
     Cuda,
+    /// MLA (latent cache) on NVIDIA GPUs ([`crate::backends::cuda_mla`]).
+    CudaMla,
     /// AMD GPUs through HIP and hiprtc ([`crate::backends::hip`]).
     Hip,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
@@ -32,10 +35,11 @@ pub enum BuiltinBackend {
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 5] = [
+    pub const ALL: [BuiltinBackend; 6] = [
         BuiltinBackend::Cpu,
         BuiltinBackend::CpuMla,
         BuiltinBackend::Cuda,
+        BuiltinBackend::CudaMla,
         BuiltinBackend::Hip,
         BuiltinBackend::Wgpu,
     ];
@@ -46,6 +50,7 @@ impl BuiltinBackend {
             BuiltinBackend::Cpu => "CPU",
             BuiltinBackend::CpuMla => "CPU_MLA",
             BuiltinBackend::Cuda => "CUDA",
+            BuiltinBackend::CudaMla => "CUDA_MLA",
             BuiltinBackend::Hip => "HIP",
             BuiltinBackend::Wgpu => "WGPU",
         }
@@ -57,6 +62,7 @@ impl BuiltinBackend {
             BuiltinBackend::Cpu => Arc::new(CpuBackend::new()),
             BuiltinBackend::CpuMla => Arc::new(CpuMlaBackend::new()),
             BuiltinBackend::Cuda => Arc::new(CudaBackend::new()),
+            BuiltinBackend::CudaMla => Arc::new(CudaMlaBackend::new()),
             BuiltinBackend::Hip => Arc::new(HipBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
         }

@@ -17,5 +17,6 @@ pub mod cpu;
 pub mod cpu_mla;
 pub mod cuda;
 pub(crate) mod cuda_family;
+pub mod cuda_mla;
 pub mod hip;
 pub mod wgpu;

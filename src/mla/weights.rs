@@ -59,6 +59,31 @@ pub fn absorb_kv_b_proj(kv_b_proj: &[f32], p: &MlaParams) -> Result<AbsorbedWeig
 }
 
 impl AbsorbedWeights {
+    /// `kv_b_proj` again, `[N * (P + V)][Lkv]` (row `n * (P + V) + j`: head `n`'s output `j`),
+    /// for kernels that expand latents with one GEMM.
+    pub fn kv_b_proj(&self) -> Vec<f32> {
+        let p = &self.params;
+        let (n, l, pd, v) = (
+            p.num_heads,
+            p.kv_lora_rank,
+            p.qk_nope_head_dim,
+            p.v_head_dim,
+        );
+        let mut w = vec![0.0f32; n * (pd + v) * l];
+        for h in 0..n {
+            for j in 0..pd {
+                w[(h * (pd + v) + j) * l..][..l]
+                    .copy_from_slice(&self.w_uk_t[(h * pd + j) * l..][..l]);
+            }
+            for c in 0..l {
+                for j in 0..v {
+                    w[(h * (pd + v) + pd + j) * l + c] = self.w_uv[(h * l + c) * v + j];
+                }
+            }
+        }
+        w
+    }
+
     /// The decode query in latent space: `q` `[B][N][P + R]` (no-RoPE part first) becomes
     /// `[B][N][Lkv + R]` = `[q_nope · W_UK_T | q_pe]`.
     pub fn absorb_query(&self, q: &[f32]) -> Result<Vec<f32>> {

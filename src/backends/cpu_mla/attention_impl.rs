@@ -11,7 +11,7 @@ use crate::device::{DeviceKind, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::metadata::AttentionMetadata;
-use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
+use crate::mla::{concat_and_cache_mla, AbsorbedWeights, MlaKvCache, MlaParams};
 
 use super::CpuMlaMetadata;
 
@@ -81,6 +81,29 @@ fn write(out: &mut Tensor, values: &[f32]) -> Result<()> {
 }
 
 impl MlaAttentionImpl for CpuMlaAttentionImpl {
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        kv_c: &Tensor,
+        k_pe: &Tensor,
+        kv_cache: &mut MlaKvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        let md = metadata.downcast::<CpuMlaMetadata>("CpuMlaAttentionImpl")?;
+        self.check_cache(kv_cache)?;
+        let slots = md.common.slot_mapping_cpu();
+        let rows = |t: &Tensor| t.shape().first().copied();
+        if rows(kv_c) != Some(slots.len()) || rows(k_pe) != Some(slots.len()) {
+            return Err(Error::config(format!(
+                "do_kv_cache_update: the batch has {} new tokens; kv_c is {:?} and k_pe {:?}",
+                slots.len(),
+                kv_c.shape(),
+                k_pe.shape()
+            )));
+        }
+        concat_and_cache_mla(kv_c, k_pe, kv_cache, slots, layer.k_scale)
+    }
+
     fn forward_mqa(
         &self,
         layer: &AttentionLayer,

@@ -1,13 +1,14 @@
 //! The CPU MLA backend's descriptor.
 
 use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
+use crate::backend::non_mla_error;
 use crate::backend::{
     AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    GraphCaptureSupport, HeadSizes, KvLayout, Reason,
+    GraphCaptureSupport, HeadSizes, KvLayout,
 };
 use crate::device::{Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
@@ -58,16 +59,6 @@ impl Default for CpuMlaBackend {
     }
 }
 
-fn non_mla(backend: &str) -> Error {
-    Error::Unsupported {
-        backend: backend.into(),
-        reasons: vec![Reason::new(
-            "non-MLA not supported",
-            "an MLA backend runs forward_mqa / forward_mha on a latent cache (make_mla_impl)",
-        )],
-    }
-}
-
 impl AttentionBackend for CpuMlaBackend {
     fn name(&self) -> &str {
         "CPU_MLA"
@@ -96,13 +87,13 @@ impl AttentionBackend for CpuMlaBackend {
     /// Always the typed error "non-MLA not supported": a standard layer's `forward` does not
     /// run on an MLA backend.
     fn make_impl(&self, _params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        Err(non_mla(self.name()))
+        Err(non_mla_error(self.name()))
     }
 
     /// The standard KV cache has no MLA form: the latent cache is
     /// [`crate::mla::MlaKvCache`]. Always the typed error "non-MLA not supported".
     fn make_builder(&self, _spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        Err(non_mla(self.name()))
+        Err(non_mla_error(self.name()))
     }
 
     /// The standard `(num_blocks, 2, block_size, heads, head_size)` shape does not apply:
@@ -115,7 +106,7 @@ impl AttentionBackend for CpuMlaBackend {
         _head_size: usize,
         _cache_dtype: CacheDType,
     ) -> Result<[usize; 5]> {
-        Err(non_mla(self.name()))
+        Err(non_mla_error(self.name()))
     }
 
     fn make_mla_impl(
@@ -123,34 +114,7 @@ impl AttentionBackend for CpuMlaBackend {
         params: MlaParams,
         weights: AbsorbedWeights,
     ) -> Result<Box<dyn MlaAttentionImpl>> {
-        params.validate()?;
-        if weights.params != params {
-            return Err(Error::config(
-                "make_mla_impl: the absorbed weights were made for other MLA sizes",
-            ));
-        }
-        if !self.caps.head_sizes.contains(params.latent_dim()) {
-            return Err(Error::Unsupported {
-                backend: self.name().into(),
-                reasons: vec![Reason::new(
-                    "head_size not supported",
-                    format!(
-                        "got {} (kv_lora_rank + qk_rope_head_dim); supported: {}",
-                        params.latent_dim(),
-                        self.caps.head_sizes
-                    ),
-                )],
-            });
-        }
-        if !self.caps.kv_cache_dtypes.contains(&params.kv_cache_dtype) {
-            return Err(Error::Unsupported {
-                backend: self.name().into(),
-                reasons: vec![Reason::new(
-                    "kv_cache_dtype not supported",
-                    format!("got {}", params.kv_cache_dtype),
-                )],
-            });
-        }
+        self.check_mla_layer(&params, &weights)?;
         Ok(Box::new(CpuMlaAttentionImpl::new(params, weights)))
     }
 
@@ -167,19 +131,6 @@ impl AttentionBackend for CpuMlaBackend {
         block_size: usize,
         head_size: usize,
     ) -> Result<[usize; 3]> {
-        if !u32::try_from(block_size)
-            .is_ok_and(|bs| self.caps.block_sizes.iter().any(|b| b.accepts(bs)))
-        {
-            return Err(Error::config(format!(
-                "CPU_MLA: block size {block_size} is not a multiple of 16"
-            )));
-        }
-        if !self.caps.head_sizes.contains(head_size) {
-            return Err(Error::config(format!(
-                "CPU_MLA: head size {head_size} is not supported (supported: {})",
-                self.caps.head_sizes
-            )));
-        }
-        Ok([num_blocks, block_size, head_size])
+        self.checked_mla_cache_shape(num_blocks, block_size, head_size)
     }
 }

@@ -28,6 +28,8 @@
 //!   runtime;
 //! - [`merge`]: the LSE merge's parameter block, entry point and launch shape, for every
 //!   runtime;
+//! - [`mla`]: the MLA kernels' parameter blocks, the decode's CTA shapes, shared memory and
+//!   split policy;
 //! - [`model_ops`]: the model operations' launch constants and parameter blocks;
 //! - [`tuning`]: the family's knobs ([`CudaTuning`]);
 //! - [`amd`]: the AMD targets, their wavefront widths and the variants an AMD device
@@ -39,6 +41,7 @@
 pub mod amd;
 pub mod attn_pass;
 pub mod merge;
+pub mod mla;
 pub mod model_ops;
 pub mod params;
 pub mod reshape;
@@ -50,6 +53,7 @@ pub mod variants;
 pub use amd::*;
 pub use attn_pass::*;
 pub use merge::*;
+pub use mla::*;
 pub use model_ops::*;
 pub use params::*;
 pub use reshape::*;

@@ -135,8 +135,45 @@ pub const MODEL_OPS: KernelSource = KernelSource {
     ],
 };
 
+/// `mla_decode.cu`: MLA's latent-space decode on tensor cores (f16 / bf16 with a same-dtype
+/// or E4M3 cache; 16, 32 or 64 rows per CTA) and the split combine.
+pub const MLA_DECODE: KernelSource = KernelSource {
+    name: "mla_decode",
+    source: include_str!("../../../kernels-cuda/mla_decode.cu"),
+    functions: &[
+        "mla_decode_f16_r1",
+        "mla_decode_f16_r2",
+        "mla_decode_f16_r4",
+        "mla_decode_bf16_r1",
+        "mla_decode_bf16_r2",
+        "mla_decode_bf16_r4",
+        "mla_decode_f16_e4m3_r1",
+        "mla_decode_f16_e4m3_r2",
+        "mla_decode_f16_e4m3_r4",
+        "mla_decode_bf16_e4m3_r1",
+        "mla_decode_bf16_e4m3_r2",
+        "mla_decode_bf16_e4m3_r4",
+        "mla_combine",
+    ],
+};
+
+/// `mla_cache.cu`: the latent cache's write (`concat_and_cache_mla`) and the prefill's
+/// latent gather.
+pub const MLA_CACHE: KernelSource = KernelSource {
+    name: "mla_cache",
+    source: include_str!("../../../kernels-cuda/mla_cache.cu"),
+    functions: &["concat_and_cache_mla", "mla_gather_latents"],
+};
+
+/// `mla_prefill.cu`: MLA's expanded prefill attention, one key chunk per launch.
+pub const MLA_PREFILL: KernelSource = KernelSource {
+    name: "mla_prefill",
+    source: include_str!("../../../kernels-cuda/mla_prefill.cu"),
+    functions: &["mla_prefill_attention"],
+};
+
 /// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
-pub const ALL_SOURCES: [KernelSource; 7] = [
+pub const ALL_SOURCES: [KernelSource; 10] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
@@ -144,10 +181,14 @@ pub const ALL_SOURCES: [KernelSource; 7] = [
     MERGE_STATES,
     PROBES,
     MODEL_OPS,
+    MLA_DECODE,
+    MLA_CACHE,
+    MLA_PREFILL,
 ];
 
 /// The sources that compile for AMD as well (`PA_AMD`): no inline PTX, lane math in
-/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `model_ops`, `probes`) use
+/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `model_ops`, `probes`, the
+/// MLA kernels) use
 /// NVIDIA's tensor-core, `cp.async` or warp-synchronous instructions.
 pub const PORTABLE_SOURCES: [KernelSource; 3] = [RESHAPE_AND_CACHE, PAGED_ATTENTION, MERGE_STATES];
 

@@ -1,0 +1,330 @@
+//! The MLA kernels of the family as plain data: the parameter blocks of `mla_decode.cu`,
+//! `mla_cache.cu` and `mla_prefill.cu` (sizes asserted against the C++ side), the decode's
+//! entry points, CTA shapes and shared memory, and its split-KV policy.
+
+use crate::error::{Error, Result};
+
+/// The latent width the CUDA MLA kernels are built for (`kv_lora_rank` 512 + rope 64).
+pub const MLA_LATENT_DIM: usize = 576;
+/// The value width (`kv_lora_rank`) of the decode kernel.
+pub const MLA_VALUE_DIM: usize = 512;
+/// Keys per chunk of the decode kernel; block sizes must be multiples of it.
+pub const MLA_KEYS: usize = 32;
+/// Shared-memory stages of the decode kernel.
+pub const MLA_STAGES: usize = 2;
+/// The most splits of one decode launch (`mla_combine` holds two LSEs per lane).
+pub const MLA_MAX_SPLITS: usize = 64;
+/// Warps (rows) per CTA of `mla_combine` and `mla_prefill_attention`.
+pub const MLA_ROW_WARPS: usize = 4;
+/// The widest query-key and value dims of `mla_prefill_attention` (8 per lane).
+pub const MLA_PREFILL_MAX_DIM: usize = 256;
+/// Threads per CTA of the grid-stride kernels of `mla_cache.cu`.
+pub const MLA_CACHE_THREADS: u32 = 256;
+
+/// `MlaDecodeParams` of `mla_decode.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MlaDecodeParams {
+    /// `[T][H][576]` absorbed queries.
+    pub q: u64,
+    /// `[blocks][block_size][576]` latent cache.
+    pub cache: u64,
+    /// `[T][H][512]` output.
+    pub out: u64,
+    /// `[H][T]` f32 LSE, or 0.
+    pub lse: u64,
+    /// `[splits][T * H][512]` f32 partial outputs (split launches).
+    pub part_out: u64,
+    /// `[splits][T * H]` f32 partial LSEs.
+    pub part_lse: u64,
+    /// `[reqs + 1]` i32.
+    pub query_start_loc: u64,
+    /// `[reqs]` i32.
+    pub seq_lens: u64,
+    /// `[reqs][bt_stride]` i32.
+    pub block_table: u64,
+    /// Softmax scale (fp8 caches: times `k_scale`).
+    pub scale: f32,
+    /// Output factor (fp8: `k_scale`, else 1).
+    pub v_scale: f32,
+    /// Query heads.
+    pub num_heads: i32,
+    /// Query tokens of the launch.
+    pub num_tokens: i32,
+    /// Cache block size.
+    pub block_size: i32,
+    /// Block-table row width.
+    pub bt_stride: i32,
+    /// Splits of every request's key range.
+    pub num_splits: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+/// `MlaCombineParams` of `mla_decode.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MlaCombineParams {
+    /// `[splits][T * H][512]` f32.
+    pub part_out: u64,
+    /// `[splits][T * H]` f32.
+    pub part_lse: u64,
+    /// `[T][H][512]` output.
+    pub out: u64,
+    /// `[H][T]` f32 LSE, or 0.
+    pub lse: u64,
+    /// Query heads.
+    pub num_heads: i32,
+    /// Query tokens.
+    pub num_tokens: i32,
+    /// Splits.
+    pub num_splits: i32,
+    /// Output dtype code.
+    pub out_dtype: i32,
+}
+
+/// `MlaCacheParams` of `mla_cache.cu` (`concat_and_cache_mla`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MlaCacheParams {
+    /// `[T][kv_lora_rank]`.
+    pub kv_c: u64,
+    /// `[T][rope]`.
+    pub k_pe: u64,
+    /// `[blocks][block_size][kv_lora_rank + rope]`.
+    pub cache: u64,
+    /// `[T]` i64 slots (−1: skipped).
+    pub slot_mapping: u64,
+    /// fp8: the divisor of every stored value, else 1.
+    pub scale: f32,
+    /// Tokens.
+    pub num_tokens: i32,
+    /// Latent dims without RoPE.
+    pub kv_lora_rank: i32,
+    /// RoPE dims.
+    pub rope_dim: i32,
+    /// Input dtype code.
+    pub act_dtype: i32,
+    /// Cache dtype code.
+    pub cache_dtype: i32,
+    /// Cache block size.
+    pub block_size: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+/// `MlaGatherParams` of `mla_cache.cu` (`mla_gather_latents`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MlaGatherParams {
+    /// `[Tp][kv_lora_rank]` new tokens' latents.
+    pub kv_c: u64,
+    /// `[Tp][rope]`.
+    pub k_pe: u64,
+    /// The latent cache.
+    pub cache: u64,
+    /// `[rows][kv_lora_rank]` f32 out.
+    pub kvc: u64,
+    /// `[rows][rope]` f32 out.
+    pub pe: u64,
+    /// `[reqs + 1]` i32.
+    pub query_start_loc: u64,
+    /// `[reqs]` i32.
+    pub seq_lens: u64,
+    /// `[reqs][bt_stride]` i32.
+    pub block_table: u64,
+    /// `[n + 1]` i32 first row of each prefill request.
+    pub starts: u64,
+    /// fp8: the factor of every cached value, else 1.
+    pub k_scale: f32,
+    /// The first prefill request.
+    pub first_req: i32,
+    /// `query_start_loc[first_req]`.
+    pub q_base: i32,
+    /// The chunk's first position.
+    pub chunk_lo: i32,
+    /// Positions per chunk.
+    pub chunk: i32,
+    /// Latent dims without RoPE.
+    pub kv_lora_rank: i32,
+    /// RoPE dims.
+    pub rope_dim: i32,
+    /// Input dtype code.
+    pub act_dtype: i32,
+    /// Cache dtype code.
+    pub cache_dtype: i32,
+    /// Cache block size.
+    pub block_size: i32,
+    /// Block-table row width.
+    pub bt_stride: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+/// `MlaPrefillParams` of `mla_prefill.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MlaPrefillParams {
+    /// `[Tp][H][qk]` queries.
+    pub q: u64,
+    /// `[rows][H][qk_nope + v]` f32 expanded latents.
+    pub kvx: u64,
+    /// `[rows][rope]` f32.
+    pub pe: u64,
+    /// `[Tp][H][v]` f32 running output.
+    pub acc: u64,
+    /// `[Tp][H][2]` f32 running max and denominator.
+    pub ml: u64,
+    /// `[Tp][H][v]` output.
+    pub out: u64,
+    /// `[reqs + 1]` i32.
+    pub query_start_loc: u64,
+    /// `[reqs]` i32.
+    pub seq_lens: u64,
+    /// `[n + 1]` i32.
+    pub starts: u64,
+    /// Softmax scale.
+    pub scale: f32,
+    /// Query heads.
+    pub num_heads: i32,
+    /// The first prefill request.
+    pub first_req: i32,
+    /// `query_start_loc[first_req]`.
+    pub q_base: i32,
+    /// The chunk's first position.
+    pub chunk_lo: i32,
+    /// Positions per chunk.
+    pub chunk: i32,
+    /// Query / key dims without RoPE.
+    pub qk_nope: i32,
+    /// RoPE dims.
+    pub rope_dim: i32,
+    /// Value dims.
+    pub v_dim: i32,
+    /// Activation dtype code.
+    pub act_dtype: i32,
+    /// 1 on the first chunk.
+    pub first: i32,
+    /// 1 on the last chunk.
+    pub last: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<MlaDecodeParams>() == 104);
+const _: () = assert!(std::mem::size_of::<MlaCombineParams>() == 48);
+const _: () = assert!(std::mem::size_of::<MlaCacheParams>() == 64);
+const _: () = assert!(std::mem::size_of::<MlaGatherParams>() == 120);
+const _: () = assert!(std::mem::size_of::<MlaPrefillParams>() == 120);
+
+/// The decode kernel's CTA shape: `row_groups` (1, 2 or 4) groups of 16 rows, two warps each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaDecodeShape {
+    /// Groups of 16 rows (1, 2 or 4).
+    pub row_groups: usize,
+}
+
+impl MlaDecodeShape {
+    /// The smallest shape that holds `rows_per_request` rows (`q_len * heads`) in one CTA,
+    /// else the largest (64 rows, several CTAs per request).
+    pub fn for_rows(rows_per_request: usize) -> Self {
+        let row_groups = match rows_per_request.div_ceil(16) {
+            0 | 1 => 1,
+            2 => 2,
+            _ => 4,
+        };
+        MlaDecodeShape { row_groups }
+    }
+
+    /// Rows per CTA.
+    pub fn rows(self) -> usize {
+        16 * self.row_groups
+    }
+
+    /// Threads per CTA.
+    pub fn threads(self) -> u32 {
+        (64 * self.row_groups) as u32
+    }
+
+    /// Dynamic shared memory: Q, the stages (fp8: raw, then one converted tile), the score
+    /// exchange (the layout in `mla_decode.cu`'s header).
+    pub fn smem_bytes(self, fp8: bool) -> u32 {
+        let s = MLA_LATENT_DIM + 8;
+        let q = self.rows() * s * 2;
+        let stage = if fp8 {
+            MLA_KEYS * (MLA_LATENT_DIM + 16)
+        } else {
+            MLA_KEYS * s * 2
+        };
+        let conv = if fp8 { MLA_KEYS * s * 2 } else { 0 };
+        let exchange = 2 * self.row_groups * 16 * 32 * 4;
+        (q + MLA_STAGES * stage + conv + exchange) as u32
+    }
+
+    /// The entry point for a bf16 (else f16) query and an E4M3 (else same-dtype) cache.
+    pub fn function_name(self, bf16: bool, fp8: bool) -> String {
+        format!(
+            "mla_decode_{}{}_r{}",
+            if bf16 { "bf16" } else { "f16" },
+            if fp8 { "_e4m3" } else { "" },
+            self.row_groups
+        )
+    }
+
+    /// CTAs of this shape resident on one SM (shared memory bound, 227 KiB usable).
+    pub fn ctas_per_sm(self, fp8: bool) -> usize {
+        (227 * 1024 / self.smem_bytes(fp8) as usize).max(1)
+    }
+}
+
+/// Splits of every request's key range for a decode launch of `ctas` CTAs per split on
+/// `sm_count` SMs: enough for about two waves of resident CTAs, at most
+/// [`MLA_MAX_SPLITS`], and at least two chunks of keys per split of the longest request.
+pub fn mla_num_splits(
+    ctas: usize,
+    resident_per_sm: usize,
+    sm_count: usize,
+    max_seq: usize,
+) -> usize {
+    let target = 2 * sm_count.max(1) * resident_per_sm.max(1);
+    let want = target.div_ceil(ctas.max(1));
+    let cap = max_seq.div_ceil(2 * MLA_KEYS).max(1);
+    want.min(cap).clamp(1, MLA_MAX_SPLITS)
+}
+
+/// Checks that `block_size` suits the decode kernel (a multiple of [`MLA_KEYS`]).
+pub fn check_mla_block_size(block_size: usize) -> Result<()> {
+    if block_size == 0 || block_size % MLA_KEYS != 0 {
+        return Err(Error::config(format!(
+            "the CUDA MLA decode reads keys in chunks of {MLA_KEYS} that must not cross a \
+             cache block: block size {block_size} is not a multiple of {MLA_KEYS}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_shapes_fit_the_gpu() {
+        assert_eq!(MlaDecodeShape::for_rows(16).rows(), 16);
+        assert_eq!(MlaDecodeShape::for_rows(32).rows(), 32);
+        assert_eq!(MlaDecodeShape::for_rows(33).rows(), 64);
+        assert_eq!(MlaDecodeShape::for_rows(128).rows(), 64);
+        for rg in [1, 2, 4] {
+            let s = MlaDecodeShape { row_groups: rg };
+            for fp8 in [false, true] {
+                assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
+            }
+        }
+        assert_eq!(
+            MlaDecodeShape { row_groups: 4 }.function_name(true, true),
+            "mla_decode_bf16_e4m3_r4"
+        );
+        assert_eq!(mla_num_splits(2, 1, 132, 64), 1);
+        assert_eq!(mla_num_splits(32, 1, 132, 1024), 9);
+        assert_eq!(mla_num_splits(1, 1, 132, 1 << 20), MLA_MAX_SPLITS);
+        assert!(check_mla_block_size(64).is_ok());
+        assert!(check_mla_block_size(16).is_err());
+    }
+}
