@@ -6,12 +6,17 @@
 //! 128, v 128, block sizes 32 and 64, 16-bit and fp8 latents. Unused cache slots and the
 //! null block hold NaN, so a kernel that read outside a request's blocks would fail.
 
-use polyattn::backends::cpu::kernels::mla_decode::mla_decode;
-use polyattn::backends::cpu::kernels::mla_prefill::mla_prefill;
 use polyattn::metadata::{BatchDescription, CommonAttentionMetadata};
 use polyattn::mla::{absorb_kv_b_proj, concat_and_cache_mla, reference, MlaKvCache, MlaParams};
 use polyattn::rng::Rng;
 use polyattn::{CacheDType, DType, Device, Tensor};
+
+mod common;
+
+use common::{fail, for_each_case, CaseInfo, Outcome};
+use polyattn::backend::{BackendRef, SelectorConfig};
+use polyattn::testing::Tolerance;
+use polyattn::AttentionLayer;
 
 struct Case {
     heads: usize,
@@ -19,28 +24,51 @@ struct Case {
     dtype: DType,
     cache: CacheDType,
     seq_lens: Vec<usize>,
-    /// New tokens per request: 1 runs the latent decode; more, the expanded prefill.
+    /// New tokens per request: the builder sends the leading requests of one query length
+    /// (up to 128) to `forward_mqa`, the rest to `forward_mha`.
     q_lens: Vec<usize>,
 }
 
-fn run(c: &Case, seed: u64) {
-    let label = format!(
-        "{} heads bs{} {}/{} seq_lens {:?}",
-        c.heads, c.block_size, c.dtype, c.cache, c.seq_lens
-    );
+impl Case {
+    fn info(&self) -> CaseInfo {
+        let mut config = SelectorConfig::new(576, self.dtype, self.cache);
+        config.use_mla = true;
+        config.block_size = Some(self.block_size as u32);
+        CaseInfo {
+            label: format!(
+                "{} heads bs{} {}/{} seq_lens {:?} q_lens {:?}",
+                self.heads, self.block_size, self.dtype, self.cache, self.seq_lens, self.q_lens
+            ),
+            config: Some(config),
+            cascade: false,
+        }
+    }
+}
+
+/// One batch through the backend's public MLA API: the cache written by
+/// `do_kv_cache_update` (first NaN everywhere, then every request's latents), the decodes by
+/// `forward_mqa` (queries absorbed, output up-projected on the host), the prefills by
+/// `forward_mha`; every output and the decodes' LSE against the f64 expanded reference.
+fn run(b: &BackendRef, c: &Case, seed: u64) -> Outcome {
+    let dev = b.device()?;
     let cpu = Device::cpu();
     let p = MlaParams {
         kv_cache_dtype: c.cache,
         ..MlaParams::deepseek_v3(c.heads)
     };
     let (l, r, dim) = (p.kv_lora_rank, p.qk_rope_head_dim, p.latent_dim());
+    let (n, qk, v) = (p.num_heads, p.qk_head_dim(), p.v_head_dim);
     let mut rng = Rng::new(seed);
     let w: Vec<f32> = rng
-        .normals(p.num_heads * (p.qk_nope_head_dim + p.v_head_dim) * l)
+        .normals(n * (p.qk_nope_head_dim + v) * l)
         .into_iter()
         .map(|x| x / (l as f32).sqrt())
         .collect();
-    let weights = absorb_kv_b_proj(&w, &p).unwrap();
+    let weights = absorb_kv_b_proj(&w, &p)?;
+    let imp = b.make_mla_impl(p.clone(), weights.clone())?;
+    let builder = b.make_mla_builder(c.block_size)?;
+    let mut layer = AttentionLayer::new("mla.test");
+    layer.k_scale = 0.25;
 
     // Blocks: a shuffled pool from 1 (0 is the null block), one run per request.
     let bs = c.block_size;
@@ -51,42 +79,67 @@ fn run(c: &Case, seed: u64) {
     rng.shuffle(&mut pool);
     let mut table = vec![0i32; c.seq_lens.len() * width];
     let mut next = 0;
-    for (i, &n) in per_req.iter().enumerate() {
-        for b in 0..n {
-            table[i * width + b] = pool[next];
+    for (i, &nb) in per_req.iter().enumerate() {
+        for k in 0..nb {
+            table[i * width + k] = pool[next];
             next += 1;
         }
     }
-    let k_scale = 0.25f32;
-    let mut cache = MlaKvCache::new(&cpu, num_blocks, bs, dim, c.dtype, c.cache).unwrap();
-    // Every slot first NaN, then each request's latents over it.
-    let all: Vec<i64> = (0..(num_blocks * bs) as i64).collect();
-    let nan = |n: usize, w: usize| {
-        Tensor::from_f32(&cpu, &vec![f32::NAN; n * w], &[n, w], c.dtype).unwrap()
+    let mut cache = MlaKvCache::for_backend(b.as_ref(), &p, c.dtype, num_blocks, bs)?;
+    let put = |x: &[f32], shape: &[usize], dtype: DType| -> polyattn::Result<Tensor> {
+        Tensor::from_f32(&cpu, x, shape, dtype)?.to_device(&dev)
     };
-    concat_and_cache_mla(
-        &nan(all.len(), l),
-        &nan(all.len(), r),
+    // A cache write of `slots` as one request that owns every block.
+    let write =
+        |cache: &mut MlaKvCache, kv_c: &Tensor, k_pe: &Tensor, slots: Vec<i64>| -> Outcome {
+            let t = slots.len();
+            let desc = BatchDescription {
+                query_start_loc: vec![0, t as i32],
+                seq_lens: vec![t as i32],
+                block_table: (0..num_blocks as i32).collect(),
+                max_blocks_per_req: num_blocks,
+                slot_mapping: slots,
+                causal: true,
+                block_size: bs,
+                is_prefilling: None,
+            };
+            let md = builder.build(0, &CommonAttentionMetadata::new(&dev, desc)?, false)?;
+            imp.do_kv_cache_update(&layer, kv_c, k_pe, cache, md.as_ref())?;
+            Ok(())
+        };
+    let all = num_blocks * bs;
+    write(
         &mut cache,
-        &all,
-        k_scale,
-    )
-    .unwrap();
+        &put(&vec![f32::NAN; all * l], &[all, l], c.dtype)?,
+        &put(&vec![f32::NAN; all * r], &[all, r], c.dtype)?,
+        (0..all as i64).collect(),
+    )?;
     let mut slots = Vec::new();
     for (i, &s) in c.seq_lens.iter().enumerate() {
         for t in 0..s {
             slots.push(table[i * width + t / bs] as i64 * bs as i64 + (t % bs) as i64);
         }
     }
-    let n = slots.len();
-    let kv_c = Tensor::from_f32(&cpu, &rng.normals(n * l), &[n, l], c.dtype).unwrap();
-    let k_pe = Tensor::from_f32(&cpu, &rng.normals(n * r), &[n, r], c.dtype).unwrap();
-    concat_and_cache_mla(&kv_c, &k_pe, &mut cache, &slots, k_scale).unwrap();
+    let total = slots.len();
+    let kv_c = Tensor::from_f32(&cpu, &rng.normals(total * l), &[total, l], c.dtype)?;
+    let k_pe = Tensor::from_f32(&cpu, &rng.normals(total * r), &[total, r], c.dtype)?;
+    write(
+        &mut cache,
+        &kv_c.to_device(&dev)?,
+        &k_pe.to_device(&dev)?,
+        slots.clone(),
+    )?;
+    let (c_all, p_all) = (kv_c.to_f32_vec()?, k_pe.to_f32_vec()?);
 
     // The batch: the last q_lens[i] positions of request i are its new tokens.
-    let qk = p.qk_head_dim();
     let total_q: usize = c.q_lens.iter().sum();
-    let q = rng.normals(total_q * p.num_heads * qk);
+    let q = Tensor::from_f32(
+        &cpu,
+        &rng.normals(total_q * n * qk),
+        &[total_q, n, qk],
+        c.dtype,
+    )?
+    .to_f32_vec()?;
     let mut qsl = vec![0i32];
     let mut new_slots = Vec::new();
     let mut new_rows = Vec::new();
@@ -98,7 +151,7 @@ fn run(c: &Case, seed: u64) {
         row0 += s;
     }
     let desc = BatchDescription {
-        query_start_loc: qsl,
+        query_start_loc: qsl.clone(),
         seq_lens: c.seq_lens.iter().map(|&s| s as i32).collect(),
         block_table: table.clone(),
         max_blocks_per_req: width,
@@ -107,100 +160,113 @@ fn run(c: &Case, seed: u64) {
         block_size: bs,
         is_prefilling: None,
     };
-    let md = CommonAttentionMetadata::new(&cpu, desc).unwrap();
-    // The new tokens' own latents, as the activation dtype holds them.
-    let (c_all, p_all) = (kv_c.to_f32_vec().unwrap(), k_pe.to_f32_vec().unwrap());
-    let new_latents: Vec<f32> = new_rows
-        .iter()
-        .flat_map(|&t| {
-            c_all[t * l..(t + 1) * l]
-                .iter()
-                .chain(&p_all[t * r..(t + 1) * r])
-        })
-        .copied()
-        .collect();
-    let decode = c.q_lens.iter().all(|&x| x == 1);
-    let (out, lse) = if decode {
-        let ql = weights.absorb_query(&q).unwrap();
-        let (latent_out, lse) = mla_decode(
-            &ql,
-            p.num_heads,
-            l,
-            p.scale,
-            k_scale,
-            &cache,
-            &md,
-            0..c.seq_lens.len(),
-        )
-        .unwrap();
-        (weights.up_project(&latent_out).unwrap(), lse)
+    let common = CommonAttentionMetadata::new(&dev, desc)?;
+    let md = builder.build(0, &common, false)?;
+    // The decode region: the leading requests of the first request's query length (≤ 128).
+    let ql0 = c.q_lens[0];
+    let decodes = if ql0 <= 128 {
+        c.q_lens.iter().take_while(|&&x| x == ql0).count()
     } else {
-        mla_prefill(
-            &q,
-            &new_latents,
-            &weights,
-            k_scale,
+        0
+    };
+    let dec_tokens: usize = c.q_lens[..decodes].iter().sum();
+    let mut out = vec![0.0f32; total_q * n * v];
+    let mut lse = vec![0.0f32; n * dec_tokens];
+    if dec_tokens > 0 {
+        let ql = weights.absorb_query(&q[..dec_tokens * n * qk])?;
+        let q_lat = put(&ql, &[dec_tokens, n, dim], c.dtype)?;
+        let mut o_lat = put(&vec![0.0; dec_tokens * n * l], &[dec_tokens, n, l], c.dtype)?;
+        let mut lse_t = put(&vec![0.0; n * dec_tokens], &[n, dec_tokens], DType::F32)?;
+        imp.forward_mqa(
+            &layer,
+            &q_lat,
             &cache,
-            &md,
-            0..c.seq_lens.len(),
-        )
-        .unwrap()
-    };
-    // The expanded f64 reference over the latents as the cache holds them.
+            md.as_ref(),
+            &mut o_lat,
+            Some(&mut lse_t),
+        )?;
+        let up = weights.up_project(&o_lat.to_f32_vec()?)?;
+        out[..up.len()].copy_from_slice(&up);
+        lse = lse_t.to_f32_vec()?;
+    }
+    let pre_tokens = total_q - dec_tokens;
+    if pre_tokens > 0 {
+        let rows = &new_rows[dec_tokens..];
+        let pick = |x: &[f32], wd: usize| -> Vec<f32> {
+            rows.iter()
+                .flat_map(|&t| x[t * wd..(t + 1) * wd].to_vec())
+                .collect()
+        };
+        let q_pre = put(&q[dec_tokens * n * qk..], &[pre_tokens, n, qk], c.dtype)?;
+        let c_new = put(&pick(&c_all, l), &[pre_tokens, l], c.dtype)?;
+        let p_new = put(&pick(&p_all, r), &[pre_tokens, r], c.dtype)?;
+        let mut o = put(&vec![0.0; pre_tokens * n * v], &[pre_tokens, n, v], c.dtype)?;
+        imp.forward_mha(&layer, &q_pre, &c_new, &p_new, &cache, md.as_ref(), &mut o)?;
+        out[dec_tokens * n * v..].copy_from_slice(&o.to_f32_vec()?);
+    }
+
+    // The expanded f64 reference over the latents as the cache holds them (the prefills'
+    // new tokens from their own latents).
     let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
-    let tol = polyattn::testing::Tolerance {
-        atol: 2e-4,
-        rtol: 2e-3,
+    let tol = {
+        let t = Tolerance::for_dtype(c.dtype);
+        Tolerance {
+            atol: t.atol.max(2e-4),
+            rtol: t.rtol.max(2e-3),
+        }
     };
-    let v = p.v_head_dim;
     let mut q0 = 0;
     for (i, (&s, &ql)) in c.seq_lens.iter().zip(&c.q_lens).enumerate() {
-        // Context from the cache (dequantised); the decode reads every position there, the
-        // prefill its new tokens from their own latents.
+        let decode = i < decodes;
         let cached = if decode { s } else { s - ql };
         let mut lat: Vec<f64> = cache
-            .gather_f32(&table[i * width..(i + 1) * width], cached, k_scale)
-            .unwrap()
+            .gather_f32(&table[i * width..(i + 1) * width], cached, layer.k_scale)?
             .into_iter()
             .map(f64::from)
             .collect();
         if !decode {
-            lat.extend(
-                new_latents[q0 * dim..(q0 + ql) * dim]
-                    .iter()
-                    .map(|&x| x as f64),
-            );
+            for &t in &new_rows[q0..q0 + ql] {
+                lat.extend(
+                    c_all[t * l..(t + 1) * l]
+                        .iter()
+                        .chain(&p_all[t * r..(t + 1) * r])
+                        .map(|&x| x as f64),
+                );
+            }
         }
-        assert!(
-            lat.iter().all(|x| x.is_finite()),
-            "{label}: a NaN slot inside request {i}"
-        );
-        let qi: Vec<f64> = q[q0 * p.num_heads * qk..(q0 + ql) * p.num_heads * qk]
+        if lat.iter().any(|x| !x.is_finite()) {
+            return Err(fail(format!("a NaN slot inside request {i}")));
+        }
+        let qi: Vec<f64> = q[q0 * n * qk..(q0 + ql) * n * qk]
             .iter()
             .map(|&x| x as f64)
             .collect();
         let (want, want_lse) = reference::mla_attention(&p, &qi, &lat, &w64, ql, s);
         for j in 0..ql {
-            for h in 0..p.num_heads {
+            for h in 0..n {
                 for d in 0..v {
-                    let got = out[((q0 + j) * p.num_heads + h) * v + d] as f64;
-                    let exp = want[(j * p.num_heads + h) * v + d];
-                    assert!(
-                        tol.accepts(got, exp),
-                        "{label}: out[req {i} token {j}][head {h}][{d}] = {got}, reference {exp}"
-                    );
+                    let got = out[((q0 + j) * n + h) * v + d] as f64;
+                    let exp = want[(j * n + h) * v + d];
+                    if !tol.accepts(got, exp) {
+                        return Err(fail(format!(
+                            "out[req {i} token {j}][head {h}][{d}] = {got}, reference {exp}"
+                        )));
+                    }
                 }
-                let got = lse[h * total_q + q0 + j] as f64;
-                let exp = want_lse[h * ql + j];
-                assert!(
-                    tol.accepts(got, exp),
-                    "{label}: lse[head {h}][req {i} token {j}] = {got}, reference {exp}"
-                );
+                if decode {
+                    let got = lse[h * dec_tokens + q0 + j] as f64;
+                    let exp = want_lse[h * ql + j];
+                    if !tol.accepts(got, exp) {
+                        return Err(fail(format!(
+                            "lse[head {h}][req {i} token {j}] = {got}, reference {exp}"
+                        )));
+                    }
+                }
             }
         }
         q0 += ql;
     }
-    eprintln!("ok   {label}");
+    Ok(())
 }
 
 fn case(
@@ -233,6 +299,7 @@ fn latent_decode_equals_the_expanded_reference() {
             &[1, 1, 1],
         ),
         case(16, 32, DType::F32, CacheDType::Fp8E4m3, &[33, 5], &[1, 1]),
+        case(16, 64, DType::F16, CacheDType::Auto, &[3000, 700], &[2, 2]),
         case(
             128,
             64,
@@ -242,24 +309,35 @@ fn latent_decode_equals_the_expanded_reference() {
             &[1, 1],
         ),
         case(128, 32, DType::F16, CacheDType::Auto, &[40], &[1]),
+        case(128, 64, DType::Bf16, CacheDType::Auto, &[600, 33], &[1, 1]),
     ];
-    for (i, c) in cases.iter().enumerate() {
-        run(c, 2100 + i as u64);
-    }
+    for_each_case("mla_decode", &cases, Case::info, |b, c| {
+        run(b, c, 2100 + c.seq_lens[0] as u64)
+    });
 }
 
 #[test]
 fn expanded_prefill_equals_the_reference() {
     // Fresh prompts and chunked prefills over cached context (fp8 context dequantised, the
-    // new tokens at the activation dtype).
+    // new tokens at the activation dtype); the first request of each batch is a decode of
+    // its query length, the rest prefills.
     let cases = [
         case(16, 64, DType::Bf16, CacheDType::Auto, &[20, 90], &[20, 17]),
         case(16, 32, DType::F32, CacheDType::Fp8E4m3, &[45], &[9]),
         case(128, 64, DType::Bf16, CacheDType::Fp8E4m3, &[12, 3], &[4, 3]),
+        case(
+            16,
+            64,
+            DType::F16,
+            CacheDType::Fp8E4m3,
+            &[300, 500],
+            &[150, 200],
+        ),
+        case(128, 32, DType::Bf16, CacheDType::Auto, &[200], &[130]),
     ];
-    for (i, c) in cases.iter().enumerate() {
-        run(c, 2200 + i as u64);
-    }
+    for_each_case("mla_prefill", &cases, Case::info, |b, c| {
+        run(b, c, 2200 + c.seq_lens[0] as u64)
+    });
 }
 
 /// Through the public API, as a model would: the selector's MLA choice, its builder and impl,

@@ -11,9 +11,9 @@ use crate::device::{CudaDevice, CudaStorage, Device, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    check_mla_block_size, code, mla_num_splits, LinearParams, MlaCacheParams, MlaCombineParams,
-    MlaDecodeParams, MlaDecodeShape, MlaGatherParams, MlaPrefillParams, MLA_KEYS, MLA_LATENT_DIM,
-    MLA_PREFILL_MAX_DIM, MLA_VALUE_DIM,
+    check_mla_block_size, code, mla_num_splits, CudaTuning, LinearParams, MlaCacheParams,
+    MlaCombineParams, MlaDecodeParams, MlaDecodeShape, MlaGatherParams, MlaPrefillParams, MLA_KEYS,
+    MLA_LATENT_DIM, MLA_PREFILL_MAX_DIM, MLA_VALUE_DIM,
 };
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
@@ -350,9 +350,10 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         // every prefill request) stays within PREFILL_WORKSPACE_BYTES.
         let kvw = p.num_heads * (p.qk_nope_head_dim + p.v_head_dim);
         let per_row = (l + r + kvw) * 4;
-        let chunk = (PREFILL_WORKSPACE_BYTES / per_row / n)
-            .max(MLA_KEYS)
-            .min(max_seq.max(1));
+        let chunk = CudaTuning::get().mla_prefill_chunk.unwrap_or_else(|| {
+            (PREFILL_WORKSPACE_BYTES / per_row / n / MLA_KEYS * MLA_KEYS).max(MLA_KEYS)
+        });
+        let chunk = chunk.min(max_seq.div_ceil(MLA_KEYS) * MLA_KEYS);
         let chunks = max_seq.div_ceil(chunk);
         let rows_cap = n * chunk;
         // Workspace: starts, kvc, pe, kvx, then (several chunks) the running state.

@@ -26,6 +26,8 @@ pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
 pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
 /// Picks the GPU ordinal; see [`CudaTuning::device`].
 pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
+/// [`CudaTuning::mla_prefill_chunk`].
+pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +73,11 @@ pub struct CudaTuning {
     /// The GPU ordinal the backend opens. [`CUDA_DEVICE_ENV`]: a non-negative integer;
     /// default 0.
     pub device: usize,
+    /// Key positions per chunk of the MLA prefill (`CUDA_MLA`'s `forward_mha`; a multiple of
+    /// 32); `None` (the default): the most whose expanded workspace fits 256 MiB.
+    /// [`MLA_PREFILL_CHUNK_ENV`]; small values run long contexts as many chunks (the chunk
+    /// continuation is tested that way).
+    pub mla_prefill_chunk: Option<usize>,
 }
 
 impl Default for CudaTuning {
@@ -82,6 +89,7 @@ impl Default for CudaTuning {
             decode: true,
             decode_splits: None,
             device: 0,
+            mla_prefill_chunk: None,
         }
     }
 }
@@ -134,6 +142,16 @@ impl CudaTuning {
                 },
             ),
             device: env.int_in(CUDA_DEVICE_ENV, 0..=usize::MAX, d.device),
+            mla_prefill_chunk: env.get(
+                MLA_PREFILL_CHUNK_ENV,
+                "a positive multiple of 32",
+                None,
+                "the workspace rule",
+                |v| {
+                    let n = v.parse::<usize>().ok()?;
+                    (n > 0 && n % 32 == 0).then_some(Some(n))
+                },
+            ),
         }
     }
 
@@ -214,6 +232,7 @@ mod tests {
             (DECODE_ENV, "off"),
             (DECODE_SPLITS_ENV, "12"),
             (CUDA_DEVICE_ENV, "3"),
+            (MLA_PREFILL_CHUNK_ENV, "64"),
         ]);
         assert_eq!(
             t,
@@ -227,6 +246,7 @@ mod tests {
                 decode: false,
                 decode_splits: Some(12),
                 device: 3,
+                mla_prefill_chunk: Some(64),
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
