@@ -7,7 +7,7 @@
 //! null block hold NaN, so a kernel that read outside a request's blocks would fail.
 
 use polyattn::metadata::{BatchDescription, CommonAttentionMetadata};
-use polyattn::mla::{absorb_kv_b_proj, concat_and_cache_mla, reference, MlaKvCache, MlaParams};
+use polyattn::mla::{absorb_kv_b_proj, reference, MlaKvCache, MlaParams};
 use polyattn::rng::Rng;
 use polyattn::{CacheDType, DType, Device, Tensor};
 
@@ -403,9 +403,34 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
     for (i, &s) in seq_lens.iter().enumerate() {
         slots.extend((0..s).map(|t| slot(i, t)));
     }
+    let dev = backend.device().unwrap();
     let kv_c = Tensor::from_f32(&cpu, &c_all, &[total, l], DType::Bf16).unwrap();
     let k_pe = Tensor::from_f32(&cpu, &p_all, &[total, r], DType::Bf16).unwrap();
-    concat_and_cache_mla(&kv_c, &k_pe, &mut cache, &slots, 1.0).unwrap();
+    let builder = backend.make_mla_builder(bs).unwrap();
+    let imp = backend.make_mla_impl(p.clone(), weights.clone()).unwrap();
+    let layer = AttentionLayer::new("mla.0");
+    // The cache write, as one request that owns every block.
+    let fill = BatchDescription {
+        query_start_loc: vec![0, total as i32],
+        seq_lens: vec![total as i32],
+        block_table: (0..16).collect(),
+        max_blocks_per_req: 16,
+        slot_mapping: slots.clone(),
+        causal: true,
+        block_size: bs,
+        is_prefilling: None,
+    };
+    let fill = builder
+        .build(0, &CommonAttentionMetadata::new(&dev, fill).unwrap(), false)
+        .unwrap();
+    imp.do_kv_cache_update(
+        &layer,
+        &kv_c.to_device(&dev).unwrap(),
+        &k_pe.to_device(&dev).unwrap(),
+        &mut cache,
+        fill.as_ref(),
+    )
+    .unwrap();
     let (c16, p16) = (kv_c.to_f32_vec().unwrap(), k_pe.to_f32_vec().unwrap());
 
     let desc = BatchDescription {
@@ -421,21 +446,27 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
         block_size: bs,
         is_prefilling: None,
     };
-    let common = CommonAttentionMetadata::new(&cpu, desc).unwrap();
-    let builder = backend.make_mla_builder(bs).unwrap();
+    let common = CommonAttentionMetadata::new(&dev, desc).unwrap();
     assert_eq!(builder.reorder_batch_threshold(), Some(128));
     let md = builder.build(0, &common, false).unwrap();
-    let imp = backend.make_mla_impl(p.clone(), weights.clone()).unwrap();
-    let layer = AttentionLayer::new("mla.0");
     let n = p.num_heads;
     let qk = p.qk_head_dim();
-    let q = rng.normals(12 * n * qk);
+    // As the bf16 query tensor holds them.
+    let q = Tensor::from_f32(&cpu, &rng.normals(12 * n * qk), &[12, n, qk], DType::Bf16)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    let put = |x: &[f32], shape: &[usize], dtype: DType| {
+        Tensor::from_f32(&cpu, x, shape, dtype)
+            .and_then(|t| t.to_device(&dev))
+            .unwrap()
+    };
 
     // Decodes: absorbed queries through forward_mqa, up-projected.
     let ql = weights.absorb_query(&q[..2 * n * qk]).unwrap();
-    let q_lat = Tensor::from_f32(&cpu, &ql, &[2, n, dim], DType::F32).unwrap();
-    let mut o_lat = Tensor::zeros(&cpu, &[2, n, l], DType::F32).unwrap();
-    let mut lse = Tensor::zeros(&cpu, &[n, 2], DType::F32).unwrap();
+    let q_lat = put(&ql, &[2, n, dim], DType::Bf16);
+    let mut o_lat = put(&vec![0.0; 2 * n * l], &[2, n, l], DType::Bf16);
+    let mut lse = put(&vec![0.0; n * 2], &[n, 2], DType::F32);
     imp.forward_mqa(
         &layer,
         &q_lat,
@@ -447,16 +478,20 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
     .unwrap();
     let dec = weights.up_project(&o_lat.to_f32_vec().unwrap()).unwrap();
     // Prefill: the expanded path over the new tokens' own latents.
-    let q_pre = Tensor::from_f32(&cpu, &q[2 * n * qk..], &[10, n, qk], DType::F32).unwrap();
+    let q_pre = put(&q[2 * n * qk..], &[10, n, qk], DType::Bf16);
     let new: Vec<usize> = (110 + 30..110 + 40).collect();
     let pick = |v: &[f32], w: usize| -> Vec<f32> {
         new.iter()
             .flat_map(|&t| v[t * w..(t + 1) * w].to_vec())
             .collect()
     };
-    let c_new = Tensor::from_f32(&cpu, &pick(&c16, l), &[10, l], DType::F32).unwrap();
-    let p_new = Tensor::from_f32(&cpu, &pick(&p16, r), &[10, r], DType::F32).unwrap();
-    let mut o_pre = Tensor::zeros(&cpu, &[10, n, p.v_head_dim], DType::F32).unwrap();
+    let c_new = put(&pick(&c16, l), &[10, l], DType::Bf16);
+    let p_new = put(&pick(&p16, r), &[10, r], DType::Bf16);
+    let mut o_pre = put(
+        &vec![0.0; 10 * n * p.v_head_dim],
+        &[10, n, p.v_head_dim],
+        DType::Bf16,
+    );
     imp.forward_mha(
         &layer,
         &q_pre,
@@ -469,16 +504,13 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
     .unwrap();
     let pre = o_pre.to_f32_vec().unwrap();
     // Wrong shapes are typed errors.
-    let mut bad = Tensor::zeros(&cpu, &[2, n, l + 1], DType::F32).unwrap();
+    let mut bad = put(&vec![0.0; 2 * n * (l + 1)], &[2, n, l + 1], DType::Bf16);
     assert!(imp
         .forward_mqa(&layer, &q_lat, &cache, md.as_ref(), &mut bad, None)
         .is_err());
 
     let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
-    let tol = polyattn::testing::Tolerance {
-        atol: 2e-4,
-        rtol: 2e-3,
-    };
+    let tol = Tolerance::for_dtype(DType::Bf16);
     let v = p.v_head_dim;
     let mut start = 0;
     for (i, (&s, &ql)) in seq_lens.iter().zip(&q_lens).enumerate() {
