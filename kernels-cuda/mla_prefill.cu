@@ -56,7 +56,7 @@ struct MlaPrefillParams {
 };
 static_assert(sizeof(MlaPrefillParams) == 120, "MlaPrefillParams must match src/kernels/cuda/mla.rs");
 
-extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32) mla_prefill_attention(const MlaPrefillParams p) {
+extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_attention(const MlaPrefillParams p) {
     const int lane = threadIdx.x & 31;
     const int i = blockIdx.y;
     const int req = p.first_req + i;
@@ -133,14 +133,16 @@ extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32) mla_prefill_atte
         for (int k = 0; k < MLA_PF_MAXD; ++k) acc[k] *= corr;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            if (pos + u >= hi) continue;
-            const float e = expf(s[u] - mx);
-            l += e;
-            const float* v = p.kvx + ((base + (pos + u - lo)) * (pa_i64)H + h) * kvw + p.qk_nope;
+            if (pos + u < hi) {
+                const float e = expf(s[u] - mx);
+                l += e;
+                const float* v =
+                    p.kvx + ((base + (pos + u - lo)) * (pa_i64)H + h) * kvw + p.qk_nope;
 #pragma unroll
-            for (int k = 0; k < MLA_PF_MAXD; ++k) {
-                const int d = lane + 32 * k;
-                if (d < p.v_dim) acc[k] += e * v[d];
+                for (int k = 0; k < MLA_PF_MAXD; ++k) {
+                    const int d = lane + 32 * k;
+                    if (d < p.v_dim) acc[k] += e * v[d];
+                }
             }
         }
         m = mx;

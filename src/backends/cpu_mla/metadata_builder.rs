@@ -59,19 +59,33 @@ impl AttentionMetadataBuilder for CpuMlaMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        common.expect_block_size(self.block_size)?;
-        if common_prefix_len > 0 {
-            return Err(Error::config(
-                "CPU_MLA runs no cascade attention (common_prefix_len must be 0)",
-            ));
-        }
-        if !common.causal() {
-            return Err(Error::config("CPU_MLA runs causal (decoder) batches only"));
-        }
-        let split = common.split_decodes_and_prefills(MLA_DECODE_MAX_QUERY_LEN, true, false);
+        let split = mla_batch_split("CPU_MLA", self.block_size, common_prefix_len, common)?;
         Ok(Box::new(CpuMlaMetadata {
             common: common.clone(),
             split,
         }))
     }
+}
+
+/// The checks every MLA builder makes of a batch (block size, no cascade, causal) and its
+/// decode / prefill split: the leading requests of one query length up to
+/// [`MLA_DECODE_MAX_QUERY_LEN`] are decodes.
+pub fn mla_batch_split(
+    backend: &str,
+    block_size: usize,
+    common_prefix_len: usize,
+    common: &CommonAttentionMetadata,
+) -> Result<DecodePrefillSplit> {
+    common.expect_block_size(block_size)?;
+    if common_prefix_len > 0 {
+        return Err(Error::config(format!(
+            "{backend} runs no cascade attention (common_prefix_len must be 0)"
+        )));
+    }
+    if !common.causal() {
+        return Err(Error::config(format!(
+            "{backend} runs causal (decoder) batches only"
+        )));
+    }
+    Ok(common.split_decodes_and_prefills(MLA_DECODE_MAX_QUERY_LEN, true, false))
 }

@@ -1,17 +1,14 @@
 //! The CUDA MLA backend's descriptor.
 
-use std::sync::OnceLock;
-
 use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
 use crate::backend::{
     non_mla_error, AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
     DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout,
 };
-use crate::device::cuda::nvrtc_status;
+use crate::backends::cuda::CudaBackend;
 use crate::device::{CudaDevice, Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
-use crate::kernels::cuda::CudaTuning;
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
@@ -25,8 +22,8 @@ use super::{CudaMlaAttentionImpl, CudaMlaMetadataBuilder};
 #[derive(Debug)]
 pub struct CudaMlaBackend {
     caps: BackendCapabilities,
-    ordinal: usize,
-    device: OnceLock<std::result::Result<CudaDevice, String>>,
+    /// The standard CUDA descriptor of the same GPU: its probe (driver, device, NVRTC).
+    cuda: CudaBackend,
 }
 
 impl CudaMlaBackend {
@@ -60,27 +57,18 @@ impl CudaMlaBackend {
                 graph_capture: GraphCaptureSupport::Never,
                 kv_layout: KvLayout::Nhd,
             },
-            ordinal: CudaTuning::get().device,
-            device: OnceLock::new(),
+            cuda: CudaBackend::new(),
         }
-    }
-
-    fn probe(&self) -> std::result::Result<CudaDevice, String> {
-        self.device
-            .get_or_init(|| {
-                CudaDevice::driver_status()?;
-                let dev = CudaDevice::new(self.ordinal).map_err(|e| e.to_string())?;
-                nvrtc_status()?;
-                Ok(dev)
-            })
-            .clone()
     }
 
     /// The opened device, or why it is not available.
     pub fn cuda_device(&self) -> Result<CudaDevice> {
-        self.probe().map_err(|message| Error::Device {
-            backend: "CUDA_MLA".into(),
-            message,
+        self.cuda.cuda_device().map_err(|e| match e {
+            Error::Device { message, .. } => Error::Device {
+                backend: "CUDA_MLA".into(),
+                message,
+            },
+            other => other,
         })
     }
 }
@@ -105,10 +93,7 @@ impl AttentionBackend for CudaMlaBackend {
     }
 
     fn availability(&self) -> Availability {
-        match self.probe() {
-            Ok(d) => Availability::Available(d.description()),
-            Err(why) => Availability::Unavailable(why),
-        }
+        self.cuda.availability()
     }
 
     fn capabilities(&self) -> &BackendCapabilities {
@@ -120,10 +105,7 @@ impl AttentionBackend for CudaMlaBackend {
     }
 
     fn device_capability(&self) -> Option<DeviceCapability> {
-        self.probe().ok().map(|d| {
-            let (major, minor) = d.compute_capability();
-            DeviceCapability { major, minor }
-        })
+        self.cuda.device_capability()
     }
 
     /// Always the typed error "non-MLA not supported".

@@ -3,9 +3,9 @@
 //! [`MLA_DECODE_MAX_QUERY_LEN`] for the latent decode) and the batch arrays on the GPU.
 
 use crate::backend::GraphCaptureSupport;
-use crate::backends::cpu_mla::MLA_DECODE_MAX_QUERY_LEN;
+use crate::backends::cpu_mla::{mla_batch_split, MLA_DECODE_MAX_QUERY_LEN};
 use crate::device::{CudaDevice, Device};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
     DeviceMetadata,
@@ -67,16 +67,7 @@ impl AttentionMetadataBuilder for CudaMlaMetadataBuilder {
         common: &CommonAttentionMetadata,
         _fast_build: bool,
     ) -> Result<Box<dyn AttentionMetadata>> {
-        common.expect_block_size(self.block_size)?;
-        if common_prefix_len > 0 {
-            return Err(Error::config(
-                "CUDA_MLA runs no cascade attention (common_prefix_len must be 0)",
-            ));
-        }
-        if !common.causal() {
-            return Err(Error::config("CUDA_MLA runs causal (decoder) batches only"));
-        }
-        let split = common.split_decodes_and_prefills(MLA_DECODE_MAX_QUERY_LEN, true, false);
+        let split = mla_batch_split("CUDA_MLA", self.block_size, common_prefix_len, common)?;
         let uploaded = common
             .device()
             .copies_on(&Device::Cuda(self.device.clone()))?;
