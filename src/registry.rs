@@ -15,6 +15,7 @@ use crate::backends::cuda::CudaBackend;
 use crate::backends::cuda_mla::CudaMlaBackend;
 use crate::backends::hip::HipBackend;
 use crate::backends::wgpu::WgpuBackend;
+use crate::backends::wgpu_mla::WgpuMlaBackend;
 
 /// The backends shipped with polyattn. GPU backends join this enum as they land.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,17 +32,20 @@ pub enum BuiltinBackend {
     Hip,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
     Wgpu,
+    /// MLA (latent cache) in WGSL through wgpu ([`crate::backends::wgpu_mla`]).
+    WgpuMla,
 }
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 6] = [
+    pub const ALL: [BuiltinBackend; 7] = [
         BuiltinBackend::Cpu,
         BuiltinBackend::CpuMla,
         BuiltinBackend::Cuda,
         BuiltinBackend::CudaMla,
         BuiltinBackend::Hip,
         BuiltinBackend::Wgpu,
+        BuiltinBackend::WgpuMla,
     ];
 
     /// Its registered name.
@@ -53,6 +57,7 @@ impl BuiltinBackend {
             BuiltinBackend::CudaMla => "CUDA_MLA",
             BuiltinBackend::Hip => "HIP",
             BuiltinBackend::Wgpu => "WGPU",
+            BuiltinBackend::WgpuMla => "WGPU_MLA",
         }
     }
 
@@ -65,6 +70,7 @@ impl BuiltinBackend {
             BuiltinBackend::CudaMla => Arc::new(CudaMlaBackend::new()),
             BuiltinBackend::Hip => Arc::new(HipBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
+            BuiltinBackend::WgpuMla => Arc::new(WgpuMlaBackend::new()),
         }
     }
 }

@@ -19,4 +19,6 @@ pub mod cuda;
 pub(crate) mod cuda_family;
 pub mod cuda_mla;
 pub mod hip;
+pub mod mla_batch;
 pub mod wgpu;
+pub mod wgpu_mla;

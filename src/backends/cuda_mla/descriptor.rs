@@ -13,7 +13,8 @@ use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
 
-use super::{CudaMlaAttentionImpl, CudaMlaMetadataBuilder};
+use super::metadata_builder::cuda_mla_builder;
+use super::CudaMlaAttentionImpl;
 
 /// The CUDA MLA backend descriptor (name `CUDA_MLA`, ranked first among MLA backends).
 ///
@@ -147,10 +148,7 @@ impl AttentionBackend for CudaMlaBackend {
     /// Block sizes 32 and 64.
     fn make_mla_builder(&self, block_size: usize) -> Result<Box<dyn AttentionMetadataBuilder>> {
         self.mla_kv_cache_shape(1, block_size, 576)?;
-        Ok(Box::new(CudaMlaMetadataBuilder::new(
-            block_size,
-            self.cuda_device()?,
-        )))
+        Ok(Box::new(cuda_mla_builder(block_size, self.cuda_device()?)))
     }
 
     /// Block sizes 32 and 64, head size 576.

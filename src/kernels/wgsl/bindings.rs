@@ -21,6 +21,21 @@ pub enum Bindings {
     Probe,
     /// model_ops_*.wgsl (`crate::compute`): uniform 0; read 1, 2; read-write 3.
     Model,
+    /// mla_cache_write.wgsl: uniform 0; read 1 (kv_c), 2 (k_pe), 3 (slots); read-write 4
+    /// (cache).
+    MlaCacheWrite,
+    /// mla_gather.wgsl: uniform 0; read 1 (kv_c), 2 (k_pe), 3 (cache), 4 (block table),
+    /// 5 (plan); read-write 6 (latent rows).
+    MlaGather,
+    /// mla_decode.wgsl: uniform 0; read 1 (q), 2 (cache), 3 (block table), 4 (seq_lens);
+    /// read-write 5 (out or partials), 6 (lse or partial LSEs).
+    MlaDecode,
+    /// mla_combine.wgsl: uniform 0; read 1 (partials), 2 (partial LSEs); read-write 3 (out),
+    /// 4 (lse).
+    MlaCombine,
+    /// mla_prefill.wgsl: uniform 0; read 1 (q), 2 (expanded keys / values), 3 (latent
+    /// rows), 4 (plan); read-write 5 (softmax state), 6 (out).
+    MlaPrefill,
 }
 
 impl Bindings {
@@ -49,6 +64,32 @@ impl Bindings {
             ],
             Bindings::Probe => &[(1, true), (2, false)],
             Bindings::Model => &[(1, true), (2, true), (3, false)],
+            Bindings::MlaCacheWrite => &[(1, true), (2, true), (3, true), (4, false)],
+            Bindings::MlaGather => &[
+                (1, true),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, true),
+                (6, false),
+            ],
+            Bindings::MlaDecode => &[
+                (1, true),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, false),
+                (6, false),
+            ],
+            Bindings::MlaCombine => &[(1, true), (2, true), (3, false), (4, false)],
+            Bindings::MlaPrefill => &[
+                (1, true),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, false),
+                (6, false),
+            ],
         }
     }
 }

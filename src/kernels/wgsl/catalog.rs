@@ -9,6 +9,7 @@ use super::attention::{
     DECODE_WORKGROUP,
 };
 use super::elementwise::{MergeShader, ProbeShader, ReshapeShader};
+use super::mla::MlaShader;
 use super::model_ops::ModelShader;
 use super::tiles::{
     choose_tile, coop_split_fits, TileKind, ATTENTION_WORKGROUP, TILED2_DEFAULT_BLOCK,
@@ -58,8 +59,9 @@ pub fn coop_catalog() -> Vec<(String, String)> {
 /// modules say `enable f16;` and need `SHADER_FLOAT16` to validate), every variant of the
 /// element-wise kernels (they take the head size at run time), the split-KV decode kernel's
 /// variants (dtype pairings at head size 128; head sizes,
-/// row counts, step lengths and subgroup sizes in f32 and bf16), the two bench probes and
-/// every model-operation shader ([`ModelShader::all`]).
+/// row counts, step lengths and subgroup sizes in f32 and bf16), the two bench probes,
+/// every model-operation shader ([`ModelShader::all`]) and the MLA kernels
+/// ([`MlaShader::catalog`]).
 ///
 /// [`ModelShader::all`]: super::ModelShader::all
 pub fn catalog() -> Vec<(String, String, bool)> {
@@ -255,6 +257,9 @@ pub fn catalog() -> Vec<(String, String, bool)> {
         push(p.key(), p.source(), false);
     }
     for m in ModelShader::all() {
+        push(m.key(), m.source(), false);
+    }
+    for m in MlaShader::catalog() {
         push(m.key(), m.source(), false);
     }
     out

@@ -19,7 +19,8 @@
 //! variant of a kernel binds the same buffers.
 //!
 //! **Specialisations** are plain values ([`AttentionShader`], [`DecodeShader`],
-//! [`CombineShader`], [`ReshapeShader`], [`MergeShader`], [`ProbeShader`], [`ModelShader`]);
+//! [`CombineShader`], [`ReshapeShader`], [`MergeShader`], [`ProbeShader`], [`ModelShader`],
+//! [`MlaShader`]);
 //! each one's `key()` names the compiled pipeline in the runtime's cache and its `source()`
 //! is the complete WGSL module.
 //!
@@ -32,6 +33,8 @@
 //!   blocking, the coop form's shapes and subgroup split);
 //! - [`attention`]: the attention, split-KV decode and combine kernels;
 //! - [`elementwise`]: the cache write, `merge_attn_states` and the benchmark probes;
+//! - [`mla`]: the MLA kernels (latent cache write, latent decode and its split merge, the
+//!   expanded prefill's gather and chunked attention);
 //! - [`model_ops`]: the model operations' kernels (`crate::compute`);
 //! - [`bindings`]: the binding set of each kernel;
 //! - [`catalog`](mod@catalog): representative sets of every specialisation, for the translation tests;
@@ -44,6 +47,7 @@ pub mod attention;
 pub mod bindings;
 pub mod catalog;
 pub mod elementwise;
+pub mod mla;
 pub mod model_ops;
 mod preprocess;
 mod sources;
@@ -54,6 +58,7 @@ pub use attention::*;
 pub use bindings::*;
 pub use catalog::*;
 pub use elementwise::*;
+pub use mla::*;
 pub use model_ops::*;
 pub use preprocess::unroll;
 pub use tiles::*;

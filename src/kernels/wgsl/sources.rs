@@ -25,3 +25,8 @@ pub(super) const MODEL_OPS_GATHER: &str = include_str!("../../../shaders/model_o
 pub(super) const MODEL_OPS_ROPE: &str = include_str!("../../../shaders/model_ops_rope.wgsl");
 pub(super) const MODEL_OPS_ELEMENTWISE: &str =
     include_str!("../../../shaders/model_ops_elementwise.wgsl");
+pub(super) const MLA_CACHE_WRITE: &str = include_str!("../../../shaders/mla_cache_write.wgsl");
+pub(super) const MLA_GATHER: &str = include_str!("../../../shaders/mla_gather.wgsl");
+pub(super) const MLA_DECODE: &str = include_str!("../../../shaders/mla_decode.wgsl");
+pub(super) const MLA_COMBINE: &str = include_str!("../../../shaders/mla_combine.wgsl");
+pub(super) const MLA_PREFILL: &str = include_str!("../../../shaders/mla_prefill.wgsl");

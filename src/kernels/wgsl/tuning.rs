@@ -237,6 +237,11 @@ pub struct WgpuTuning {
     /// Threads per workgroup of the decode kernel (`POLYATTN_WGPU_DECODE_WG`: a power of two
     /// from 32 to 1024, a multiple of the subgroup size; default [`DECODE_WORKGROUP`]).
     pub decode_workgroup: u32,
+    /// Key positions per chunk of `WGPU_MLA`'s prefill (`forward_mha`; each chunk's latents
+    /// are gathered and expanded, then attended, the softmax state carried to the next
+    /// chunk): `POLYATTN_WGPU_MLA_PREFILL_CHUNK`, a positive multiple of 16. `None`: the most
+    /// whose workspace fits 256 MiB and one storage binding.
+    pub mla_prefill_chunk: Option<u32>,
 }
 
 impl WgpuTuning {
@@ -282,6 +287,7 @@ impl WgpuTuning {
             },
             decode_keys_per_step: DECODE_KEYS_PER_STEP,
             decode_workgroup: DECODE_WORKGROUP,
+            mla_prefill_chunk: None,
         }
     }
 
@@ -394,6 +400,16 @@ impl WgpuTuning {
                 d.decode_workgroup,
                 d.decode_workgroup,
                 parse_workgroup,
+            ),
+            mla_prefill_chunk: env.get(
+                "POLYATTN_WGPU_MLA_PREFILL_CHUNK",
+                "a positive multiple of 16",
+                d.mla_prefill_chunk,
+                "the workspace's",
+                |v| {
+                    let n = v.parse::<u32>().ok()?;
+                    (n > 0 && n % 16 == 0).then_some(Some(n))
+                },
             ),
         }
     }

@@ -1,0 +1,617 @@
+//! The wgpu MLA impl: `forward_mqa` records the latent decode over the batch's decodes
+//! (requests `0..num_decodes`, one query length) with split-KV and the combine,
+//! `forward_mha` the expanded prefill chunk by chunk, `do_kv_cache_update` the latent write;
+//! each call is one submission. Every tensor's shape, dtype and device is checked and every
+//! workspace size computed with checked arithmetic before anything is recorded; nothing
+//! waits for the GPU (a download does).
+
+use std::sync::Mutex;
+
+use crate::attention::{AttentionLayer, MlaAttentionImpl};
+use crate::backends::wgpu::WgpuTuning;
+use crate::device::wgpu::{check_binding, storage, upload_words, Words};
+use crate::device::{Device, Tensor, WgpuDevice};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::wgsl::{
+    MlaDecodeShader, MlaPrefillShader, MlaShader, MLA_ELEMENTWISE_WORKGROUP, MLA_ROWS,
+};
+use crate::metadata::AttentionMetadata;
+use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
+
+use super::kernels::Recording;
+use super::WgpuMlaMetadata;
+
+/// The prefill's expanded workspace per chunk (f32 latents and `kv_b_proj` output of every
+/// prefill request): chunks are sized to stay within it and within one storage binding.
+pub const PREFILL_WORKSPACE_BYTES: u64 = 256 << 20;
+
+/// Most split partials one decode row is cut into.
+const MAX_DECODE_SPLITS: usize = 64;
+
+/// Workspace buffers, grown on demand and reused by later calls (the queue orders every use).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Decode split partial outputs.
+    partials: Option<wgpu::Buffer>,
+    /// Decode split partial LSEs.
+    partial_lses: Option<wgpu::Buffer>,
+    /// Prefill latent rows (kv_c region, then rope region).
+    latents: Option<wgpu::Buffer>,
+    /// Prefill `kv_b_proj` output.
+    expanded: Option<wgpu::Buffer>,
+    /// Prefill softmax state (accumulators, then (m, l) rows).
+    state: Option<wgpu::Buffer>,
+}
+
+/// The wgpu MLA impl of one layer.
+#[derive(Debug)]
+pub struct WgpuMlaAttentionImpl {
+    params: MlaParams,
+    dev: WgpuDevice,
+    tuning: WgpuTuning,
+    /// `kv_b_proj` `[N * (P + V)][Lkv]` f32, the prefill's expansion.
+    kv_b_proj: wgpu::Buffer,
+    scratch: Mutex<Scratch>,
+}
+
+fn device_error(message: impl Into<String>) -> Error {
+    Error::Device {
+        backend: "WGPU_MLA".into(),
+        message: message.into(),
+    }
+}
+
+/// `x` as u32, or an error naming `what`.
+fn u32_of(what: &'static str, x: usize) -> Result<u32> {
+    u32::try_from(x).map_err(|_| Error::overflow(what, format!("{x} does not fit u32")))
+}
+
+/// Product of `factors` as a byte count, or an overflow error naming `what`.
+fn bytes_of(what: &'static str, factors: &[usize]) -> Result<u64> {
+    factors
+        .iter()
+        .try_fold(1u64, |a, &x| a.checked_mul(x as u64))
+        .ok_or_else(|| Error::overflow(what, format!("{factors:?}")))
+}
+
+/// The buffer in `slot`, replaced by a larger one when it holds fewer than `bytes`; checked
+/// to fit one storage binding.
+fn grown(
+    dev: &WgpuDevice,
+    slot: &mut Option<wgpu::Buffer>,
+    bytes: u64,
+    what: &str,
+) -> Result<wgpu::Buffer> {
+    check_binding(dev, bytes, what)?;
+    if slot.as_ref().is_none_or(|b| b.size() < bytes) {
+        *slot = Some(dev.create_storage_buffer(what, bytes, wgpu::BufferUsages::empty(), false)?);
+    }
+    slot.clone()
+        .ok_or_else(|| device_error(format!("{what} was not allocated")))
+}
+
+impl WgpuMlaAttentionImpl {
+    /// The impl on `dev` for `params` (checked by the descriptor) with the tuning of the
+    /// device's adapter kind; uploads `kv_b_proj`.
+    pub fn new(params: MlaParams, weights: &AbsorbedWeights, dev: WgpuDevice) -> Result<Self> {
+        let tuning = WgpuTuning::for_device(&dev);
+        Self::with_tuning(params, weights, dev, tuning)
+    }
+
+    /// [`WgpuMlaAttentionImpl::new`] with an explicit tuning (its
+    /// [`WgpuTuning::mla_prefill_chunk`] and split bounds).
+    pub fn with_tuning(
+        params: MlaParams,
+        weights: &AbsorbedWeights,
+        dev: WgpuDevice,
+        tuning: WgpuTuning,
+    ) -> Result<Self> {
+        let sizes = [
+            ("kv_lora_rank", params.kv_lora_rank),
+            ("qk_rope_head_dim", params.qk_rope_head_dim),
+            ("qk_nope_head_dim", params.qk_nope_head_dim),
+            ("v_head_dim", params.v_head_dim),
+        ];
+        if let Some((what, v)) = sizes.iter().find(|(_, v)| v % 4 != 0) {
+            return Err(Error::config(format!(
+                "WGPU_MLA: {what} must be a multiple of 4 (the kernels load 4 elements at a \
+                 time), got {v}"
+            )));
+        }
+        let limit = dev.limits().max_compute_workgroup_storage_size;
+        let (p, r, v) = (
+            u32_of("qk_nope_head_dim", params.qk_nope_head_dim)?,
+            u32_of("qk_rope_head_dim", params.qk_rope_head_dim)?,
+            u32_of("v_head_dim", params.v_head_dim)?,
+        );
+        if MlaPrefillShader::keys_for(p, r, v, limit).is_none() {
+            return Err(Error::config(format!(
+                "WGPU_MLA: the prefill of qk {} / v {v} needs more workgroup memory than this \
+                 adapter's {limit} bytes",
+                p + r
+            )));
+        }
+        let kv_b_proj = weights.kv_b_proj();
+        let words: Vec<u32> = kv_b_proj.iter().map(|x| x.to_bits()).collect();
+        let kv_b_proj = upload_words(&dev, "WGPU_MLA kv_b_proj", &words)?;
+        check_binding(&dev, kv_b_proj.size(), "WGPU_MLA kv_b_proj")?;
+        Ok(WgpuMlaAttentionImpl {
+            params,
+            dev,
+            tuning,
+            kv_b_proj,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// The tuning the layer runs with.
+    pub fn tuning(&self) -> WgpuTuning {
+        self.tuning
+    }
+
+    /// The cache checked against the layer and the device; whether it stores fp8.
+    fn check_cache(&self, cache: &MlaKvCache, act: DType) -> Result<bool> {
+        if cache.latent_dim() != self.params.latent_dim() {
+            return Err(Error::config(format!(
+                "WGPU_MLA: the cache holds {}-wide latents, the layer's are {}",
+                cache.latent_dim(),
+                self.params.latent_dim()
+            )));
+        }
+        if cache.data().device() != &Device::Wgpu(self.dev.clone()) {
+            return Err(device_error(
+                "the latent cache is not on this backend's wgpu device",
+            ));
+        }
+        let fp8 = cache.cache_dtype().is_fp8();
+        let want = if fp8 { DType::Fp8E4m3 } else { act };
+        if cache.storage_dtype() != want {
+            return Err(Error::DType {
+                what: "MLA latent cache",
+                got: cache.storage_dtype().to_string(),
+                expected: format!("{act} (the activations') or fp8_e4m3"),
+            });
+        }
+        storage(&self.dev, cache.data(), "latent cache")?;
+        Ok(fp8)
+    }
+
+    /// Checks `t` is a tensor of this device of `shape` and dtype `dtype` (any activation
+    /// dtype when `None`); its buffer.
+    fn expect(
+        &self,
+        t: &Tensor,
+        what: &'static str,
+        shape: &[usize],
+        dtype: Option<DType>,
+    ) -> Result<wgpu::Buffer> {
+        t.expect_shape(what, shape)?;
+        match dtype {
+            Some(d) => t.expect_dtype(what, d)?,
+            None if !t.dtype().is_activation() => {
+                return Err(Error::DType {
+                    what,
+                    got: t.dtype().to_string(),
+                    expected: "f32, f16 or bf16".into(),
+                })
+            }
+            None => {}
+        }
+        Ok(storage(&self.dev, t, what)?.buffer().clone())
+    }
+
+    /// A batch array's buffer.
+    fn array(&self, t: &Tensor, what: &'static str) -> Result<wgpu::Buffer> {
+        Ok(storage(&self.dev, t, what)?.buffer().clone())
+    }
+
+    fn layer_scale(layer: &AttentionLayer, fp8: bool) -> Result<f32> {
+        if !fp8 {
+            return Ok(1.0);
+        }
+        if !(layer.k_scale.is_finite() && layer.k_scale > 0.0) {
+            return Err(Error::config(format!(
+                "an fp8 latent cache needs a finite positive k_scale, got {}",
+                layer.k_scale
+            )));
+        }
+        Ok(layer.k_scale)
+    }
+
+    /// Splits of the decode's keys: enough workgroups for the tuning's target, each split at
+    /// least `split_min_keys` keys, at most `max_splits` (and [`MAX_DECODE_SPLITS`]).
+    fn decode_splits(&self, groups: usize, max_seq: usize) -> usize {
+        let t = &self.tuning;
+        let want = (t.target_workgroups as usize).div_ceil(groups.max(1));
+        let by_keys = max_seq / (t.split_min_keys as usize).max(1);
+        want.min(by_keys)
+            .min(t.max_splits as usize)
+            .clamp(1, MAX_DECODE_SPLITS)
+    }
+}
+
+impl MlaAttentionImpl for WgpuMlaAttentionImpl {
+    fn do_kv_cache_update(
+        &self,
+        layer: &AttentionLayer,
+        kv_c: &Tensor,
+        k_pe: &Tensor,
+        kv_cache: &mut MlaKvCache,
+        metadata: &dyn AttentionMetadata,
+    ) -> Result<()> {
+        let md = metadata.downcast::<WgpuMlaMetadata>("WgpuMlaAttentionImpl")?;
+        let act = kv_c.dtype();
+        let fp8 = self.check_cache(kv_cache, act)?;
+        let p = &self.params;
+        let slots = md.common.slot_mapping_cpu();
+        let t = slots.len();
+        let kv_c_buf = self.expect(kv_c, "kv_c", &[t, p.kv_lora_rank], None)?;
+        let k_pe_buf = self.expect(k_pe, "k_pe", &[t, p.qk_rope_head_dim], Some(act))?;
+        let capacity = kv_cache.num_blocks() as u64 * kv_cache.block_size() as u64;
+        if let Some(&s) = slots.iter().find(|&&s| s >= 0 && s as u64 >= capacity) {
+            return Err(Error::metadata(format!(
+                "concat_and_cache_mla: slot {s} is outside the cache's {capacity} slots"
+            )));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let d4 = p.latent_dim() / 4;
+        let groups =
+            bytes_of("MLA cache write", &[t, d4])?.div_ceil(MLA_ELEMENTWISE_WORKGROUP as u64);
+        let (x, z) = crate::device::wgpu::grid(&self.dev, groups)?;
+        let words = Words::new()
+            .u(u32_of("tokens", t)?)
+            .u((p.kv_lora_rank / 4) as u32)
+            .u((p.qk_rope_head_dim / 4) as u32)
+            .f(Self::layer_scale(layer, fp8)?);
+        let mut rec = Recording::new(&self.dev);
+        rec.mla(
+            MlaShader::CacheWrite {
+                act_dtype: act,
+                cache_dtype: kv_cache.storage_dtype(),
+            },
+            words,
+            vec![
+                (1, kv_c_buf),
+                (2, k_pe_buf),
+                (3, self.array(&md.arrays().slot_mapping, "slot_mapping")?),
+                (4, self.array(kv_cache.data(), "latent cache")?),
+            ],
+            (x, 1, z),
+        )?;
+        rec.submit();
+        Ok(())
+    }
+
+    fn forward_mqa(
+        &self,
+        layer: &AttentionLayer,
+        q: &Tensor,
+        kv_cache: &MlaKvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+        lse: Option<&mut Tensor>,
+    ) -> Result<()> {
+        let md = metadata.downcast::<WgpuMlaMetadata>("WgpuMlaAttentionImpl")?;
+        let p = &self.params;
+        let b = md.split.num_decode_tokens;
+        let act = q.dtype();
+        let (n, l) = (p.num_heads, p.kv_lora_rank);
+        let q_buf = self.expect(q, "q", &[b, n, p.latent_dim()], None)?;
+        let fp8 = self.check_cache(kv_cache, act)?;
+        let out_buf = self.expect(output, "output", &[b, n, l], Some(act))?;
+        let lse_buf = match lse.as_deref() {
+            Some(t) => Some(self.expect(t, "lse", &[n, b], Some(DType::F32))?),
+            None => None,
+        };
+        let bs = kv_cache.block_size();
+        let limit = self.dev.limits().max_compute_workgroup_storage_size;
+        let dim = p.latent_dim() as u32;
+        let keys =
+            MlaDecodeShader::keys_for(dim, u32_of("block size", bs)?, limit).ok_or_else(|| {
+                Error::config(format!(
+                    "WGPU_MLA: no decode step of a {dim}-wide latent divides block size {bs} \
+                     and fits this adapter's {limit} bytes of workgroup memory"
+                ))
+            })?;
+        let decodes = md.split.num_decodes;
+        if decodes == 0 || b == 0 {
+            return Ok(());
+        }
+        let q_len = md.common.query_len(0);
+        let rows = q_len * n;
+        let tiles = rows.div_ceil(MLA_ROWS as usize);
+        let max_seq = md.common.seq_lens_cpu()[..decodes]
+            .iter()
+            .map(|&s| s as usize)
+            .max()
+            .unwrap_or(0);
+        let splits = self.decode_splits(tiles * decodes, max_seq);
+        let k_scale = Self::layer_scale(layer, fp8)?;
+        let total_rows = b * n;
+        let words = Words::new()
+            .u(u32_of("heads", n)?)
+            .u(u32_of("decode tokens", b)?)
+            .u(u32_of("block size", bs)?)
+            .u(u32_of("block-table width", md.common.max_blocks_per_req())?)
+            .u(splits as u32)
+            .u(u32_of("query length", q_len)?)
+            .f(p.scale * k_scale)
+            .f(k_scale)
+            .u(lse_buf.is_some() as u32);
+        let arrays = md.arrays();
+        let grid = (
+            u32_of("row tiles", tiles)?,
+            u32_of("decode requests", decodes)?,
+            splits as u32,
+        );
+        let shader = |split| {
+            MlaShader::Decode(MlaDecodeShader {
+                latent_dim: dim,
+                kv_lora_rank: l as u32,
+                keys,
+                q_dtype: act,
+                cache_dtype: kv_cache.storage_dtype(),
+                split,
+            })
+        };
+        let inputs = vec![
+            (1, q_buf),
+            (2, self.array(kv_cache.data(), "latent cache")?),
+            (3, self.array(&arrays.block_table, "block_table")?),
+            (4, self.array(&arrays.seq_lens, "seq_lens")?),
+        ];
+        let lse_or_dummy = lse_buf
+            .clone()
+            .unwrap_or_else(|| self.dev.dummy_buffer(0).clone());
+        let mut rec = Recording::new(&self.dev);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if splits == 1 {
+            let mut buffers = inputs;
+            buffers.extend([(5, out_buf), (6, lse_or_dummy)]);
+            rec.mla(shader(false), words, buffers, grid)?;
+        } else {
+            let out_bytes = bytes_of("MLA split partials", &[splits, total_rows, l, 4])?;
+            let lse_bytes = bytes_of("MLA split LSEs", &[splits, total_rows, 4])?;
+            let part = grown(
+                &self.dev,
+                &mut scratch.partials,
+                out_bytes,
+                "WGPU_MLA split partials",
+            )?;
+            let part_lse = grown(
+                &self.dev,
+                &mut scratch.partial_lses,
+                lse_bytes,
+                "WGPU_MLA split LSEs",
+            )?;
+            let mut buffers = inputs;
+            buffers.extend([(5, part.clone()), (6, part_lse.clone())]);
+            rec.mla(shader(true), words, buffers, grid)?;
+            let groups = bytes_of("MLA combine", &[total_rows, l / 4])?
+                .div_ceil(MLA_ELEMENTWISE_WORKGROUP as u64);
+            let (x, z) = crate::device::wgpu::grid(&self.dev, groups)?;
+            rec.mla(
+                MlaShader::Combine {
+                    kv_lora_rank: l as u32,
+                    out_dtype: act,
+                },
+                Words::new()
+                    .u(b as u32)
+                    .u(n as u32)
+                    .u(splits as u32)
+                    .u(lse_buf.is_some() as u32),
+                vec![(1, part), (2, part_lse), (3, out_buf), (4, lse_or_dummy)],
+                (x, 1, z),
+            )?;
+        }
+        rec.submit();
+        Ok(())
+    }
+
+    fn forward_mha(
+        &self,
+        layer: &AttentionLayer,
+        q: &Tensor,
+        kv_c_normed: &Tensor,
+        k_pe: &Tensor,
+        kv_cache: &MlaKvCache,
+        metadata: &dyn AttentionMetadata,
+        output: &mut Tensor,
+    ) -> Result<()> {
+        let md = metadata.downcast::<WgpuMlaMetadata>("WgpuMlaAttentionImpl")?;
+        let p = &self.params;
+        let t = md.split.num_prefill_tokens;
+        let act = q.dtype();
+        let (l, r, nh) = (p.kv_lora_rank, p.qk_rope_head_dim, p.num_heads);
+        let q_buf = self.expect(q, "q", &[t, nh, p.qk_head_dim()], None)?;
+        let fp8 = self.check_cache(kv_cache, act)?;
+        let kv_c_buf = self.expect(kv_c_normed, "kv_c_normed", &[t, l], Some(act))?;
+        let k_pe_buf = self.expect(k_pe, "k_pe", &[t, r], Some(act))?;
+        let out_buf = self.expect(output, "output", &[t, nh, p.v_head_dim], Some(act))?;
+        let first = md.split.num_decodes;
+        let reqs = md.common.num_reqs();
+        let n = reqs - first;
+        if n == 0 || t == 0 {
+            return Ok(());
+        }
+        let k_scale = Self::layer_scale(layer, fp8)?;
+        let qsl = md.common.query_start_loc_cpu();
+        let seq: Vec<usize> = md.common.seq_lens_cpu()[first..]
+            .iter()
+            .map(|&s| s as usize)
+            .collect();
+        let max_seq = seq.iter().copied().max().unwrap_or(0);
+        let max_q = (first..reqs)
+            .map(|i| md.common.query_len(i))
+            .max()
+            .unwrap_or(0);
+
+        // Chunks: the expanded rows of every prefill request (f32 latents and kv_b_proj
+        // output) within the workspace and one storage binding.
+        let kvw = nh * (p.qk_nope_head_dim + p.v_head_dim);
+        let lat_row = bytes_of("MLA latent row", &[l + r, 4])?;
+        let kvx_row = bytes_of("MLA expanded row", &[kvw, 4])?;
+        let budget = PREFILL_WORKSPACE_BYTES.min(self.dev.max_binding_bytes());
+        let fit = budget / kvx_row.max(lat_row) / n as u64 / 16 * 16;
+        let chunk = match self.tuning.mla_prefill_chunk {
+            Some(c) => c as usize,
+            None if fit == 0 => {
+                return Err(Error::config(format!(
+                    "WGPU_MLA: {n} prefill requests of {nh} heads need more than one storage \
+                     binding ({budget} bytes) for 16 expanded positions each; prefill fewer \
+                     requests per batch"
+                )))
+            }
+            None => fit as usize,
+        };
+        let chunk = chunk.min(max_seq.div_ceil(16) * 16).max(16);
+        let chunks = max_seq.div_ceil(chunk);
+
+        // The plan: per prefill request (q_start, q_len, seq_len, batch request), then per
+        // chunk the n + 1 row starts.
+        let q_base = qsl[first];
+        let mut plan: Vec<i32> = Vec::with_capacity(4 * n + chunks * (n + 1));
+        for (k, &s) in seq.iter().enumerate() {
+            let i = first + k;
+            plan.extend([
+                qsl[i] - q_base,
+                md.common.query_len(i) as i32,
+                s as i32,
+                i as i32,
+            ]);
+        }
+        let mut rows_cap = 0usize;
+        for c in 0..chunks {
+            let lo = c * chunk;
+            let mut acc = 0usize;
+            plan.push(0);
+            for &s in &seq {
+                acc += s.saturating_sub(lo).min(chunk);
+                plan.push(u32_of("prefill chunk rows", acc)? as i32);
+            }
+            rows_cap = rows_cap.max(acc);
+        }
+        let plan_words: Vec<u32> = plan.iter().map(|&x| x as u32).collect();
+        let plan_buf = upload_words(&self.dev, "WGPU_MLA prefill plan", &plan_words)?;
+
+        let state_rows = t * nh;
+        let kvc_bytes = bytes_of("MLA prefill latents", &[rows_cap, l, 4])?;
+        let lat_bytes = bytes_of("MLA prefill latents", &[rows_cap, l + r, 4])?;
+        let kvx_bytes = bytes_of("MLA prefill expansion", &[rows_cap, kvw, 4])?;
+        let acc_bytes = bytes_of("MLA prefill state", &[state_rows, p.v_head_dim, 4])?;
+        let state_bytes = bytes_of("MLA prefill state", &[state_rows, 16])?
+            .checked_add(acc_bytes)
+            .ok_or_else(|| Error::overflow("MLA prefill state", format!("{state_rows} rows")))?;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let lat = grown(
+            &self.dev,
+            &mut scratch.latents,
+            lat_bytes,
+            "WGPU_MLA prefill latents",
+        )?;
+        let kvx = grown(
+            &self.dev,
+            &mut scratch.expanded,
+            kvx_bytes,
+            "WGPU_MLA prefill expansion",
+        )?;
+        let state = grown(
+            &self.dev,
+            &mut scratch.state,
+            state_bytes,
+            "WGPU_MLA prefill state",
+        )?;
+        let pe_off = u32_of("MLA rope region", (kvc_bytes / 16) as usize)?;
+        let ml_off = u32_of("MLA softmax-state region", (acc_bytes / 16) as usize)?;
+        let limit = self.dev.limits().max_compute_workgroup_storage_size;
+        let (pn, rr, vd) = (p.qk_nope_head_dim as u32, r as u32, p.v_head_dim as u32);
+        let keys = MlaPrefillShader::keys_for(pn, rr, vd, limit)
+            .ok_or_else(|| Error::config("WGPU_MLA: the prefill step does not fit"))?;
+        let prefill = MlaShader::Prefill(MlaPrefillShader {
+            qk_nope: pn,
+            rope: rr,
+            v_dim: vd,
+            keys,
+            dtype: act,
+        });
+        let gather = MlaShader::Gather {
+            act_dtype: act,
+            cache_dtype: kv_cache.storage_dtype(),
+        };
+        let arrays = md.arrays();
+        let cache_buf = self.array(kv_cache.data(), "latent cache")?;
+        let bt_buf = self.array(&arrays.block_table, "block_table")?;
+        let max_groups = self.dev.limits().max_compute_workgroups_per_dimension as u64;
+        let mut rec = Recording::new(&self.dev);
+        for c in 0..chunks {
+            let lo = c * chunk;
+            let starts_off = 4 * n + c * (n + 1);
+            let rows = plan[starts_off + n] as usize;
+            // Gather: request i's rows over the workgroups of grid row i.
+            let per_req = (chunk * (l + r) / 4).div_ceil(MLA_ELEMENTWISE_WORKGROUP as usize);
+            let gx = (per_req as u64).clamp(1, max_groups) as u32;
+            rec.mla(
+                gather,
+                Words::new()
+                    .u(u32_of("chunk start", lo)?)
+                    .u(u32_of("plan offset", starts_off)?)
+                    .u(u32_of("block size", kv_cache.block_size())?)
+                    .u(u32_of("block-table width", md.common.max_blocks_per_req())?)
+                    .u((l / 4) as u32)
+                    .u((r / 4) as u32)
+                    .u(pe_off)
+                    .f(k_scale),
+                vec![
+                    (1, kv_c_buf.clone()),
+                    (2, k_pe_buf.clone()),
+                    (3, cache_buf.clone()),
+                    (4, bt_buf.clone()),
+                    (5, plan_buf.clone()),
+                    (6, lat.clone()),
+                ],
+                (gx, u32_of("prefill requests", n)?, 1),
+            )?;
+            rec.linear(
+                &lat,
+                &self.kv_b_proj,
+                &kvx,
+                (
+                    u32_of("chunk rows", rows.max(1))?,
+                    l as u32,
+                    u32_of("kv_b_proj outputs", kvw)?,
+                ),
+            )?;
+            rec.mla(
+                prefill,
+                Words::new()
+                    .u(nh as u32)
+                    .u(lo as u32)
+                    .u(chunk as u32)
+                    .u(starts_off as u32)
+                    .u(pe_off)
+                    .u(ml_off)
+                    .f(p.scale)
+                    .u((c == 0) as u32)
+                    .u((c + 1 == chunks) as u32),
+                vec![
+                    (1, q_buf.clone()),
+                    (2, kvx.clone()),
+                    (3, lat.clone()),
+                    (4, plan_buf.clone()),
+                    (5, state.clone()),
+                    (6, out_buf.clone()),
+                ],
+                (
+                    u32_of("token tiles", max_q.div_ceil(MLA_ROWS as usize))?,
+                    u32_of("heads", nh)?,
+                    u32_of("prefill requests", n)?,
+                ),
+            )?;
+        }
+        rec.submit();
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! The wgpu MLA backend's descriptor.
+
+use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
+use crate::backend::{
+    non_mla_error, AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
+    GraphCaptureSupport, HeadSizes, KvLayout, Reason, SelectorConfig,
+};
+use crate::device::wgpu::check_binding;
+use crate::device::{Device, DeviceKind, WgpuDevice};
+use crate::dtype::{CacheDType, DType};
+use crate::error::{Error, Result};
+use crate::kernels::wgsl::MlaDecodeShader;
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::AttentionMetadataBuilder;
+use crate::mla::{AbsorbedWeights, MlaParams};
+
+use super::metadata_builder::wgpu_mla_builder;
+use super::WgpuMlaAttentionImpl;
+
+/// The wgpu MLA backend descriptor (name `WGPU_MLA`; ranked beside `WGPU`: after the native
+/// MLA backends on a hardware adapter, after `CPU_MLA` on a software one).
+///
+/// What it declares holds on every adapter (16-bit and fp8 elements are unpacked with
+/// integer arithmetic); what depends on the adapter is checked once it is open: a decode
+/// step must fit its workgroup memory, and the latent cache one storage binding.
+#[derive(Debug)]
+pub struct WgpuMlaBackend {
+    caps: BackendCapabilities,
+}
+
+impl WgpuMlaBackend {
+    /// The descriptor (touches no device).
+    pub fn new() -> Self {
+        WgpuMlaBackend {
+            caps: BackendCapabilities {
+                // vLLM's MLA head sizes: kv_lora_rank + rope (512 + 64, 256 + 64).
+                head_sizes: HeadSizes::List(vec![320, 576]),
+                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
+                kv_cache_dtypes: vec![
+                    CacheDType::Auto,
+                    CacheDType::F16,
+                    CacheDType::Bf16,
+                    CacheDType::Fp8E4m3,
+                ],
+                // A decode step (8 positions where the workgroup memory allows) never
+                // crosses a block.
+                block_sizes: vec![BlockSize::MultipleOf(16)],
+                attn_types: vec![AttentionType::Decoder],
+                supports_sink: false,
+                supports_non_causal: false,
+                supports_alibi: false,
+                supports_sliding_window: false,
+                supports_soft_cap: false,
+                supports_cascade: false,
+                is_mla: true,
+                min_capability: None,
+                graph_capture: GraphCaptureSupport::Never,
+                kv_layout: KvLayout::Nhd,
+            },
+        }
+    }
+}
+
+impl Default for WgpuMlaBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AttentionBackend for WgpuMlaBackend {
+    fn name(&self) -> &str {
+        "WGPU_MLA"
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        DeviceKind::Wgpu
+    }
+
+    /// `WGPU`'s rule, ten places later: 410 on a hardware adapter, 1110 on a software one
+    /// (after `CPU_MLA`, which runs natively on the cores lavapipe emulates a GPU on).
+    fn priority(&self) -> u32 {
+        match WgpuDevice::open() {
+            Ok(d) if d.adapter_info().device_type == wgpu::DeviceType::Cpu => 1110,
+            _ => 410,
+        }
+    }
+
+    fn availability(&self) -> Availability {
+        match WgpuDevice::open() {
+            Ok(d) => Availability::Available(d.description()),
+            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
+            Err(e) => Availability::Unavailable(e.to_string()),
+        }
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    fn device(&self) -> Result<Device> {
+        Ok(Device::Wgpu(WgpuDevice::open()?))
+    }
+
+    /// Adapter-dependent checks: a latent cache of the configuration's size (when given)
+    /// must fit one storage binding, and a decode step of the latent the workgroup memory.
+    fn supports_combination(&self, config: &SelectorConfig) -> Option<Reason> {
+        let dev = WgpuDevice::open().ok()?;
+        if let Some(bytes) = config.kv_cache_bytes {
+            if let Err(e) = check_binding(&dev, bytes, "the latent cache") {
+                return Some(Reason::new("KV cache too large", e.to_string()));
+            }
+        }
+        let limit = dev.limits().max_compute_workgroup_storage_size;
+        let block = config.block_size.unwrap_or(16);
+        MlaDecodeShader::keys_for(config.head_size as u32, block, limit)
+            .is_none()
+            .then(|| {
+                Reason::new(
+                    "head_size not supported",
+                    format!(
+                        "a decode step of {}-wide latents needs more than this adapter's \
+                         {limit} bytes of workgroup memory",
+                        config.head_size
+                    ),
+                )
+            })
+    }
+
+    /// Always the typed error "non-MLA not supported".
+    fn make_impl(&self, _params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
+        Err(non_mla_error(self.name()))
+    }
+
+    /// Always the typed error "non-MLA not supported" (the latent cache is
+    /// [`crate::mla::MlaKvCache`]).
+    fn make_builder(&self, _spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        Err(non_mla_error(self.name()))
+    }
+
+    /// Always "non-MLA not supported" (see [`WgpuMlaBackend::mla_kv_cache_shape`]).
+    fn kv_cache_shape(
+        &self,
+        _num_blocks: usize,
+        _block_size: usize,
+        _num_kv_heads: usize,
+        _head_size: usize,
+        _cache_dtype: CacheDType,
+    ) -> Result<[usize; 5]> {
+        Err(non_mla_error(self.name()))
+    }
+
+    fn make_mla_impl(
+        &self,
+        params: MlaParams,
+        weights: AbsorbedWeights,
+    ) -> Result<Box<dyn MlaAttentionImpl>> {
+        self.check_mla_layer(&params, &weights)?;
+        Ok(Box::new(WgpuMlaAttentionImpl::new(
+            params,
+            &weights,
+            WgpuDevice::open()?,
+        )?))
+    }
+
+    /// Block sizes that are multiples of 16.
+    fn make_mla_builder(&self, block_size: usize) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        self.checked_mla_cache_shape(1, block_size, 576)?;
+        Ok(Box::new(wgpu_mla_builder(block_size, WgpuDevice::open()?)))
+    }
+
+    /// Block sizes that are multiples of 16, head sizes 320 and 576. Whether a cache of
+    /// that shape fits one storage binding depends on its dtype: the kernels check it when
+    /// they bind it (a typed error naming the binding limit).
+    fn mla_kv_cache_shape(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        head_size: usize,
+    ) -> Result<[usize; 3]> {
+        self.checked_mla_cache_shape(num_blocks, block_size, head_size)
+    }
+}
