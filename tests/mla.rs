@@ -6,8 +6,9 @@
 //! 128, v 128, block sizes 32 and 64, 16-bit and fp8 latents. Unused cache slots and the
 //! null block hold NaN, so a kernel that read outside a request's blocks would fail.
 
+use polyattn::attention::MlaAttentionImpl;
 use polyattn::metadata::{BatchDescription, CommonAttentionMetadata};
-use polyattn::mla::{absorb_kv_b_proj, reference, MlaKvCache, MlaParams};
+use polyattn::mla::{absorb_kv_b_proj, reference, AbsorbedWeights, MlaKvCache, MlaParams};
 use polyattn::rng::Rng;
 use polyattn::{CacheDType, DType, Device, Tensor};
 
@@ -50,6 +51,15 @@ impl Case {
 /// `forward_mqa` (queries absorbed, output up-projected on the host), the prefills by
 /// `forward_mha`; every output and the decodes' LSE against the f64 expanded reference.
 fn run(b: &BackendRef, c: &Case, seed: u64) -> Outcome {
+    run_with(b, c, seed, &|p, w| b.make_mla_impl(p, w))
+}
+
+/// The impl a body runs: the backend's own, or one made with an explicit tuning.
+type MakeImpl<'a> =
+    dyn Fn(MlaParams, AbsorbedWeights) -> polyattn::Result<Box<dyn MlaAttentionImpl>> + 'a;
+
+/// [`run`] with the impl made by `make`.
+fn run_with(b: &BackendRef, c: &Case, seed: u64, make: &MakeImpl<'_>) -> Outcome {
     let dev = b.device()?;
     let cpu = Device::cpu();
     let p = MlaParams {
@@ -65,7 +75,7 @@ fn run(b: &BackendRef, c: &Case, seed: u64) -> Outcome {
         .map(|x| x / (l as f32).sqrt())
         .collect();
     let weights = absorb_kv_b_proj(&w, &p)?;
-    let imp = b.make_mla_impl(p.clone(), weights.clone())?;
+    let imp = make(p.clone(), weights.clone())?;
     let builder = b.make_mla_builder(c.block_size)?;
     let mut layer = AttentionLayer::new("mla.test");
     layer.k_scale = 0.25;
@@ -338,6 +348,54 @@ fn expanded_prefill_equals_the_reference() {
     for_each_case("mla_prefill", &cases, Case::info, |b, c| {
         run(b, c, 2200 + c.seq_lens[0] as u64)
     });
+}
+
+/// WGPU_MLA's prefill in chunks of 16 positions (an explicit tuning, as
+/// `POLYATTN_WGPU_MLA_PREFILL_CHUNK=16` sets): every chunk after the first continues the
+/// rows' softmax state from the last, the path long contexts take, against the same
+/// reference. Skips (and says so) where no wgpu adapter opens.
+#[test]
+fn wgpu_prefill_in_small_chunks_equals_the_reference() {
+    use polyattn::backend::Availability;
+    use polyattn::backends::wgpu::WgpuTuning;
+    use polyattn::backends::wgpu_mla::WgpuMlaAttentionImpl;
+
+    let b = polyattn::registry::global()
+        .get("WGPU_MLA")
+        .expect("WGPU_MLA is registered");
+    if let Availability::Unavailable(why) = b.availability() {
+        println!("SKIP wgpu_prefill_in_small_chunks_equals_the_reference: WGPU_MLA: {why}");
+        return;
+    }
+    let make = |p: MlaParams, w: AbsorbedWeights| -> polyattn::Result<Box<dyn MlaAttentionImpl>> {
+        let Device::Wgpu(dev) = b.device()? else {
+            unreachable!("WGPU_MLA's device is a wgpu device")
+        };
+        let tuning = WgpuTuning {
+            mla_prefill_chunk: Some(16),
+            ..WgpuTuning::for_device(&dev)
+        };
+        Ok(Box::new(WgpuMlaAttentionImpl::with_tuning(
+            p, &w, dev, tuning,
+        )?))
+    };
+    let cases = [
+        case(
+            16,
+            32,
+            DType::Bf16,
+            CacheDType::Fp8E4m3,
+            &[70, 41],
+            &[2, 25],
+        ),
+        case(16, 64, DType::F32, CacheDType::Auto, &[30, 100], &[1, 37]),
+        case(16, 32, DType::F16, CacheDType::Auto, &[150], &[140]),
+    ];
+    for c in &cases {
+        if let Err(e) = run_with(&b, c, 2300 + c.seq_lens[0] as u64, &make) {
+            panic!("WGPU_MLA, chunks of 16, {}: {e}", c.info().label);
+        }
+    }
 }
 
 /// Through the public API, as a model would: the selector's MLA choice, its builder and impl,
