@@ -602,3 +602,122 @@ fn the_selected_mla_backend_runs_a_mixed_batch() {
         start += s;
     }
 }
+
+/// Bad input to every MLA backend's impl is a typed error, never a panic or a launch: wrong
+/// query / output / LSE shapes and dtypes, a cache of another latent width, an fp8 cache
+/// without a usable k_scale, a slot outside the cache, and inputs on another device.
+#[test]
+fn bad_input_is_a_typed_error_on_every_mla_backend() {
+    let cases = [case(16, 32, DType::Bf16, CacheDType::Auto, &[40], &[1])];
+    for_each_case("mla_bad_input", &cases, Case::info, |b, _| {
+        let dev = b.device()?;
+        let cpu = Device::cpu();
+        let p = MlaParams::deepseek_v3(16);
+        let (n, l, r, dim) = (16, 512, 64, 576);
+        let w: Vec<f32> = Rng::new(3).normals(n * 256 * l);
+        let weights = absorb_kv_b_proj(&w, &p)?;
+        let imp = b.make_mla_impl(p.clone(), weights)?;
+        let builder = b.make_mla_builder(32)?;
+        let layer = AttentionLayer::new("mla.bad");
+        let cache = MlaKvCache::for_backend(b.as_ref(), &p, DType::Bf16, 4, 32)?;
+        let desc = |slot: i64| BatchDescription {
+            query_start_loc: vec![0, 1],
+            seq_lens: vec![40],
+            block_table: vec![1, 2],
+            max_blocks_per_req: 2,
+            slot_mapping: vec![slot],
+            causal: true,
+            block_size: 32,
+            is_prefilling: None,
+        };
+        let md = builder.build(0, &CommonAttentionMetadata::new(&dev, desc(40))?, false)?;
+        let t = |shape: &[usize], dtype: DType| -> polyattn::Result<Tensor> {
+            let len = shape.iter().product();
+            Tensor::from_f32(&cpu, &Rng::new(4).normals(len), shape, dtype)?.to_device(&dev)
+        };
+        let mut errors: Vec<(&str, polyattn::Result<()>)> = Vec::new();
+        let q = t(&[1, n, dim], DType::Bf16)?;
+        let mut out = t(&[1, n, l], DType::Bf16)?;
+        let mut f16_out = t(&[1, n, l], DType::F16)?;
+        let mut bad_lse = t(&[1, n], DType::F32)?;
+        let md = md.as_ref();
+        errors.push((
+            "q of the wrong width",
+            imp.forward_mqa(
+                &layer,
+                &t(&[1, n, dim - 4], DType::Bf16)?,
+                &cache,
+                md,
+                &mut out,
+                None,
+            ),
+        ));
+        errors.push((
+            "an output of another dtype",
+            imp.forward_mqa(&layer, &q, &cache, md, &mut f16_out, None),
+        ));
+        errors.push((
+            "an LSE of [tokens, heads]",
+            imp.forward_mqa(&layer, &q, &cache, md, &mut out, Some(&mut bad_lse)),
+        ));
+        let q_cpu = Tensor::from_f32(&cpu, &[0.5; 16 * 576], &[1, n, dim], DType::Bf16)?;
+        if dev != cpu {
+            errors.push((
+                "a query on the host",
+                imp.forward_mqa(&layer, &q_cpu, &cache, md, &mut out, None),
+            ));
+        }
+        let narrow = MlaParams {
+            kv_lora_rank: 256,
+            ..p.clone()
+        };
+        if let Ok(other) = MlaKvCache::for_backend(b.as_ref(), &narrow, DType::Bf16, 4, 32) {
+            errors.push((
+                "a cache of 320-wide latents",
+                imp.forward_mqa(&layer, &q, &other, md, &mut out, None),
+            ));
+        }
+        let fp8 = MlaParams {
+            kv_cache_dtype: CacheDType::Fp8E4m3,
+            ..p.clone()
+        };
+        let mut fp8_cache = MlaKvCache::for_backend(b.as_ref(), &fp8, DType::Bf16, 4, 32)?;
+        let mut zero_scale = AttentionLayer::new("mla.bad.scale");
+        zero_scale.k_scale = 0.0;
+        errors.push((
+            "an fp8 cache with k_scale 0",
+            imp.forward_mqa(&zero_scale, &q, &fp8_cache, md, &mut out, None),
+        ));
+        let kv_c = t(&[1, l], DType::Bf16)?;
+        let k_pe = t(&[1, r], DType::Bf16)?;
+        let far = builder.build(
+            0,
+            &CommonAttentionMetadata::new(&dev, desc(4 * 32 + 5))?,
+            false,
+        );
+        if let Ok(far) = far {
+            errors.push((
+                "a slot past the cache",
+                imp.do_kv_cache_update(&layer, &kv_c, &k_pe, &mut fp8_cache, far.as_ref()),
+            ));
+        }
+        errors.push((
+            "k_pe of the wrong width",
+            imp.do_kv_cache_update(
+                &layer,
+                &kv_c,
+                &t(&[1, r + 4], DType::Bf16)?,
+                &mut fp8_cache,
+                md,
+            ),
+        ));
+        for (what, res) in errors {
+            match res {
+                Err(e) if !e.to_string().is_empty() => {}
+                Err(_) => return Err(fail(format!("{what}: an error without a message"))),
+                Ok(()) => return Err(fail(format!("{what} was accepted"))),
+            }
+        }
+        Ok(())
+    });
+}

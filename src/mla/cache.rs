@@ -61,6 +61,21 @@ impl MlaKvCache {
         })
     }
 
+    /// The factor of every cached value for a layer whose k scale is `k_scale`: `k_scale`
+    /// for an fp8 cache (which must then be finite and positive), else 1. Every MLA impl
+    /// takes its scale from here, so a bad scale is the same typed error everywhere.
+    pub fn dequant_scale(&self, k_scale: f32) -> Result<f32> {
+        if !self.cache_dtype.is_fp8() {
+            return Ok(1.0);
+        }
+        if !(k_scale.is_finite() && k_scale > 0.0) {
+            return Err(Error::config(format!(
+                "an fp8 latent cache needs a finite positive k_scale, got {k_scale}"
+            )));
+        }
+        Ok(k_scale)
+    }
+
     /// `[num_blocks, block_size, latent_dim]`.
     pub fn shape(&self) -> [usize; 3] {
         [self.num_blocks, self.block_size, self.latent_dim]

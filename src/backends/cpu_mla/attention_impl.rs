@@ -115,6 +115,7 @@ impl MlaAttentionImpl for CpuMlaAttentionImpl {
     ) -> Result<()> {
         let md = metadata.downcast::<CpuMlaMetadata>("CpuMlaAttentionImpl")?;
         self.check_cache(kv_cache)?;
+        kv_cache.dequant_scale(layer.k_scale)?;
         let p = &self.params;
         let b = md.split.num_decode_tokens;
         expect(q, "q", &[b, p.num_heads, p.latent_dim()], None)?;
@@ -156,6 +157,7 @@ impl MlaAttentionImpl for CpuMlaAttentionImpl {
     ) -> Result<()> {
         let md = metadata.downcast::<CpuMlaMetadata>("CpuMlaAttentionImpl")?;
         self.check_cache(kv_cache)?;
+        kv_cache.dequant_scale(layer.k_scale)?;
         let p = &self.params;
         let t = md.split.num_prefill_tokens;
         let (l, r) = (p.kv_lora_rank, p.qk_rope_head_dim);

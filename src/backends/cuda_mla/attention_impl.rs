@@ -146,19 +146,6 @@ impl CudaMlaAttentionImpl {
         }
         tensor_ptr(&self.device, t, what).map(|_| ())
     }
-
-    fn layer_scale(layer: &AttentionLayer, fp8: bool) -> Result<f32> {
-        if !fp8 {
-            return Ok(1.0);
-        }
-        if !(layer.k_scale.is_finite() && layer.k_scale > 0.0) {
-            return Err(Error::config(format!(
-                "an fp8 latent cache needs a finite positive k_scale, got {}",
-                layer.k_scale
-            )));
-        }
-        Ok(layer.k_scale)
-    }
 }
 
 impl MlaAttentionImpl for CudaMlaAttentionImpl {
@@ -172,7 +159,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
     ) -> Result<()> {
         let md = metadata.downcast::<CudaMlaMetadata>("CudaMlaAttentionImpl")?;
         let act = kv_c.dtype();
-        let fp8 = self.check_cache(kv_cache, act)?;
+        self.check_cache(kv_cache, act)?;
         let p = &self.params;
         let slots = md.common.slot_mapping_cpu();
         let t = slots.len();
@@ -192,7 +179,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
             k_pe: tensor_ptr(&self.device, k_pe, "k_pe")?,
             cache: tensor_ptr(&self.device, kv_cache.data(), "latent cache")?,
             slot_mapping: tensor_ptr(&self.device, &md.arrays().slot_mapping, "slot_mapping")?,
-            scale: Self::layer_scale(layer, fp8)?,
+            scale: kv_cache.dequant_scale(layer.k_scale)?,
             num_tokens: i32_of("tokens", t)?,
             kv_lora_rank: i32_of("kv_lora_rank", p.kv_lora_rank)?,
             rope_dim: i32_of("rope", p.qk_rope_head_dim)?,
@@ -255,7 +242,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
             self.device.sm_count() as usize,
             max_seq,
         );
-        let k_scale = Self::layer_scale(layer, fp8)?;
+        let k_scale = kv_cache.dequant_scale(layer.k_scale)?;
         let arrays = md.arrays();
         let out_ptr = tensor_ptr(&self.device, output, "output")?;
         let mut params = MlaDecodeParams {
@@ -329,7 +316,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         let act = q.dtype();
         let (l, r) = (p.kv_lora_rank, p.qk_rope_head_dim);
         self.expect(q, "q", &[t, p.num_heads, p.qk_head_dim()], None)?;
-        let fp8 = self.check_cache(kv_cache, act)?;
+        self.check_cache(kv_cache, act)?;
         self.expect(kv_c_normed, "kv_c_normed", &[t, l], Some(act))?;
         self.expect(k_pe, "k_pe", &[t, r], Some(act))?;
         self.expect(output, "output", &[t, p.num_heads, p.v_head_dim], Some(act))?;
@@ -339,7 +326,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         if n == 0 || t == 0 {
             return Ok(());
         }
-        let k_scale = Self::layer_scale(layer, fp8)?;
+        let k_scale = kv_cache.dequant_scale(layer.k_scale)?;
         let seq: Vec<usize> = md.common.seq_lens_cpu()[first..]
             .iter()
             .map(|&s| s as usize)

@@ -150,8 +150,8 @@ impl WgpuMlaAttentionImpl {
         self.tuning
     }
 
-    /// The cache checked against the layer and the device; whether it stores fp8.
-    fn check_cache(&self, cache: &MlaKvCache, act: DType) -> Result<bool> {
+    /// The cache checked against the layer and the device.
+    fn check_cache(&self, cache: &MlaKvCache, act: DType) -> Result<()> {
         if cache.latent_dim() != self.params.latent_dim() {
             return Err(Error::config(format!(
                 "WGPU_MLA: the cache holds {}-wide latents, the layer's are {}",
@@ -174,7 +174,7 @@ impl WgpuMlaAttentionImpl {
             });
         }
         storage(&self.dev, cache.data(), "latent cache")?;
-        Ok(fp8)
+        Ok(())
     }
 
     /// Checks `t` is a tensor of this device of `shape` and dtype `dtype` (any activation
@@ -206,19 +206,6 @@ impl WgpuMlaAttentionImpl {
         Ok(storage(&self.dev, t, what)?.buffer().clone())
     }
 
-    fn layer_scale(layer: &AttentionLayer, fp8: bool) -> Result<f32> {
-        if !fp8 {
-            return Ok(1.0);
-        }
-        if !(layer.k_scale.is_finite() && layer.k_scale > 0.0) {
-            return Err(Error::config(format!(
-                "an fp8 latent cache needs a finite positive k_scale, got {}",
-                layer.k_scale
-            )));
-        }
-        Ok(layer.k_scale)
-    }
-
     /// Splits of the decode's keys: enough workgroups for the tuning's target, each split at
     /// least `split_min_keys` keys, at most `max_splits` (and [`MAX_DECODE_SPLITS`]).
     fn decode_splits(&self, groups: usize, max_seq: usize) -> usize {
@@ -242,7 +229,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
     ) -> Result<()> {
         let md = metadata.downcast::<WgpuMlaMetadata>("WgpuMlaAttentionImpl")?;
         let act = kv_c.dtype();
-        let fp8 = self.check_cache(kv_cache, act)?;
+        self.check_cache(kv_cache, act)?;
         let p = &self.params;
         let slots = md.common.slot_mapping_cpu();
         let t = slots.len();
@@ -265,7 +252,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
             .u(u32_of("tokens", t)?)
             .u((p.kv_lora_rank / 4) as u32)
             .u((p.qk_rope_head_dim / 4) as u32)
-            .f(Self::layer_scale(layer, fp8)?);
+            .f(kv_cache.dequant_scale(layer.k_scale)?);
         let mut rec = Recording::new(&self.dev);
         rec.mla(
             MlaShader::CacheWrite {
@@ -300,7 +287,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let act = q.dtype();
         let (n, l) = (p.num_heads, p.kv_lora_rank);
         let q_buf = self.expect(q, "q", &[b, n, p.latent_dim()], None)?;
-        let fp8 = self.check_cache(kv_cache, act)?;
+        self.check_cache(kv_cache, act)?;
         let out_buf = self.expect(output, "output", &[b, n, l], Some(act))?;
         let lse_buf = match lse.as_deref() {
             Some(t) => Some(self.expect(t, "lse", &[n, b], Some(DType::F32))?),
@@ -329,7 +316,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
             .max()
             .unwrap_or(0);
         let splits = self.decode_splits(tiles * decodes, max_seq);
-        let k_scale = Self::layer_scale(layer, fp8)?;
+        let k_scale = kv_cache.dequant_scale(layer.k_scale)?;
         let total_rows = b * n;
         let words = Words::new()
             .u(u32_of("heads", n)?)
@@ -427,7 +414,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let act = q.dtype();
         let (l, r, nh) = (p.kv_lora_rank, p.qk_rope_head_dim, p.num_heads);
         let q_buf = self.expect(q, "q", &[t, nh, p.qk_head_dim()], None)?;
-        let fp8 = self.check_cache(kv_cache, act)?;
+        self.check_cache(kv_cache, act)?;
         let kv_c_buf = self.expect(kv_c_normed, "kv_c_normed", &[t, l], Some(act))?;
         let k_pe_buf = self.expect(k_pe, "k_pe", &[t, r], Some(act))?;
         let out_buf = self.expect(output, "output", &[t, nh, p.v_head_dim], Some(act))?;
@@ -437,7 +424,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         if n == 0 || t == 0 {
             return Ok(());
         }
-        let k_scale = Self::layer_scale(layer, fp8)?;
+        let k_scale = kv_cache.dequant_scale(layer.k_scale)?;
         let qsl = md.common.query_start_loc_cpu();
         let seq: Vec<usize> = md.common.seq_lens_cpu()[first..]
             .iter()
