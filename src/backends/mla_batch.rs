@@ -1,19 +1,45 @@
-//! The metadata of the GPU MLA backends (`CUDA_MLA`, `WGPU_MLA`): the checks and decode /
-//! prefill split of `CPU_MLA`'s builder ([`mla_batch_split`]: decodes first, one query length
-//! up to [`MLA_DECODE_MAX_QUERY_LEN`]) plus copies of the batch arrays on the backend's
-//! device when the batch was described elsewhere. The kernels differ per backend; what a
-//! batch must satisfy and how it splits does not.
+//! The metadata of every MLA backend (`CPU_MLA`, `CUDA_MLA`, `WGPU_MLA`): the checks and
+//! decode / prefill split of a batch ([`mla_batch_split`]: decodes first, one query length up
+//! to [`MLA_DECODE_MAX_QUERY_LEN`], as vLLM's FlashMLA builder with `UNIFORM` query lengths;
+//! the latent-space decode is exact for any query length) plus copies of the batch arrays on
+//! the backend's device when the batch was described elsewhere. The kernels differ per
+//! backend; what a batch must satisfy and how it splits does not.
 
 use crate::backend::GraphCaptureSupport;
-use crate::backends::cpu_mla::{mla_batch_split, MLA_DECODE_MAX_QUERY_LEN};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata, DecodePrefillSplit,
     DeviceMetadata,
 };
 
-/// What a GPU MLA backend's kernels consume for one batch.
+/// The longest query a decode request may have (FlashMLA's reorder threshold).
+pub const MLA_DECODE_MAX_QUERY_LEN: usize = 128;
+
+/// The checks every MLA builder makes of a batch (block size, no cascade, causal) and its
+/// decode / prefill split: the leading requests of one query length up to
+/// [`MLA_DECODE_MAX_QUERY_LEN`] are decodes.
+pub fn mla_batch_split(
+    backend: &str,
+    block_size: usize,
+    common_prefix_len: usize,
+    common: &CommonAttentionMetadata,
+) -> Result<DecodePrefillSplit> {
+    common.expect_block_size(block_size)?;
+    if common_prefix_len > 0 {
+        return Err(Error::config(format!(
+            "{backend} runs no cascade attention (common_prefix_len must be 0)"
+        )));
+    }
+    if !common.causal() {
+        return Err(Error::config(format!(
+            "{backend} runs causal (decoder) batches only"
+        )));
+    }
+    Ok(common.split_decodes_and_prefills(MLA_DECODE_MAX_QUERY_LEN, true, false))
+}
+
+/// What an MLA backend's kernels consume for one batch.
 #[derive(Clone, Debug)]
 pub struct MlaBatchMetadata {
     /// The validated common metadata.
@@ -34,7 +60,7 @@ impl MlaBatchMetadata {
 
 crate::metadata::batch_metadata!(MlaBatchMetadata, no_cascade);
 
-/// Builds [`MlaBatchMetadata`] for one GPU MLA backend.
+/// Builds [`MlaBatchMetadata`] for one MLA backend.
 #[derive(Clone, Debug)]
 pub struct MlaBatchBuilder {
     backend: &'static str,

@@ -1,7 +1,24 @@
 //! [`MlaParams`]: the sizes of one MLA layer, validated once.
 
-use crate::dtype::CacheDType;
+use crate::device::Tensor;
+use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
+
+use super::MlaKvCache;
+
+/// `t` of `shape` and dtype `dtype` (an activation dtype when `None`).
+fn expect(t: &Tensor, what: &'static str, shape: &[usize], dtype: Option<DType>) -> Result<()> {
+    t.expect_shape(what, shape)?;
+    match dtype {
+        Some(d) => t.expect_dtype(what, d),
+        None if !t.dtype().is_activation() => Err(Error::DType {
+            what,
+            got: t.dtype().to_string(),
+            expected: "f32, f16 or bf16".into(),
+        }),
+        None => Ok(()),
+    }
+}
 
 /// The sizes of one MLA layer (vLLM's `MLAAttentionImpl` constructor arguments).
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +89,94 @@ impl MlaParams {
             .and_then(|x| x.checked_mul(self.kv_lora_rank))
             .ok_or_else(|| Error::overflow("MLA kv_b_proj", format!("{self:?}")))?;
         Ok(())
+    }
+}
+
+/// The argument checks every MLA impl makes before its kernels run (vLLM's MLA shapes):
+/// shapes, dtypes, and the cache's latent width. Where the tensors live is the backend's to
+/// check.
+impl MlaParams {
+    fn check_cache(&self, cache: &MlaKvCache) -> Result<()> {
+        if cache.latent_dim() != self.latent_dim() {
+            return Err(Error::config(format!(
+                "the cache holds {}-wide latents, the layer's are {} (kv_lora_rank {} + rope {})",
+                cache.latent_dim(),
+                self.latent_dim(),
+                self.kv_lora_rank,
+                self.qk_rope_head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// `do_kv_cache_update` for `t` new tokens: `kv_c [t, kv_lora_rank]` of an activation
+    /// dtype, `k_pe [t, rope]` of the same dtype, a cache of this layer's latent width.
+    pub fn check_cache_update(
+        &self,
+        t: usize,
+        kv_c: &Tensor,
+        k_pe: &Tensor,
+        cache: &MlaKvCache,
+    ) -> Result<()> {
+        self.check_cache(cache)?;
+        expect(kv_c, "kv_c", &[t, self.kv_lora_rank], None)?;
+        expect(
+            k_pe,
+            "k_pe",
+            &[t, self.qk_rope_head_dim],
+            Some(kv_c.dtype()),
+        )
+    }
+
+    /// `forward_mqa` for `b` decode tokens: `q [b, N, latent]` of an activation dtype,
+    /// `output [b, N, kv_lora_rank]` of the same dtype, `lse [N, b]` f32, a cache of this
+    /// layer's latent width.
+    pub fn check_mqa(
+        &self,
+        b: usize,
+        q: &Tensor,
+        cache: &MlaKvCache,
+        output: &Tensor,
+        lse: Option<&Tensor>,
+    ) -> Result<()> {
+        let n = self.num_heads;
+        self.check_cache(cache)?;
+        expect(q, "q", &[b, n, self.latent_dim()], None)?;
+        expect(
+            output,
+            "output",
+            &[b, n, self.kv_lora_rank],
+            Some(q.dtype()),
+        )?;
+        match lse {
+            Some(l) => expect(l, "lse", &[n, b], Some(DType::F32)),
+            None => Ok(()),
+        }
+    }
+
+    /// `forward_mha` for `t` prefill tokens: `q [t, N, qk_nope + rope]` of an activation
+    /// dtype, `kv_c_normed [t, kv_lora_rank]`, `k_pe [t, rope]` and `output [t, N, v_dim]` of
+    /// the same dtype, a cache of this layer's latent width.
+    pub fn check_mha(
+        &self,
+        t: usize,
+        q: &Tensor,
+        kv_c_normed: &Tensor,
+        k_pe: &Tensor,
+        cache: &MlaKvCache,
+        output: &Tensor,
+    ) -> Result<()> {
+        let (n, act) = (self.num_heads, q.dtype());
+        self.check_cache(cache)?;
+        expect(q, "q", &[t, n, self.qk_head_dim()], None)?;
+        expect(
+            kv_c_normed,
+            "kv_c_normed",
+            &[t, self.kv_lora_rank],
+            Some(act),
+        )?;
+        expect(k_pe, "k_pe", &[t, self.qk_rope_head_dim], Some(act))?;
+        expect(output, "output", &[t, n, self.v_head_dim], Some(act))
     }
 }
 

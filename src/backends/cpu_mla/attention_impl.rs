@@ -8,7 +8,6 @@ use crate::backends::cpu::kernels::convert::store;
 use crate::backends::cpu::kernels::mla_decode::mla_decode;
 use crate::backends::cpu::kernels::mla_prefill::mla_prefill;
 use crate::device::{DeviceKind, Tensor};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::metadata::AttentionMetadata;
 use crate::mla::{concat_and_cache_mla, AbsorbedWeights, MlaKvCache, MlaParams};
@@ -28,14 +27,8 @@ impl CpuMlaAttentionImpl {
         CpuMlaAttentionImpl { params, weights }
     }
 
+    /// The cache on the host (its shape is `MlaParams::check_*`'s).
     fn check_cache(&self, cache: &MlaKvCache) -> Result<()> {
-        if cache.latent_dim() != self.params.latent_dim() {
-            return Err(Error::config(format!(
-                "CPU_MLA: the cache holds {}-wide latents, the layer's are {}",
-                cache.latent_dim(),
-                self.params.latent_dim()
-            )));
-        }
         if cache.data().device().kind() != DeviceKind::Cpu {
             return Err(Error::Device {
                 backend: "CPU_MLA".into(),
@@ -46,25 +39,18 @@ impl CpuMlaAttentionImpl {
     }
 }
 
-/// Checks `t` is a CPU tensor of `shape` and an activation dtype (`dtype` when given).
-fn expect(t: &Tensor, what: &'static str, shape: &[usize], dtype: Option<DType>) -> Result<()> {
-    t.expect_shape(what, shape)?;
-    if let Some(d) = dtype {
-        t.expect_dtype(what, d)?;
-    } else if !t.dtype().is_activation() {
-        return Err(Error::DType {
-            what,
-            got: t.dtype().to_string(),
-            expected: "f32, f16 or bf16".into(),
-        });
-    }
-    if t.device().kind() != DeviceKind::Cpu {
-        return Err(Error::Device {
+/// Checks that every tensor of `ts` lives on the host.
+fn on_host(ts: &[(&Tensor, &str)]) -> Result<()> {
+    match ts
+        .iter()
+        .find(|(t, _)| t.device().kind() != DeviceKind::Cpu)
+    {
+        Some((_, what)) => Err(Error::Device {
             backend: "CPU_MLA".into(),
             message: format!("{what} is not on the CPU"),
-        });
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Writes `values` into `out` (checked to be a CPU tensor of that many elements).
@@ -90,17 +76,11 @@ impl MlaAttentionImpl for CpuMlaAttentionImpl {
         metadata: &dyn AttentionMetadata,
     ) -> Result<()> {
         let md = metadata.downcast::<CpuMlaMetadata>("CpuMlaAttentionImpl")?;
-        self.check_cache(kv_cache)?;
         let slots = md.common.slot_mapping_cpu();
-        let rows = |t: &Tensor| t.shape().first().copied();
-        if rows(kv_c) != Some(slots.len()) || rows(k_pe) != Some(slots.len()) {
-            return Err(Error::config(format!(
-                "do_kv_cache_update: the batch has {} new tokens; kv_c is {:?} and k_pe {:?}",
-                slots.len(),
-                kv_c.shape(),
-                k_pe.shape()
-            )));
-        }
+        self.params
+            .check_cache_update(slots.len(), kv_c, k_pe, kv_cache)?;
+        self.check_cache(kv_cache)?;
+        on_host(&[(kv_c, "kv_c"), (k_pe, "k_pe")])?;
         concat_and_cache_mla(kv_c, k_pe, kv_cache, slots, layer.k_scale)
     }
 
@@ -118,15 +98,10 @@ impl MlaAttentionImpl for CpuMlaAttentionImpl {
         kv_cache.dequant_scale(layer.k_scale)?;
         let p = &self.params;
         let b = md.split.num_decode_tokens;
-        expect(q, "q", &[b, p.num_heads, p.latent_dim()], None)?;
-        expect(
-            output,
-            "output",
-            &[b, p.num_heads, p.kv_lora_rank],
-            Some(q.dtype()),
-        )?;
+        p.check_mqa(b, q, kv_cache, output, lse.as_deref())?;
+        on_host(&[(q, "q"), (output, "output")])?;
         if let Some(l) = lse.as_deref() {
-            expect(l, "lse", &[p.num_heads, b], Some(DType::F32))?;
+            on_host(&[(l, "lse")])?;
         }
         let (out, l) = mla_decode(
             &q.to_f32_vec()?,
@@ -161,15 +136,13 @@ impl MlaAttentionImpl for CpuMlaAttentionImpl {
         let p = &self.params;
         let t = md.split.num_prefill_tokens;
         let (l, r) = (p.kv_lora_rank, p.qk_rope_head_dim);
-        expect(q, "q", &[t, p.num_heads, p.qk_head_dim()], None)?;
-        expect(kv_c_normed, "kv_c_normed", &[t, l], Some(q.dtype()))?;
-        expect(k_pe, "k_pe", &[t, r], Some(q.dtype()))?;
-        expect(
-            output,
-            "output",
-            &[t, p.num_heads, p.v_head_dim],
-            Some(q.dtype()),
-        )?;
+        p.check_mha(t, q, kv_c_normed, k_pe, kv_cache, output)?;
+        on_host(&[
+            (q, "q"),
+            (kv_c_normed, "kv_c_normed"),
+            (k_pe, "k_pe"),
+            (output, "output"),
+        ])?;
         let (c, pe) = (kv_c_normed.to_f32_vec()?, k_pe.to_f32_vec()?);
         let mut latents = Vec::with_capacity(t * (l + r));
         for i in 0..t {

@@ -13,7 +13,8 @@ use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
 
-use super::{CpuMlaAttentionImpl, CpuMlaMetadataBuilder};
+use super::metadata_builder::cpu_mla_builder;
+use super::CpuMlaAttentionImpl;
 
 /// The CPU MLA backend descriptor (name `CPU_MLA`, ranked after `CPU`).
 #[derive(Debug)]
@@ -121,7 +122,7 @@ impl AttentionBackend for CpuMlaBackend {
     /// Block sizes that are multiples of 16.
     fn make_mla_builder(&self, block_size: usize) -> Result<Box<dyn AttentionMetadataBuilder>> {
         self.mla_kv_cache_shape(1, block_size, 576)?;
-        Ok(Box::new(CpuMlaMetadataBuilder::new(block_size)))
+        Ok(Box::new(cpu_mla_builder(block_size)))
     }
 
     /// Block sizes that are multiples of 16, head sizes 320 and 576.

@@ -15,6 +15,4 @@ mod metadata_builder;
 
 pub use attention_impl::CpuMlaAttentionImpl;
 pub use descriptor::CpuMlaBackend;
-pub use metadata_builder::{
-    mla_batch_split, CpuMlaMetadata, CpuMlaMetadataBuilder, MLA_DECODE_MAX_QUERY_LEN,
-};
+pub use metadata_builder::{CpuMlaMetadata, CpuMlaMetadataBuilder};

@@ -92,13 +92,15 @@ impl CudaMlaAttentionImpl {
         Ok(grown(&self.device, &mut s, bytes)?.device_ptr())
     }
 
+    /// The activation dtype (f16 or bf16) and the cache (on this GPU, of that dtype or
+    /// E4M3) checked, their shapes being `MlaParams::check_*`'s; whether the cache is fp8.
     fn check_cache(&self, cache: &MlaKvCache, act: DType) -> Result<bool> {
-        if cache.latent_dim() != self.params.latent_dim() {
-            return Err(Error::config(format!(
-                "CUDA_MLA: the cache holds {}-wide latents, the layer's are {}",
-                cache.latent_dim(),
-                self.params.latent_dim()
-            )));
+        if !matches!(act, DType::F16 | DType::Bf16) {
+            return Err(Error::DType {
+                what: "CUDA_MLA activations",
+                got: act.to_string(),
+                expected: "f16 or bf16".into(),
+            });
         }
         if cache.data().device() != &Device::Cuda(self.device.clone()) {
             return Err(device_error(
@@ -106,45 +108,21 @@ impl CudaMlaAttentionImpl {
             ));
         }
         let fp8 = cache.cache_dtype().is_fp8();
-        if !fp8 && cache.storage_dtype() != act {
+        let want = if fp8 { DType::Fp8E4m3 } else { act };
+        if cache.storage_dtype() != want {
             return Err(Error::DType {
                 what: "MLA latent cache",
                 got: cache.storage_dtype().to_string(),
                 expected: format!("{act} (the activations') or fp8_e4m3"),
             });
         }
-        if fp8 && cache.storage_dtype() != DType::Fp8E4m3 {
-            return Err(Error::DType {
-                what: "MLA latent cache",
-                got: cache.storage_dtype().to_string(),
-                expected: "fp8_e4m3".into(),
-            });
-        }
         Ok(fp8)
     }
 
-    /// Checks `t` is a tensor of this GPU of `shape` and dtype `dtype` (any 16-bit
-    /// activation dtype when `None`).
-    fn expect(
-        &self,
-        t: &Tensor,
-        what: &'static str,
-        shape: &[usize],
-        dtype: Option<DType>,
-    ) -> Result<()> {
-        t.expect_shape(what, shape)?;
-        match dtype {
-            Some(d) => t.expect_dtype(what, d)?,
-            None if !matches!(t.dtype(), DType::F16 | DType::Bf16) => {
-                return Err(Error::DType {
-                    what,
-                    got: t.dtype().to_string(),
-                    expected: "f16 or bf16".into(),
-                })
-            }
-            None => {}
-        }
-        tensor_ptr(&self.device, t, what).map(|_| ())
+    /// Checks that every tensor of `ts` lives on this GPU.
+    fn on_gpu(&self, ts: &[(&Tensor, &str)]) -> Result<()> {
+        ts.iter()
+            .try_for_each(|(t, what)| tensor_ptr(&self.device, t, what).map(|_| ()))
     }
 }
 
@@ -159,12 +137,12 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
     ) -> Result<()> {
         let md = metadata.downcast::<CudaMlaMetadata>("CudaMlaAttentionImpl")?;
         let act = kv_c.dtype();
-        self.check_cache(kv_cache, act)?;
         let p = &self.params;
         let slots = md.common.slot_mapping_cpu();
         let t = slots.len();
-        self.expect(kv_c, "kv_c", &[t, p.kv_lora_rank], None)?;
-        self.expect(k_pe, "k_pe", &[t, p.qk_rope_head_dim], Some(act))?;
+        p.check_cache_update(t, kv_c, k_pe, kv_cache)?;
+        self.check_cache(kv_cache, act)?;
+        self.on_gpu(&[(kv_c, "kv_c"), (k_pe, "k_pe")])?;
         let capacity = kv_cache.num_blocks() as u64 * kv_cache.block_size() as u64;
         if let Some(&s) = slots.iter().find(|&&s| s >= 0 && s as u64 >= capacity) {
             return Err(Error::metadata(format!(
@@ -204,19 +182,11 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         let p = &self.params;
         let b = md.split.num_decode_tokens;
         let act = q.dtype();
-        self.expect(q, "q", &[b, p.num_heads, p.latent_dim()], None)?;
+        p.check_mqa(b, q, kv_cache, output, lse.as_deref())?;
         let fp8 = self.check_cache(kv_cache, act)?;
-        self.expect(
-            output,
-            "output",
-            &[b, p.num_heads, p.kv_lora_rank],
-            Some(act),
-        )?;
+        self.on_gpu(&[(q, "q"), (output, "output")])?;
         let lse_ptr = match lse.as_deref() {
-            Some(l) => {
-                self.expect(l, "lse", &[p.num_heads, b], Some(DType::F32))?;
-                tensor_ptr(&self.device, l, "lse")?
-            }
+            Some(l) => tensor_ptr(&self.device, l, "lse")?,
             None => 0,
         };
         check_mla_block_size(kv_cache.block_size())?;
@@ -315,11 +285,14 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         let t = md.split.num_prefill_tokens;
         let act = q.dtype();
         let (l, r) = (p.kv_lora_rank, p.qk_rope_head_dim);
-        self.expect(q, "q", &[t, p.num_heads, p.qk_head_dim()], None)?;
+        p.check_mha(t, q, kv_c_normed, k_pe, kv_cache, output)?;
         self.check_cache(kv_cache, act)?;
-        self.expect(kv_c_normed, "kv_c_normed", &[t, l], Some(act))?;
-        self.expect(k_pe, "k_pe", &[t, r], Some(act))?;
-        self.expect(output, "output", &[t, p.num_heads, p.v_head_dim], Some(act))?;
+        self.on_gpu(&[
+            (q, "q"),
+            (kv_c_normed, "kv_c_normed"),
+            (k_pe, "k_pe"),
+            (output, "output"),
+        ])?;
         let first = md.split.num_decodes;
         let reqs = md.common.num_reqs();
         let n = reqs - first;

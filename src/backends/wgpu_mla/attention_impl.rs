@@ -150,22 +150,19 @@ impl WgpuMlaAttentionImpl {
         self.tuning
     }
 
-    /// The cache checked against the layer and the device.
+    /// The cache checked against the activation dtype and the device (its shape against
+    /// the layer by `MlaParams::check_*`).
     fn check_cache(&self, cache: &MlaKvCache, act: DType) -> Result<()> {
-        if cache.latent_dim() != self.params.latent_dim() {
-            return Err(Error::config(format!(
-                "WGPU_MLA: the cache holds {}-wide latents, the layer's are {}",
-                cache.latent_dim(),
-                self.params.latent_dim()
-            )));
-        }
         if cache.data().device() != &Device::Wgpu(self.dev.clone()) {
             return Err(device_error(
                 "the latent cache is not on this backend's wgpu device",
             ));
         }
-        let fp8 = cache.cache_dtype().is_fp8();
-        let want = if fp8 { DType::Fp8E4m3 } else { act };
+        let want = if cache.cache_dtype().is_fp8() {
+            DType::Fp8E4m3
+        } else {
+            act
+        };
         if cache.storage_dtype() != want {
             return Err(Error::DType {
                 what: "MLA latent cache",
@@ -177,32 +174,8 @@ impl WgpuMlaAttentionImpl {
         Ok(())
     }
 
-    /// Checks `t` is a tensor of this device of `shape` and dtype `dtype` (any activation
-    /// dtype when `None`); its buffer.
-    fn expect(
-        &self,
-        t: &Tensor,
-        what: &'static str,
-        shape: &[usize],
-        dtype: Option<DType>,
-    ) -> Result<wgpu::Buffer> {
-        t.expect_shape(what, shape)?;
-        match dtype {
-            Some(d) => t.expect_dtype(what, d)?,
-            None if !t.dtype().is_activation() => {
-                return Err(Error::DType {
-                    what,
-                    got: t.dtype().to_string(),
-                    expected: "f32, f16 or bf16".into(),
-                })
-            }
-            None => {}
-        }
-        Ok(storage(&self.dev, t, what)?.buffer().clone())
-    }
-
-    /// A batch array's buffer.
-    fn array(&self, t: &Tensor, what: &'static str) -> Result<wgpu::Buffer> {
+    /// The buffer of `t`, which must live on this device and fit one binding.
+    fn buf(&self, t: &Tensor, what: &'static str) -> Result<wgpu::Buffer> {
         Ok(storage(&self.dev, t, what)?.buffer().clone())
     }
 
@@ -233,8 +206,9 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let p = &self.params;
         let slots = md.common.slot_mapping_cpu();
         let t = slots.len();
-        let kv_c_buf = self.expect(kv_c, "kv_c", &[t, p.kv_lora_rank], None)?;
-        let k_pe_buf = self.expect(k_pe, "k_pe", &[t, p.qk_rope_head_dim], Some(act))?;
+        p.check_cache_update(t, kv_c, k_pe, kv_cache)?;
+        let kv_c_buf = self.buf(kv_c, "kv_c")?;
+        let k_pe_buf = self.buf(k_pe, "k_pe")?;
         let capacity = kv_cache.num_blocks() as u64 * kv_cache.block_size() as u64;
         if let Some(&s) = slots.iter().find(|&&s| s >= 0 && s as u64 >= capacity) {
             return Err(Error::metadata(format!(
@@ -263,8 +237,8 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
             vec![
                 (1, kv_c_buf),
                 (2, k_pe_buf),
-                (3, self.array(&md.arrays().slot_mapping, "slot_mapping")?),
-                (4, self.array(kv_cache.data(), "latent cache")?),
+                (3, self.buf(&md.arrays().slot_mapping, "slot_mapping")?),
+                (4, self.buf(kv_cache.data(), "latent cache")?),
             ],
             (x, 1, z),
         )?;
@@ -286,11 +260,12 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let b = md.split.num_decode_tokens;
         let act = q.dtype();
         let (n, l) = (p.num_heads, p.kv_lora_rank);
-        let q_buf = self.expect(q, "q", &[b, n, p.latent_dim()], None)?;
+        p.check_mqa(b, q, kv_cache, output, lse.as_deref())?;
         self.check_cache(kv_cache, act)?;
-        let out_buf = self.expect(output, "output", &[b, n, l], Some(act))?;
+        let q_buf = self.buf(q, "q")?;
+        let out_buf = self.buf(output, "output")?;
         let lse_buf = match lse.as_deref() {
-            Some(t) => Some(self.expect(t, "lse", &[n, b], Some(DType::F32))?),
+            Some(t) => Some(self.buf(t, "lse")?),
             None => None,
         };
         let bs = kv_cache.block_size();
@@ -346,9 +321,9 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         };
         let inputs = vec![
             (1, q_buf),
-            (2, self.array(kv_cache.data(), "latent cache")?),
-            (3, self.array(&arrays.block_table, "block_table")?),
-            (4, self.array(&arrays.seq_lens, "seq_lens")?),
+            (2, self.buf(kv_cache.data(), "latent cache")?),
+            (3, self.buf(&arrays.block_table, "block_table")?),
+            (4, self.buf(&arrays.seq_lens, "seq_lens")?),
         ];
         let lse_or_dummy = lse_buf
             .clone()
@@ -413,11 +388,12 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let t = md.split.num_prefill_tokens;
         let act = q.dtype();
         let (l, r, nh) = (p.kv_lora_rank, p.qk_rope_head_dim, p.num_heads);
-        let q_buf = self.expect(q, "q", &[t, nh, p.qk_head_dim()], None)?;
+        p.check_mha(t, q, kv_c_normed, k_pe, kv_cache, output)?;
         self.check_cache(kv_cache, act)?;
-        let kv_c_buf = self.expect(kv_c_normed, "kv_c_normed", &[t, l], Some(act))?;
-        let k_pe_buf = self.expect(k_pe, "k_pe", &[t, r], Some(act))?;
-        let out_buf = self.expect(output, "output", &[t, nh, p.v_head_dim], Some(act))?;
+        let q_buf = self.buf(q, "q")?;
+        let kv_c_buf = self.buf(kv_c_normed, "kv_c_normed")?;
+        let k_pe_buf = self.buf(k_pe, "k_pe")?;
+        let out_buf = self.buf(output, "output")?;
         let first = md.split.num_decodes;
         let reqs = md.common.num_reqs();
         let n = reqs - first;
@@ -529,8 +505,8 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
             cache_dtype: kv_cache.storage_dtype(),
         };
         let arrays = md.arrays();
-        let cache_buf = self.array(kv_cache.data(), "latent cache")?;
-        let bt_buf = self.array(&arrays.block_table, "block_table")?;
+        let cache_buf = self.buf(kv_cache.data(), "latent cache")?;
+        let bt_buf = self.buf(&arrays.block_table, "block_table")?;
         let max_groups = self.dev.limits().max_compute_workgroups_per_dimension as u64;
         let mut rec = Recording::new(&self.dev);
         for c in 0..chunks {
