@@ -55,9 +55,7 @@
 #define MLA_LAT 576          // latent width: kv_lora_rank 512 + rope 64
 #define MLA_DV 512           // value width: kv_lora_rank
 #define MLA_KEYS 32          // keys per chunk
-#ifndef MLA_STAGES
-#define MLA_STAGES 2  // shared-memory stages of the key ring (-DMLA_STAGES: 2 to 5)
-#endif
+#define MLA_STAGES 2         // shared-memory stages
 #define MLA_S (MLA_LAT + 8)  // 16-bit row stride in elements (16-byte rows, no bank conflicts)
 #define MLA_RAW_S (MLA_LAT + 16)  // fp8 raw row stride in bytes
 #define MLA_MAX_SPLITS 64
@@ -103,7 +101,6 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     constexpr int KT = MLA_LAT / 2 / 16;              // k16 steps per warp (half the dims)
     constexpr int NT = MLA_DV / 2 / 8;                // n8 tiles of a warp's 256 columns
     constexpr int THREADS = 2 * RG * 32;
-    static_assert(MLA_STAGES >= 2 && MLA_STAGES <= 5, "MLA_STAGES: 2 to 5");
     extern __shared__ uint4 mla_smem[];
     pa_u16* q_s = (pa_u16*)mla_smem;                            // [ROWS][S]
     pa_u8* ring = (pa_u8*)(q_s + ROWS * S);                     // MLA_STAGES x RAW

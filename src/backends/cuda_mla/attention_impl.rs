@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     check_mla_block_size, code, mla_num_splits, CudaTuning, LinearParams, MlaCacheParams,
     MlaCombineParams, MlaDecodeParams, MlaDecodeShape, MlaGatherParams, MlaPrefillParams, MLA_KEYS,
-    MLA_LATENT_DIM, MLA_PREFILL_MAX_DIM, MLA_STAGES, MLA_VALUE_DIM,
+    MLA_LATENT_DIM, MLA_PREFILL_MAX_DIM, MLA_VALUE_DIM,
 };
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
@@ -196,10 +196,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         }
         let q_len = md.common.query_len(0);
         let rows = q_len * p.num_heads;
-        let shape = MlaDecodeShape::for_rows(rows).with_stages(
-            CudaTuning::get().mla_decode_stages.unwrap_or(MLA_STAGES),
-            fp8,
-        );
+        let shape = MlaDecodeShape::for_rows(rows);
         let tiles = rows.div_ceil(shape.rows());
         let max_seq = md.common.seq_lens_cpu()[..decodes]
             .iter()

@@ -10,14 +10,8 @@ pub const MLA_LATENT_DIM: usize = 576;
 pub const MLA_VALUE_DIM: usize = 512;
 /// Keys per chunk of the decode kernel; block sizes must be multiples of it.
 pub const MLA_KEYS: usize = 32;
-/// Shared-memory stages of the decode kernel unless the tuning asks for others
-/// ([`crate::kernels::cuda::CudaTuning::mla_decode_stages`]).
+/// Shared-memory stages of the decode kernel.
 pub const MLA_STAGES: usize = 2;
-/// The most stages the decode kernel takes (deeper rings exceed an SM's shared memory for
-/// most shapes).
-pub const MLA_MAX_STAGES: usize = 5;
-/// Shared memory one CTA may use (227 KiB on sm_80 / sm_90).
-const SMEM_LIMIT: usize = 227 * 1024;
 /// The most splits of one decode launch (`mla_combine` holds two LSEs per lane).
 pub const MLA_MAX_SPLITS: usize = 64;
 /// Warps (rows) per CTA of `mla_combine` and `mla_prefill_attention`.
@@ -226,8 +220,6 @@ const _: () = assert!(std::mem::size_of::<MlaPrefillParams>() == 120);
 pub struct MlaDecodeShape {
     /// Groups of 16 rows (1, 2 or 4).
     pub row_groups: usize,
-    /// Shared-memory stages of the key ring (2 to [`MLA_MAX_STAGES`]).
-    pub stages: usize,
 }
 
 impl MlaDecodeShape {
@@ -239,23 +231,7 @@ impl MlaDecodeShape {
             2 => 2,
             _ => 4,
         };
-        MlaDecodeShape {
-            row_groups,
-            stages: MLA_STAGES,
-        }
-    }
-
-    /// This shape with `stages` stages where its shared memory fits an SM, else with the
-    /// most that fit (at least 2).
-    pub fn with_stages(self, stages: usize, fp8: bool) -> Self {
-        let mut s = MlaDecodeShape {
-            stages: stages.clamp(2, MLA_MAX_STAGES),
-            ..self
-        };
-        while s.stages > 2 && s.smem_bytes(fp8) as usize > SMEM_LIMIT {
-            s.stages -= 1;
-        }
-        s
+        MlaDecodeShape { row_groups }
     }
 
     /// Rows per CTA.
@@ -280,7 +256,7 @@ impl MlaDecodeShape {
         };
         let conv = if fp8 { MLA_KEYS * s * 2 } else { 0 };
         let exchange = 2 * self.row_groups * 16 * 32 * 4;
-        (q + self.stages * stage + conv + exchange) as u32
+        (q + MLA_STAGES * stage + conv + exchange) as u32
     }
 
     /// The entry point for a bf16 (else f16) query and an E4M3 (else same-dtype) cache.
@@ -295,7 +271,7 @@ impl MlaDecodeShape {
 
     /// CTAs of this shape resident on one SM (shared memory bound, 227 KiB usable).
     pub fn ctas_per_sm(self, fp8: bool) -> usize {
-        (SMEM_LIMIT / self.smem_bytes(fp8) as usize).max(1)
+        (227 * 1024 / self.smem_bytes(fp8) as usize).max(1)
     }
 }
 
@@ -336,21 +312,13 @@ mod tests {
         assert_eq!(MlaDecodeShape::for_rows(33).rows(), 64);
         assert_eq!(MlaDecodeShape::for_rows(128).rows(), 64);
         for rg in [1, 2, 4] {
-            let s = MlaDecodeShape::for_rows(16 * rg);
+            let s = MlaDecodeShape { row_groups: rg };
             for fp8 in [false, true] {
                 assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
-                for stages in 2..=MLA_MAX_STAGES + 1 {
-                    let t = s.with_stages(stages, fp8);
-                    assert!(t.stages >= 2 && t.stages <= stages.min(MLA_MAX_STAGES));
-                    assert!(t.stages == 2 || t.smem_bytes(fp8) <= 227 * 1024, "{t:?}");
-                }
             }
         }
-        // 16 rows: 5 stages fit (210 KB); 64 rows: 3 (203 KB), not 4.
-        assert_eq!(MlaDecodeShape::for_rows(16).with_stages(5, false).stages, 5);
-        assert_eq!(MlaDecodeShape::for_rows(64).with_stages(4, false).stages, 3);
         assert_eq!(
-            MlaDecodeShape::for_rows(64).function_name(true, true),
+            MlaDecodeShape { row_groups: 4 }.function_name(true, true),
             "mla_decode_bf16_e4m3_r4"
         );
         assert_eq!(mla_num_splits(2, 1, 132, 64), 1);

@@ -28,8 +28,6 @@ pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
 pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 /// [`CudaTuning::mla_prefill_chunk`].
 pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
-/// [`CudaTuning::mla_decode_stages`].
-pub const MLA_DECODE_STAGES_ENV: &str = "POLYATTN_CUDA_MLA_DECODE_STAGES";
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,10 +78,6 @@ pub struct CudaTuning {
     /// [`MLA_PREFILL_CHUNK_ENV`]; small values run long contexts as many chunks (the chunk
     /// continuation is tested that way).
     pub mla_prefill_chunk: Option<usize>,
-    /// Shared-memory stages of `CUDA_MLA`'s decode key ring (2 to 5, fewer where a shape's
-    /// shared memory would not fit an SM); `None` (the default): 2.
-    /// [`MLA_DECODE_STAGES_ENV`].
-    pub mla_decode_stages: Option<usize>,
 }
 
 impl Default for CudaTuning {
@@ -96,7 +90,6 @@ impl Default for CudaTuning {
             decode_splits: None,
             device: 0,
             mla_prefill_chunk: None,
-            mla_decode_stages: None,
         }
     }
 }
@@ -159,10 +152,6 @@ impl CudaTuning {
                     (n > 0 && n % 32 == 0).then_some(Some(n))
                 },
             ),
-            mla_decode_stages: env.get(MLA_DECODE_STAGES_ENV, "2 to 5", None, "2", |v| {
-                let n = v.parse::<usize>().ok()?;
-                (2..=5).contains(&n).then_some(Some(n))
-            }),
         }
     }
 
@@ -244,7 +233,6 @@ mod tests {
             (DECODE_SPLITS_ENV, "12"),
             (CUDA_DEVICE_ENV, "3"),
             (MLA_PREFILL_CHUNK_ENV, "64"),
-            (MLA_DECODE_STAGES_ENV, "4"),
         ]);
         assert_eq!(
             t,
@@ -259,12 +247,7 @@ mod tests {
                 decode_splits: Some(12),
                 device: 3,
                 mla_prefill_chunk: Some(64),
-                mla_decode_stages: Some(4),
             }
-        );
-        assert_eq!(
-            tuning(&[(MLA_DECODE_STAGES_ENV, "6")]).mla_decode_stages,
-            None
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
         // A row count alone takes the fewest warps that hold it.

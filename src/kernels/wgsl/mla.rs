@@ -5,8 +5,8 @@
 //! model operations' tiled GEMM, [`super::ModelShader::LinearTiled`]).
 //!
 //! The decode and prefill kernels share one thread layout: [`MLA_ROWS`] query rows (decode)
-//! or tokens (prefill) per workgroup, [`MLA_LANES`] threads splitting the vec4 columns of
-//! each [`MLA_ROWS_PER_THREAD`] rows, and a step of `keys` positions staged in workgroup memory; `keys` is the largest
+//! or tokens (prefill) per workgroup, [`MLA_LANES`] threads per row splitting its vec4
+//! columns, and a step of `keys` positions staged in workgroup memory; `keys` is the largest
 //! of [`MLA_KEY_STEPS`] whose workgroup memory fits the adapter (and, for the decode, that
 //! divides the block size, so a step never crosses a block).
 
@@ -22,14 +22,8 @@ pub const MLA_LANES: u32 = 16;
 /// Query rows (decode) or tokens (prefill) per workgroup.
 pub const MLA_ROWS: u32 = 16;
 
-/// Query rows (tokens) one thread owns: each latent (key, value) vec4 a thread loads from
-/// workgroup memory feeds this many rows.
-pub const MLA_ROWS_PER_THREAD: u32 = 2;
-
 /// Threads per workgroup of the decode and prefill kernels.
-pub const MLA_WORKGROUP: u32 = MLA_ROWS / MLA_ROWS_PER_THREAD * MLA_LANES;
-
-const _: () = assert!(MLA_ROWS % MLA_ROWS_PER_THREAD == 0);
+pub const MLA_WORKGROUP: u32 = MLA_ROWS * MLA_LANES;
 
 /// Positions per step the decode and prefill kernels can take, best first.
 pub const MLA_KEY_STEPS: [u32; 3] = [8, 4, 2];
@@ -57,7 +51,7 @@ pub struct MlaDecodeShader {
 impl MlaDecodeShader {
     /// Workgroup memory of a step of `keys` positions of `latent_dim`-wide latents.
     pub fn shared_bytes_for(latent_dim: u32, keys: u32) -> u32 {
-        (keys * latent_dim / 4) * 16 + MLA_ROWS * keys * MLA_LANES * 4 + MLA_ROWS * keys * 4
+        (keys * latent_dim / 4) * 16 + MLA_WORKGROUP * keys * 4 + MLA_ROWS * keys * 4
     }
 
     /// Its workgroup memory.
@@ -95,7 +89,6 @@ impl MlaDecodeShader {
             ("D4", d4),
             ("L4", l4),
             ("ROWS", MLA_ROWS),
-            ("RPT", MLA_ROWS_PER_THREAD),
             ("LANES", MLA_LANES),
             ("WG", MLA_WORKGROUP),
             ("KEYS", self.keys),
@@ -132,7 +125,7 @@ impl MlaPrefillShader {
     /// Workgroup memory of a step of `keys` positions.
     pub fn shared_bytes_for(qk_nope: u32, rope: u32, v_dim: u32, keys: u32) -> u32 {
         keys * ((qk_nope + rope) / 4 + v_dim / 4) * 16
-            + MLA_ROWS * keys * MLA_LANES * 4
+            + MLA_WORKGROUP * keys * 4
             + MLA_ROWS * keys * 4
     }
 
@@ -173,7 +166,6 @@ impl MlaPrefillShader {
             ("R4", r4),
             ("KW4", p4 + v4),
             ("TOKS", MLA_ROWS),
-            ("RPT", MLA_ROWS_PER_THREAD),
             ("LANES", MLA_LANES),
             ("WG", MLA_WORKGROUP),
             ("KEYS", self.keys),
