@@ -7,19 +7,18 @@
 // chunk merge of vLLM's merge_attn_states, folded into the running state).
 //
 // Algorithm: workgroup (x, y, z) runs tokens [x·TOKS, +TOKS) of head y of prefill request z
-// (its tokens share the head's keys and values). Thread t = group·LANES + lane owns RPT
-// tokens (group·RPT ..) and keeps their query columns lane, lane + LANES, ... (< QK4) in
-// registers (times scale) and the accumulators of value columns lane, lane + LANES, ...
-// (< V4): each key or value vec4 it loads from workgroup memory feeds RPT tokens. Per step of KEYS positions:
+// (its tokens share the head's keys and values). Thread t = row·LANES + lane keeps its
+// token's query columns lane, lane + LANES, ... (< QK4) in registers (times scale) and the
+// accumulator of value columns lane, lane + LANES, ... (< V4). Per step of KEYS positions:
 // the keys and values of head y go to workgroup memory; partial dot products per (token,
-// key, lane); LANES partials summed per score; each thread runs its tokens' online softmax
+// key, lane); LANES partials summed per score; each thread runs its token's online softmax
 // and adds the weighted values. Token j sits at position ctx + j (ctx = seq_len − q_len) and
 // sees [0, ctx + j]; positions a token does not see take no part, by selection; positions
 // no token of the tile sees are not loaded.
 //
 // Specialisation (generated header): QK4, P4, V4, R4, KW4 = P4 + V4 (vec4 columns of a
 // query / key, of k_nope, of a value, of the rope part, of one head's kv_b_proj output), TOKS,
-// RPT (tokens per thread), LANES, WG = TOKS / RPT · LANES, KEYS, QKV = ⌈QK4 / LANES⌉, VVP = ⌈V4 / LANES⌉; `q_load4` and
+// LANES, WG = TOKS·LANES, KEYS, QKV = ⌈QK4 / LANES⌉, VVP = ⌈V4 / LANES⌉; `q_load4` and
 // `out_store4` for the activation dtype.
 //
 // Layout: q [Tp][num_heads][P + R], out [Tp][num_heads][V] (the prefill tokens); kvx
@@ -55,7 +54,7 @@ struct Params {
 
 var<workgroup> k_s: array<vec4<f32>, KEYS * QK4>;
 var<workgroup> v_s: array<vec4<f32>, KEYS * V4>;
-var<workgroup> part_s: array<f32, TOKS * KEYS * LANES>;
+var<workgroup> part_s: array<f32, WG * KEYS>;
 var<workgroup> score_s: array<f32, TOKS * KEYS>;
 
 @compute @workgroup_size(WG)
@@ -75,52 +74,40 @@ fn main(
     }
     let base = u32(plan[params.starts_off + i]);
     let ctx = seq - q_len;
-    let group = t / LANES;
+    let row = t / LANES;
     let lane = t % LANES;
+    let j = j0 + row;
+    let live = j < q_len;
+    let jc = min(j, q_len - 1u);
+    let row_g = (q_start + jc) * nh + h;
+    let row_hi = ctx + jc + 1u;
     let lo = params.chunk_lo;
     let hi = min(min(seq, lo + params.chunk), ctx + min(j0 + TOKS, q_len));
 
-    // This thread's tokens: live, state row ((token)·num_heads + head), positions seen
-    // [0, row_hi).
-    var live: array<bool, RPT>;
-    var row_g: array<u32, RPT>;
-    var row_hi: array<u32, RPT>;
-    var q: array<array<vec4<f32>, QKV>, RPT>;
-    var acc: array<array<vec4<f32>, VVP>, RPT>;
-    var m: array<f32, RPT>;
-    var l: array<f32, RPT>;
-    // @unroll
-    for (var u = 0u; u < RPT; u = u + 1u) {
-        let j = j0 + group * RPT + u;
-        live[u] = j < q_len;
-        let jc = min(j, q_len - 1u);
-        row_g[u] = (q_start + jc) * nh + h;
-        row_hi[u] = ctx + jc + 1u;
-        // @unroll
-        for (var k = 0u; k < QKV; k = k + 1u) {
-            let c = lane + k * LANES;
-            var v = vec4<f32>(0.0);
-            if c < QK4 {
-                v = q_load4((row_g[u] * QK4 + c) * 4u) * params.scale;
-            }
-            q[u][k] = v;
+    var q: array<vec4<f32>, QKV>;
+    for (var k = 0u; k < QKV; k = k + 1u) {
+        let c = lane + k * LANES;
+        var v = vec4<f32>(0.0);
+        if c < QK4 {
+            v = q_load4((row_g * QK4 + c) * 4u) * params.scale;
         }
-        m[u] = NO_MAX;
-        l[u] = 0.0;
-        // @unroll
-        for (var k = 0u; k < VVP; k = k + 1u) {
-            let c = lane + k * LANES;
-            var a = vec4<f32>(0.0);
-            if params.first == 0u && c < V4 {
-                a = state[row_g[u] * V4 + c];
-            }
-            acc[u][k] = a;
+        q[k] = v;
+    }
+    var acc: array<vec4<f32>, VVP>;
+    var m = NO_MAX;
+    var l = 0.0;
+    for (var k = 0u; k < VVP; k = k + 1u) {
+        let c = lane + k * LANES;
+        var a = vec4<f32>(0.0);
+        if params.first == 0u && c < V4 {
+            a = state[row_g * V4 + c];
         }
-        if params.first == 0u {
-            let ml = state[params.ml_off + row_g[u]];
-            m[u] = ml.x;
-            l[u] = ml.y;
-        }
+        acc[k] = a;
+    }
+    if params.first == 0u {
+        let ml = state[params.ml_off + row_g];
+        m = ml.x;
+        l = ml.y;
     }
 
     for (var p0 = lo; p0 < hi; p0 = p0 + KEYS) {
@@ -142,116 +129,74 @@ fn main(
             v_s[e] = kvx[((w0 + k) * nh + h) * KW4 + P4 + c];
         }
         workgroupBarrier();
-        // @unroll
         for (var k = 0u; k < KEYS; k = k + 1u) {
-            var s: array<f32, RPT>;
-            // @unroll
-            for (var u = 0u; u < RPT; u = u + 1u) {
-                s[u] = 0.0;
-            }
+            var s = 0.0;
             if k < n {
-                // @unroll
                 for (var d = 0u; d < QKV; d = d + 1u) {
                     let c = lane + d * LANES;
                     if c < QK4 {
-                        let x = k_s[k * QK4 + c];
-                        // @unroll
-                        for (var u = 0u; u < RPT; u = u + 1u) {
-                            s[u] = s[u] + dot(q[u][d], x);
-                        }
+                        s = s + dot(q[d], k_s[k * QK4 + c]);
                     }
                 }
             }
-            // @unroll
-            for (var u = 0u; u < RPT; u = u + 1u) {
-                part_s[((group * RPT + u) * KEYS + k) * LANES + lane] = s[u];
-            }
+            part_s[(row * KEYS + k) * LANES + lane] = s;
         }
         workgroupBarrier();
-        for (var e = t; e < TOKS * KEYS; e = e + WG) {
+        if t < TOKS * KEYS {
             var s = 0.0;
-            // @unroll
             for (var d = 0u; d < LANES; d = d + 1u) {
-                s = s + part_s[e * LANES + d];
+                s = s + part_s[t * LANES + d];
             }
-            score_s[e] = s;
+            score_s[t] = s;
         }
         workgroupBarrier();
-        var p: array<array<f32, KEYS>, RPT>;
-        // @unroll
-        for (var u = 0u; u < RPT; u = u + 1u) {
-            let row = group * RPT + u;
-            var mx = m[u];
-            // @unroll
-            for (var k = 0u; k < KEYS; k = k + 1u) {
-                if k < n && p0 + k < row_hi[u] {
-                    mx = max(mx, score_s[row * KEYS + k]);
-                }
+        var mx = m;
+        for (var k = 0u; k < n; k = k + 1u) {
+            if p0 + k < row_hi {
+                mx = max(mx, score_s[row * KEYS + k]);
             }
-            let corr = exp(m[u] - mx);
-            var sum = l[u] * corr;
-            // @unroll
-            for (var k = 0u; k < KEYS; k = k + 1u) {
-                var e = 0.0;
-                if k < n && p0 + k < row_hi[u] {
-                    e = exp(score_s[row * KEYS + k] - mx);
-                }
-                p[u][k] = e;
-                sum = sum + e;
-            }
-            // @unroll
-            for (var d = 0u; d < VVP; d = d + 1u) {
-                acc[u][d] = acc[u][d] * corr;
-            }
-            l[u] = sum;
-            m[u] = mx;
         }
-        // Positions a token does not see have p = 0 and are skipped (never multiplied in).
-        // @unroll
-        for (var k = 0u; k < KEYS; k = k + 1u) {
-            if k < n {
-                // @unroll
+        let corr = exp(m - mx);
+        l = l * corr;
+        for (var d = 0u; d < VVP; d = d + 1u) {
+            acc[d] = acc[d] * corr;
+        }
+        for (var k = 0u; k < n; k = k + 1u) {
+            if p0 + k < row_hi {
+                let e = exp(score_s[row * KEYS + k] - mx);
+                l = l + e;
                 for (var d = 0u; d < VVP; d = d + 1u) {
                     let c = lane + d * LANES;
                     if c < V4 {
-                        let x = v_s[k * V4 + c];
-                        // @unroll
-                        for (var u = 0u; u < RPT; u = u + 1u) {
-                            if p0 + k < row_hi[u] {
-                                acc[u][d] = acc[u][d] + p[u][k] * x;
-                            }
-                        }
+                        acc[d] = acc[d] + e * v_s[k * V4 + c];
                     }
                 }
             }
         }
+        m = mx;
         workgroupBarrier();
     }
 
-    // @unroll
-    for (var u = 0u; u < RPT; u = u + 1u) {
-        if live[u] {
-            if params.last != 0u {
-                let inv = select(0.0, 1.0 / l[u], l[u] > 0.0);
-                // @unroll
-                for (var d = 0u; d < VVP; d = d + 1u) {
-                    let c = lane + d * LANES;
-                    if c < V4 {
-                        out_store4((row_g[u] * V4 + c) * 4u, acc[u][d] * inv);
-                    }
-                }
-            } else {
-                // @unroll
-                for (var d = 0u; d < VVP; d = d + 1u) {
-                    let c = lane + d * LANES;
-                    if c < V4 {
-                        state[row_g[u] * V4 + c] = acc[u][d];
-                    }
-                }
-                if lane == 0u {
-                    state[params.ml_off + row_g[u]] = vec4<f32>(m[u], l[u], 0.0, 0.0);
-                }
+    if !live {
+        return;
+    }
+    if params.last != 0u {
+        let inv = select(0.0, 1.0 / l, l > 0.0);
+        for (var d = 0u; d < VVP; d = d + 1u) {
+            let c = lane + d * LANES;
+            if c < V4 {
+                out_store4((row_g * V4 + c) * 4u, acc[d] * inv);
             }
+        }
+    } else {
+        for (var d = 0u; d < VVP; d = d + 1u) {
+            let c = lane + d * LANES;
+            if c < V4 {
+                state[row_g * V4 + c] = acc[d];
+            }
+        }
+        if lane == 0u {
+            state[params.ml_off + row_g] = vec4<f32>(m, l, 0.0, 0.0);
         }
     }
 }

@@ -351,9 +351,8 @@ fn expanded_prefill_equals_the_reference() {
 }
 
 /// WGPU_MLA's prefill in chunks of 16 positions (an explicit tuning, as
-/// `POLYATTN_WGPU_MLA_PREFILL_CHUNK=16` sets) with the GPU form of its kernels (unrolled
-/// loops, which CPU adapters do not run by default): every chunk after the first continues
-/// the rows' softmax state from the last, the path long contexts take, against the same
+/// `POLYATTN_WGPU_MLA_PREFILL_CHUNK=16` sets): every chunk after the first continues the
+/// rows' softmax state from the last, the path long contexts take, against the same
 /// reference. Skips (and says so) where no wgpu adapter opens.
 #[test]
 fn wgpu_prefill_in_small_chunks_equals_the_reference() {
@@ -372,10 +371,8 @@ fn wgpu_prefill_in_small_chunks_equals_the_reference() {
         let Device::Wgpu(dev) = b.device()? else {
             unreachable!("WGPU_MLA's device is a wgpu device")
         };
-        // The GPU form of the kernels (loops unrolled) on every adapter, CPU ones included.
         let tuning = WgpuTuning {
             mla_prefill_chunk: Some(16),
-            unrolled: true,
             ..WgpuTuning::for_device(&dev)
         };
         Ok(Box::new(WgpuMlaAttentionImpl::with_tuning(

@@ -317,7 +317,6 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
                 q_dtype: act,
                 cache_dtype: kv_cache.storage_dtype(),
                 split,
-                unrolled: self.tuning.unrolled,
             })
         };
         let inputs = vec![
@@ -500,7 +499,6 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
             v_dim: vd,
             keys,
             dtype: act,
-            unrolled: self.tuning.unrolled,
         });
         let gather = MlaShader::Gather {
             act_dtype: act,

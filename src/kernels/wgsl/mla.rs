@@ -5,15 +5,15 @@
 //! model operations' tiled GEMM, [`super::ModelShader::LinearTiled`]).
 //!
 //! The decode and prefill kernels share one thread layout: [`MLA_ROWS`] query rows (decode)
-//! or tokens (prefill) per workgroup, [`MLA_LANES`] threads splitting the vec4 columns of
-//! each [`MLA_ROWS_PER_THREAD`] rows, and a step of `keys` positions staged in workgroup memory; `keys` is the largest
+//! or tokens (prefill) per workgroup, [`MLA_LANES`] threads per row splitting its vec4
+//! columns, and a step of `keys` positions staged in workgroup memory; `keys` is the largest
 //! of [`MLA_KEY_STEPS`] whose workgroup memory fits the adapter (and, for the decode, that
 //! divides the block size, so a step never crosses a block).
 
 use crate::dtype::DType;
 
 use super::bindings::Bindings;
-use super::preprocess::{buffer, consts, short, unroll, Access};
+use super::preprocess::{buffer, consts, short, Access};
 use super::sources::{COMMON, MLA_CACHE_WRITE, MLA_COMBINE, MLA_DECODE, MLA_GATHER, MLA_PREFILL};
 
 /// Threads that share one query row's columns.
@@ -22,14 +22,8 @@ pub const MLA_LANES: u32 = 16;
 /// Query rows (decode) or tokens (prefill) per workgroup.
 pub const MLA_ROWS: u32 = 16;
 
-/// Query rows (tokens) one thread owns: each latent (key, value) vec4 a thread loads from
-/// workgroup memory feeds this many rows.
-pub const MLA_ROWS_PER_THREAD: u32 = 2;
-
 /// Threads per workgroup of the decode and prefill kernels.
-pub const MLA_WORKGROUP: u32 = MLA_ROWS / MLA_ROWS_PER_THREAD * MLA_LANES;
-
-const _: () = assert!(MLA_ROWS % MLA_ROWS_PER_THREAD == 0);
+pub const MLA_WORKGROUP: u32 = MLA_ROWS * MLA_LANES;
 
 /// Positions per step the decode and prefill kernels can take, best first.
 pub const MLA_KEY_STEPS: [u32; 3] = [8, 4, 2];
@@ -52,15 +46,12 @@ pub struct MlaDecodeShader {
     pub cache_dtype: DType,
     /// Writes f32 split partials for `mla_combine.wgsl` instead of the output.
     pub split: bool,
-    /// The per-thread loops expanded ([`unroll`]): what GPU drivers need to keep the
-    /// per-row arrays in registers ([`super::WgpuTuning::unrolled`]).
-    pub unrolled: bool,
 }
 
 impl MlaDecodeShader {
     /// Workgroup memory of a step of `keys` positions of `latent_dim`-wide latents.
     pub fn shared_bytes_for(latent_dim: u32, keys: u32) -> u32 {
-        (keys * latent_dim / 4) * 16 + MLA_ROWS * keys * MLA_LANES * 4 + MLA_ROWS * keys * 4
+        (keys * latent_dim / 4) * 16 + MLA_WORKGROUP * keys * 4 + MLA_ROWS * keys * 4
     }
 
     /// Its workgroup memory.
@@ -79,14 +70,13 @@ impl MlaDecodeShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "mla decode d{} l{} k{} q {} kv {}{}{}",
+            "mla decode d{} l{} k{} q {} kv {}{}",
             self.latent_dim,
             self.kv_lora_rank,
             self.keys,
             short(self.q_dtype),
             short(self.cache_dtype),
-            if self.split { " split" } else { "" },
-            if self.unrolled { " unrolled" } else { "" }
+            if self.split { " split" } else { "" }
         )
     }
 
@@ -95,29 +85,23 @@ impl MlaDecodeShader {
         let d4 = self.latent_dim / 4;
         let l4 = self.kv_lora_rank / 4;
         let mut s = format!("// generated: {}\n", self.key());
-        let k = [
+        s += &consts(&[
             ("D4", d4),
             ("L4", l4),
             ("ROWS", MLA_ROWS),
-            ("RPT", MLA_ROWS_PER_THREAD),
             ("LANES", MLA_LANES),
             ("WG", MLA_WORKGROUP),
             ("KEYS", self.keys),
             ("QV", d4.div_ceil(MLA_LANES)),
             ("VV", l4.div_ceil(MLA_LANES)),
-        ];
-        s += &consts(&k);
+        ]);
         s += &format!("const SPLIT: bool = {};\n", self.split);
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("cache", 2, self.cache_dtype, Access::Read);
         let out = if self.split { DType::F32 } else { self.q_dtype };
         s += &buffer("out", 5, out, Access::Write);
         s += COMMON;
-        s += &if self.unrolled {
-            unroll(MLA_DECODE, &k)
-        } else {
-            MLA_DECODE.to_string()
-        };
+        s += MLA_DECODE;
         s
     }
 }
@@ -135,15 +119,13 @@ pub struct MlaPrefillShader {
     pub keys: u32,
     /// dtype of the queries and the output.
     pub dtype: DType,
-    /// The per-thread loops expanded, as [`MlaDecodeShader::unrolled`].
-    pub unrolled: bool,
 }
 
 impl MlaPrefillShader {
     /// Workgroup memory of a step of `keys` positions.
     pub fn shared_bytes_for(qk_nope: u32, rope: u32, v_dim: u32, keys: u32) -> u32 {
         keys * ((qk_nope + rope) / 4 + v_dim / 4) * 16
-            + MLA_ROWS * keys * MLA_LANES * 4
+            + MLA_WORKGROUP * keys * 4
             + MLA_ROWS * keys * 4
     }
 
@@ -163,13 +145,12 @@ impl MlaPrefillShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
         format!(
-            "mla prefill p{} r{} v{} k{} {}{}",
+            "mla prefill p{} r{} v{} k{} {}",
             self.qk_nope,
             self.rope,
             self.v_dim,
             self.keys,
-            short(self.dtype),
-            if self.unrolled { " unrolled" } else { "" }
+            short(self.dtype)
         )
     }
 
@@ -178,29 +159,23 @@ impl MlaPrefillShader {
         let qk4 = (self.qk_nope + self.rope) / 4;
         let (p4, v4, r4) = (self.qk_nope / 4, self.v_dim / 4, self.rope / 4);
         let mut s = format!("// generated: {}\n", self.key());
-        let k = [
+        s += &consts(&[
             ("QK4", qk4),
             ("P4", p4),
             ("V4", v4),
             ("R4", r4),
             ("KW4", p4 + v4),
             ("TOKS", MLA_ROWS),
-            ("RPT", MLA_ROWS_PER_THREAD),
             ("LANES", MLA_LANES),
             ("WG", MLA_WORKGROUP),
             ("KEYS", self.keys),
             ("QKV", qk4.div_ceil(MLA_LANES)),
             ("VVP", v4.div_ceil(MLA_LANES)),
-        ];
-        s += &consts(&k);
+        ]);
         s += &buffer("q", 1, self.dtype, Access::Read);
         s += &buffer("out", 6, self.dtype, Access::Write);
         s += COMMON;
-        s += &if self.unrolled {
-            unroll(MLA_PREFILL, &k)
-        } else {
-            MLA_PREFILL.to_string()
-        };
+        s += MLA_PREFILL;
         s
     }
 }
@@ -314,9 +289,8 @@ impl MlaShader {
     }
 
     /// A representative set for the translation tests: every dtype pairing of the cache
-    /// write, the gather, the decode (both outputs; the split one unrolled) and the combine
-    /// at DeepSeek's 512 + 64, the 256 + 64 latent, every step length, and the prefill in
-    /// every activation dtype (bf16 unrolled).
+    /// write, the gather, the decode (both outputs) and the combine at DeepSeek's 512 + 64,
+    /// the 256 + 64 latent, every step length, and the prefill in every activation dtype.
     pub fn catalog() -> Vec<MlaShader> {
         let acts = [DType::F32, DType::F16, DType::Bf16];
         let mut v = Vec::new();
@@ -339,7 +313,6 @@ impl MlaShader {
                         q_dtype: act,
                         cache_dtype: cache,
                         split,
-                        unrolled: split,
                     }));
                 }
             }
@@ -353,7 +326,6 @@ impl MlaShader {
                 v_dim: 128,
                 keys: 8,
                 dtype: act,
-                unrolled: act == DType::Bf16,
             }));
         }
         for keys in MLA_KEY_STEPS {
@@ -364,7 +336,6 @@ impl MlaShader {
                 q_dtype: DType::Bf16,
                 cache_dtype: DType::Bf16,
                 split: keys == 4,
-                unrolled: keys == 8,
             }));
             v.push(MlaShader::Prefill(MlaPrefillShader {
                 qk_nope: 64,
@@ -372,7 +343,6 @@ impl MlaShader {
                 v_dim: 64,
                 keys,
                 dtype: DType::F16,
-                unrolled: keys == 4,
             }));
         }
         v
