@@ -57,6 +57,37 @@ pub struct BackendCapabilities {
     pub kv_layout: KvLayout,
 }
 
+impl BackendCapabilities {
+    /// An MLA backend's capabilities (vLLM's MLA backends: decoder self-attention on a
+    /// latent cache, no sinks, ALiBi, sliding window, soft cap or cascade, no graph capture):
+    /// only what differs between them is given.
+    pub fn mla(
+        head_sizes: HeadSizes,
+        dtypes: Vec<DType>,
+        kv_cache_dtypes: Vec<CacheDType>,
+        block_sizes: Vec<BlockSize>,
+        min_capability: Option<DeviceCapability>,
+    ) -> Self {
+        BackendCapabilities {
+            head_sizes,
+            dtypes,
+            kv_cache_dtypes,
+            block_sizes,
+            attn_types: vec![AttentionType::Decoder],
+            supports_sink: false,
+            supports_non_causal: false,
+            supports_alibi: false,
+            supports_sliding_window: false,
+            supports_soft_cap: false,
+            supports_cascade: false,
+            is_mla: true,
+            min_capability,
+            graph_capture: GraphCaptureSupport::Never,
+            kv_layout: KvLayout::Nhd,
+        }
+    }
+}
+
 /// What the selector asks a backend: vLLM's `AttentionSelectorConfig` plus the layer features
 /// polyattn checks up front (ALiBi, sliding window, soft cap). Hashable: the selector caches
 /// its answer per configuration.
@@ -580,6 +611,43 @@ impl KvCache {
 
 /// A shared handle to a backend descriptor.
 pub type BackendRef = Arc<dyn AttentionBackend>;
+
+/// The standard-layer methods of an MLA backend's [`AttentionBackend`] impl (`make_impl`,
+/// `make_builder`, `kv_cache_shape`), each the typed error [`non_mla_error`]. Invoked inside
+/// the `impl AttentionBackend for …` block.
+#[macro_export]
+macro_rules! mla_backend_rejects_standard_layers {
+    () => {
+        /// Always the typed error "non-MLA not supported".
+        fn make_impl(
+            &self,
+            _params: $crate::AttentionParams,
+        ) -> $crate::Result<Box<dyn $crate::AttentionImpl>> {
+            Err($crate::backend::non_mla_error(self.name()))
+        }
+
+        /// Always the typed error "non-MLA not supported" (the latent cache is
+        /// [`MlaKvCache`](crate::mla::MlaKvCache)).
+        fn make_builder(
+            &self,
+            _spec: &$crate::KvCacheSpec,
+        ) -> $crate::Result<Box<dyn $crate::metadata::AttentionMetadataBuilder>> {
+            Err($crate::backend::non_mla_error(self.name()))
+        }
+
+        /// Always "non-MLA not supported" (see `mla_kv_cache_shape`).
+        fn kv_cache_shape(
+            &self,
+            _num_blocks: usize,
+            _block_size: usize,
+            _num_kv_heads: usize,
+            _head_size: usize,
+            _cache_dtype: $crate::CacheDType,
+        ) -> $crate::Result<[usize; 5]> {
+            Err($crate::backend::non_mla_error(self.name()))
+        }
+    };
+}
 
 /// The typed error "non-MLA not supported" an MLA backend gives a standard layer, builder or
 /// cache shape: it runs `forward_mqa` / `forward_mha` on a latent cache instead.

@@ -1,15 +1,10 @@
 //! The CPU MLA backend's descriptor.
 
-use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
-use crate::backend::non_mla_error;
-use crate::backend::{
-    AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    GraphCaptureSupport, HeadSizes, KvLayout,
-};
+use crate::attention::MlaAttentionImpl;
+use crate::backend::{AttentionBackend, Availability, BackendCapabilities, BlockSize, HeadSizes};
 use crate::device::{Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
 use crate::error::Result;
-use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
 
@@ -26,30 +21,20 @@ impl CpuMlaBackend {
     /// The descriptor.
     pub fn new() -> Self {
         CpuMlaBackend {
-            caps: BackendCapabilities {
+            caps: BackendCapabilities::mla(
                 // vLLM's MLA common head sizes: kv_lora_rank + rope (512 + 64, 256 + 64).
-                head_sizes: HeadSizes::List(vec![320, 576]),
-                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
+                HeadSizes::List(vec![320, 576]),
+                vec![DType::F32, DType::F16, DType::Bf16],
                 // TRITON_MLA's list (`fp8` is E4M3).
-                kv_cache_dtypes: vec![
+                vec![
                     CacheDType::Auto,
                     CacheDType::F16,
                     CacheDType::Bf16,
                     CacheDType::Fp8E4m3,
                 ],
-                block_sizes: vec![BlockSize::MultipleOf(16)],
-                attn_types: vec![AttentionType::Decoder],
-                supports_sink: false,
-                supports_non_causal: false,
-                supports_alibi: false,
-                supports_sliding_window: false,
-                supports_soft_cap: false,
-                supports_cascade: false,
-                is_mla: true,
-                min_capability: None,
-                graph_capture: GraphCaptureSupport::Never,
-                kv_layout: KvLayout::Nhd,
-            },
+                vec![BlockSize::MultipleOf(16)],
+                None,
+            ),
         }
     }
 }
@@ -85,30 +70,7 @@ impl AttentionBackend for CpuMlaBackend {
         Ok(Device::cpu())
     }
 
-    /// Always the typed error "non-MLA not supported": a standard layer's `forward` does not
-    /// run on an MLA backend.
-    fn make_impl(&self, _params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        Err(non_mla_error(self.name()))
-    }
-
-    /// The standard KV cache has no MLA form: the latent cache is
-    /// [`crate::mla::MlaKvCache`]. Always the typed error "non-MLA not supported".
-    fn make_builder(&self, _spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        Err(non_mla_error(self.name()))
-    }
-
-    /// The standard `(num_blocks, 2, block_size, heads, head_size)` shape does not apply:
-    /// always "non-MLA not supported" (see [`CpuMlaBackend::mla_kv_cache_shape`]).
-    fn kv_cache_shape(
-        &self,
-        _num_blocks: usize,
-        _block_size: usize,
-        _num_kv_heads: usize,
-        _head_size: usize,
-        _cache_dtype: CacheDType,
-    ) -> Result<[usize; 5]> {
-        Err(non_mla_error(self.name()))
-    }
+    crate::mla_backend_rejects_standard_layers!();
 
     fn make_mla_impl(
         &self,

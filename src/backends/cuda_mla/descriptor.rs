@@ -1,15 +1,13 @@
 //! The CUDA MLA backend's descriptor.
 
-use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
+use crate::attention::MlaAttentionImpl;
 use crate::backend::{
-    non_mla_error, AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout,
+    AttentionBackend, Availability, BackendCapabilities, BlockSize, DeviceCapability, HeadSizes,
 };
 use crate::backends::cuda::CudaBackend;
 use crate::device::{CudaDevice, Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
-use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
 
@@ -32,11 +30,11 @@ impl CudaMlaBackend {
     /// driver until asked.
     pub fn new() -> Self {
         CudaMlaBackend {
-            caps: BackendCapabilities {
+            caps: BackendCapabilities::mla(
                 // The kernels are built for DeepSeek's 512 + 64 latent (FlashMLA's 576).
-                head_sizes: HeadSizes::List(vec![576]),
-                dtypes: vec![DType::F16, DType::Bf16],
-                kv_cache_dtypes: vec![
+                HeadSizes::List(vec![576]),
+                vec![DType::F16, DType::Bf16],
+                vec![
                     CacheDType::Auto,
                     CacheDType::F16,
                     CacheDType::Bf16,
@@ -44,20 +42,10 @@ impl CudaMlaBackend {
                 ],
                 // FlashInfer-MLA's sizes (FlashMLA's 64 among them): the decode reads chunks
                 // of 32 keys that never cross a block.
-                block_sizes: vec![BlockSize::Exact(32), BlockSize::Exact(64)],
-                attn_types: vec![AttentionType::Decoder],
-                supports_sink: false,
-                supports_non_causal: false,
-                supports_alibi: false,
-                supports_sliding_window: false,
-                supports_soft_cap: false,
-                supports_cascade: false,
-                is_mla: true,
+                vec![BlockSize::Exact(32), BlockSize::Exact(64)],
                 // cp.async, ldmatrix and bf16 mma.sync.
-                min_capability: Some(DeviceCapability { major: 8, minor: 0 }),
-                graph_capture: GraphCaptureSupport::Never,
-                kv_layout: KvLayout::Nhd,
-            },
+                Some(DeviceCapability { major: 8, minor: 0 }),
+            ),
             cuda: CudaBackend::new(),
         }
     }
@@ -109,28 +97,7 @@ impl AttentionBackend for CudaMlaBackend {
         self.cuda.device_capability()
     }
 
-    /// Always the typed error "non-MLA not supported".
-    fn make_impl(&self, _params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        Err(non_mla_error(self.name()))
-    }
-
-    /// Always the typed error "non-MLA not supported" (the latent cache is
-    /// [`crate::mla::MlaKvCache`]).
-    fn make_builder(&self, _spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        Err(non_mla_error(self.name()))
-    }
-
-    /// Always "non-MLA not supported" (see [`CudaMlaBackend::mla_kv_cache_shape`]).
-    fn kv_cache_shape(
-        &self,
-        _num_blocks: usize,
-        _block_size: usize,
-        _num_kv_heads: usize,
-        _head_size: usize,
-        _cache_dtype: CacheDType,
-    ) -> Result<[usize; 5]> {
-        Err(non_mla_error(self.name()))
-    }
+    crate::mla_backend_rejects_standard_layers!();
 
     fn make_mla_impl(
         &self,

@@ -1,16 +1,15 @@
 //! The wgpu MLA backend's descriptor.
 
-use crate::attention::{AttentionImpl, AttentionParams, MlaAttentionImpl};
+use crate::attention::MlaAttentionImpl;
 use crate::backend::{
-    non_mla_error, AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    GraphCaptureSupport, HeadSizes, KvLayout, Reason, SelectorConfig,
+    AttentionBackend, Availability, BackendCapabilities, BlockSize, HeadSizes, Reason,
+    SelectorConfig,
 };
 use crate::device::wgpu::check_binding;
 use crate::device::{Device, DeviceKind, WgpuDevice};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::MlaDecodeShader;
-use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
 
@@ -32,11 +31,11 @@ impl WgpuMlaBackend {
     /// The descriptor (touches no device).
     pub fn new() -> Self {
         WgpuMlaBackend {
-            caps: BackendCapabilities {
+            caps: BackendCapabilities::mla(
                 // vLLM's MLA head sizes: kv_lora_rank + rope (512 + 64, 256 + 64).
-                head_sizes: HeadSizes::List(vec![320, 576]),
-                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
-                kv_cache_dtypes: vec![
+                HeadSizes::List(vec![320, 576]),
+                vec![DType::F32, DType::F16, DType::Bf16],
+                vec![
                     CacheDType::Auto,
                     CacheDType::F16,
                     CacheDType::Bf16,
@@ -44,19 +43,9 @@ impl WgpuMlaBackend {
                 ],
                 // A decode step (8 positions where the workgroup memory allows) never
                 // crosses a block.
-                block_sizes: vec![BlockSize::MultipleOf(16)],
-                attn_types: vec![AttentionType::Decoder],
-                supports_sink: false,
-                supports_non_causal: false,
-                supports_alibi: false,
-                supports_sliding_window: false,
-                supports_soft_cap: false,
-                supports_cascade: false,
-                is_mla: true,
-                min_capability: None,
-                graph_capture: GraphCaptureSupport::Never,
-                kv_layout: KvLayout::Nhd,
-            },
+                vec![BlockSize::MultipleOf(16)],
+                None,
+            ),
         }
     }
 }
@@ -126,28 +115,7 @@ impl AttentionBackend for WgpuMlaBackend {
             })
     }
 
-    /// Always the typed error "non-MLA not supported".
-    fn make_impl(&self, _params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
-        Err(non_mla_error(self.name()))
-    }
-
-    /// Always the typed error "non-MLA not supported" (the latent cache is
-    /// [`crate::mla::MlaKvCache`]).
-    fn make_builder(&self, _spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
-        Err(non_mla_error(self.name()))
-    }
-
-    /// Always "non-MLA not supported" (see [`WgpuMlaBackend::mla_kv_cache_shape`]).
-    fn kv_cache_shape(
-        &self,
-        _num_blocks: usize,
-        _block_size: usize,
-        _num_kv_heads: usize,
-        _head_size: usize,
-        _cache_dtype: CacheDType,
-    ) -> Result<[usize; 5]> {
-        Err(non_mla_error(self.name()))
-    }
+    crate::mla_backend_rejects_standard_layers!();
 
     fn make_mla_impl(
         &self,

@@ -1,4 +1,4 @@
-//! The wgpu MLA backend's kernel glue: a [`Recording`] of the family's MLA kernels and the
+//! The wgpu MLA backend's kernel glue: a `Recording` of the family's MLA kernels and the
 //! `kv_b_proj` GEMM, dispatched in order in one compute pass of one command buffer, each
 //! dispatch with its own slot of one uniform parameter block.
 
