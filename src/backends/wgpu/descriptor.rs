@@ -66,6 +66,25 @@ impl WgpuBackend {
     }
 }
 
+/// `hardware` on a GPU adapter, `software` on a CPU implementation (lavapipe, llvmpipe,
+/// WARP), which emulates a GPU on the cores the CPU backends use natively (the wgpu backends'
+/// rule).
+pub(crate) fn adapter_priority(hardware: u32, software: u32) -> u32 {
+    match WgpuDevice::open() {
+        Ok(d) if d.adapter_info().device_type == wgpu::DeviceType::Cpu => software,
+        _ => hardware,
+    }
+}
+
+/// Whether the wgpu device opens (its description), or why not.
+pub(crate) fn adapter_availability() -> Availability {
+    match WgpuDevice::open() {
+        Ok(d) => Availability::Available(d.description()),
+        Err(Error::Device { message, .. }) => Availability::Unavailable(message),
+        Err(e) => Availability::Unavailable(e.to_string()),
+    }
+}
+
 impl Default for WgpuBackend {
     fn default() -> Self {
         Self::new()
@@ -86,18 +105,11 @@ impl AttentionBackend for WgpuBackend {
     /// cores the CPU backend uses natively, so it ranks after the CPU backend (1100); it
     /// stays selectable by `POLYATTN_BACKEND=wgpu`.
     fn priority(&self) -> u32 {
-        match WgpuDevice::open() {
-            Ok(d) if d.adapter_info().device_type == wgpu::DeviceType::Cpu => 1100,
-            _ => 400,
-        }
+        adapter_priority(400, 1100)
     }
 
     fn availability(&self) -> Availability {
-        match WgpuDevice::open() {
-            Ok(d) => Availability::Available(d.description()),
-            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
-            Err(e) => Availability::Unavailable(e.to_string()),
-        }
+        adapter_availability()
     }
 
     fn capabilities(&self) -> &BackendCapabilities {

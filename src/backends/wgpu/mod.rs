@@ -39,6 +39,7 @@ use crate::kernels::wgsl as shaders;
 
 pub use attention_impl::{WgpuAttentionImpl, WgpuPlanKernels, WgpuRecording, MAX_HEAD_SIZE};
 pub use descriptor::WgpuBackend;
+pub(crate) use descriptor::{adapter_availability, adapter_priority};
 pub use kernels::{prefill_tile_fits, LayerShaders};
 pub use metadata_builder::{Plan, PlanKey, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList};
 pub use tuning::{

@@ -8,10 +8,12 @@ use crate::backend::{
 use crate::device::wgpu::check_binding;
 use crate::device::{Device, DeviceKind, WgpuDevice};
 use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::wgsl::MlaDecodeShader;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
+
+use crate::backends::wgpu::{adapter_availability, adapter_priority};
 
 use super::metadata_builder::wgpu_mla_builder;
 use super::WgpuMlaAttentionImpl;
@@ -68,18 +70,11 @@ impl AttentionBackend for WgpuMlaBackend {
     /// `WGPU`'s rule, ten places later: 410 on a hardware adapter, 1110 on a software one
     /// (after `CPU_MLA`, which runs natively on the cores lavapipe emulates a GPU on).
     fn priority(&self) -> u32 {
-        match WgpuDevice::open() {
-            Ok(d) if d.adapter_info().device_type == wgpu::DeviceType::Cpu => 1110,
-            _ => 410,
-        }
+        adapter_priority(410, 1110)
     }
 
     fn availability(&self) -> Availability {
-        match WgpuDevice::open() {
-            Ok(d) => Availability::Available(d.description()),
-            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
-            Err(e) => Availability::Unavailable(e.to_string()),
-        }
+        adapter_availability()
     }
 
     fn capabilities(&self) -> &BackendCapabilities {
