@@ -111,3 +111,107 @@ impl AttentionMetadataBuilder for MlaBatchBuilder {
         }))
     }
 }
+
+/// How a batch's prefills run in chunks of key positions (the GPU MLA backends' expanded
+/// prefill): chunk `c` holds positions `[c·chunk, (c + 1)·chunk)` of every prefill request,
+/// request `i`'s at rows `starts(c)[i] ..` of the chunk's workspace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlaPrefillChunks {
+    /// Sequence lengths of the prefill requests (batch requests `num_decodes..`).
+    pub seq_lens: Vec<usize>,
+    /// Positions per chunk (positive).
+    pub chunk: usize,
+    /// Chunks: enough for the longest sequence.
+    pub chunks: usize,
+}
+
+impl MlaPrefillChunks {
+    /// The chunks of `md`'s prefills: `chunk` positions each (`None`: `fit` of the longest
+    /// prefill sequence), rounded to at most the longest sequence up to a multiple of
+    /// `align` and at least `align`.
+    pub fn new(
+        md: &MlaBatchMetadata,
+        chunk: Option<usize>,
+        align: usize,
+        fit: impl FnOnce(usize) -> Result<usize>,
+    ) -> Result<Self> {
+        let seq_lens: Vec<usize> = md.common.seq_lens_cpu()[md.split.num_decodes..]
+            .iter()
+            .map(|&s| s as usize)
+            .collect();
+        let max_seq = seq_lens.iter().copied().max().unwrap_or(0);
+        let align = align.max(1);
+        let chunk = match chunk {
+            Some(c) => c,
+            None => fit(max_seq)?,
+        };
+        let chunk = chunk.min(max_seq.div_ceil(align) * align).max(align);
+        Ok(MlaPrefillChunks {
+            chunks: max_seq.div_ceil(chunk),
+            seq_lens,
+            chunk,
+        })
+    }
+
+    /// First position of chunk `c`.
+    pub fn lo(&self, c: usize) -> usize {
+        c * self.chunk
+    }
+
+    /// The `n + 1` row starts of chunk `c` (request `i` holds
+    /// `clamp(seq_len − lo, 0, chunk)` rows), or an overflow error past i32.
+    pub fn starts(&self, c: usize) -> Result<Vec<i32>> {
+        let lo = self.lo(c);
+        let mut acc = 0usize;
+        let mut starts = Vec::with_capacity(self.seq_lens.len() + 1);
+        starts.push(0);
+        for &s in &self.seq_lens {
+            acc += s.saturating_sub(lo).min(self.chunk);
+            starts.push(
+                i32::try_from(acc).map_err(|_| {
+                    Error::overflow("MLA prefill chunk rows", format!("{acc} rows"))
+                })?,
+            );
+        }
+        Ok(starts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::BatchDescription;
+
+    #[test]
+    fn prefill_chunks_cover_every_position_once() {
+        // A decode (q 1), then prefills of 45 and 100 positions; block size 16.
+        let desc = BatchDescription {
+            query_start_loc: vec![0, 1, 21, 61],
+            seq_lens: vec![30, 45, 100],
+            block_table: (0..21).collect(),
+            max_blocks_per_req: 7,
+            slot_mapping: vec![-1; 61],
+            causal: true,
+            block_size: 16,
+            is_prefilling: None,
+        };
+        let common = CommonAttentionMetadata::new(&Device::cpu(), desc).unwrap();
+        let md = MlaBatchBuilder::new("TEST", 16, Device::cpu())
+            .build(0, &common, false)
+            .unwrap();
+        let md = md.downcast::<MlaBatchMetadata>("test").unwrap();
+        let c = MlaPrefillChunks::new(md, Some(32), 16, |_| unreachable!()).unwrap();
+        assert_eq!(
+            (c.seq_lens.clone(), c.chunk, c.chunks),
+            (vec![45, 100], 32, 4)
+        );
+        assert_eq!(c.starts(0).unwrap(), vec![0, 32, 64]);
+        assert_eq!(c.starts(1).unwrap(), vec![0, 13, 45]);
+        assert_eq!(c.starts(3).unwrap(), vec![0, 0, 4]);
+        let total: i32 = (0..c.chunks).map(|k| c.starts(k).unwrap()[2]).sum();
+        assert_eq!(total, 145);
+        // The fit rule, capped by the longest sequence rounded up to the alignment.
+        let f = MlaPrefillChunks::new(md, None, 32, |max| Ok(max * 10)).unwrap();
+        assert_eq!((f.chunk, f.chunks), (128, 1));
+    }
+}

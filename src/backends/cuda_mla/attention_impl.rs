@@ -18,6 +18,8 @@ use crate::kernels::cuda::{
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
 
+use crate::backends::mla_batch::MlaPrefillChunks;
+
 use super::kernels::{self, i32_of, tensor_ptr};
 use super::CudaMlaMetadata;
 
@@ -297,11 +299,6 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
             return Ok(());
         }
         let k_scale = kv_cache.dequant_scale(layer.k_scale)?;
-        let seq: Vec<usize> = md.common.seq_lens_cpu()[first..]
-            .iter()
-            .map(|&s| s as usize)
-            .collect();
-        let max_seq = seq.iter().copied().max().unwrap_or(0);
         let max_rows = (first..reqs)
             .map(|i| md.common.query_len(i) * p.num_heads)
             .max()
@@ -310,11 +307,11 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         // every prefill request) stays within PREFILL_WORKSPACE_BYTES.
         let kvw = p.num_heads * (p.qk_nope_head_dim + p.v_head_dim);
         let per_row = (l + r + kvw) * 4;
-        let chunk = CudaTuning::get().mla_prefill_chunk.unwrap_or_else(|| {
-            (PREFILL_WORKSPACE_BYTES / per_row / n / MLA_KEYS * MLA_KEYS).max(MLA_KEYS)
-        });
-        let chunk = chunk.min(max_seq.div_ceil(MLA_KEYS) * MLA_KEYS);
-        let chunks = max_seq.div_ceil(chunk);
+        let plan =
+            MlaPrefillChunks::new(md, CudaTuning::get().mla_prefill_chunk, MLA_KEYS, |_| {
+                Ok(PREFILL_WORKSPACE_BYTES / per_row / n / MLA_KEYS * MLA_KEYS)
+            })?;
+        let (chunk, chunks) = (plan.chunk, plan.chunks);
         let rows_cap = n * chunk;
         // Workspace: starts, kvc, pe, kvx, then (several chunks) the running state.
         let state_rows = t * p.num_heads;
@@ -345,15 +342,9 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         let seq_ptr = tensor_ptr(&self.device, &arrays.seq_lens, "seq_lens")?;
         let q_base = md.common.query_start_loc_cpu()[first];
         for c in 0..chunks {
-            let lo = c * chunk;
-            let mut starts = Vec::with_capacity(n + 1);
-            let mut acc = 0i32;
-            starts.push(0);
-            for &s in &seq {
-                acc += s.saturating_sub(lo).min(chunk) as i32;
-                starts.push(acc);
-            }
-            let rows = acc as usize;
+            let lo = plan.lo(c);
+            let starts = plan.starts(c)?;
+            let rows = starts[n] as usize;
             self.device
                 .write_pod(scratch_buf, (offs[0] - base) as usize, &starts)?;
             let gather = MlaGatherParams {

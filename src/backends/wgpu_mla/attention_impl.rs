@@ -19,6 +19,8 @@ use crate::kernels::wgsl::{
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
 
+use crate::backends::mla_batch::MlaPrefillChunks;
+
 use super::kernels::Recording;
 use super::WgpuMlaMetadata;
 
@@ -402,11 +404,6 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         }
         let k_scale = kv_cache.dequant_scale(layer.k_scale)?;
         let qsl = md.common.query_start_loc_cpu();
-        let seq: Vec<usize> = md.common.seq_lens_cpu()[first..]
-            .iter()
-            .map(|&s| s as usize)
-            .collect();
-        let max_seq = seq.iter().copied().max().unwrap_or(0);
         let max_q = (first..reqs)
             .map(|i| md.common.query_len(i))
             .max()
@@ -418,26 +415,27 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let lat_row = bytes_of("MLA latent row", &[l + r, 4])?;
         let kvx_row = bytes_of("MLA expanded row", &[kvw, 4])?;
         let budget = PREFILL_WORKSPACE_BYTES.min(self.dev.max_binding_bytes());
-        let fit = budget / kvx_row.max(lat_row) / n as u64 / 16 * 16;
-        let chunk = match self.tuning.mla_prefill_chunk {
-            Some(c) => c as usize,
-            None if fit == 0 => {
-                return Err(Error::config(format!(
-                    "WGPU_MLA: {n} prefill requests of {nh} heads need more than one storage \
-                     binding ({budget} bytes) for 16 expanded positions each; prefill fewer \
-                     requests per batch"
-                )))
-            }
-            None => fit as usize,
+        let fit = |_| match budget / kvx_row.max(lat_row) / n as u64 / 16 * 16 {
+            0 => Err(Error::config(format!(
+                "WGPU_MLA: {n} prefill requests of {nh} heads need more than one storage \
+                 binding ({budget} bytes) for 16 expanded positions each; prefill fewer \
+                 requests per batch"
+            ))),
+            f => Ok(f as usize),
         };
-        let chunk = chunk.min(max_seq.div_ceil(16) * 16).max(16);
-        let chunks = max_seq.div_ceil(chunk);
+        let plan_chunks = MlaPrefillChunks::new(
+            md,
+            self.tuning.mla_prefill_chunk.map(|c| c as usize),
+            16,
+            fit,
+        )?;
+        let (chunk, chunks) = (plan_chunks.chunk, plan_chunks.chunks);
 
         // The plan: per prefill request (q_start, q_len, seq_len, batch request), then per
         // chunk the n + 1 row starts.
         let q_base = qsl[first];
         let mut plan: Vec<i32> = Vec::with_capacity(4 * n + chunks * (n + 1));
-        for (k, &s) in seq.iter().enumerate() {
+        for (k, &s) in plan_chunks.seq_lens.iter().enumerate() {
             let i = first + k;
             plan.extend([
                 qsl[i] - q_base,
@@ -448,14 +446,9 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         }
         let mut rows_cap = 0usize;
         for c in 0..chunks {
-            let lo = c * chunk;
-            let mut acc = 0usize;
-            plan.push(0);
-            for &s in &seq {
-                acc += s.saturating_sub(lo).min(chunk);
-                plan.push(u32_of("prefill chunk rows", acc)? as i32);
-            }
-            rows_cap = rows_cap.max(acc);
+            let starts = plan_chunks.starts(c)?;
+            rows_cap = rows_cap.max(starts[n] as usize);
+            plan.extend(starts);
         }
         let plan_words: Vec<u32> = plan.iter().map(|&x| x as u32).collect();
         let plan_buf = upload_words(&self.dev, "WGPU_MLA prefill plan", &plan_words)?;
@@ -510,7 +503,7 @@ impl MlaAttentionImpl for WgpuMlaAttentionImpl {
         let max_groups = self.dev.limits().max_compute_workgroups_per_dimension as u64;
         let mut rec = Recording::new(&self.dev);
         for c in 0..chunks {
-            let lo = c * chunk;
+            let lo = plan_chunks.lo(c);
             let starts_off = 4 * n + c * (n + 1);
             let rows = plan[starts_off + n] as usize;
             // Gather: request i's rows over the workgroups of grid row i.
