@@ -329,6 +329,12 @@ __device__ __forceinline__ void ptx_cp_async16_full(pa_u32 dst, const void* src)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
+// Named barrier `id` (1 to 15; 0 is __syncthreads') over `threads` threads, a multiple of 32:
+// a subset of a CTA's warps synchronises without stalling the others.
+__device__ __forceinline__ void ptx_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ void ptx_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -10,8 +10,13 @@
 // Work: CTA (blockIdx.x, blockIdx.y, blockIdx.z) = (row tile, request, split): rows
 // [16 RG * x, 16 RG * (x + 1)) of request y, keys [lo, hi) of split z, where lo = z * per,
 // per = ceil(seq_len / num_splits) rounded up to MLA_KEYS, and hi also stops at the last
-// position any row of the tile sees. 2 RG warps: warp w owns rows 16 (w / 2) .. + 16 and
-// value columns 256 (w % 2) .. + 256.
+// position any row of the tile sees. RG row groups of W warps (W = 2 or 4): warp w owns
+// rows 16 (w / W) .. + 16, score dims 576 / W * (w % W) .. + 576 / W and value columns
+// 512 / W * (w % W) .. + 512 / W. More warps per row group cut each warp's work per chunk,
+// so more warps per SM hide the latency of the chunk copies and the tensor pipe.
+//
+// Barriers per chunk: the CTA's (chunk landed; stage, fp8 tile and exchange free again) and
+// the row group's own (named barrier 1 + group: its partial scores written).
 //
 // Algorithm per CTA:
 //  1. The tile's query rows go to shared memory (cp.async; rows past the request's zero-
@@ -19,13 +24,14 @@
 //     cp.async (16-byte copies; positions outside [lo, hi) zero-filled, never read: a chunk
 //     never crosses a cache block, block sizes being multiples of MLA_KEYS). fp8 (E4M3)
 //     caches: a landed raw chunk is converted once into a 16-bit tile (exact in f16 and bf16).
-//  2. Per chunk, S = Q K^T (m16n8k16): the two warps of a row group each multiply half of
-//     the 576 dims (288 = 18 k-steps; ldmatrix.x4 on Q and K rows) and exchange their partial
-//     scores through shared memory, so both hold the full 16 x 32 scores without computing
-//     them twice. Scores are scaled (scale * log2 e; fp8: times k_scale), masked by selection
+//  2. Per chunk, S = Q K^T (m16n8k16): the W warps of a row group each multiply their
+//     576 / W dims (18 or 9 k-steps; ldmatrix.x4 on Q and K rows) and exchange their partial
+//     scores through shared memory, so all hold the full 16 x 32 scores without computing
+//     them twice (every warp sums the W partials in warp order: bit-identical scores).
+//     Scores are scaled (scale * log2 e; fp8: times k_scale), masked by selection
 //     (-inf for positions a row does not see and for rows past the request) and folded into
-//     an online softmax in base 2 (running max m, partial denominator l per thread; both
-//     warps of a row group compute the same m and l). O (16 x 256 per warp, f32 in registers)
+//     an online softmax in base 2 (running max m, partial denominator l per thread; all
+//     warps of a row group compute the same m and l). O (16 x 512 / W per warp, f32 in registers)
 //     is rescaled by 2^(m_old - m_new), P packed to f16x2 / bf16x2, O += P V
 //     (ldmatrix.x4.trans on the chunk's first 512 dims).
 //  3. Unsplit launches write out = O / l (times k_scale for fp8; 0 when l = 0) in the
@@ -40,7 +46,7 @@
 // part_lse [num_splits][T * H] f32; block_table [num_reqs][bt_stride]. Shared memory
 // (mla_decode_smem_bytes in src/kernels/cuda/mla.rs): Q [16 RG][584] 16-bit, MLA_STAGES
 // stages of [32][584] 16-bit (fp8: [32][592] bytes, then one converted [32][584] tile), then
-// the score exchange [2 RG][16][32] f32.
+// the score exchange [W RG][16][32] f32.
 //
 // Bounds relied on (host side, src/backends/cuda_mla): metadata validated against the cache
 // (query_start_loc monotonic, q_len <= seq_len, block ids of every position < seq_len in
@@ -88,7 +94,7 @@ __device__ __forceinline__ void mla_store2(void* out, pa_i64 i, float a, float b
     *(pa_u32*)((pa_u16*)out + i) = ptx_pack2<BF16>(a, b);
 }
 
-template <bool BF16, int KV, int RG>
+template <bool BF16, int KV, int RG, int W>
 __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     constexpr bool FP8 = KV != 0;
     constexpr int ROWS = 16 * RG;
@@ -98,20 +104,21 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     constexpr int RS = FP8 ? MLA_RAW_S : S * 2;       // bytes per staged row
     constexpr int CHB = MLA_LAT * EB / 16;            // 16-byte pieces per latent
     constexpr int RAW = MLA_KEYS * RS;                // bytes per stage
-    constexpr int KT = MLA_LAT / 2 / 16;              // k16 steps per warp (half the dims)
-    constexpr int NT = MLA_DV / 2 / 8;                // n8 tiles of a warp's 256 columns
-    constexpr int THREADS = 2 * RG * 32;
+    static_assert(W == 2 || W == 4, "2 or 4 warps per row group");
+    constexpr int KT = MLA_LAT / W / 16;              // k16 steps per warp (its score dims)
+    constexpr int NT = MLA_DV / W / 8;                // n8 tiles of a warp's value columns
+    constexpr int THREADS = W * RG * 32;
     extern __shared__ uint4 mla_smem[];
     pa_u16* q_s = (pa_u16*)mla_smem;                            // [ROWS][S]
     pa_u8* ring = (pa_u8*)(q_s + ROWS * S);                     // MLA_STAGES x RAW
     pa_u16* conv = (pa_u16*)(ring + MLA_STAGES * RAW);          // fp8: [MLA_KEYS][S]
-    float* sx = (float*)(conv + (FP8 ? TILE : 0));              // [2 RG][16][32]
+    float* sx = (float*)(conv + (FP8 ? TILE : 0));              // [W RG][16][32]
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int rg = warp >> 1;
-    const int half = warp & 1;
+    const int rg = warp / W;
+    const int part = warp % W;
     const int g4 = lane >> 2;
     const int t4 = lane & 3;
     const int req = blockIdx.y;
@@ -188,10 +195,10 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     const int k_col = 8 * ((lane >> 3) & 1);
     const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
     const int v_col = 8 * (lane >> 4);
-    const int dim0 = half * (MLA_LAT / 2);  // this warp's half of the score dims
-    const int col0 = half * (MLA_DV / 2);   // and of the value columns
+    const int dim0 = part * (MLA_LAT / W);  // this warp's score dims
+    const int col0 = part * (MLA_DV / W);   // and value columns
     float* my_sx = sx + warp * 16 * 32;
-    const float* other_sx = sx + (warp ^ 1) * 16 * 32;
+    const float* group_sx = sx + rg * W * 16 * 32;
 
     for (int c = 0; c < nch; ++c) {
         {
@@ -221,7 +228,7 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
         }
         const int c0 = lo + MLA_KEYS * c;
 
-        // 2. This warp's partial scores over its half of the dims.
+        // 2. This warp's partial scores over its share of the dims.
         float s[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -244,15 +251,25 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) my_sx[(j * 4 + e) * 32 + lane] = s[j][e];
-        __syncthreads();
+        // Only the row group's warps exchange: a named barrier lets the other groups run on.
+        if (RG > 1)
+            ptx_bar_sync(1 + rg, W * 32);
+        else
+            __syncthreads();
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                // Own half first for the even warp, the partner's first for the odd one: the
-                // same sum in the same order on both, so both see bit-identical scores.
-                const float x = other_sx[(j * 4 + e) * 32 + lane];
-                s[j][e] = half ? x + s[j][e] : s[j][e] + x;
+                // The partials summed in warp order on every warp of the group (its own from
+                // registers): the same sum in the same order, so all see identical scores.
+                float t = 0.0f;
+#pragma unroll
+                for (int w = 0; w < W; ++w) {
+                    const float x =
+                        w == part ? s[j][e] : group_sx[(w * 16 + j * 4 + e) * 32 + lane];
+                    t = w == 0 ? x : t + x;
+                }
+                s[j][e] = t;
             }
 
         float mx[2] = {m[0], m[1]};
@@ -334,14 +351,14 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
             for (int n = 0; n < NT; ++n)
                 *(float2*)(dst + 8 * n + 2 * t4) =
                     make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-            if (half == 0 && t4 == 0) p.part_lse[(pa_i64)blockIdx.z * R + grow] = lse;
+            if (part == 0 && t4 == 0) p.part_lse[(pa_i64)blockIdx.z * R + grow] = lse;
         } else {
             const pa_i64 base = grow * MLA_DV + col0;
 #pragma unroll
             for (int n = 0; n < NT; ++n)
                 mla_store2<BF16>(p.out, base + 8 * n + 2 * t4, o[n][2 * i] * inv,
                                  o[n][2 * i + 1] * inv);
-            if (half == 0 && t4 == 0 && p.lse != 0) {
+            if (part == 0 && t4 == 0 && p.lse != 0) {
                 const int t = q0 + r / H;
                 p.lse[(pa_i64)(r % H) * p.num_tokens + t] = lse;
             }
@@ -349,57 +366,96 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     }
 }
 
-#define MLA_DEFINE(NAME, BF16, KV, RG)                                                  \
-    extern "C" __global__ void __launch_bounds__(2 * (RG) * 32, 1) NAME(const MlaDecodeParams p) { \
-        mla_decode_body<BF16, KV, RG>(p);                                               \
+#define MLA_DEFINE(NAME, BF16, KV, RG, W)                                               \
+    extern "C" __global__ void __launch_bounds__((W) * (RG) * 32, 1)                   \
+        NAME(const MlaDecodeParams p) {                                                 \
+        mla_decode_body<BF16, KV, RG, W>(p);                                            \
     }
 
-// The host builds one variant (-DMLA_RG=4 -DMLA_BF16=1 -DMLA_KV=0; -DMLA_RG=0 builds only
-// mla_combine); without the defines every variant is built (the CI compile check).
+// The host builds one variant (-DMLA_RG=4 -DMLA_W=2 -DMLA_BF16=1 -DMLA_KV=0; -DMLA_RG=0
+// builds only mla_combine); without the defines every variant is built (the CI compile check).
 #ifdef MLA_RG
 #define MLA_ALL 0
 #else
 #define MLA_ALL 1
 #define MLA_RG 0
+#define MLA_W 0
 #define MLA_BF16 0
 #define MLA_KV 0
 #endif
-#define MLA_WANT(BF, KV, RG) (MLA_ALL || (MLA_RG == (RG) && MLA_BF16 == (BF) && MLA_KV == (KV)))
-#if MLA_WANT(0, 0, 1)
-MLA_DEFINE(mla_decode_f16_r1, false, 0, 1)
+#define MLA_WANT(BF, KV, RG, W) \
+    (MLA_ALL || (MLA_RG == (RG) && MLA_W == (W) && MLA_BF16 == (BF) && MLA_KV == (KV)))
+#if MLA_WANT(0, 0, 1, 2)
+MLA_DEFINE(mla_decode_f16_r1_w2, false, 0, 1, 2)
 #endif
-#if MLA_WANT(0, 0, 2)
-MLA_DEFINE(mla_decode_f16_r2, false, 0, 2)
+#if MLA_WANT(0, 0, 1, 4)
+MLA_DEFINE(mla_decode_f16_r1_w4, false, 0, 1, 4)
 #endif
-#if MLA_WANT(0, 0, 4)
-MLA_DEFINE(mla_decode_f16_r4, false, 0, 4)
+#if MLA_WANT(0, 0, 2, 2)
+MLA_DEFINE(mla_decode_f16_r2_w2, false, 0, 2, 2)
 #endif
-#if MLA_WANT(1, 0, 1)
-MLA_DEFINE(mla_decode_bf16_r1, true, 0, 1)
+#if MLA_WANT(0, 0, 2, 4)
+MLA_DEFINE(mla_decode_f16_r2_w4, false, 0, 2, 4)
 #endif
-#if MLA_WANT(1, 0, 2)
-MLA_DEFINE(mla_decode_bf16_r2, true, 0, 2)
+#if MLA_WANT(0, 0, 4, 2)
+MLA_DEFINE(mla_decode_f16_r4_w2, false, 0, 4, 2)
 #endif
-#if MLA_WANT(1, 0, 4)
-MLA_DEFINE(mla_decode_bf16_r4, true, 0, 4)
+#if MLA_WANT(0, 0, 4, 4)
+MLA_DEFINE(mla_decode_f16_r4_w4, false, 0, 4, 4)
 #endif
-#if MLA_WANT(0, 1, 1)
-MLA_DEFINE(mla_decode_f16_e4m3_r1, false, 1, 1)
+#if MLA_WANT(1, 0, 1, 2)
+MLA_DEFINE(mla_decode_bf16_r1_w2, true, 0, 1, 2)
 #endif
-#if MLA_WANT(0, 1, 2)
-MLA_DEFINE(mla_decode_f16_e4m3_r2, false, 1, 2)
+#if MLA_WANT(1, 0, 1, 4)
+MLA_DEFINE(mla_decode_bf16_r1_w4, true, 0, 1, 4)
 #endif
-#if MLA_WANT(0, 1, 4)
-MLA_DEFINE(mla_decode_f16_e4m3_r4, false, 1, 4)
+#if MLA_WANT(1, 0, 2, 2)
+MLA_DEFINE(mla_decode_bf16_r2_w2, true, 0, 2, 2)
 #endif
-#if MLA_WANT(1, 1, 1)
-MLA_DEFINE(mla_decode_bf16_e4m3_r1, true, 1, 1)
+#if MLA_WANT(1, 0, 2, 4)
+MLA_DEFINE(mla_decode_bf16_r2_w4, true, 0, 2, 4)
 #endif
-#if MLA_WANT(1, 1, 2)
-MLA_DEFINE(mla_decode_bf16_e4m3_r2, true, 1, 2)
+#if MLA_WANT(1, 0, 4, 2)
+MLA_DEFINE(mla_decode_bf16_r4_w2, true, 0, 4, 2)
 #endif
-#if MLA_WANT(1, 1, 4)
-MLA_DEFINE(mla_decode_bf16_e4m3_r4, true, 1, 4)
+#if MLA_WANT(1, 0, 4, 4)
+MLA_DEFINE(mla_decode_bf16_r4_w4, true, 0, 4, 4)
+#endif
+#if MLA_WANT(0, 1, 1, 2)
+MLA_DEFINE(mla_decode_f16_e4m3_r1_w2, false, 1, 1, 2)
+#endif
+#if MLA_WANT(0, 1, 1, 4)
+MLA_DEFINE(mla_decode_f16_e4m3_r1_w4, false, 1, 1, 4)
+#endif
+#if MLA_WANT(0, 1, 2, 2)
+MLA_DEFINE(mla_decode_f16_e4m3_r2_w2, false, 1, 2, 2)
+#endif
+#if MLA_WANT(0, 1, 2, 4)
+MLA_DEFINE(mla_decode_f16_e4m3_r2_w4, false, 1, 2, 4)
+#endif
+#if MLA_WANT(0, 1, 4, 2)
+MLA_DEFINE(mla_decode_f16_e4m3_r4_w2, false, 1, 4, 2)
+#endif
+#if MLA_WANT(0, 1, 4, 4)
+MLA_DEFINE(mla_decode_f16_e4m3_r4_w4, false, 1, 4, 4)
+#endif
+#if MLA_WANT(1, 1, 1, 2)
+MLA_DEFINE(mla_decode_bf16_e4m3_r1_w2, true, 1, 1, 2)
+#endif
+#if MLA_WANT(1, 1, 1, 4)
+MLA_DEFINE(mla_decode_bf16_e4m3_r1_w4, true, 1, 1, 4)
+#endif
+#if MLA_WANT(1, 1, 2, 2)
+MLA_DEFINE(mla_decode_bf16_e4m3_r2_w2, true, 1, 2, 2)
+#endif
+#if MLA_WANT(1, 1, 2, 4)
+MLA_DEFINE(mla_decode_bf16_e4m3_r2_w4, true, 1, 2, 4)
+#endif
+#if MLA_WANT(1, 1, 4, 2)
+MLA_DEFINE(mla_decode_bf16_e4m3_r4_w2, true, 1, 4, 2)
+#endif
+#if MLA_WANT(1, 1, 4, 4)
+MLA_DEFINE(mla_decode_bf16_e4m3_r4_w4, true, 1, 4, 4)
 #endif
 
 struct MlaCombineParams {

@@ -25,9 +25,10 @@ fn stride_ctas(units: usize) -> u32 {
 }
 
 /// The `-D` options that build only one decode variant.
-fn decode_defines(shape: MlaDecodeShape, bf16: bool, fp8: bool) -> [String; 3] {
+fn decode_defines(shape: MlaDecodeShape, bf16: bool, fp8: bool) -> [String; 4] {
     [
         format!("-DMLA_RG={}", shape.row_groups),
+        format!("-DMLA_W={}", shape.warps_per_group),
         format!("-DMLA_BF16={}", bf16 as i32),
         format!("-DMLA_KV={}", fp8 as i32),
     ]

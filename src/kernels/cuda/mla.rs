@@ -215,24 +215,34 @@ const _: () = assert!(std::mem::size_of::<MlaCacheParams>() == 64);
 const _: () = assert!(std::mem::size_of::<MlaGatherParams>() == 120);
 const _: () = assert!(std::mem::size_of::<MlaPrefillParams>() == 120);
 
-/// The decode kernel's CTA shape: `row_groups` (1, 2 or 4) groups of 16 rows, two warps each.
+/// The decode kernel's CTA shape: `row_groups` (1, 2 or 4) groups of 16 rows, each on
+/// `warps_per_group` (2 or 4) warps that share its score dims and value columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlaDecodeShape {
     /// Groups of 16 rows (1, 2 or 4).
     pub row_groups: usize,
+    /// Warps per row group (2 or 4).
+    pub warps_per_group: usize,
 }
 
 impl MlaDecodeShape {
     /// The smallest shape that holds `rows_per_request` rows (`q_len * heads`) in one CTA,
-    /// else the largest (64 rows, several CTAs per request).
-    pub fn for_rows(rows_per_request: usize) -> Self {
+    /// else the largest (64 rows, several CTAs per request), on `warps_per_group` warps per
+    /// row group (the default rule when `None`: [`MlaDecodeShape::DEFAULT_WARPS_PER_GROUP`]).
+    pub fn for_rows(rows_per_request: usize, warps_per_group: Option<usize>) -> Self {
         let row_groups = match rows_per_request.div_ceil(16) {
             0 | 1 => 1,
             2 => 2,
             _ => 4,
         };
-        MlaDecodeShape { row_groups }
+        MlaDecodeShape {
+            row_groups,
+            warps_per_group: warps_per_group.unwrap_or(Self::DEFAULT_WARPS_PER_GROUP),
+        }
     }
+
+    /// Warps per row group when the tuning does not say.
+    pub const DEFAULT_WARPS_PER_GROUP: usize = 2;
 
     /// Rows per CTA.
     pub fn rows(self) -> usize {
@@ -241,7 +251,7 @@ impl MlaDecodeShape {
 
     /// Threads per CTA.
     pub fn threads(self) -> u32 {
-        (64 * self.row_groups) as u32
+        (32 * self.warps_per_group * self.row_groups) as u32
     }
 
     /// Dynamic shared memory: Q, the stages (fp8: raw, then one converted tile), the score
@@ -255,17 +265,18 @@ impl MlaDecodeShape {
             MLA_KEYS * s * 2
         };
         let conv = if fp8 { MLA_KEYS * s * 2 } else { 0 };
-        let exchange = 2 * self.row_groups * 16 * 32 * 4;
+        let exchange = self.warps_per_group * self.row_groups * 16 * 32 * 4;
         (q + MLA_STAGES * stage + conv + exchange) as u32
     }
 
     /// The entry point for a bf16 (else f16) query and an E4M3 (else same-dtype) cache.
     pub fn function_name(self, bf16: bool, fp8: bool) -> String {
         format!(
-            "mla_decode_{}{}_r{}",
+            "mla_decode_{}{}_r{}_w{}",
             if bf16 { "bf16" } else { "f16" },
             if fp8 { "_e4m3" } else { "" },
-            self.row_groups
+            self.row_groups,
+            self.warps_per_group
         )
     }
 
@@ -276,18 +287,34 @@ impl MlaDecodeShape {
 }
 
 /// Splits of every request's key range for a decode launch of `ctas` CTAs per split on
-/// `sm_count` SMs: enough for about two waves of resident CTAs, at most
-/// [`MLA_MAX_SPLITS`], and at least two chunks of keys per split of the longest request.
+/// `sm_count` SMs with `resident_per_sm` CTAs resident on each.
+///
+/// Every CTA of a launch does about the same work, so a launch runs in whole waves of
+/// resident CTAs: 1.1 waves take as long as 2. The rule (FlashDecoding's) takes the
+/// fewest splits whose wave efficiency (`waves / ceil(waves)`) is within 0.85 of the best
+/// any split count reaches, among split counts that keep at least two chunks of keys per
+/// split of the longest request and at most [`MLA_MAX_SPLITS`] (fewer splits write fewer
+/// partials for the combine); a launch that cannot fill one wave takes the most.
 pub fn mla_num_splits(
     ctas: usize,
     resident_per_sm: usize,
     sm_count: usize,
     max_seq: usize,
 ) -> usize {
-    let target = 2 * sm_count.max(1) * resident_per_sm.max(1);
-    let want = target.div_ceil(ctas.max(1));
-    let cap = max_seq.div_ceil(2 * MLA_KEYS).max(1);
-    want.min(cap).clamp(1, MLA_MAX_SPLITS)
+    let slots = (sm_count.max(1) * resident_per_sm.max(1)) as f64;
+    let ctas = ctas.max(1);
+    let cap = max_seq.div_ceil(2 * MLA_KEYS).clamp(1, MLA_MAX_SPLITS);
+    let efficiency = |n: usize| {
+        let waves = (ctas * n) as f64 / slots;
+        waves / waves.ceil()
+    };
+    if (ctas * cap) as f64 <= slots {
+        return cap; // not one full wave even at the most splits: all the parallelism there is
+    }
+    let best = (1..=cap).map(efficiency).fold(0.0, f64::max);
+    (1..=cap)
+        .find(|&n| efficiency(n) >= 0.85 * best)
+        .unwrap_or(1)
 }
 
 /// Checks that `block_size` suits the decode kernel (a multiple of [`MLA_KEYS`]).
@@ -307,24 +334,58 @@ mod tests {
 
     #[test]
     fn decode_shapes_fit_the_gpu() {
-        assert_eq!(MlaDecodeShape::for_rows(16).rows(), 16);
-        assert_eq!(MlaDecodeShape::for_rows(32).rows(), 32);
-        assert_eq!(MlaDecodeShape::for_rows(33).rows(), 64);
-        assert_eq!(MlaDecodeShape::for_rows(128).rows(), 64);
-        for rg in [1, 2, 4] {
-            let s = MlaDecodeShape { row_groups: rg };
-            for fp8 in [false, true] {
-                assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
+        assert_eq!(MlaDecodeShape::for_rows(16, None).rows(), 16);
+        assert_eq!(MlaDecodeShape::for_rows(32, None).rows(), 32);
+        assert_eq!(MlaDecodeShape::for_rows(33, None).rows(), 64);
+        assert_eq!(MlaDecodeShape::for_rows(128, Some(4)).rows(), 64);
+        assert_eq!(MlaDecodeShape::for_rows(128, Some(4)).threads(), 512);
+        for row_groups in [1, 2, 4] {
+            for warps_per_group in [2, 4] {
+                let s = MlaDecodeShape {
+                    row_groups,
+                    warps_per_group,
+                };
+                for fp8 in [false, true] {
+                    assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
+                }
+                // Every shape the host can ask for is an entry point of the source.
+                for name in [s.function_name(false, false), s.function_name(true, true)] {
+                    assert!(super::super::MLA_DECODE.functions.contains(&name.as_str()));
+                }
             }
         }
         assert_eq!(
-            MlaDecodeShape { row_groups: 4 }.function_name(true, true),
-            "mla_decode_bf16_e4m3_r4"
+            MlaDecodeShape {
+                row_groups: 4,
+                warps_per_group: 2
+            }
+            .function_name(true, true),
+            "mla_decode_bf16_e4m3_r4_w2"
         );
-        assert_eq!(mla_num_splits(2, 1, 132, 64), 1);
-        assert_eq!(mla_num_splits(32, 1, 132, 1024), 9);
-        assert_eq!(mla_num_splits(1, 1, 132, 1 << 20), MLA_MAX_SPLITS);
         assert!(check_mla_block_size(64).is_ok());
         assert!(check_mla_block_size(16).is_err());
+    }
+
+    #[test]
+    fn splits_fill_whole_waves() {
+        // Short contexts: one chunk pair per split at most.
+        assert_eq!(mla_num_splits(2, 1, 132, 64), 1);
+        // 128 one-tile requests at two CTAs per SM (264 slots): 2 splits fill 0.97 of one
+        // wave, where 5 (2.4 waves in 3) would fill 0.81.
+        assert_eq!(mla_num_splits(128, 2, 132, 32768), 2);
+        // 64 requests: 4 splits, 0.97 of one wave.
+        assert_eq!(mla_num_splits(64, 2, 132, 4096), 4);
+        // 32 CTAs at one per SM: 4 splits (128 of 132 slots).
+        assert_eq!(mla_num_splits(32, 1, 132, 1024), 4);
+        // One CTA on a long context: as many splits as waves allow, at most 64.
+        assert_eq!(mla_num_splits(1, 1, 132, 1 << 20), MLA_MAX_SPLITS);
+        // Whatever the inputs, a count within 1..=64 that keeps two chunks per split.
+        for ctas in [1, 3, 17, 100, 1000, 5000] {
+            for seq in [1, 63, 64, 65, 1000, 100_000] {
+                let n = mla_num_splits(ctas, 2, 132, seq);
+                assert!((1..=MLA_MAX_SPLITS).contains(&n));
+                assert!(n <= seq.div_ceil(2 * MLA_KEYS).max(1), "{ctas} {seq} {n}");
+            }
+        }
     }
 }
