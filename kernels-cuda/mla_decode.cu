@@ -10,10 +10,9 @@
 // Work: CTA (blockIdx.x, blockIdx.y, blockIdx.z) = (row tile, request, split): rows
 // [16 RG * x, 16 RG * (x + 1)) of request y, keys [lo, hi) of split z, where lo = z * per,
 // per = ceil(seq_len / num_splits) rounded up to MLA_KEYS, and hi also stops at the last
-// position any row of the tile sees. RG row groups of W warps (W = 2 or 4): warp w owns
-// rows 16 (w / W) .. + 16, score dims 576 / W * (w % W) .. + 576 / W and value columns
-// 512 / W * (w % W) .. + 512 / W. More warps per row group cut each warp's work per chunk,
-// so more warps per SM hide the latency of the chunk copies and the tensor pipe.
+// position any row of the tile sees. RG row groups of W = 2 warps: warp w owns rows
+// 16 (w / W) .. + 16, score dims 576 / W * (w % W) .. + 576 / W and value columns
+// 512 / W * (w % W) .. + 512 / W (the 16 x 256 f32 accumulator is 128 registers a thread).
 //
 // Barriers per chunk: the CTA's (chunk landed; stage, fp8 tile and exchange free again) and
 // the row group's own (named barrier 1 + group: its partial scores written).
@@ -25,7 +24,7 @@
 //     never crosses a cache block, block sizes being multiples of MLA_KEYS). fp8 (E4M3)
 //     caches: a landed raw chunk is converted once into a 16-bit tile (exact in f16 and bf16).
 //  2. Per chunk, S = Q K^T (m16n8k16): the W warps of a row group each multiply their
-//     576 / W dims (18 or 9 k-steps; ldmatrix.x4 on Q and K rows) and exchange their partial
+//     576 / W dims (18 k-steps; ldmatrix.x4 on Q and K rows) and exchange their partial
 //     scores through shared memory, so all hold the full 16 x 32 scores without computing
 //     them twice (every warp sums the W partials in warp order: bit-identical scores).
 //     Scores are scaled (scale * log2 e; fp8: times k_scale), masked by selection
@@ -65,6 +64,10 @@
 #define MLA_S (MLA_LAT + 8)  // 16-bit row stride in elements (16-byte rows, no bank conflicts)
 #define MLA_RAW_S (MLA_LAT + 16)  // fp8 raw row stride in bytes
 #define MLA_MAX_SPLITS 64
+#define MLA_GROUP_WARPS 2    // warps per 16-row group
+#ifndef MLA_PREFETCH
+#define MLA_PREFETCH 2       // chunks asked of L2 ahead of the ring's next copy
+#endif
 #define MLA_LOG2E 1.4426950408889634f
 #define MLA_LN2 0.6931471805599453f
 
@@ -94,7 +97,7 @@ __device__ __forceinline__ void mla_store2(void* out, pa_i64 i, float a, float b
     *(pa_u32*)((pa_u16*)out + i) = ptx_pack2<BF16>(a, b);
 }
 
-template <bool BF16, int KV, int RG, int W>
+template <bool BF16, int KV, int RG>
 __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     constexpr bool FP8 = KV != 0;
     constexpr int ROWS = 16 * RG;
@@ -104,7 +107,7 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     constexpr int RS = FP8 ? MLA_RAW_S : S * 2;       // bytes per staged row
     constexpr int CHB = MLA_LAT * EB / 16;            // 16-byte pieces per latent
     constexpr int RAW = MLA_KEYS * RS;                // bytes per stage
-    static_assert(W == 2 || W == 4, "2 or 4 warps per row group");
+    constexpr int W = MLA_GROUP_WARPS;
     constexpr int KT = MLA_LAT / W / 16;              // k16 steps per warp (its score dims)
     constexpr int NT = MLA_DV / W / 8;                // n8 tiles of a warp's value columns
     constexpr int THREADS = W * RG * 32;
@@ -154,6 +157,18 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
         }
     };
 
+    // Asks L2 for chunk c (its positions below hi: one contiguous run inside a block) ahead
+    // of its copy into the ring, so that more of the latents are in flight than the ring
+    // holds. Warp 0 only.
+    auto prefetch = [&](int c) {
+        const int c0 = lo + MLA_KEYS * c;
+        const pa_i64 block = bt[c0 / p.block_size];
+        const int off = c0 % p.block_size;
+        const pa_u8* src = (const pa_u8*)p.cache + ((block * p.block_size + off) * MLA_LAT) * EB;
+        const int rows = min(MLA_KEYS, hi - c0);
+        ptx_prefetch_l2_warp(src, (pa_u32)(rows * MLA_LAT * EB), lane);
+    };
+
     // 1. Q rows, committed with chunk 0.
     {
         const pa_u16* q = (const pa_u16*)p.q;
@@ -171,6 +186,9 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
         if (s < nch) issue(s, s);
         ptx_cp_async_commit();
     }
+    if (MLA_PREFETCH > 0 && warp == 0)
+        for (int c = MLA_STAGES - 1; c < min(nch, MLA_STAGES - 1 + MLA_PREFETCH); ++c)
+            prefetch(c);
 
     // Per-thread rows (g4, g4 + 8 of the warp's row group): active, and the last position seen.
     bool act[2];
@@ -205,6 +223,8 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
             const int nx = c + MLA_STAGES - 1;
             if (nx < nch) issue(nx, nx % MLA_STAGES);
             ptx_cp_async_commit();
+            const int px = nx + MLA_PREFETCH;
+            if (MLA_PREFETCH > 0 && warp == 0 && px < nch) prefetch(px);
         }
         ptx_cp_async_wait<MLA_STAGES - 1>();
         __syncthreads();  // chunk c (and Q) landed for every thread
@@ -366,96 +386,58 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
     }
 }
 
-#define MLA_DEFINE(NAME, BF16, KV, RG, W)                                               \
-    extern "C" __global__ void __launch_bounds__((W) * (RG) * 32, 1)                   \
+#define MLA_DEFINE(NAME, BF16, KV, RG)                                                  \
+    extern "C" __global__ void __launch_bounds__(MLA_GROUP_WARPS * (RG) * 32, 1)       \
         NAME(const MlaDecodeParams p) {                                                 \
-        mla_decode_body<BF16, KV, RG, W>(p);                                            \
+        mla_decode_body<BF16, KV, RG>(p);                                               \
     }
 
-// The host builds one variant (-DMLA_RG=4 -DMLA_W=2 -DMLA_BF16=1 -DMLA_KV=0; -DMLA_RG=0
-// builds only mla_combine); without the defines every variant is built (the CI compile check).
+// The host builds one variant (-DMLA_RG=4 -DMLA_BF16=1 -DMLA_KV=0; -DMLA_RG=0 builds only
+// mla_combine); without the defines every variant is built (the CI compile check).
 #ifdef MLA_RG
 #define MLA_ALL 0
 #else
 #define MLA_ALL 1
 #define MLA_RG 0
-#define MLA_W 0
 #define MLA_BF16 0
 #define MLA_KV 0
 #endif
-#define MLA_WANT(BF, KV, RG, W) \
-    (MLA_ALL || (MLA_RG == (RG) && MLA_W == (W) && MLA_BF16 == (BF) && MLA_KV == (KV)))
-#if MLA_WANT(0, 0, 1, 2)
-MLA_DEFINE(mla_decode_f16_r1_w2, false, 0, 1, 2)
+#define MLA_WANT(BF, KV, RG) (MLA_ALL || (MLA_RG == (RG) && MLA_BF16 == (BF) && MLA_KV == (KV)))
+#if MLA_WANT(0, 0, 1)
+MLA_DEFINE(mla_decode_f16_r1, false, 0, 1)
 #endif
-#if MLA_WANT(0, 0, 1, 4)
-MLA_DEFINE(mla_decode_f16_r1_w4, false, 0, 1, 4)
+#if MLA_WANT(0, 0, 2)
+MLA_DEFINE(mla_decode_f16_r2, false, 0, 2)
 #endif
-#if MLA_WANT(0, 0, 2, 2)
-MLA_DEFINE(mla_decode_f16_r2_w2, false, 0, 2, 2)
+#if MLA_WANT(0, 0, 4)
+MLA_DEFINE(mla_decode_f16_r4, false, 0, 4)
 #endif
-#if MLA_WANT(0, 0, 2, 4)
-MLA_DEFINE(mla_decode_f16_r2_w4, false, 0, 2, 4)
+#if MLA_WANT(1, 0, 1)
+MLA_DEFINE(mla_decode_bf16_r1, true, 0, 1)
 #endif
-#if MLA_WANT(0, 0, 4, 2)
-MLA_DEFINE(mla_decode_f16_r4_w2, false, 0, 4, 2)
+#if MLA_WANT(1, 0, 2)
+MLA_DEFINE(mla_decode_bf16_r2, true, 0, 2)
 #endif
-#if MLA_WANT(0, 0, 4, 4)
-MLA_DEFINE(mla_decode_f16_r4_w4, false, 0, 4, 4)
+#if MLA_WANT(1, 0, 4)
+MLA_DEFINE(mla_decode_bf16_r4, true, 0, 4)
 #endif
-#if MLA_WANT(1, 0, 1, 2)
-MLA_DEFINE(mla_decode_bf16_r1_w2, true, 0, 1, 2)
+#if MLA_WANT(0, 1, 1)
+MLA_DEFINE(mla_decode_f16_e4m3_r1, false, 1, 1)
 #endif
-#if MLA_WANT(1, 0, 1, 4)
-MLA_DEFINE(mla_decode_bf16_r1_w4, true, 0, 1, 4)
+#if MLA_WANT(0, 1, 2)
+MLA_DEFINE(mla_decode_f16_e4m3_r2, false, 1, 2)
 #endif
-#if MLA_WANT(1, 0, 2, 2)
-MLA_DEFINE(mla_decode_bf16_r2_w2, true, 0, 2, 2)
+#if MLA_WANT(0, 1, 4)
+MLA_DEFINE(mla_decode_f16_e4m3_r4, false, 1, 4)
 #endif
-#if MLA_WANT(1, 0, 2, 4)
-MLA_DEFINE(mla_decode_bf16_r2_w4, true, 0, 2, 4)
+#if MLA_WANT(1, 1, 1)
+MLA_DEFINE(mla_decode_bf16_e4m3_r1, true, 1, 1)
 #endif
-#if MLA_WANT(1, 0, 4, 2)
-MLA_DEFINE(mla_decode_bf16_r4_w2, true, 0, 4, 2)
+#if MLA_WANT(1, 1, 2)
+MLA_DEFINE(mla_decode_bf16_e4m3_r2, true, 1, 2)
 #endif
-#if MLA_WANT(1, 0, 4, 4)
-MLA_DEFINE(mla_decode_bf16_r4_w4, true, 0, 4, 4)
-#endif
-#if MLA_WANT(0, 1, 1, 2)
-MLA_DEFINE(mla_decode_f16_e4m3_r1_w2, false, 1, 1, 2)
-#endif
-#if MLA_WANT(0, 1, 1, 4)
-MLA_DEFINE(mla_decode_f16_e4m3_r1_w4, false, 1, 1, 4)
-#endif
-#if MLA_WANT(0, 1, 2, 2)
-MLA_DEFINE(mla_decode_f16_e4m3_r2_w2, false, 1, 2, 2)
-#endif
-#if MLA_WANT(0, 1, 2, 4)
-MLA_DEFINE(mla_decode_f16_e4m3_r2_w4, false, 1, 2, 4)
-#endif
-#if MLA_WANT(0, 1, 4, 2)
-MLA_DEFINE(mla_decode_f16_e4m3_r4_w2, false, 1, 4, 2)
-#endif
-#if MLA_WANT(0, 1, 4, 4)
-MLA_DEFINE(mla_decode_f16_e4m3_r4_w4, false, 1, 4, 4)
-#endif
-#if MLA_WANT(1, 1, 1, 2)
-MLA_DEFINE(mla_decode_bf16_e4m3_r1_w2, true, 1, 1, 2)
-#endif
-#if MLA_WANT(1, 1, 1, 4)
-MLA_DEFINE(mla_decode_bf16_e4m3_r1_w4, true, 1, 1, 4)
-#endif
-#if MLA_WANT(1, 1, 2, 2)
-MLA_DEFINE(mla_decode_bf16_e4m3_r2_w2, true, 1, 2, 2)
-#endif
-#if MLA_WANT(1, 1, 2, 4)
-MLA_DEFINE(mla_decode_bf16_e4m3_r2_w4, true, 1, 2, 4)
-#endif
-#if MLA_WANT(1, 1, 4, 2)
-MLA_DEFINE(mla_decode_bf16_e4m3_r4_w2, true, 1, 4, 2)
-#endif
-#if MLA_WANT(1, 1, 4, 4)
-MLA_DEFINE(mla_decode_bf16_e4m3_r4_w4, true, 1, 4, 4)
+#if MLA_WANT(1, 1, 4)
+MLA_DEFINE(mla_decode_bf16_e4m3_r4, true, 1, 4)
 #endif
 
 struct MlaCombineParams {

@@ -198,7 +198,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         }
         let q_len = md.common.query_len(0);
         let rows = q_len * p.num_heads;
-        let shape = MlaDecodeShape::for_rows(rows, CudaTuning::get().mla_decode_warps);
+        let shape = MlaDecodeShape::for_rows(rows);
         let tiles = rows.div_ceil(shape.rows());
         let max_seq = md.common.seq_lens_cpu()[..decodes]
             .iter()

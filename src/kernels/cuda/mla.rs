@@ -216,33 +216,27 @@ const _: () = assert!(std::mem::size_of::<MlaGatherParams>() == 120);
 const _: () = assert!(std::mem::size_of::<MlaPrefillParams>() == 120);
 
 /// The decode kernel's CTA shape: `row_groups` (1, 2 or 4) groups of 16 rows, each on
-/// `warps_per_group` (2 or 4) warps that share its score dims and value columns.
+/// [`MLA_GROUP_WARPS`] warps that share its score dims and value columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlaDecodeShape {
     /// Groups of 16 rows (1, 2 or 4).
     pub row_groups: usize,
-    /// Warps per row group (2 or 4).
-    pub warps_per_group: usize,
 }
+
+/// Warps per 16-row group of the decode kernel (`MLA_GROUP_WARPS` of `mla_decode.cu`).
+pub const MLA_GROUP_WARPS: usize = 2;
 
 impl MlaDecodeShape {
     /// The smallest shape that holds `rows_per_request` rows (`q_len * heads`) in one CTA,
-    /// else the largest (64 rows, several CTAs per request), on `warps_per_group` warps per
-    /// row group (the default rule when `None`: [`MlaDecodeShape::DEFAULT_WARPS_PER_GROUP`]).
-    pub fn for_rows(rows_per_request: usize, warps_per_group: Option<usize>) -> Self {
+    /// else the largest (64 rows, several CTAs per request).
+    pub fn for_rows(rows_per_request: usize) -> Self {
         let row_groups = match rows_per_request.div_ceil(16) {
             0 | 1 => 1,
             2 => 2,
             _ => 4,
         };
-        MlaDecodeShape {
-            row_groups,
-            warps_per_group: warps_per_group.unwrap_or(Self::DEFAULT_WARPS_PER_GROUP),
-        }
+        MlaDecodeShape { row_groups }
     }
-
-    /// Warps per row group when the tuning does not say.
-    pub const DEFAULT_WARPS_PER_GROUP: usize = 2;
 
     /// Rows per CTA.
     pub fn rows(self) -> usize {
@@ -251,7 +245,7 @@ impl MlaDecodeShape {
 
     /// Threads per CTA.
     pub fn threads(self) -> u32 {
-        (32 * self.warps_per_group * self.row_groups) as u32
+        (32 * MLA_GROUP_WARPS * self.row_groups) as u32
     }
 
     /// Dynamic shared memory: Q, the stages (fp8: raw, then one converted tile), the score
@@ -265,18 +259,17 @@ impl MlaDecodeShape {
             MLA_KEYS * s * 2
         };
         let conv = if fp8 { MLA_KEYS * s * 2 } else { 0 };
-        let exchange = self.warps_per_group * self.row_groups * 16 * 32 * 4;
+        let exchange = MLA_GROUP_WARPS * self.row_groups * 16 * 32 * 4;
         (q + MLA_STAGES * stage + conv + exchange) as u32
     }
 
     /// The entry point for a bf16 (else f16) query and an E4M3 (else same-dtype) cache.
     pub fn function_name(self, bf16: bool, fp8: bool) -> String {
         format!(
-            "mla_decode_{}{}_r{}_w{}",
+            "mla_decode_{}{}_r{}",
             if bf16 { "bf16" } else { "f16" },
             if fp8 { "_e4m3" } else { "" },
-            self.row_groups,
-            self.warps_per_group
+            self.row_groups
         )
     }
 
@@ -334,33 +327,27 @@ mod tests {
 
     #[test]
     fn decode_shapes_fit_the_gpu() {
-        assert_eq!(MlaDecodeShape::for_rows(16, None).rows(), 16);
-        assert_eq!(MlaDecodeShape::for_rows(32, None).rows(), 32);
-        assert_eq!(MlaDecodeShape::for_rows(33, None).rows(), 64);
-        assert_eq!(MlaDecodeShape::for_rows(128, Some(4)).rows(), 64);
-        assert_eq!(MlaDecodeShape::for_rows(128, Some(4)).threads(), 512);
+        assert_eq!(MlaDecodeShape::for_rows(16).rows(), 16);
+        assert_eq!(MlaDecodeShape::for_rows(32).rows(), 32);
+        assert_eq!(MlaDecodeShape::for_rows(33).rows(), 64);
+        assert_eq!(MlaDecodeShape::for_rows(128).rows(), 64);
+        assert_eq!(MlaDecodeShape::for_rows(128).threads(), 256);
         for row_groups in [1, 2, 4] {
-            for warps_per_group in [2, 4] {
-                let s = MlaDecodeShape {
-                    row_groups,
-                    warps_per_group,
-                };
+            let s = MlaDecodeShape { row_groups };
+            for fp8 in [false, true] {
+                assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
+            }
+            // Every shape the host can ask for is an entry point of the source.
+            for bf16 in [false, true] {
                 for fp8 in [false, true] {
-                    assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
-                }
-                // Every shape the host can ask for is an entry point of the source.
-                for name in [s.function_name(false, false), s.function_name(true, true)] {
+                    let name = s.function_name(bf16, fp8);
                     assert!(super::super::MLA_DECODE.functions.contains(&name.as_str()));
                 }
             }
         }
         assert_eq!(
-            MlaDecodeShape {
-                row_groups: 4,
-                warps_per_group: 2
-            }
-            .function_name(true, true),
-            "mla_decode_bf16_e4m3_r4_w2"
+            MlaDecodeShape { row_groups: 4 }.function_name(true, true),
+            "mla_decode_bf16_e4m3_r4"
         );
         assert!(check_mla_block_size(64).is_ok());
         assert!(check_mla_block_size(16).is_err());

@@ -28,8 +28,8 @@ pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
 pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 /// [`CudaTuning::mla_prefill_chunk`].
 pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
-/// [`CudaTuning::mla_decode_warps`].
-pub const MLA_DECODE_WARPS_ENV: &str = "POLYATTN_CUDA_MLA_DECODE_WARPS";
+/// [`CudaTuning::mla_decode_prefetch`].
+pub const MLA_DECODE_PREFETCH_ENV: &str = "POLYATTN_CUDA_MLA_DECODE_PREFETCH";
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,10 +80,9 @@ pub struct CudaTuning {
     /// [`MLA_PREFILL_CHUNK_ENV`]; small values run long contexts as many chunks (the chunk
     /// continuation is tested that way).
     pub mla_prefill_chunk: Option<usize>,
-    /// Warps per 16-row group of the MLA decode kernel (`CUDA_MLA`'s `forward_mqa`): 2 or 4;
-    /// `None` (the default): the shape rule of `MlaDecodeShape::for_rows`.
-    /// [`MLA_DECODE_WARPS_ENV`].
-    pub mla_decode_warps: Option<usize>,
+    /// Latent chunks the MLA decode asks of L2 ahead of its shared-memory ring
+    /// (`-DMLA_PREFETCH`, 0 to 8); `None`: the kernel's default. [`MLA_DECODE_PREFETCH_ENV`].
+    pub mla_decode_prefetch: Option<u32>,
 }
 
 impl Default for CudaTuning {
@@ -96,7 +95,7 @@ impl Default for CudaTuning {
             decode_splits: None,
             device: 0,
             mla_prefill_chunk: None,
-            mla_decode_warps: None,
+            mla_decode_prefetch: None,
         }
     }
 }
@@ -159,15 +158,14 @@ impl CudaTuning {
                     (n > 0 && n % 32 == 0).then_some(Some(n))
                 },
             ),
-            mla_decode_warps: env.get(
-                MLA_DECODE_WARPS_ENV,
-                "2 or 4",
+            mla_decode_prefetch: env.get(
+                MLA_DECODE_PREFETCH_ENV,
+                "an integer from 0 to 8",
                 None,
-                "the shape rule",
-                |v| match v.trim() {
-                    "2" => Some(Some(2)),
-                    "4" => Some(Some(4)),
-                    _ => None,
+                "the kernel's default",
+                |v| {
+                    let n = v.trim().parse::<u32>().ok()?;
+                    (n <= 8).then_some(Some(n))
                 },
             ),
         }
@@ -251,7 +249,6 @@ mod tests {
             (DECODE_SPLITS_ENV, "12"),
             (CUDA_DEVICE_ENV, "3"),
             (MLA_PREFILL_CHUNK_ENV, "64"),
-            (MLA_DECODE_WARPS_ENV, "4"),
         ]);
         assert_eq!(
             t,
@@ -266,7 +263,7 @@ mod tests {
                 decode_splits: Some(12),
                 device: 3,
                 mla_prefill_chunk: Some(64),
-                mla_decode_warps: Some(4),
+                mla_decode_prefetch: None,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
