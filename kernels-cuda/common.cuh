@@ -335,20 +335,6 @@ __device__ __forceinline__ void ptx_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Asks L2 to fetch `bytes` (a multiple of 16) from `src` (16-byte aligned) ahead of use,
-// landing nothing in registers or shared memory; called by every lane of one warp. sm_90:
-// one bulk prefetch (lane 0); older GPUs: one prefetch per 128-byte line, lanes strided.
-__device__ __forceinline__ void ptx_prefetch_l2_warp(const void* src, pa_u32 bytes, int lane) {
-#if __CUDA_ARCH__ >= 900
-    if (lane == 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes)
-                     : "memory");
-#else
-    for (pa_u32 o = 128u * lane; o < bytes; o += 128u * 32u)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"((const char*)src + o) : "memory");
-#endif
-}
-
 __device__ __forceinline__ void ptx_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

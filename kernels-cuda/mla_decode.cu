@@ -65,9 +65,6 @@
 #define MLA_RAW_S (MLA_LAT + 16)  // fp8 raw row stride in bytes
 #define MLA_MAX_SPLITS 64
 #define MLA_GROUP_WARPS 2    // warps per 16-row group
-#ifndef MLA_PREFETCH
-#define MLA_PREFETCH 2       // chunks asked of L2 ahead of the ring's next copy
-#endif
 #define MLA_LOG2E 1.4426950408889634f
 #define MLA_LN2 0.6931471805599453f
 
@@ -157,18 +154,6 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
         }
     };
 
-    // Asks L2 for chunk c (its positions below hi: one contiguous run inside a block) ahead
-    // of its copy into the ring, so that more of the latents are in flight than the ring
-    // holds. Warp 0 only.
-    auto prefetch = [&](int c) {
-        const int c0 = lo + MLA_KEYS * c;
-        const pa_i64 block = bt[c0 / p.block_size];
-        const int off = c0 % p.block_size;
-        const pa_u8* src = (const pa_u8*)p.cache + ((block * p.block_size + off) * MLA_LAT) * EB;
-        const int rows = min(MLA_KEYS, hi - c0);
-        ptx_prefetch_l2_warp(src, (pa_u32)(rows * MLA_LAT * EB), lane);
-    };
-
     // 1. Q rows, committed with chunk 0.
     {
         const pa_u16* q = (const pa_u16*)p.q;
@@ -186,9 +171,6 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
         if (s < nch) issue(s, s);
         ptx_cp_async_commit();
     }
-    if (MLA_PREFETCH > 0 && warp == 0)
-        for (int c = MLA_STAGES - 1; c < min(nch, MLA_STAGES - 1 + MLA_PREFETCH); ++c)
-            prefetch(c);
 
     // Per-thread rows (g4, g4 + 8 of the warp's row group): active, and the last position seen.
     bool act[2];
@@ -223,8 +205,6 @@ __device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
             const int nx = c + MLA_STAGES - 1;
             if (nx < nch) issue(nx, nx % MLA_STAGES);
             ptx_cp_async_commit();
-            const int px = nx + MLA_PREFETCH;
-            if (MLA_PREFETCH > 0 && warp == 0 && px < nch) prefetch(px);
         }
         ptx_cp_async_wait<MLA_STAGES - 1>();
         __syncthreads();  // chunk c (and Q) landed for every thread

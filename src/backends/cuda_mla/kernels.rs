@@ -25,16 +25,12 @@ fn stride_ctas(units: usize) -> u32 {
 }
 
 /// The `-D` options that build only one decode variant.
-fn decode_defines(shape: MlaDecodeShape, bf16: bool, fp8: bool) -> Vec<String> {
-    let mut d = vec![
+fn decode_defines(shape: MlaDecodeShape, bf16: bool, fp8: bool) -> [String; 3] {
+    [
         format!("-DMLA_RG={}", shape.row_groups),
         format!("-DMLA_BF16={}", bf16 as i32),
         format!("-DMLA_KV={}", fp8 as i32),
-    ];
-    if let Some(n) = crate::kernels::cuda::CudaTuning::get().mla_decode_prefetch {
-        d.push(format!("-DMLA_PREFETCH={n}"));
-    }
-    d
+    ]
 }
 
 /// Queues the decode kernel on grid (row tiles, requests, splits).

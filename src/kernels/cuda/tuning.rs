@@ -28,8 +28,6 @@ pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
 pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 /// [`CudaTuning::mla_prefill_chunk`].
 pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
-/// [`CudaTuning::mla_decode_prefetch`].
-pub const MLA_DECODE_PREFETCH_ENV: &str = "POLYATTN_CUDA_MLA_DECODE_PREFETCH";
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,9 +78,6 @@ pub struct CudaTuning {
     /// [`MLA_PREFILL_CHUNK_ENV`]; small values run long contexts as many chunks (the chunk
     /// continuation is tested that way).
     pub mla_prefill_chunk: Option<usize>,
-    /// Latent chunks the MLA decode asks of L2 ahead of its shared-memory ring
-    /// (`-DMLA_PREFETCH`, 0 to 8); `None`: the kernel's default. [`MLA_DECODE_PREFETCH_ENV`].
-    pub mla_decode_prefetch: Option<u32>,
 }
 
 impl Default for CudaTuning {
@@ -95,7 +90,6 @@ impl Default for CudaTuning {
             decode_splits: None,
             device: 0,
             mla_prefill_chunk: None,
-            mla_decode_prefetch: None,
         }
     }
 }
@@ -156,16 +150,6 @@ impl CudaTuning {
                 |v| {
                     let n = v.parse::<usize>().ok()?;
                     (n > 0 && n % 32 == 0).then_some(Some(n))
-                },
-            ),
-            mla_decode_prefetch: env.get(
-                MLA_DECODE_PREFETCH_ENV,
-                "an integer from 0 to 8",
-                None,
-                "the kernel's default",
-                |v| {
-                    let n = v.trim().parse::<u32>().ok()?;
-                    (n <= 8).then_some(Some(n))
                 },
             ),
         }
@@ -263,7 +247,6 @@ mod tests {
                 decode_splits: Some(12),
                 device: 3,
                 mla_prefill_chunk: Some(64),
-                mla_decode_prefetch: None,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
