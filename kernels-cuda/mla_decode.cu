@@ -1,475 +1,347 @@
-// MLA decode (vLLM's forward_mqa) on tensor cores: every query row attends in latent space
-// over its request's cached latents, which serve as the one shared key (all 576 dims) and
-// value (the first 512 dims) head. Split-KV over the key range, then mla_combine merges the
-// splits' partials.
+// MLA decode (vLLM's forward_mqa) on the vector ALUs, for every compiler of the family (NVRTC,
+// hiprtc, hipcc, clang -x hip): every query row attends in latent space over its request's
+// cached latents, the one shared key (all 576 dims) and value (the first 512 dims) head.
+// Split-KV over the key range, then mla_combine merges the splits' partials. The same rows,
+// splits, masks and outputs as the tensor-core form (mla_decode_mma.cu); this one needs no
+// matrix instruction, cp.async or fixed warp width.
 //
 // Rows: a request of q_len query tokens and H heads has q_len * H rows, row r = j * H + h
 // (token j, head h), contiguous in q [T][H][576] from its first token. Query token j sits at
 // position seq_len - q_len + j and sees positions [0, seq_len - q_len + j] (causal).
 //
 // Work: CTA (blockIdx.x, blockIdx.y, blockIdx.z) = (row tile, request, split): rows
-// [16 RG * x, 16 RG * (x + 1)) of request y, keys [lo, hi) of split z, where lo = z * per,
+// [16 x, 16 (x + 1)) of request y, keys [lo, hi) of split z, where lo = z * per,
 // per = ceil(seq_len / num_splits) rounded up to MLA_KEYS, and hi also stops at the last
-// position any row of the tile sees. RG row groups of W = 2 warps: warp w owns rows
-// 16 (w / W) .. + 16, score dims 576 / W * (w % W) .. + 576 / W and value columns
-// 512 / W * (w % W) .. + 512 / W (the 16 x 256 f32 accumulator is 128 registers a thread).
+// position any row of the tile sees. 256 threads; thread t serves row t / 16 of the tile and,
+// within it, lane group g = t % 16 (16 threads per row: the rows never straddle a warp or
+// wavefront of 32 or 64 lanes, so the row's reductions are shuffles over 16 lanes).
 //
-// Barriers per chunk: the CTA's (chunk landed; stage, fp8 tile and exchange free again) and
-// the row group's own (named barrier 1 + group: its partial scores written).
+// Algorithm per CTA (three barriers per chunk of MLA_KEYS latents):
+//  1. The tile's query rows go to shared memory (16-bit, rows past the request zero). Chunks
+//     of MLA_KEYS positions are loaded into registers one chunk ahead and stored to one
+//     shared tile (16-bit, or raw E4M3 bytes converted as they are read); positions outside
+//     [lo, hi) are stored as zeros, never loaded. A chunk never crosses a cache block (block
+//     sizes are multiples of MLA_KEYS).
+//  2. Scores: thread (row, g) computes the full 576-dim dot products of its row with keys g
+//     and g + 16, scaled (scale; fp8: times k_scale) and masked by selection (-inf for
+//     positions the row does not see and for rows past the request). An online softmax in
+//     base e over the row's 16 threads (running max m and denominator l, identical on each:
+//     a butterfly's sums are bit-identical on every lane) gives P (to shared memory) and the
+//     rescale factor e^(m_old - m_new) (in each of the row's threads).
+//  3. O (16 x 512, f32 in registers: thread (row, g) holds columns 4 g + 64 i .. + 4, i < 8)
+//     is rescaled and O += P V over the chunk's first 512 dims.
+//  4. Unsplit launches write out = O / l (times k_scale for fp8; 0 when l = 0) in the
+//     activation dtype and lse = m + ln l; split launches write f32 partials (the same
+//     normalised O and LSE; an empty split writes 0 and -inf).
 //
-// Algorithm per CTA:
-//  1. The tile's query rows go to shared memory (cp.async; rows past the request's zero-
-//     filled). Key chunks of MLA_KEYS positions stream through MLA_STAGES shared stages with
-//     cp.async (16-byte copies; positions outside [lo, hi) zero-filled, never read: a chunk
-//     never crosses a cache block, block sizes being multiples of MLA_KEYS). fp8 (E4M3)
-//     caches: a landed raw chunk is converted once into a 16-bit tile (exact in f16 and bf16).
-//  2. Per chunk, S = Q K^T (m16n8k16): the W warps of a row group each multiply their
-//     576 / W dims (18 k-steps; ldmatrix.x4 on Q and K rows) and exchange their partial
-//     scores through shared memory, so all hold the full 16 x 32 scores without computing
-//     them twice (every warp sums the W partials in warp order: bit-identical scores).
-//     Scores are scaled (scale * log2 e; fp8: times k_scale), masked by selection
-//     (-inf for positions a row does not see and for rows past the request) and folded into
-//     an online softmax in base 2 (running max m, partial denominator l per thread; all
-//     warps of a row group compute the same m and l). O (16 x 512 / W per warp, f32 in registers)
-//     is rescaled by 2^(m_old - m_new), P packed to f16x2 / bf16x2, O += P V
-//     (ldmatrix.x4.trans on the chunk's first 512 dims).
-//  3. Unsplit launches write out = O / l (times k_scale for fp8; 0 when l = 0) in the
-//     activation dtype and lse = (m + log2 l) ln 2 (natural log); split launches write f32
-//     partials (the same normalised O and LSE; an empty split writes 0 and -inf).
-//
-// mla_combine: one warp per (token, head) row: M = max_s lse_s, w_s = e^(lse_s - M) / Z,
-// Z = sum_s e^(lse_s - M); out = sum_s w_s o_s, lse = M + ln Z.
+// mla_combine: one warp / wavefront per (token, head) row: M = max_s lse_s,
+// w_s = e^(lse_s - M) / Z, Z = sum_s e^(lse_s - M); out = sum_s w_s o_s, lse = M + ln Z.
 //
 // Layouts: q [T][H][576], out [T][H][512] (f16 / bf16); cache [num_blocks][block_size][576]
 // in the activation dtype or E4M3; lse [H][T] f32; part_out [num_splits][T * H][512] f32,
 // part_lse [num_splits][T * H] f32; block_table [num_reqs][bt_stride]. Shared memory
-// (mla_decode_smem_bytes in src/kernels/cuda/mla.rs): Q [16 RG][584] 16-bit, MLA_STAGES
-// stages of [32][584] 16-bit (fp8: [32][592] bytes, then one converted [32][584] tile), then
-// the score exchange [W RG][16][32] f32.
+// (mla_portable_smem_bytes in src/kernels/cuda/mla.rs, at most 58 KB: inside AMD's 64 KB of
+// LDS per workgroup): Q [16][584] 16-bit, the chunk [32][584] 16-bit (fp8: [32][592] bytes),
+// P [16][32] f32.
 //
-// Bounds relied on (host side, src/backends/cuda_mla): metadata validated against the cache
-// (query_start_loc monotonic, q_len <= seq_len, block ids of every position < seq_len in
-// range); every request of the launch has q_len * H rows with grid.x >= ceil(rows / (16 RG));
-// block_size a multiple of MLA_KEYS; num_splits <= MLA_MAX_SPLITS; q, cache, out and
-// part_out 16-byte aligned; T * H * 576 and the cache's element count fit in i64; compute
-// capability >= 8.0. Only chunks holding a position of [lo, hi) are loaded, so every
-// block-table entry read is one of a position < seq_len.
+// Bounds relied on (host side, src/backends/cuda_mla and hip_mla): metadata validated
+// against the cache (query_start_loc monotonic, q_len <= seq_len, block ids of every position
+// < seq_len in range); every request of the launch has q_len * H rows with
+// grid.x >= ceil(rows / 16); block_size a multiple of MLA_KEYS; num_splits <= MLA_MAX_SPLITS;
+// q, cache, out and part_out 16-byte aligned; T * H * 576 and the cache's element count fit
+// in i64. Only chunks holding a position of [lo, hi) are loaded, so every block-table entry
+// read is one of a position < seq_len.
 
 #include "common.cuh"
+#include "mla_params.cuh"
 
-#define MLA_LAT 576          // latent width: kv_lora_rank 512 + rope 64
-#define MLA_DV 512           // value width: kv_lora_rank
-#define MLA_KEYS 32          // keys per chunk
-#define MLA_STAGES 2         // shared-memory stages
-#define MLA_S (MLA_LAT + 8)  // 16-bit row stride in elements (16-byte rows, no bank conflicts)
-#define MLA_RAW_S (MLA_LAT + 16)  // fp8 raw row stride in bytes
-#define MLA_MAX_SPLITS 64
-#define MLA_GROUP_WARPS 2    // warps per 16-row group
-#define MLA_LOG2E 1.4426950408889634f
-#define MLA_LN2 0.6931471805599453f
+#define MLA_P_ROWS 16                    // query rows per CTA
+#define MLA_P_THREADS 256                // 16 threads per row
+#define MLA_P_S (MLA_LAT + 8)            // 16-bit row stride in elements
+#define MLA_P_RAW_S (MLA_LAT + 16)       // fp8 row stride in bytes
+#define MLA_COMBINE_WAVES 4              // rows (waves) per CTA of mla_combine
 
-struct MlaDecodeParams {
-    const void* q;
-    const void* cache;
-    void* out;
-    float* lse;  // null: not written
-    float* part_out;
-    float* part_lse;
-    const int* query_start_loc;
-    const int* seq_lens;
-    const int* block_table;
-    float scale;    // softmax scale (fp8: times k_scale)
-    float v_scale;  // output factor: k_scale for fp8, else 1
-    int num_heads;
-    int num_tokens;  // T: tokens of the launch's requests (rows of q)
-    int block_size;
-    int bt_stride;
-    int num_splits;
-    int pad;
-};
-static_assert(sizeof(MlaDecodeParams) == 104, "MlaDecodeParams must match src/kernels/cuda/mla.rs");
+static_assert(MLA_P_THREADS == 16 * MLA_P_ROWS, "16 threads per row");
+static_assert(MLA_KEYS == 32, "each thread scores keys g and g + 16");
+static_assert(MLA_DV == 4 * 16 * 8, "each thread holds 8 groups of 4 value columns");
 
+// 8 16-bit values (one uint4) as floats.
 template <bool BF16>
-__device__ __forceinline__ void mla_store2(void* out, pa_i64 i, float a, float b) {
-    *(pa_u32*)((pa_u16*)out + i) = ptx_pack2<BF16>(a, b);
+__device__ __forceinline__ void mla_unpack8(uint4 w, float* f) {
+    const pa_u32 u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (BF16) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        } else {
+            f[2 * i] = pa_f16_to_f32((pa_u16)(u[i] & 0xffffu));
+            f[2 * i + 1] = pa_f16_to_f32((pa_u16)(u[i] >> 16));
+        }
+    }
 }
 
-template <bool BF16, int KV, int RG>
-__device__ __forceinline__ void mla_decode_body(const MlaDecodeParams& p) {
+// Dims d .. d + 8 of staged chunk row `row` (16-bit, or raw E4M3) as floats.
+template <bool BF16, bool FP8>
+__device__ __forceinline__ void mla_key8(const pa_u8* tile, int row, int d, float* f) {
+    if (FP8) {
+        const uint2 w = *(const uint2*)(tile + row * MLA_P_RAW_S + d);
+        const pa_u32 u[2] = {w.x, w.y};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = pa_e4m3_to_f32((pa_u8)(u[i / 4] >> (8 * (i % 4))));
+    } else {
+        mla_unpack8<BF16>(*(const uint4*)(tile + (row * MLA_P_S + d) * 2), f);
+    }
+}
+
+// Four value columns c .. c + 4 of staged row `row` as floats.
+template <bool BF16, bool FP8>
+__device__ __forceinline__ void mla_value4(const pa_u8* tile, int row, int c, float* f) {
+    if (FP8) {
+        const pa_u32 u = *(const pa_u32*)(tile + row * MLA_P_RAW_S + c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f[i] = pa_e4m3_to_f32((pa_u8)(u >> (8 * i)));
+    } else {
+        const uint2 w = *(const uint2*)(tile + (row * MLA_P_S + c) * 2);
+        float g[8];
+        mla_unpack8<BF16>(make_uint4(w.x, w.y, 0u, 0u), g);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f[i] = g[i];
+    }
+}
+
+template <bool BF16>
+__device__ __forceinline__ void mla_store4(void* out, pa_i64 i, const float* v) {
+    pa_u16 h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = BF16 ? pa_f32_to_bf16(v[k]) : pa_f32_to_f16(v[k]);
+    *(uint2*)((pa_u16*)out + i) =
+        make_uint2((pa_u32)h[0] | ((pa_u32)h[1] << 16), (pa_u32)h[2] | ((pa_u32)h[3] << 16));
+}
+
+template <bool BF16, int KV>
+__device__ __forceinline__ void mla_decode_portable_body(const MlaDecodeParams& p) {
     constexpr bool FP8 = KV != 0;
-    constexpr int ROWS = 16 * RG;
-    constexpr int S = MLA_S;
-    constexpr int TILE = MLA_KEYS * S;                // elements of one 16-bit chunk tile
     constexpr int EB = FP8 ? 1 : 2;
-    constexpr int RS = FP8 ? MLA_RAW_S : S * 2;       // bytes per staged row
-    constexpr int CHB = MLA_LAT * EB / 16;            // 16-byte pieces per latent
-    constexpr int RAW = MLA_KEYS * RS;                // bytes per stage
-    constexpr int W = MLA_GROUP_WARPS;
-    constexpr int KT = MLA_LAT / W / 16;              // k16 steps per warp (its score dims)
-    constexpr int NT = MLA_DV / W / 8;                // n8 tiles of a warp's value columns
-    constexpr int THREADS = W * RG * 32;
-    extern __shared__ uint4 mla_smem[];
-    pa_u16* q_s = (pa_u16*)mla_smem;                            // [ROWS][S]
-    pa_u8* ring = (pa_u8*)(q_s + ROWS * S);                     // MLA_STAGES x RAW
-    pa_u16* conv = (pa_u16*)(ring + MLA_STAGES * RAW);          // fp8: [MLA_KEYS][S]
-    float* sx = (float*)(conv + (FP8 ? TILE : 0));              // [W RG][16][32]
+    constexpr int RS = FP8 ? MLA_P_RAW_S : MLA_P_S * 2;  // bytes per staged row
+    constexpr int CHB = MLA_LAT * EB / 16;                // 16-byte pieces per latent
+    constexpr int PIECES = MLA_KEYS * CHB;
+    constexpr int PER = (PIECES + MLA_P_THREADS - 1) / MLA_P_THREADS;
+    extern __shared__ uint4 mla_p_smem[];
+    pa_u16* q_s = (pa_u16*)mla_p_smem;                            // [16][S]
+    pa_u8* k_s = (pa_u8*)(q_s + MLA_P_ROWS * MLA_P_S);            // [32] rows of RS bytes
+    float* p_s = (float*)(k_s + MLA_KEYS * RS);                   // [16][32]
 
     const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    const int rg = warp / W;
-    const int part = warp % W;
-    const int g4 = lane >> 2;
-    const int t4 = lane & 3;
+    const int r = tid >> 4;  // the tile's row
+    const int g = tid & 15;  // lane group within the row
     const int req = blockIdx.y;
     const int H = p.num_heads;
     const int q0 = p.query_start_loc[req];
     const int ql = p.query_start_loc[req + 1] - q0;
     const int seq = p.seq_lens[req];
     const int nrows = ql * H;
-    const int row0 = blockIdx.x * ROWS;
+    const int row0 = blockIdx.x * MLA_P_ROWS;
     if (row0 >= nrows) return;  // the whole CTA, before any barrier
     const int ctx = seq - ql;
     const int per = ((seq + p.num_splits - 1) / p.num_splits + MLA_KEYS - 1) / MLA_KEYS * MLA_KEYS;
     const int lo = blockIdx.z * per;
-    const int jmax = min(ql - 1, (row0 + ROWS - 1) / H);
+    const int jmax = min(ql - 1, (row0 + MLA_P_ROWS - 1) / H);
     const int hi = min(min(seq, lo + per), ctx + jmax + 1);
     const int nch = lo < hi ? (hi - lo + MLA_KEYS - 1) / MLA_KEYS : 0;
     const int* bt = p.block_table + (pa_i64)req * p.bt_stride;
-    const pa_i64 qrow0 = (pa_i64)q0 * H + row0;  // global row of the tile's first row
+    const pa_i64 qrow0 = (pa_i64)q0 * H + row0;
+    const bool act = row0 + r < nrows;
+    const int vis = act ? ctx + (row0 + r) / H + 1 : 0;  // positions below vis are seen
 
-    // Queues chunk c (positions lo + 32c ..) into stage `stage`.
-    auto issue = [&](int c, int stage) {
+    // 1. Q rows (zeros past the request).
+    {
+        const uint4* q = (const uint4*)p.q;
+        constexpr int QCH = MLA_LAT / 8;
+        for (int i = tid; i < MLA_P_ROWS * QCH; i += MLA_P_THREADS) {
+            const int rr = i / QCH;
+            const int c = i - rr * QCH;
+            const uint4 v = row0 + rr < nrows ? q[(qrow0 + rr) * QCH + c] : make_uint4(0u, 0u, 0u, 0u);
+            *(uint4*)(q_s + rr * MLA_P_S + c * 8) = v;
+        }
+    }
+
+    // Chunk c's pieces of this thread into registers (zeros for positions outside [lo, hi)).
+    uint4 reg[PER];
+    auto load = [&](int c) {
         const int c0 = lo + MLA_KEYS * c;
         const pa_i64 block = bt[c0 / p.block_size];
         const int off = c0 % p.block_size;
-        const pa_u8* src = (const pa_u8*)p.cache + ((block * p.block_size + off) * MLA_LAT) * EB;
-        pa_u8* dst = ring + stage * RAW;
-        for (int piece = tid; piece < MLA_KEYS * CHB; piece += THREADS) {
+        const uint4* src =
+            (const uint4*)((const pa_u8*)p.cache + ((block * p.block_size + off) * MLA_LAT) * EB);
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int piece = tid + k * MLA_P_THREADS;
             const int j = piece / CHB;
-            const int cc = piece - j * CHB;
-            const int bytes = c0 + j < hi ? 16 : 0;
-            ptx_cp_async16(ptx_smem_addr(dst + j * RS + cc * 16),
-                           src + (pa_i64)j * MLA_LAT * EB + cc * 16, bytes);
+            const bool in = piece < PIECES && c0 + j < hi;
+            reg[k] = in ? src[piece] : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    auto store = [&]() {
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int piece = tid + k * MLA_P_THREADS;
+            if (piece < PIECES) {
+                const int j = piece / CHB;
+                const int cc = piece - j * CHB;
+                *(uint4*)(k_s + j * RS + cc * 16) = reg[k];
+            }
         }
     };
 
-    // 1. Q rows, committed with chunk 0.
-    {
-        const pa_u16* q = (const pa_u16*)p.q;
-        constexpr int QCH = MLA_LAT / 8;
-        for (int i = tid; i < ROWS * QCH; i += THREADS) {
-            const int r = i / QCH;
-            const int c = i - r * QCH;
-            const bool in = row0 + r < nrows;
-            const pa_u16* src = in ? q + (qrow0 + r) * MLA_LAT + c * 8 : q;
-            ptx_cp_async16(ptx_smem_addr(q_s + r * S + c * 8), src, in ? 16 : 0);
-        }
-    }
+    float m = -PA_INF, l = 0.0f;
+    float o[8][4];
 #pragma unroll
-    for (int s = 0; s < MLA_STAGES - 1; ++s) {
-        if (s < nch) issue(s, s);
-        ptx_cp_async_commit();
-    }
+    for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-    // Per-thread rows (g4, g4 + 8 of the warp's row group): active, and the last position seen.
-    bool act[2];
-    int vis[2];
-    float m[2], l[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = row0 + rg * 16 + g4 + 8 * i;
-        act[i] = r < nrows;
-        vis[i] = act[i] ? ctx + r / H + 1 : 0;
-        m[i] = -PA_INF;
-        l[i] = 0.0f;
-    }
-    float o[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-
-    const float sl2 = p.scale * MLA_LOG2E;
-    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int a_col = 8 * (lane >> 4);
-    const int k_row = (lane & 7) + 8 * (lane >> 4);
-    const int k_col = 8 * ((lane >> 3) & 1);
-    const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int v_col = 8 * (lane >> 4);
-    const int dim0 = part * (MLA_LAT / W);  // this warp's score dims
-    const int col0 = part * (MLA_DV / W);   // and value columns
-    float* my_sx = sx + warp * 16 * 32;
-    const float* group_sx = sx + rg * W * 16 * 32;
-
+    if (nch > 0) load(0);
     for (int c = 0; c < nch; ++c) {
-        {
-            const int nx = c + MLA_STAGES - 1;
-            if (nx < nch) issue(nx, nx % MLA_STAGES);
-            ptx_cp_async_commit();
-        }
-        ptx_cp_async_wait<MLA_STAGES - 1>();
-        __syncthreads();  // chunk c (and Q) landed for every thread
-        const pa_u16* ks = (const pa_u16*)(ring + (c % MLA_STAGES) * RAW);
-        if (FP8) {
-            const pa_u8* raw = ring + (c % MLA_STAGES) * RAW;
-            for (int piece = tid; piece < MLA_KEYS * CHB; piece += THREADS) {
-                const int j = piece / CHB;
-                const int cc = piece - j * CHB;
-                const uint4 w = *(const uint4*)(raw + j * RS + cc * 16);
-                const uint2 a = pa_fp8x4<BF16, 1>(w.x);
-                const uint2 b = pa_fp8x4<BF16, 1>(w.y);
-                const uint2 e = pa_fp8x4<BF16, 1>(w.z);
-                const uint2 f = pa_fp8x4<BF16, 1>(w.w);
-                uint4* dst = (uint4*)(conv + j * S + cc * 16);
-                dst[0] = make_uint4(a.x, a.y, b.x, b.y);
-                dst[1] = make_uint4(e.x, e.y, f.x, f.y);
-            }
-            __syncthreads();
-            ks = conv;
-        }
+        store();
+        __syncthreads();  // the chunk (and Q) staged for every thread
+        if (c + 1 < nch) load(c + 1);  // in flight while this chunk is computed
         const int c0 = lo + MLA_KEYS * c;
 
-        // 2. This warp's partial scores over its share of the dims.
-        float s[4][4];
+        // 2. Scores of keys g and g + 16.
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int d = 0; d < MLA_LAT; d += 8) {
+            float qv[8], k0[8], k1[8];
+            mla_unpack8<BF16>(*(const uint4*)(q_s + r * MLA_P_S + d), qv);
+            mla_key8<BF16, FP8>(k_s, g, d, k0);
+            mla_key8<BF16, FP8>(k_s, g + 16, d, k1);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            const int k0 = dim0 + 16 * kk;
-            pa_u32 a[4];
-            ptx_ldmatrix_x4(ptx_smem_addr(q_s + (rg * 16 + a_row) * S + k0 + a_col), a[0], a[1],
-                            a[2], a[3]);
-#pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                pa_u32 b0, b1, b2, b3;
-                ptx_ldmatrix_x4(ptx_smem_addr(ks + (nb * 16 + k_row) * S + k0 + k_col), b0, b1,
-                                b2, b3);
-                ptx_mma<BF16>(s[2 * nb], a, b0, b1);
-                ptx_mma<BF16>(s[2 * nb + 1], a, b2, b3);
+            for (int i = 0; i < 8; ++i) {
+                s0 += qv[i] * k0[i];
+                s1 += qv[i] * k1[i];
             }
         }
+        const int kp0 = c0 + g;
+        const int kp1 = c0 + g + 16;
+        s0 = kp0 < vis && kp0 < hi ? s0 * p.scale : -PA_INF;
+        s1 = kp1 < vis && kp1 < hi ? s1 * p.scale : -PA_INF;
+        float mx = fmaxf(m, fmaxf(s0, s1));
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int o2 = 8; o2 > 0; o2 >>= 1) mx = fmaxf(mx, pa_shfl_xor(mx, o2));
+        const float msub = mx == -PA_INF ? 0.0f : mx;
+        const float alpha = expf(m - msub);  // m = -inf: 0
+        const float e0 = expf(s0 - msub);
+        const float e1 = expf(s1 - msub);
+        float rs = e0 + e1;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) my_sx[(j * 4 + e) * 32 + lane] = s[j][e];
-        // Only the row group's warps exchange: a named barrier lets the other groups run on.
-        if (RG > 1)
-            ptx_bar_sync(1 + rg, W * 32);
-        else
-            __syncthreads();
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                // The partials summed in warp order on every warp of the group (its own from
-                // registers): the same sum in the same order, so all see identical scores.
-                float t = 0.0f;
-#pragma unroll
-                for (int w = 0; w < W; ++w) {
-                    const float x =
-                        w == part ? s[j][e] : group_sx[(w * 16 + j * 4 + e) * 32 + lane];
-                    t = w == 0 ? x : t + x;
-                }
-                s[j][e] = t;
-            }
+        for (int o2 = 8; o2 > 0; o2 >>= 1) rs += pa_shfl_xor(rs, o2);
+        l = l * alpha + rs;
+        m = mx;
+        p_s[r * MLA_KEYS + g] = e0;
+        p_s[r * MLA_KEYS + g + 16] = e1;
+        __syncthreads();  // P of every row staged
 
-        float mx[2] = {m[0], m[1]};
+        // 3. O = O * alpha + P V over this thread's 32 value columns.
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int i = 0; i < 8; ++i) {
+            o[i][0] *= alpha;
+            o[i][1] *= alpha;
+            o[i][2] *= alpha;
+            o[i][3] *= alpha;
+        }
+        for (int k = 0; k < MLA_KEYS; ++k) {
+            const float pk = p_s[r * MLA_KEYS + k];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1;
-                const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
-                const float x = kp < vis[r] && kp < hi ? s[j][e] * sl2 : -PA_INF;
-                s[j][e] = x;
-                mx[r] = fmaxf(mx[r], x);
+            for (int i = 0; i < 8; ++i) {
+                float v[4];
+                mla_value4<BF16, FP8>(k_s, k, 4 * g + 64 * i, v);
+                o[i][0] += pk * v[0];
+                o[i][1] += pk * v[1];
+                o[i][2] += pk * v[2];
+                o[i][3] += pk * v[3];
             }
         }
-        float msub[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PA_FULL_MASK, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PA_FULL_MASK, mx[r], 2));
-            msub[r] = mx[r] == -PA_INF ? 0.0f : mx[r];
-            alpha[r] = ptx_ex2(m[r] - msub[r]);
-            m[r] = mx[r];
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float x = ptx_ex2(s[j][e] - msub[e >> 1]);
-                s[j][e] = x;
-                rs[e >> 1] += x;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
-#pragma unroll
-        for (int ksi = 0; ksi < 2; ++ksi) {
-            pa_u32 a[4];
-            a[0] = ptx_pack2<BF16>(s[2 * ksi][0], s[2 * ksi][1]);
-            a[1] = ptx_pack2<BF16>(s[2 * ksi][2], s[2 * ksi][3]);
-            a[2] = ptx_pack2<BF16>(s[2 * ksi + 1][0], s[2 * ksi + 1][1]);
-            a[3] = ptx_pack2<BF16>(s[2 * ksi + 1][2], s[2 * ksi + 1][3]);
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                pa_u32 b0, b1, b2, b3;
-                ptx_ldmatrix_x4_trans(
-                    ptx_smem_addr(ks + (16 * ksi + v_row) * S + col0 + 8 * n + v_col), b0, b1,
-                    b2, b3);
-                ptx_mma<BF16>(o[n], a, b0, b1);
-                ptx_mma<BF16>(o[n + 1], a, b2, b3);
-            }
-        }
-        __syncthreads();  // the stage, the fp8 tile and the exchange are free again
+        __syncthreads();  // the chunk tile and P are free again
     }
-    ptx_cp_async_wait<0>();
 
-    // 3. Results of this CTA's rows.
+    // 4. Results of this thread's row.
+    if (!act) return;
     const bool split = p.num_splits > 1;
     const pa_i64 R = (pa_i64)p.num_tokens * H;
+    const int rr = row0 + r;
+    const pa_i64 grow = (pa_i64)q0 * H + rr;
+    const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+    const float lse = l > 0.0f ? m + logf(l) : -PA_INF;
+    if (split) {
+        float* dst = p.part_out + ((pa_i64)blockIdx.z * R + grow) * MLA_DV;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float lt = l[i];
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
-        if (!act[i]) continue;
-        const int r = row0 + rg * 16 + g4 + 8 * i;
-        const pa_i64 grow = (pa_i64)q0 * H + r;
-        const float inv = lt > 0.0f ? p.v_scale / lt : 0.0f;
-        const float lse = lt > 0.0f ? (m[i] + __log2f(lt)) * MLA_LN2 : -PA_INF;
-        if (split) {
-            float* dst = p.part_out + ((pa_i64)blockIdx.z * R + grow) * MLA_DV + col0;
+        for (int i = 0; i < 8; ++i)
+            *(float4*)(dst + 4 * g + 64 * i) =
+                make_float4(o[i][0] * inv, o[i][1] * inv, o[i][2] * inv, o[i][3] * inv);
+        if (g == 0) p.part_lse[(pa_i64)blockIdx.z * R + grow] = lse;
+    } else {
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
-                *(float2*)(dst + 8 * n + 2 * t4) =
-                    make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-            if (part == 0 && t4 == 0) p.part_lse[(pa_i64)blockIdx.z * R + grow] = lse;
-        } else {
-            const pa_i64 base = grow * MLA_DV + col0;
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-                mla_store2<BF16>(p.out, base + 8 * n + 2 * t4, o[n][2 * i] * inv,
-                                 o[n][2 * i + 1] * inv);
-            if (part == 0 && t4 == 0 && p.lse != 0) {
-                const int t = q0 + r / H;
-                p.lse[(pa_i64)(r % H) * p.num_tokens + t] = lse;
-            }
+        for (int i = 0; i < 8; ++i) {
+            const float v[4] = {o[i][0] * inv, o[i][1] * inv, o[i][2] * inv, o[i][3] * inv};
+            mla_store4<BF16>(p.out, grow * MLA_DV + 4 * g + 64 * i, v);
+        }
+        if (g == 0 && p.lse != 0) {
+            const int t = q0 + rr / H;
+            p.lse[(pa_i64)(rr % H) * p.num_tokens + t] = lse;
         }
     }
 }
 
-#define MLA_DEFINE(NAME, BF16, KV, RG)                                                  \
-    extern "C" __global__ void __launch_bounds__(MLA_GROUP_WARPS * (RG) * 32, 1)       \
-        NAME(const MlaDecodeParams p) {                                                 \
-        mla_decode_body<BF16, KV, RG>(p);                                               \
+#define MLA_PORTABLE_DEFINE(NAME, BF16, KV)                                               \
+    extern "C" __global__ void PA_LAUNCH_BOUNDS(MLA_P_THREADS, 1) NAME(const MlaDecodeParams p) { \
+        mla_decode_portable_body<BF16, KV>(p);                                            \
     }
 
-// The host builds one variant (-DMLA_RG=4 -DMLA_BF16=1 -DMLA_KV=0; -DMLA_RG=0 builds only
-// mla_combine); without the defines every variant is built (the CI compile check).
-#ifdef MLA_RG
-#define MLA_ALL 0
-#else
-#define MLA_ALL 1
-#define MLA_RG 0
-#define MLA_BF16 0
-#define MLA_KV 0
-#endif
-#define MLA_WANT(BF, KV, RG) (MLA_ALL || (MLA_RG == (RG) && MLA_BF16 == (BF) && MLA_KV == (KV)))
-#if MLA_WANT(0, 0, 1)
-MLA_DEFINE(mla_decode_f16_r1, false, 0, 1)
-#endif
-#if MLA_WANT(0, 0, 2)
-MLA_DEFINE(mla_decode_f16_r2, false, 0, 2)
-#endif
-#if MLA_WANT(0, 0, 4)
-MLA_DEFINE(mla_decode_f16_r4, false, 0, 4)
-#endif
-#if MLA_WANT(1, 0, 1)
-MLA_DEFINE(mla_decode_bf16_r1, true, 0, 1)
-#endif
-#if MLA_WANT(1, 0, 2)
-MLA_DEFINE(mla_decode_bf16_r2, true, 0, 2)
-#endif
-#if MLA_WANT(1, 0, 4)
-MLA_DEFINE(mla_decode_bf16_r4, true, 0, 4)
-#endif
-#if MLA_WANT(0, 1, 1)
-MLA_DEFINE(mla_decode_f16_e4m3_r1, false, 1, 1)
-#endif
-#if MLA_WANT(0, 1, 2)
-MLA_DEFINE(mla_decode_f16_e4m3_r2, false, 1, 2)
-#endif
-#if MLA_WANT(0, 1, 4)
-MLA_DEFINE(mla_decode_f16_e4m3_r4, false, 1, 4)
-#endif
-#if MLA_WANT(1, 1, 1)
-MLA_DEFINE(mla_decode_bf16_e4m3_r1, true, 1, 1)
-#endif
-#if MLA_WANT(1, 1, 2)
-MLA_DEFINE(mla_decode_bf16_e4m3_r2, true, 1, 2)
-#endif
-#if MLA_WANT(1, 1, 4)
-MLA_DEFINE(mla_decode_bf16_e4m3_r4, true, 1, 4)
-#endif
+MLA_PORTABLE_DEFINE(mla_decode_portable_f16, false, 0)
+MLA_PORTABLE_DEFINE(mla_decode_portable_bf16, true, 0)
+MLA_PORTABLE_DEFINE(mla_decode_portable_f16_e4m3, false, 1)
+MLA_PORTABLE_DEFINE(mla_decode_portable_bf16_e4m3, true, 1)
 
-struct MlaCombineParams {
-    const float* part_out;
-    const float* part_lse;
-    void* out;
-    float* lse;  // null: not written
-    int num_heads;
-    int num_tokens;
-    int num_splits;
-    int out_dtype;
-};
-static_assert(MLA_MAX_SPLITS == 64, "mla_combine holds two LSEs per lane");
-static_assert(sizeof(MlaCombineParams) == 48, "MlaCombineParams must match src/kernels/cuda/mla.rs");
+static_assert(MLA_MAX_SPLITS % PA_WAVE == 0, "mla_combine holds MLA_MAX_SPLITS / PA_WAVE LSEs per lane");
+static_assert(MLA_DV % (4 * PA_WAVE) == 0, "mla_combine's lanes hold whole float4s of a row");
 
-#define MLA_COMBINE_WARPS 4
-
-extern "C" __global__ void __launch_bounds__(MLA_COMBINE_WARPS * 32) mla_combine(const MlaCombineParams p) {
-    const int lane = threadIdx.x & 31;
+extern "C" __global__ void PA_LAUNCH_BOUNDS(MLA_COMBINE_WAVES * PA_WAVE, 1) mla_combine(const MlaCombineParams p) {
+    constexpr int NX = MLA_MAX_SPLITS / PA_WAVE;
+    constexpr int NV = MLA_DV / (4 * PA_WAVE);
+    const int lane = threadIdx.x & (PA_WAVE - 1);
     const pa_i64 R = (pa_i64)p.num_tokens * p.num_heads;
-    const pa_i64 row = (pa_i64)blockIdx.x * MLA_COMBINE_WARPS + (threadIdx.x >> 5);
-    if (row >= R) return;
+    const pa_i64 row = (pa_i64)blockIdx.x * MLA_COMBINE_WAVES + (threadIdx.x >> PA_WAVE_LOG2);
+    if (row >= R) return;  // the whole wave; no CTA barrier follows
     const int ns = min(p.num_splits, MLA_MAX_SPLITS);
-    float x[MLA_MAX_SPLITS / 32];
+    float x[NX];
     float mx = -PA_INF;
 #pragma unroll
-    for (int k = 0; k < MLA_MAX_SPLITS / 32; ++k) {
-        const int s = lane + 32 * k;
+    for (int k = 0; k < NX; ++k) {
+        const int s = lane + PA_WAVE * k;
         x[k] = s < ns ? p.part_lse[(pa_i64)s * R + row] : -PA_INF;
         mx = fmaxf(mx, x[k]);
     }
     mx = pa_warp_max(mx);
     float z = 0.0f;
 #pragma unroll
-    for (int k = 0; k < MLA_MAX_SPLITS / 32; ++k) {
+    for (int k = 0; k < NX; ++k) {
         x[k] = (x[k] == -PA_INF || mx == -PA_INF) ? 0.0f : expf(x[k] - mx);
         z += x[k];
     }
     z = pa_warp_sum(z);
     const float inv = z > 0.0f ? 1.0f / z : 0.0f;
-    float4 acc[MLA_DV / 128];
+    float4 acc[NV];
 #pragma unroll
-    for (int k = 0; k < MLA_DV / 128; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int k = 0; k < NV; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int s = 0; s < ns; ++s) {
         // The split's weight, from the lane that holds its LSE.
-        const float xs = s < 32 ? x[0] : x[1];
-        const float w = __shfl_sync(PA_FULL_MASK, xs, s % 32) * inv;
-        if (w == 0.0f) continue;  // uniform across the warp; an empty split wrote zeros
+        float xs = x[0];
+#pragma unroll
+        for (int k = 1; k < NX; ++k) xs = s / PA_WAVE == k ? x[k] : xs;
+        const float w = pa_shfl(xs, s % PA_WAVE) * inv;
+        if (w == 0.0f) continue;  // uniform across the wave; an empty split wrote zeros
         const float4* src = (const float4*)(p.part_out + ((pa_i64)s * R + row) * MLA_DV);
 #pragma unroll
-        for (int k = 0; k < MLA_DV / 128; ++k) {
-            const float4 v = src[lane + 32 * k];
+        for (int k = 0; k < NV; ++k) {
+            const float4 v = src[lane + PA_WAVE * k];
             acc[k].x += w * v.x;
             acc[k].y += w * v.y;
             acc[k].z += w * v.z;
@@ -478,8 +350,8 @@ extern "C" __global__ void __launch_bounds__(MLA_COMBINE_WARPS * 32) mla_combine
     }
     const pa_i64 base = row * MLA_DV;
 #pragma unroll
-    for (int k = 0; k < MLA_DV / 128; ++k) {
-        const pa_i64 d = base + 4 * (lane + 32 * k);
+    for (int k = 0; k < NV; ++k) {
+        const pa_i64 d = base + 4 * (lane + PA_WAVE * k);
         pa_store(p.out, d, p.out_dtype, acc[k].x);
         pa_store(p.out, d + 1, p.out_dtype, acc[k].y);
         pa_store(p.out, d + 2, p.out_dtype, acc[k].z);

@@ -7,13 +7,14 @@
 // by one chunk, and the result is that of one pass (the chunk merge of vLLM's
 // merge_attn_states, folded into the running state).
 //
-// Work: one warp per row r = j * H + h of prefill request blockIdx.y (batch request
-// first_req + blockIdx.y, token j, head h), MLA_PF_WARPS rows per CTA. Token j sits at
+// Work: one warp / wavefront (PA_WAVE lanes) per row r = j * H + h of prefill request
+// blockIdx.y (batch request first_req + blockIdx.y, token j, head h), MLA_PF_WARPS rows per
+// CTA. Token j sits at
 // position ctx + j (ctx = seq_len - q_len) and sees [0, ctx + j]; this launch covers
 // positions [chunk_lo, min(chunk_lo + chunk, seq_len)), stored from row starts[i] of kvx / pe.
-// Lane l holds query dims l, l + 32, ... (< qk_dim, at most 8) and value dims l, l + 32, ...
-// (< v_dim, at most 8). Per step of 4 positions: four dot products (lane partials, then
-// warp shuffles), one max, one rescale of the state by e^(m_old - m_new), four weighted
+// Lane l holds query dims l, l + PA_WAVE, ... (< qk_dim, at most 256 / PA_WAVE) and value
+// dims l, l + PA_WAVE, ... (< v_dim). Per step of 4 positions: four dot products (lane
+// partials, then warp shuffles), one max, one rescale of the state by e^(m_old - m_new), four weighted
 // value rows added. Positions a row does not see are never loaded (selection by bound).
 //
 // Layouts: q [Tp][H][qk_dim] (activation dtype; Tp = tokens of the prefill requests, from
@@ -29,7 +30,7 @@
 #include "common.cuh"
 
 #define MLA_PF_WARPS 4
-#define MLA_PF_MAXD 8  // dims per lane: 256 / 32
+#define MLA_PF_MAXD (256 / PA_WAVE)  // dims per lane: 8 on 32-lane warps, 4 on 64-lane
 
 struct MlaPrefillParams {
     const void* q;
@@ -56,15 +57,15 @@ struct MlaPrefillParams {
 };
 static_assert(sizeof(MlaPrefillParams) == 120, "MlaPrefillParams must match src/kernels/cuda/mla.rs");
 
-extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_attention(const MlaPrefillParams p) {
-    const int lane = threadIdx.x & 31;
+extern "C" __global__ void PA_LAUNCH_BOUNDS(MLA_PF_WARPS * PA_WAVE, 1) mla_prefill_attention(const MlaPrefillParams p) {
+    const int lane = threadIdx.x & (PA_WAVE - 1);
     const int i = blockIdx.y;
     const int req = p.first_req + i;
     const int H = p.num_heads;
     const int q0 = p.query_start_loc[req];
     const int ql = p.query_start_loc[req + 1] - q0;
     const int seq = p.seq_lens[req];
-    const int r = blockIdx.x * MLA_PF_WARPS + (threadIdx.x >> 5);
+    const int r = blockIdx.x * MLA_PF_WARPS + (threadIdx.x >> PA_WAVE_LOG2);
     if (r >= ql * H) return;  // the whole warp; no CTA barrier follows
     const int j = r / H;
     const int h = r - j * H;
@@ -79,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_a
     float qv[MLA_PF_MAXD];
 #pragma unroll
     for (int k = 0; k < MLA_PF_MAXD; ++k) {
-        const int d = lane + 32 * k;
+        const int d = lane + PA_WAVE * k;
         qv[k] = d < qk ? pa_load(p.q, row * qk + d, p.act_dtype) * p.scale : 0.0f;
     }
     float acc[MLA_PF_MAXD];
@@ -91,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_a
     } else {
 #pragma unroll
         for (int k = 0; k < MLA_PF_MAXD; ++k) {
-            const int d = lane + 32 * k;
+            const int d = lane + PA_WAVE * k;
             acc[k] = d < p.v_dim ? p.acc[row * p.v_dim + d] : 0.0f;
         }
         m = p.ml[row * 2];
@@ -109,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_a
                 const float* kr = p.pe + w * p.rope_dim;
 #pragma unroll
                 for (int k = 0; k < MLA_PF_MAXD; ++k) {
-                    const int d = lane + 32 * k;
+                    const int d = lane + PA_WAVE * k;
                     if (d < p.qk_nope) {
                         x += qv[k] * kn[d];
                     } else if (d < qk) {
@@ -140,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_a
                     p.kvx + ((base + (pos + u - lo)) * (pa_i64)H + h) * kvw + p.qk_nope;
 #pragma unroll
                 for (int k = 0; k < MLA_PF_MAXD; ++k) {
-                    const int d = lane + 32 * k;
+                    const int d = lane + PA_WAVE * k;
                     if (d < p.v_dim) acc[k] += e * v[d];
                 }
             }
@@ -152,13 +153,13 @@ extern "C" __global__ void __launch_bounds__(MLA_PF_WARPS * 32, 1) mla_prefill_a
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
         for (int k = 0; k < MLA_PF_MAXD; ++k) {
-            const int d = lane + 32 * k;
+            const int d = lane + PA_WAVE * k;
             if (d < p.v_dim) pa_store(p.out, row * p.v_dim + d, p.act_dtype, acc[k] * inv);
         }
     } else {
 #pragma unroll
         for (int k = 0; k < MLA_PF_MAXD; ++k) {
-            const int d = lane + 32 * k;
+            const int d = lane + PA_WAVE * k;
             if (d < p.v_dim) p.acc[row * p.v_dim + d] = acc[k];
         }
         if (lane == 0) {

@@ -12,8 +12,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     check_mla_block_size, code, mla_num_splits, CudaTuning, LinearParams, MlaCacheParams,
-    MlaCombineParams, MlaDecodeParams, MlaDecodeShape, MlaGatherParams, MlaPrefillParams, MLA_KEYS,
-    MLA_LATENT_DIM, MLA_PREFILL_MAX_DIM, MLA_VALUE_DIM,
+    MlaCombineParams, MlaDecodeForm, MlaDecodeKernel, MlaDecodeParams, MlaDecodeShape,
+    MlaGatherParams, MlaPrefillParams, MLA_KEYS, MLA_LATENT_DIM, MLA_PREFILL_MAX_DIM,
+    MLA_VALUE_DIM, NVIDIA_SHARED_PER_SM,
 };
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
@@ -198,8 +199,13 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
         }
         let q_len = md.common.query_len(0);
         let rows = q_len * p.num_heads;
-        let shape = MlaDecodeShape::for_rows(rows);
-        let tiles = rows.div_ceil(shape.rows());
+        let form = match CudaTuning::get().mla_decode {
+            MlaDecodeKernel::TensorCores => {
+                MlaDecodeForm::TensorCores(MlaDecodeShape::for_rows(rows))
+            }
+            MlaDecodeKernel::Portable => MlaDecodeForm::Portable,
+        };
+        let tiles = rows.div_ceil(form.rows());
         let max_seq = md.common.seq_lens_cpu()[..decodes]
             .iter()
             .map(|&s| s as usize)
@@ -207,7 +213,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
             .unwrap_or(0);
         let splits = mla_num_splits(
             tiles * decodes,
-            shape.ctas_per_sm(fp8),
+            form.resident(fp8, NVIDIA_SHARED_PER_SM),
             self.device.sm_count() as usize,
             max_seq,
         );
@@ -252,7 +258,7 @@ impl MlaAttentionImpl for CudaMlaAttentionImpl {
             splits as u32,
         );
         let bf16 = act == DType::Bf16;
-        kernels::launch_decode(&self.device, shape, bf16, fp8, grid, &params)?;
+        kernels::launch_decode(&self.device, form, bf16, fp8, grid, &params)?;
         if splits > 1 {
             let combine = MlaCombineParams {
                 part_out: params.part_out,

@@ -1,5 +1,6 @@
 //! The CUDA MLA backend's kernel glue: the launches of the family's MLA kernels
-//! (`mla_decode.cu`, `mla_cache.cu`, `mla_prefill.cu`) and of the `kv_b_proj` GEMM
+//! (`mla_decode_mma.cu` or `mla_decode.cu`, `mla_cache.cu`, `mla_prefill.cu`) and of the
+//! `kv_b_proj` GEMM
 //! (`model_ops.cu`'s `model_linear_tiled`) through the CUDA runtime, from parameter blocks
 //! the impl fills.
 
@@ -8,7 +9,7 @@ use cudarc::driver::LaunchConfig;
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels::cuda::{
-    LinearParams, MlaCacheParams, MlaCombineParams, MlaDecodeParams, MlaDecodeShape,
+    LinearParams, MlaCacheParams, MlaCombineParams, MlaDecodeForm, MlaDecodeParams,
     MlaGatherParams, MlaPrefillParams, MLA_CACHE, MLA_CACHE_THREADS, MLA_DECODE, MLA_PREFILL,
     MLA_ROW_WARPS, MODEL_OPS,
 };
@@ -24,36 +25,27 @@ fn stride_ctas(units: usize) -> u32 {
     units.div_ceil(MLA_CACHE_THREADS as usize).clamp(1, 8192) as u32
 }
 
-/// The `-D` options that build only one decode variant.
-fn decode_defines(shape: MlaDecodeShape, bf16: bool, fp8: bool) -> [String; 3] {
-    [
-        format!("-DMLA_RG={}", shape.row_groups),
-        format!("-DMLA_BF16={}", bf16 as i32),
-        format!("-DMLA_KV={}", fp8 as i32),
-    ]
-}
-
-/// Queues the decode kernel on grid (row tiles, requests, splits).
+/// Queues the decode kernel of `form` on grid (row tiles, requests, splits).
 pub(crate) fn launch_decode(
     device: &CudaDevice,
-    shape: MlaDecodeShape,
+    form: MlaDecodeForm,
     bf16: bool,
     fp8: bool,
     grid: (u32, u32, u32),
     params: &MlaDecodeParams,
 ) -> Result<()> {
-    let defines = decode_defines(shape, bf16, fp8);
+    let defines = form.defines(bf16, fp8);
     let defines: Vec<&str> = defines.iter().map(String::as_str).collect();
     let f = function(
         device,
-        &MLA_DECODE,
+        &form.source(),
         &defines,
-        &shape.function_name(bf16, fp8),
+        &form.function_name(bf16, fp8),
     )?;
     let cfg = LaunchConfig {
         grid_dim: grid,
-        block_dim: (shape.threads(), 1, 1),
-        shared_mem_bytes: shape.smem_bytes(fp8),
+        block_dim: (form.threads(), 1, 1),
+        shared_mem_bytes: form.smem_bytes(fp8),
     };
     launch(device, &f, cfg, params, None)
 }
@@ -64,7 +56,7 @@ pub(crate) fn launch_combine(
     rows: usize,
     params: &MlaCombineParams,
 ) -> Result<()> {
-    let f = function(device, &MLA_DECODE, &["-DMLA_RG=0"], "mla_combine")?;
+    let f = function(device, &MLA_DECODE, &[], "mla_combine")?;
     let cfg = LaunchConfig {
         grid_dim: (
             i32_of("MLA combine CTAs", rows.div_ceil(MLA_ROW_WARPS))? as u32,

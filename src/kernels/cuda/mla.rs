@@ -1,8 +1,12 @@
-//! The MLA kernels of the family as plain data: the parameter blocks of `mla_decode.cu`,
+//! The MLA kernels of the family as plain data: the parameter blocks of `mla_params.cuh`,
 //! `mla_cache.cu` and `mla_prefill.cu` (sizes asserted against the C++ side), the decode's
-//! entry points, CTA shapes and shared memory, and its split-KV policy.
+//! two forms ([`MlaDecodeForm`]: NVIDIA's tensor cores, or the portable kernel every
+//! compiler of the family builds) with their entry points, CTA shapes and shared memory, and
+//! the split-KV policy.
 
 use crate::error::{Error, Result};
+
+use super::sources::{KernelSource, MLA_DECODE, MLA_DECODE_MMA};
 
 /// The latent width the CUDA MLA kernels are built for (`kv_lora_rank` 512 + rope 64).
 pub const MLA_LATENT_DIM: usize = 576;
@@ -21,7 +25,7 @@ pub const MLA_PREFILL_MAX_DIM: usize = 256;
 /// Threads per CTA of the grid-stride kernels of `mla_cache.cu`.
 pub const MLA_CACHE_THREADS: u32 = 256;
 
-/// `MlaDecodeParams` of `mla_decode.cu`.
+/// `MlaDecodeParams` of `mla_params.cuh`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct MlaDecodeParams {
@@ -61,7 +65,7 @@ pub struct MlaDecodeParams {
     pub pad: i32,
 }
 
-/// `MlaCombineParams` of `mla_decode.cu`.
+/// `MlaCombineParams` of `mla_params.cuh`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct MlaCombineParams {
@@ -223,7 +227,8 @@ pub struct MlaDecodeShape {
     pub row_groups: usize,
 }
 
-/// Warps per 16-row group of the decode kernel (`MLA_GROUP_WARPS` of `mla_decode.cu`).
+/// Warps per 16-row group of the tensor-core decode (`MLA_GROUP_WARPS` of
+/// `mla_decode_mma.cu`).
 pub const MLA_GROUP_WARPS: usize = 2;
 
 impl MlaDecodeShape {
@@ -249,7 +254,7 @@ impl MlaDecodeShape {
     }
 
     /// Dynamic shared memory: Q, the stages (fp8: raw, then one converted tile), the score
-    /// exchange (the layout in `mla_decode.cu`'s header).
+    /// exchange (the layout in `mla_decode_mma.cu`'s header).
     pub fn smem_bytes(self, fp8: bool) -> u32 {
         let s = MLA_LATENT_DIM + 8;
         let q = self.rows() * s * 2;
@@ -272,12 +277,101 @@ impl MlaDecodeShape {
             self.row_groups
         )
     }
+}
 
-    /// CTAs of this shape resident on one SM (shared memory bound, 227 KiB usable).
-    pub fn ctas_per_sm(self, fp8: bool) -> usize {
-        (227 * 1024 / self.smem_bytes(fp8) as usize).max(1)
+/// Query rows per CTA of the portable decode (`mla_decode.cu`).
+pub const MLA_PORTABLE_ROWS: usize = 16;
+/// Threads per CTA of the portable decode (16 per row).
+pub const MLA_PORTABLE_THREADS: u32 = 256;
+
+/// Which of the family's two MLA decode kernels runs a launch, and in which shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaDecodeForm {
+    /// `mla_decode_mma.cu`: `mma.sync`, `ldmatrix` and `cp.async` (NVIDIA, sm_80 and newer),
+    /// 16, 32 or 64 rows per CTA.
+    TensorCores(MlaDecodeShape),
+    /// `mla_decode.cu`: f32 arithmetic on the vector ALUs, no fixed warp width (every
+    /// compiler of the family: NVRTC, hiprtc), 16 rows per CTA in at most 58 KB of shared
+    /// memory (inside AMD's 64 KB of LDS per workgroup).
+    Portable,
+}
+
+impl MlaDecodeForm {
+    /// The source that defines the form's entry points.
+    pub fn source(self) -> KernelSource {
+        match self {
+            MlaDecodeForm::TensorCores(_) => MLA_DECODE_MMA,
+            MlaDecodeForm::Portable => MLA_DECODE,
+        }
+    }
+
+    /// The `-D` options that build only the variant a launch needs (none: the portable
+    /// module builds its four small variants together).
+    pub fn defines(self, bf16: bool, fp8: bool) -> Vec<String> {
+        match self {
+            MlaDecodeForm::TensorCores(shape) => vec![
+                format!("-DMLA_RG={}", shape.row_groups),
+                format!("-DMLA_BF16={}", bf16 as i32),
+                format!("-DMLA_KV={}", fp8 as i32),
+            ],
+            MlaDecodeForm::Portable => Vec::new(),
+        }
+    }
+
+    /// Rows per CTA.
+    pub fn rows(self) -> usize {
+        match self {
+            MlaDecodeForm::TensorCores(shape) => shape.rows(),
+            MlaDecodeForm::Portable => MLA_PORTABLE_ROWS,
+        }
+    }
+
+    /// Threads per CTA.
+    pub fn threads(self) -> u32 {
+        match self {
+            MlaDecodeForm::TensorCores(shape) => shape.threads(),
+            MlaDecodeForm::Portable => MLA_PORTABLE_THREADS,
+        }
+    }
+
+    /// Dynamic shared memory per CTA.
+    pub fn smem_bytes(self, fp8: bool) -> u32 {
+        match self {
+            MlaDecodeForm::TensorCores(shape) => shape.smem_bytes(fp8),
+            MlaDecodeForm::Portable => {
+                let row = if fp8 {
+                    MLA_LATENT_DIM + 16
+                } else {
+                    (MLA_LATENT_DIM + 8) * 2
+                };
+                let q = MLA_PORTABLE_ROWS * (MLA_LATENT_DIM + 8) * 2;
+                let p = MLA_PORTABLE_ROWS * MLA_KEYS * 4;
+                (q + MLA_KEYS * row + p) as u32
+            }
+        }
+    }
+
+    /// The entry point for a bf16 (else f16) query and an E4M3 (else same-dtype) cache.
+    pub fn function_name(self, bf16: bool, fp8: bool) -> String {
+        match self {
+            MlaDecodeForm::TensorCores(shape) => shape.function_name(bf16, fp8),
+            MlaDecodeForm::Portable => format!(
+                "mla_decode_portable_{}{}",
+                if bf16 { "bf16" } else { "f16" },
+                if fp8 { "_e4m3" } else { "" }
+            ),
+        }
+    }
+
+    /// CTAs resident on one SM / CU of `shared_bytes` usable shared memory (NVIDIA's 227 KiB,
+    /// AMD's 64 KiB), as the split rule counts them.
+    pub fn resident(self, fp8: bool, shared_bytes: usize) -> usize {
+        (shared_bytes / self.smem_bytes(fp8) as usize).max(1)
     }
 }
+
+/// Usable shared memory per SM of the NVIDIA GPUs the tensor-core decode targets (sm_80+).
+pub const NVIDIA_SHARED_PER_SM: usize = 227 * 1024;
 
 /// Splits of every request's key range for a decode launch of `ctas` CTAs per split on
 /// `sm_count` SMs with `resident_per_sm` CTAs resident on each.
@@ -332,19 +426,27 @@ mod tests {
         assert_eq!(MlaDecodeShape::for_rows(33).rows(), 64);
         assert_eq!(MlaDecodeShape::for_rows(128).rows(), 64);
         assert_eq!(MlaDecodeShape::for_rows(128).threads(), 256);
-        for row_groups in [1, 2, 4] {
-            let s = MlaDecodeShape { row_groups };
+        let forms =
+            [1, 2, 4].map(|row_groups| MlaDecodeForm::TensorCores(MlaDecodeShape { row_groups }));
+        for form in forms.into_iter().chain([MlaDecodeForm::Portable]) {
             for fp8 in [false, true] {
-                assert!(s.smem_bytes(fp8) <= 227 * 1024, "{s:?} {fp8}");
+                assert!(
+                    form.smem_bytes(fp8) as usize <= NVIDIA_SHARED_PER_SM,
+                    "{form:?} {fp8}"
+                );
             }
-            // Every shape the host can ask for is an entry point of the source.
+            // Every form the host can ask for is an entry point of its source.
             for bf16 in [false, true] {
                 for fp8 in [false, true] {
-                    let name = s.function_name(bf16, fp8);
-                    assert!(super::super::MLA_DECODE.functions.contains(&name.as_str()));
+                    let name = form.function_name(bf16, fp8);
+                    assert!(form.source().functions.contains(&name.as_str()), "{name}");
                 }
             }
         }
+        // The portable form fits one AMD workgroup's 64 KiB of LDS.
+        assert_eq!(MlaDecodeForm::Portable.smem_bytes(false), 58_112);
+        assert!(MlaDecodeForm::Portable.smem_bytes(true) <= 64 * 1024);
+        assert_eq!(MlaDecodeForm::Portable.resident(false, 64 * 1024), 1);
         assert_eq!(
             MlaDecodeShape { row_groups: 4 }.function_name(true, true),
             "mla_decode_bf16_e4m3_r4"

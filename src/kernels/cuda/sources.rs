@@ -23,6 +23,10 @@ pub const COMMON: &str = include_str!("../../../kernels-cuda/common.cuh");
 /// clang: `PA_NVIDIA`, `PA_AMD`, `PA_WAVE`, the shuffles), pasted into `common.cuh`.
 pub const PORTABILITY: &str = include_str!("../../../kernels-cuda/portability.cuh");
 
+/// `kernels-cuda/mla_params.cuh` (the MLA decode's parameter blocks and sizes), pasted into
+/// the two decode forms.
+pub const MLA_PARAMS: &str = include_str!("../../../kernels-cuda/mla_params.cuh");
+
 /// `reshape_and_cache.cu`.
 pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
     name: "reshape_and_cache",
@@ -135,11 +139,26 @@ pub const MODEL_OPS: KernelSource = KernelSource {
     ],
 };
 
-/// `mla_decode.cu`: MLA's latent-space decode on tensor cores (f16 / bf16 with a same-dtype
-/// or E4M3 cache; 16, 32 or 64 rows per CTA) and the split combine.
+/// `mla_decode.cu`: MLA's latent-space decode on the vector ALUs, for every compiler of the
+/// family (f16 / bf16 with a same-dtype or E4M3 cache; 16 rows per CTA), and the split
+/// combine both decode forms use.
 pub const MLA_DECODE: KernelSource = KernelSource {
     name: "mla_decode",
     source: include_str!("../../../kernels-cuda/mla_decode.cu"),
+    functions: &[
+        "mla_decode_portable_f16",
+        "mla_decode_portable_bf16",
+        "mla_decode_portable_f16_e4m3",
+        "mla_decode_portable_bf16_e4m3",
+        "mla_combine",
+    ],
+};
+
+/// `mla_decode_mma.cu`: MLA's latent-space decode on NVIDIA's tensor cores (f16 / bf16 with
+/// a same-dtype or E4M3 cache; 16, 32 or 64 rows per CTA).
+pub const MLA_DECODE_MMA: KernelSource = KernelSource {
+    name: "mla_decode_mma",
+    source: include_str!("../../../kernels-cuda/mla_decode_mma.cu"),
     functions: &[
         "mla_decode_f16_r1",
         "mla_decode_f16_r2",
@@ -153,7 +172,6 @@ pub const MLA_DECODE: KernelSource = KernelSource {
         "mla_decode_bf16_e4m3_r1",
         "mla_decode_bf16_e4m3_r2",
         "mla_decode_bf16_e4m3_r4",
-        "mla_combine",
     ],
 };
 
@@ -173,7 +191,7 @@ pub const MLA_PREFILL: KernelSource = KernelSource {
 };
 
 /// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
-pub const ALL_SOURCES: [KernelSource; 10] = [
+pub const ALL_SOURCES: [KernelSource; 11] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
@@ -182,21 +200,31 @@ pub const ALL_SOURCES: [KernelSource; 10] = [
     PROBES,
     MODEL_OPS,
     MLA_DECODE,
+    MLA_DECODE_MMA,
     MLA_CACHE,
     MLA_PREFILL,
 ];
 
 /// The sources that compile for AMD as well (`PA_AMD`): no inline PTX, lane math in
-/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `model_ops`, `probes`, the
-/// MLA kernels) use
-/// NVIDIA's tensor-core, `cp.async` or warp-synchronous instructions.
-pub const PORTABLE_SOURCES: [KernelSource; 3] = [RESHAPE_AND_CACHE, PAGED_ATTENTION, MERGE_STATES];
+/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `mla_decode_mma`,
+/// `model_ops`, `probes`) use NVIDIA's tensor-core, `cp.async` or warp-synchronous
+/// instructions.
+pub const PORTABLE_SOURCES: [KernelSource; 6] = [
+    RESHAPE_AND_CACHE,
+    PAGED_ATTENTION,
+    MERGE_STATES,
+    MLA_DECODE,
+    MLA_CACHE,
+    MLA_PREFILL,
+];
 
 /// The source as a compiler of the family takes it: `common.cuh` pasted in place of its
-/// include line and `portability.cuh` in place of common's.
+/// include line, `portability.cuh` in place of common's, `mla_params.cuh` in place of its.
 pub fn full_source(k: &KernelSource) -> String {
     let common = COMMON.replace("#include \"portability.cuh\"", PORTABILITY);
-    k.source.replace("#include \"common.cuh\"", &common)
+    k.source
+        .replace("#include \"common.cuh\"", &common)
+        .replace("#include \"mla_params.cuh\"", MLA_PARAMS)
 }
 
 #[cfg(test)]

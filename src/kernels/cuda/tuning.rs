@@ -28,6 +28,19 @@ pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
 pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 /// [`CudaTuning::mla_prefill_chunk`].
 pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
+/// Picks the MLA decode kernel (`mma` / `portable`); see [`CudaTuning::mla_decode`].
+pub const MLA_DECODE_ENV: &str = "POLYATTN_CUDA_MLA_DECODE";
+
+/// Which kernel runs `CUDA_MLA`'s latent decode ([`CudaTuning::mla_decode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaDecodeKernel {
+    /// `mla_decode_mma.cu` on the tensor cores (`mma`, the default).
+    TensorCores,
+    /// `mla_decode.cu`, the portable form the HIP backend's MLA decode compiles (`portable`):
+    /// slower; it exists so that the AMD decode's tiling, masks and softmax run through the
+    /// shared test bodies on an NVIDIA GPU.
+    Portable,
+}
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +91,9 @@ pub struct CudaTuning {
     /// [`MLA_PREFILL_CHUNK_ENV`]; small values run long contexts as many chunks (the chunk
     /// continuation is tested that way).
     pub mla_prefill_chunk: Option<usize>,
+    /// The kernel of `CUDA_MLA`'s latent decode. [`MLA_DECODE_ENV`]: `mma` / `portable`;
+    /// default [`MlaDecodeKernel::TensorCores`].
+    pub mla_decode: MlaDecodeKernel,
 }
 
 impl Default for CudaTuning {
@@ -90,6 +106,7 @@ impl Default for CudaTuning {
             decode_splits: None,
             device: 0,
             mla_prefill_chunk: None,
+            mla_decode: MlaDecodeKernel::TensorCores,
         }
     }
 }
@@ -150,6 +167,17 @@ impl CudaTuning {
                 |v| {
                     let n = v.parse::<usize>().ok()?;
                     (n > 0 && n % 32 == 0).then_some(Some(n))
+                },
+            ),
+            mla_decode: env.get(
+                MLA_DECODE_ENV,
+                "mma or portable",
+                d.mla_decode,
+                "mma",
+                |v| match v.trim().to_ascii_lowercase().as_str() {
+                    "mma" => Some(MlaDecodeKernel::TensorCores),
+                    "portable" => Some(MlaDecodeKernel::Portable),
+                    _ => None,
                 },
             ),
         }
@@ -233,6 +261,7 @@ mod tests {
             (DECODE_SPLITS_ENV, "12"),
             (CUDA_DEVICE_ENV, "3"),
             (MLA_PREFILL_CHUNK_ENV, "64"),
+            (MLA_DECODE_ENV, "portable"),
         ]);
         assert_eq!(
             t,
@@ -247,6 +276,7 @@ mod tests {
                 decode_splits: Some(12),
                 device: 3,
                 mla_prefill_chunk: Some(64),
+                mla_decode: MlaDecodeKernel::Portable,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
@@ -276,6 +306,7 @@ mod tests {
             (MMA_SUBK_ENV, "48"),
             (DECODE_SPLITS_ENV, "0"),
             (CUDA_DEVICE_ENV, "-1"),
+            (MLA_DECODE_ENV, "fast"),
         ]);
         assert_eq!(t, CudaTuning::default());
         assert_eq!(tuning(&[(DECODE_SPLITS_ENV, "129")]).decode_splits, None);
