@@ -17,6 +17,7 @@ pub mod cpu;
 pub mod cpu_mla;
 pub mod cuda;
 pub(crate) mod cuda_family;
+pub mod cuda_family_mla;
 pub mod cuda_mla;
 pub mod hip;
 pub mod mla_batch;
