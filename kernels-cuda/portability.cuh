@@ -12,6 +12,7 @@
 //                            kernels were tuned on NVIDIA: signed / and % cost more)
 //   pa_shfl_xor(v, m)        v of lane (lane ^ m) of the same warp / wavefront
 //   pa_shfl(v, src)          v of lane `src` of the same warp / wavefront
+//   pa_ldg(p)                *p through the read-only data path where there is one
 //   PA_LAUNCH_BOUNDS(t, b)   at most t threads per CTA (NVIDIA: and b CTAs per SM wanted)
 //
 // Shuffles require every lane of the warp / wavefront to take part (the kernels call them
@@ -52,6 +53,10 @@ __device__ __forceinline__ float pa_shfl_xor(float v, int m) {
 }
 __device__ __forceinline__ float pa_shfl(float v, int src) {
     return __shfl_sync(0xffffffffu, v, src);
+}
+template <typename T>
+__device__ __forceinline__ T pa_ldg(const T* p) {
+    return __ldg(p);
 }
 
 #else  // PA_AMD
@@ -149,6 +154,7 @@ __device__ __forceinline__ int max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ float fminf(float a, float b) { return __builtin_fminf(a, b); }
 __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
 __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+__device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float logf(float x) { return __builtin_logf(x); }
 __device__ __forceinline__ float rintf(float x) { return __builtin_rintf(x); }
@@ -175,6 +181,11 @@ __device__ __forceinline__ float pa_shfl_xor(float v, int m) { return __shfl_xor
 __device__ __forceinline__ float pa_shfl(float v, int src) { return __shfl(v, src); }
 
 #endif  // PA_NO_GPU_HEADERS
+// AMD's scalar / vector caches serve read-only data without a separate load path.
+template <typename T>
+__device__ __forceinline__ T pa_ldg(const T* p) {
+    return *p;
+}
 #endif  // PA_AMD
 
 #endif  // POLYATTN_PORTABILITY_CUH

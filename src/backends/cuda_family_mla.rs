@@ -23,7 +23,7 @@ use crate::kernels::cuda::{
     check_mla_block_size, code, mla_num_splits, KernelSource, LinearParams, MlaCacheParams,
     MlaCombineParams, MlaDecodeForm, MlaDecodeParams, MlaGatherParams, MlaPrefillParams, MLA_CACHE,
     MLA_CACHE_THREADS, MLA_DECODE, MLA_KEYS, MLA_LATENT_DIM, MLA_PREFILL, MLA_PREFILL_MAX_DIM,
-    MLA_ROW_WARPS, MLA_VALUE_DIM, MODEL_OPS,
+    MLA_ROW_WARPS, MLA_VALUE_DIM, MODEL_LINEAR,
 };
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
@@ -211,7 +211,7 @@ impl<R: MlaRuntime> CudaFamilyMlaImpl<R> {
             .try_for_each(|(t, what)| self.rt.ptr(t, what).map(|_| ()))
     }
 
-    /// Queues `y [t][n] = x [t][k] · w [n][k]^T` (f32) with the tiled GEMM of `model_ops.cu`.
+    /// Queues `y [t][n] = x [t][k] · w [n][k]^T` (f32) with the tiled GEMM of `model_linear.cu`.
     fn launch_linear(&self, params: &LinearParams) -> Result<()> {
         let (t, n) = (params.t as usize, params.n as usize);
         let gy = t.div_ceil(LINEAR_TILE);
@@ -222,7 +222,7 @@ impl<R: MlaRuntime> CudaFamilyMlaImpl<R> {
         }
         let grid = (u32_of("GEMM tiles", n.div_ceil(LINEAR_TILE))?, gy as u32, 1);
         self.rt.launch(
-            &MODEL_OPS,
+            &MODEL_LINEAR,
             &[],
             "model_linear_tiled",
             shape(grid, 256, 0),

@@ -22,7 +22,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams, GEMV_MAX_TOKENS,
-    GEMV_WARPS, LINEAR_TILE, MODEL_OPS, MODEL_THREADS,
+    GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -64,7 +64,12 @@ fn launch<P: bytemuck::Pod>(
     block: u32,
     params: &P,
 ) -> Result<()> {
-    let f = runtime::function(dev, &MODEL_OPS, &[], name)?;
+    let source = if name.starts_with("model_linear") {
+        &MODEL_LINEAR
+    } else {
+        &MODEL_OPS
+    };
+    let f = runtime::function(dev, source, &[], name)?;
     let cfg = LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),

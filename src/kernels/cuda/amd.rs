@@ -5,15 +5,16 @@
 //!
 //! The [`PORTABLE_SOURCES`] build for AMD: `reshape_and_cache`, the CUDA-core
 //! `paged_attention` (prefill, decode and split-KV decode with its `combine_splits`),
-//! `merge_states`, and MLA's portable latent decode with its combine (`mla_decode`), latent
-//! cache write and gather (`mla_cache`) and expanded prefill (`mla_prefill`). AMD's own prefill, `kernels-hip/paged_attention_matrix.hip`
+//! `merge_states`, the linear layers (`model_linear`: the MLA prefill's `kv_b_proj`), and
+//! MLA's portable latent decode with its combine (`mla_decode`), latent cache write and
+//! gather (`mla_cache`) and expanded prefill (`mla_prefill`). AMD's own prefill, `kernels-hip/paged_attention_matrix.hip`
 //! ([`PAGED_ATTENTION_MATRIX`]), runs on the targets with matrix cores ([`MatrixCores`]). The
 //! tensor-core and `cp.async` kernels of `kernels-cuda/` are NVIDIA's.
 
 use crate::dtype::DType;
 
 use super::sources::{
-    KernelSource, MERGE_STATES, MLA_CACHE, MLA_DECODE, MLA_PREFILL, PAGED_ATTENTION,
+    KernelSource, MERGE_STATES, MLA_CACHE, MLA_DECODE, MLA_PREFILL, MODEL_LINEAR, PAGED_ATTENTION,
     PAGED_ATTENTION_MATRIX, RESHAPE_AND_CACHE,
 };
 use super::variants::{attention_function_name, attention_variant, ATTENTION_MAX_HEAD_SIZE};
@@ -158,8 +159,8 @@ pub struct AmdVariant {
     pub functions: Vec<&'static str>,
 }
 
-/// Every module a device of target `arch` can request: the cache write, the merge, the three
-/// MLA modules, one attention bucket per `ceil(head_size / wave)` up to
+/// Every module a device of target `arch` can request: the cache write, the merge, the linear
+/// layers, the three MLA modules, one attention bucket per `ceil(head_size / wave)` up to
 /// [`ATTENTION_MAX_HEAD_SIZE`] (each with the split-KV combine) and, where the target has
 /// [`MatrixCores`], the matrix-core prefill. Empty for a name that is not an AMD target.
 pub fn amd_variants(arch: &str) -> Vec<AmdVariant> {
@@ -179,7 +180,7 @@ pub fn amd_variants(arch: &str) -> Vec<AmdVariant> {
         },
     ];
     out.extend(
-        [MLA_DECODE, MLA_CACHE, MLA_PREFILL].map(|source| AmdVariant {
+        [MODEL_LINEAR, MLA_DECODE, MLA_CACHE, MLA_PREFILL].map(|source| AmdVariant {
             source,
             defines: Vec::new(),
             functions: source.functions.to_vec(),
@@ -230,18 +231,20 @@ mod tests {
     #[test]
     fn variants_cover_every_head_size_bucket() {
         // wave64: dims per lane 1..=4; wave32: 1..=8; plus the cache write, the merge and the
-        // three MLA modules, and the matrix-core prefill where the target has one.
-        assert_eq!(amd_variants("gfx90a").len(), 5 + 4 + 1);
-        assert_eq!(amd_variants("gfx942:sramecc+:xnack-").len(), 5 + 4 + 1);
-        assert_eq!(amd_variants("gfx1030").len(), 5 + 8);
-        assert_eq!(amd_variants("gfx1100").len(), 5 + 8 + 1);
+        // linear layers and the three MLA modules, and the matrix-core prefill where the
+        // target has one.
+        assert_eq!(amd_variants("gfx90a").len(), 6 + 4 + 1);
+        assert_eq!(amd_variants("gfx942:sramecc+:xnack-").len(), 6 + 4 + 1);
+        assert_eq!(amd_variants("gfx1030").len(), 6 + 8);
+        assert_eq!(amd_variants("gfx1100").len(), 6 + 8 + 1);
         assert!(amd_variants("sm_90").is_empty());
         let v = amd_variants("gfx90a");
-        assert_eq!(v[2].functions[0], "mla_decode_portable_f16");
-        assert_eq!(v[8].defines, ["-DPA_ONLY_DPL=4"]);
-        assert_eq!(v[8].functions, ["paged_attention_dpl4", "combine_splits"]);
-        assert_eq!(v[9].defines, ["-DPA_MC_KIND=1"]);
-        assert_eq!(amd_variants("gfx1100")[13].defines, ["-DPA_MC_KIND=2"]);
+        assert_eq!(v[2].functions[0], "model_linear_tiled");
+        assert_eq!(v[3].functions[0], "mla_decode_portable_f16");
+        assert_eq!(v[9].defines, ["-DPA_ONLY_DPL=4"]);
+        assert_eq!(v[9].functions, ["paged_attention_dpl4", "combine_splits"]);
+        assert_eq!(v[10].defines, ["-DPA_MC_KIND=1"]);
+        assert_eq!(amd_variants("gfx1100")[14].defines, ["-DPA_MC_KIND=2"]);
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub struct RmsNormParams {
     pub pad: i32,
 }
 
-/// `LinearParams` of model_ops.cu (`model_linear_tiled`, `model_linear_gemv`).
+/// `LinearParams` of model_linear.cu (`model_linear_tiled`, `model_linear_gemv`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct LinearParams {

@@ -131,12 +131,18 @@ pub const MODEL_OPS: KernelSource = KernelSource {
     functions: &[
         "model_gather",
         "model_rms_norm",
-        "model_linear_tiled",
-        "model_linear_gemv",
         "model_rope",
         "model_silu_mul",
         "model_add",
     ],
+};
+
+/// `model_linear.cu`: the model runner's and the MLA prefill's linear layers (a tiled
+/// SGEMM, a GEMV), for every compiler of the family.
+pub const MODEL_LINEAR: KernelSource = KernelSource {
+    name: "model_linear",
+    source: include_str!("../../../kernels-cuda/model_linear.cu"),
+    functions: &["model_linear_tiled", "model_linear_gemv"],
 };
 
 /// `mla_decode.cu`: MLA's latent-space decode on the vector ALUs, for every compiler of the
@@ -191,7 +197,7 @@ pub const MLA_PREFILL: KernelSource = KernelSource {
 };
 
 /// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
-pub const ALL_SOURCES: [KernelSource; 11] = [
+pub const ALL_SOURCES: [KernelSource; 12] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
@@ -199,6 +205,7 @@ pub const ALL_SOURCES: [KernelSource; 11] = [
     MERGE_STATES,
     PROBES,
     MODEL_OPS,
+    MODEL_LINEAR,
     MLA_DECODE,
     MLA_DECODE_MMA,
     MLA_CACHE,
@@ -209,10 +216,11 @@ pub const ALL_SOURCES: [KernelSource; 11] = [
 /// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `mla_decode_mma`,
 /// `model_ops`, `probes`) use NVIDIA's tensor-core, `cp.async` or warp-synchronous
 /// instructions.
-pub const PORTABLE_SOURCES: [KernelSource; 6] = [
+pub const PORTABLE_SOURCES: [KernelSource; 7] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     MERGE_STATES,
+    MODEL_LINEAR,
     MLA_DECODE,
     MLA_CACHE,
     MLA_PREFILL,
