@@ -14,6 +14,7 @@ use crate::backends::cpu_mla::CpuMlaBackend;
 use crate::backends::cuda::CudaBackend;
 use crate::backends::cuda_mla::CudaMlaBackend;
 use crate::backends::hip::HipBackend;
+use crate::backends::hip_mla::HipMlaBackend;
 use crate::backends::wgpu::WgpuBackend;
 use crate::backends::wgpu_mla::WgpuMlaBackend;
 
@@ -30,6 +31,8 @@ pub enum BuiltinBackend {
     CudaMla,
     /// AMD GPUs through HIP and hiprtc ([`crate::backends::hip`]).
     Hip,
+    /// MLA (latent cache) on AMD GPUs ([`crate::backends::hip_mla`]).
+    HipMla,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
     Wgpu,
     /// MLA (latent cache) in WGSL through wgpu ([`crate::backends::wgpu_mla`]).
@@ -38,12 +41,13 @@ pub enum BuiltinBackend {
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 7] = [
+    pub const ALL: [BuiltinBackend; 8] = [
         BuiltinBackend::Cpu,
         BuiltinBackend::CpuMla,
         BuiltinBackend::Cuda,
         BuiltinBackend::CudaMla,
         BuiltinBackend::Hip,
+        BuiltinBackend::HipMla,
         BuiltinBackend::Wgpu,
         BuiltinBackend::WgpuMla,
     ];
@@ -56,6 +60,7 @@ impl BuiltinBackend {
             BuiltinBackend::Cuda => "CUDA",
             BuiltinBackend::CudaMla => "CUDA_MLA",
             BuiltinBackend::Hip => "HIP",
+            BuiltinBackend::HipMla => "HIP_MLA",
             BuiltinBackend::Wgpu => "WGPU",
             BuiltinBackend::WgpuMla => "WGPU_MLA",
         }
@@ -69,6 +74,7 @@ impl BuiltinBackend {
             BuiltinBackend::Cuda => Arc::new(CudaBackend::new()),
             BuiltinBackend::CudaMla => Arc::new(CudaMlaBackend::new()),
             BuiltinBackend::Hip => Arc::new(HipBackend::new()),
+            BuiltinBackend::HipMla => Arc::new(HipMlaBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
             BuiltinBackend::WgpuMla => Arc::new(WgpuMlaBackend::new()),
         }

@@ -368,3 +368,45 @@ fn default_ranking_puts_hip_right_after_cuda() {
         Availability::Available(dev) => eprintln!("an AMD GPU is here: {dev}"),
     }
 }
+
+#[test]
+fn mla_ranking_follows_the_standard_one() {
+    let r = Registry::with_builtins();
+    let mut deepseek = SelectorConfig::new(576, DType::Bf16, CacheDType::Auto);
+    deepseek.use_mla = true;
+    deepseek.block_size = Some(64);
+    let why = r.explain(&deepseek);
+    let prio = |n: &str| {
+        why.iter()
+            .find(|c| c.name == n)
+            .unwrap_or_else(|| panic!("{n} is not ranked"))
+            .priority
+    };
+    // Native paths first (CUDA, then HIP), then wgpu (after the CPU on a software adapter).
+    assert_eq!(prio("CUDA_MLA"), 110);
+    assert_eq!(prio("HIP_MLA"), 210);
+    assert!(prio("HIP_MLA") < prio("WGPU_MLA") && prio("HIP_MLA") < prio("CPU_MLA"));
+    assert_eq!(BuiltinBackend::HipMla.name(), "HIP_MLA");
+    assert_eq!(
+        BuiltinBackend::HipMla.create().device_kind(),
+        DeviceKind::Hip
+    );
+    let hip = why.iter().find(|c| c.name == "HIP").unwrap();
+    let hip_mla = why.iter().find(|c| c.name == "HIP_MLA").unwrap();
+    // One probe: HIP_MLA is available exactly when HIP is, for the same reason.
+    assert_eq!(hip_mla.availability, hip.availability);
+    if let Availability::Unavailable(reason) = &hip_mla.availability {
+        assert!(!hip_mla.is_usable());
+        match r.select(&deepseek, Some("hip_mla")) {
+            Err(Error::ForcedBackendInvalid { reasons, .. }) => {
+                assert!(reasons
+                    .iter()
+                    .any(|x| x.code == "backend unavailable" && x.detail == *reason));
+            }
+            other => panic!(
+                "expected ForcedBackendInvalid, got {:?}",
+                other.map(|b| b.name().to_string())
+            ),
+        }
+    }
+}

@@ -20,6 +20,7 @@ pub(crate) mod cuda_family;
 pub mod cuda_family_mla;
 pub mod cuda_mla;
 pub mod hip;
+pub mod hip_mla;
 pub mod mla_batch;
 pub mod wgpu;
 pub mod wgpu_mla;
