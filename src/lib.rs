@@ -14,7 +14,7 @@
 //!   ([`CommonAttentionMetadata`] → [`AttentionMetadataBuilder`]), impls ([`AttentionImpl`],
 //!   [`MlaAttentionImpl`]), the [`registry`] and the [`selector`]; [`mla`] holds what an MLA
 //!   layer brings besides (its sizes, the weight absorption, the latent cache), run by the
-//!   MLA backends `CPU_MLA`, `CUDA_MLA` and `WGPU_MLA` (`examples/mla.rs`);
+//!   MLA backends `CPU_MLA`, `CUDA_MLA`, `HIP_MLA` and `WGPU_MLA` (`examples/mla.rs`);
 //! - the **forward driver** in [`forward`]: every backend's `forward` — checks, cache write,
 //!   cascade passes, the decode / prefill split — written once over the kernels a backend
 //!   provides ([`forward::ForwardKernels`]);

@@ -1,4 +1,4 @@
-//! The metadata of every MLA backend (`CPU_MLA`, `CUDA_MLA`, `WGPU_MLA`): the checks and
+//! The metadata of every MLA backend (`CPU_MLA`, `CUDA_MLA`, `HIP_MLA`, `WGPU_MLA`): the checks and
 //! decode / prefill split of a batch ([`mla_batch_split`]: decodes first, one query length up
 //! to [`MLA_DECODE_MAX_QUERY_LEN`], as vLLM's FlashMLA builder with `UNIFORM` query lengths;
 //! the latent-space decode is exact for any query length) plus copies of the batch arrays on
