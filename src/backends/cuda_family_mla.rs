@@ -15,9 +15,10 @@ use std::fmt::Debug;
 use std::sync::Mutex;
 
 use crate::attention::{AttentionLayer, MlaAttentionImpl};
+use crate::backend::{BackendCapabilities, BlockSize, DeviceCapability, HeadSizes};
 use crate::backends::mla_batch::{MlaBatchMetadata, MlaPrefillChunks};
 use crate::device::Tensor;
-use crate::dtype::DType;
+use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     check_mla_block_size, code, mla_num_splits, KernelSource, LinearParams, MlaCacheParams,
@@ -31,6 +32,28 @@ use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
 /// The prefill's expanded workspace per chunk (latents, `kv_b_proj` output): chunks are
 /// sized to stay within it.
 pub const PREFILL_WORKSPACE_BYTES: usize = 256 << 20;
+
+/// What both CUDA-family MLA backends take (their kernels are the same), from devices of
+/// `min_capability` on (NVIDIA's compute capability; `None` on AMD).
+pub(crate) fn cuda_family_mla_capabilities(
+    min_capability: Option<DeviceCapability>,
+) -> BackendCapabilities {
+    BackendCapabilities::mla(
+        // The kernels are built for DeepSeek's 512 + 64 latent (FlashMLA's 576).
+        HeadSizes::List(vec![MLA_LATENT_DIM]),
+        vec![DType::F16, DType::Bf16],
+        vec![
+            CacheDType::Auto,
+            CacheDType::F16,
+            CacheDType::Bf16,
+            CacheDType::Fp8E4m3,
+        ],
+        // FlashInfer-MLA's sizes (FlashMLA's 64 among them): the decode reads chunks of 32
+        // keys that never cross a block.
+        vec![BlockSize::Exact(32), BlockSize::Exact(64)],
+        min_capability,
+    )
+}
 
 /// Tile of `model_linear_tiled` (64 x 64 outputs per CTA of 256 threads).
 const LINEAR_TILE: usize = 64;

@@ -1,12 +1,10 @@
 //! The CUDA MLA backend's descriptor.
 
 use crate::attention::MlaAttentionImpl;
-use crate::backend::{
-    AttentionBackend, Availability, BackendCapabilities, BlockSize, DeviceCapability, HeadSizes,
-};
+use crate::backend::{AttentionBackend, Availability, BackendCapabilities, DeviceCapability};
 use crate::backends::cuda::CudaBackend;
+use crate::backends::cuda_family_mla::cuda_family_mla_capabilities;
 use crate::device::{CudaDevice, Device, DeviceKind};
-use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
@@ -30,22 +28,8 @@ impl CudaMlaBackend {
     /// driver until asked.
     pub fn new() -> Self {
         CudaMlaBackend {
-            caps: BackendCapabilities::mla(
-                // The kernels are built for DeepSeek's 512 + 64 latent (FlashMLA's 576).
-                HeadSizes::List(vec![576]),
-                vec![DType::F16, DType::Bf16],
-                vec![
-                    CacheDType::Auto,
-                    CacheDType::F16,
-                    CacheDType::Bf16,
-                    CacheDType::Fp8E4m3,
-                ],
-                // FlashInfer-MLA's sizes (FlashMLA's 64 among them): the decode reads chunks
-                // of 32 keys that never cross a block.
-                vec![BlockSize::Exact(32), BlockSize::Exact(64)],
-                // cp.async, ldmatrix and bf16 mma.sync.
-                Some(DeviceCapability { major: 8, minor: 0 }),
-            ),
+            // cp.async, ldmatrix and bf16 mma.sync.
+            caps: cuda_family_mla_capabilities(Some(DeviceCapability { major: 8, minor: 0 })),
             cuda: CudaBackend::new(),
         }
     }

@@ -1,10 +1,10 @@
 //! The HIP MLA backend's descriptor.
 
 use crate::attention::MlaAttentionImpl;
-use crate::backend::{AttentionBackend, Availability, BackendCapabilities, BlockSize, HeadSizes};
+use crate::backend::{AttentionBackend, Availability, BackendCapabilities};
+use crate::backends::cuda_family_mla::cuda_family_mla_capabilities;
 use crate::backends::hip::HipBackend;
 use crate::device::{Device, DeviceKind, HipDevice};
-use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
@@ -29,21 +29,8 @@ impl HipMlaBackend {
     /// The descriptor for AMD GPU 0. Touches no runtime until asked.
     pub fn new() -> Self {
         HipMlaBackend {
-            caps: BackendCapabilities::mla(
-                // The kernels are built for DeepSeek's 512 + 64 latent (FlashMLA's 576).
-                HeadSizes::List(vec![576]),
-                vec![DType::F16, DType::Bf16],
-                vec![
-                    CacheDType::Auto,
-                    CacheDType::F16,
-                    CacheDType::Bf16,
-                    CacheDType::Fp8E4m3,
-                ],
-                // The decode reads chunks of 32 keys that never cross a block (as CUDA_MLA).
-                vec![BlockSize::Exact(32), BlockSize::Exact(64)],
-                // The portable kernels need no particular AMD generation.
-                None,
-            ),
+            // The portable kernels need no particular AMD generation.
+            caps: cuda_family_mla_capabilities(None),
             hip: HipBackend::new(),
         }
     }
