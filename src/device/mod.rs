@@ -13,6 +13,7 @@ pub mod cuda;
 mod disk_cache;
 pub mod hip;
 mod tensor;
+pub mod vulkan;
 pub mod wgpu;
 
 pub use cpu::{CpuDevice, CpuStorage};

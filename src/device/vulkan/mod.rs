@@ -1,0 +1,446 @@
+//! The native Vulkan runtime (`ash`): one physical device, a compute queue, device-local
+//! buffers through `gpu-allocator`, compute pipelines from the WGSL family's modules
+//! translated to SPIR-V by naga, and dispatches recorded into a command buffer and waited on.
+//! It knows nothing of the backends that will choose its kernels.
+//!
+//! **Loading.** The Vulkan loader (`libvulkan.so.1`, `vulkan-1.dll`) is opened at run time
+//! (ash's `loaded` feature): building needs no Vulkan SDK, and a machine without a loader or
+//! a device gets "unavailable: <reason>" from [`VulkanDevice::open`], never a panic.
+//!
+//! **Device choice.** Physical devices with a compute queue are ranked discrete, integrated,
+//! virtual, other, CPU (so a GPU comes before a software implementation such as lavapipe),
+//! then by enumeration order; the first is opened.
+//!
+//! **Validation.** [`VulkanOptions::validation`] enables the Khronos validation layer
+//! (`VK_LAYER_KHRONOS_validation`, Debian's `vulkan-validationlayers`) with a
+//! `VK_EXT_debug_utils` messenger that counts and records every error the layer reports
+//! ([`VulkanDevice::validation_errors`]); the tests fail on any. Opening with validation on a
+//! machine without the layer is an error that says so.
+//!
+//! **Memory.** Buffers are device-local ([`buffer`]); uploads and downloads go through a
+//! host-visible staging buffer and a copy on the queue, so the same code is right on a
+//! discrete GPU (whose device-local memory the host cannot map) and on lavapipe.
+//!
+//! **Work.** [`VulkanDevice::dispatch`] records one compute dispatch with its descriptor set
+//! (the module's bindings, reflected from naga's IR: uniform or storage buffers of group 0),
+//! submits it and waits on a fence: one dispatch at a time, in order. Recording a step once
+//! and re-submitting it, timestamp queries, a pipeline cache on disk and the extensions WGSL
+//! cannot express are the backend's next layers (see docs/ARCHITECTURE.md).
+
+pub mod buffer;
+pub mod pipeline;
+
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
+
+use crate::error::{Error, Result};
+
+pub use buffer::VulkanBuffer;
+pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding};
+
+/// How [`VulkanDevice::open`] opens the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VulkanOptions {
+    /// Enable the Khronos validation layer and record its errors.
+    pub validation: bool,
+}
+
+/// What the validation messenger collected.
+#[derive(Debug, Default)]
+struct Messages {
+    errors: Vec<String>,
+}
+
+/// An opened Vulkan device with one compute queue. Cheap to clone (shared handles).
+#[derive(Clone)]
+pub struct VulkanDevice {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for VulkanDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanDevice")
+            .field("name", &self.inner.name)
+            .field("kind", &self.inner.kind)
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    // Field order is drop order: the allocator and every device object go before the device,
+    // the device before the instance, the instance before the loader.
+    pub(crate) allocator: Mutex<Option<Allocator>>,
+    pub(crate) queue: Mutex<vk::Queue>,
+    pub(crate) pool: vk::CommandPool,
+    pub(crate) device: ash::Device,
+    pub(crate) limits: vk::PhysicalDeviceLimits,
+    name: String,
+    kind: vk::PhysicalDeviceType,
+    messenger: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+    messages: Box<Mutex<Messages>>,
+    instance: ash::Instance,
+    _entry: ash::Entry,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: every object below was created from these handles and is destroyed once,
+        // after the device is idle; the allocator frees its memory blocks before the device
+        // goes.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            if let Ok(mut a) = self.allocator.lock() {
+                a.take();
+            }
+            self.device.destroy_command_pool(self.pool, None);
+            self.device.destroy_device(None);
+            if let Some((utils, m)) = self.messenger.take() {
+                utils.destroy_debug_utils_messenger(m, None);
+            }
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// The validation layer's messages: errors are recorded, the rest ignored.
+unsafe extern "system" fn on_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) && !user.is_null() {
+        // SAFETY: `user` is the `Mutex<Messages>` boxed in `Inner`, which outlives the
+        // messenger; `data` and its message are valid for the call (the loader's contract).
+        let messages = &*(user as *const Mutex<Messages>);
+        let text = if data.is_null() || (*data).p_message.is_null() {
+            "(no message)".to_string()
+        } else {
+            CStr::from_ptr((*data).p_message)
+                .to_string_lossy()
+                .into_owned()
+        };
+        if let Ok(mut m) = messages.lock() {
+            m.errors.push(text);
+        }
+    }
+    vk::FALSE
+}
+
+fn vk_error(what: &str, e: vk::Result) -> Error {
+    Error::Device {
+        backend: "VULKAN".into(),
+        message: format!("{what}: {e}"),
+    }
+}
+
+/// Rank of a device type: lower is preferred.
+fn type_rank(t: vk::PhysicalDeviceType) -> u32 {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 4,
+        _ => 3,
+    }
+}
+
+impl VulkanDevice {
+    /// Opens the preferred device (see the module docs), or says why none opens.
+    pub fn open(options: VulkanOptions) -> Result<Self> {
+        let unavailable = |m: String| Error::Device {
+            backend: "VULKAN".into(),
+            message: m,
+        };
+        // SAFETY: loading the loader runs its initialisers; it is the documented way to use
+        // a system Vulkan loader.
+        let entry = unsafe { ash::Entry::load() }
+            .map_err(|e| unavailable(format!("no Vulkan loader: {e}")))?;
+        let mut layers = Vec::new();
+        let mut extensions = Vec::new();
+        if options.validation {
+            // SAFETY: a plain query of the loader.
+            let available = unsafe { entry.enumerate_instance_layer_properties() }
+                .map_err(|e| vk_error("vkEnumerateInstanceLayerProperties", e))?;
+            let found = available
+                .iter()
+                .any(|l| l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER));
+            if !found {
+                return Err(unavailable(
+                    "validation asked for, but VK_LAYER_KHRONOS_validation is not installed \
+                     (Debian: apt-get install vulkan-validationlayers)"
+                        .into(),
+                ));
+            }
+            layers.push(VALIDATION_LAYER.as_ptr());
+            extensions.push(ash::ext::debug_utils::NAME.as_ptr());
+        }
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"polyattn")
+            .api_version(vk::API_VERSION_1_2);
+        let info = vk::InstanceCreateInfo::default()
+            .application_info(&app)
+            .enabled_layer_names(&layers)
+            .enabled_extension_names(&extensions);
+        // SAFETY: the create info and the strings it points to live across the call.
+        let instance = unsafe { entry.create_instance(&info, None) }
+            .map_err(|e| unavailable(format!("vkCreateInstance: {e}")))?;
+        let messages = Box::new(Mutex::new(Messages::default()));
+        let messenger = if options.validation {
+            let utils = ash::ext::debug_utils::Instance::new(&entry, &instance);
+            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+                .message_severity(
+                    vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                        | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+                )
+                .message_type(
+                    vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                        | vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                        | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+                )
+                .pfn_user_callback(Some(on_message))
+                .user_data(&*messages as *const Mutex<Messages> as *mut c_void);
+            // SAFETY: the user data (boxed, owned by `Inner`) outlives the messenger, which
+            // `Inner::drop` destroys before the instance.
+            match unsafe { utils.create_debug_utils_messenger(&info, None) } {
+                Ok(m) => Some((utils, m)),
+                Err(e) => {
+                    // SAFETY: nothing else was created from the instance yet.
+                    unsafe { instance.destroy_instance(None) };
+                    return Err(vk_error("vkCreateDebugUtilsMessengerEXT", e));
+                }
+            }
+        } else {
+            None
+        };
+        let destroy = |instance: &ash::Instance,
+                       messenger: &Option<(
+            ash::ext::debug_utils::Instance,
+            vk::DebugUtilsMessengerEXT,
+        )>| {
+            // SAFETY: called on the error paths below, before anything else owns them.
+            unsafe {
+                if let Some((u, m)) = messenger {
+                    u.destroy_debug_utils_messenger(*m, None);
+                }
+                instance.destroy_instance(None);
+            }
+        };
+        let chosen = match Self::choose(&instance) {
+            Ok(c) => c,
+            Err(e) => {
+                destroy(&instance, &messenger);
+                return Err(e);
+            }
+        };
+        let (physical, family, props) = chosen;
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&priorities)];
+        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // SAFETY: `physical` comes from this instance; the create info lives across the call.
+        let device = match unsafe { instance.create_device(physical, &info, None) } {
+            Ok(d) => d,
+            Err(e) => {
+                destroy(&instance, &messenger);
+                return Err(vk_error("vkCreateDevice", e));
+            }
+        };
+        // SAFETY: queue 0 of a family the device was created with.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: a valid device and create info.
+        let pool = match unsafe { device.create_command_pool(&pool_info, None) } {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: nothing else was created from the device.
+                unsafe { device.destroy_device(None) };
+                destroy(&instance, &messenger);
+                return Err(vk_error("vkCreateCommandPool", e));
+            }
+        };
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: instance.clone(),
+            device: device.clone(),
+            physical_device: physical,
+            debug_settings: Default::default(),
+            buffer_device_address: false,
+            allocation_sizes: Default::default(),
+        });
+        let allocator = match allocator {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: only the pool was created from the device.
+                unsafe {
+                    device.destroy_command_pool(pool, None);
+                    device.destroy_device(None);
+                }
+                destroy(&instance, &messenger);
+                return Err(unavailable(format!("gpu-allocator: {e}")));
+            }
+        };
+        let name = props
+            .device_name_as_c_str()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "(unnamed)".into());
+        Ok(VulkanDevice {
+            inner: Arc::new(Inner {
+                allocator: Mutex::new(Some(allocator)),
+                queue: Mutex::new(queue),
+                pool,
+                device,
+                limits: props.limits,
+                name,
+                kind: props.device_type,
+                messenger,
+                messages,
+                instance,
+                _entry: entry,
+            }),
+        })
+    }
+
+    /// The preferred physical device with a compute queue: (device, queue family, properties).
+    fn choose(
+        instance: &ash::Instance,
+    ) -> Result<(vk::PhysicalDevice, u32, vk::PhysicalDeviceProperties)> {
+        // SAFETY: plain queries of a live instance.
+        let devices = unsafe { instance.enumerate_physical_devices() }
+            .map_err(|e| vk_error("vkEnumeratePhysicalDevices", e))?;
+        let mut best: Option<(
+            u32,
+            usize,
+            vk::PhysicalDevice,
+            u32,
+            vk::PhysicalDeviceProperties,
+        )> = None;
+        for (i, &pd) in devices.iter().enumerate() {
+            // SAFETY: `pd` comes from this instance.
+            let props = unsafe { instance.get_physical_device_properties(pd) };
+            // SAFETY: as above.
+            let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
+            let Some(family) = families
+                .iter()
+                .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            else {
+                continue;
+            };
+            let rank = type_rank(props.device_type);
+            if best.as_ref().is_none_or(|b| (rank, i) < (b.0, b.1)) {
+                best = Some((rank, i, pd, family as u32, props));
+            }
+        }
+        best.map(|(_, _, pd, f, p)| (pd, f, p))
+            .ok_or_else(|| Error::Device {
+                backend: "VULKAN".into(),
+                message: format!(
+                    "none of the {} Vulkan devices has a compute queue",
+                    devices.len()
+                ),
+            })
+    }
+
+    /// The device's name as the driver gives it.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Whether the device is a CPU implementation (lavapipe, SwiftShader).
+    pub fn is_cpu(&self) -> bool {
+        self.inner.kind == vk::PhysicalDeviceType::CPU
+    }
+
+    /// The errors the validation layer reported so far (empty without validation).
+    pub fn validation_errors(&self) -> Vec<String> {
+        self.inner
+            .messages
+            .lock()
+            .map(|m| m.errors.clone())
+            .unwrap_or_default()
+    }
+
+    /// The largest storage-buffer range one binding may cover.
+    pub fn max_storage_range(&self) -> u64 {
+        u64::from(self.inner.limits.max_storage_buffer_range)
+    }
+
+    pub(crate) fn raw(&self) -> &ash::Device {
+        &self.inner.device
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// Records `record` into a one-time command buffer, submits it on the compute queue and
+    /// waits for it to finish.
+    pub(crate) fn submit_and_wait(&self, record: impl FnOnce(vk::CommandBuffer)) -> Result<()> {
+        let d = &self.inner.device;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.inner.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        let queue = self
+            .inner
+            .queue
+            .lock()
+            .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))?;
+        // SAFETY: the pool belongs to this device and is used under the queue lock only, so
+        // no two threads record or free from it at once; the command buffer is freed after
+        // its fence signalled.
+        unsafe {
+            let cmd = d
+                .allocate_command_buffers(&alloc)
+                .map_err(|e| vk_error("vkAllocateCommandBuffers", e))?[0];
+            let free = || d.free_command_buffers(self.inner.pool, &[cmd]);
+            let begin = vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+            if let Err(e) = d.begin_command_buffer(cmd, &begin) {
+                free();
+                return Err(vk_error("vkBeginCommandBuffer", e));
+            }
+            // Earlier submissions' writes (each was waited on) visible to this one's commands:
+            // a fence orders execution but makes no device write available by itself.
+            let barrier = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+            d.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+            record(cmd);
+            if let Err(e) = d.end_command_buffer(cmd) {
+                free();
+                return Err(vk_error("vkEndCommandBuffer", e));
+            }
+            let fence = match d.create_fence(&vk::FenceCreateInfo::default(), None) {
+                Ok(f) => f,
+                Err(e) => {
+                    free();
+                    return Err(vk_error("vkCreateFence", e));
+                }
+            };
+            let cmds = [cmd];
+            let submit = vk::SubmitInfo::default().command_buffers(&cmds);
+            let result = d
+                .queue_submit(*queue, &[submit], fence)
+                .and_then(|_| d.wait_for_fences(&[fence], true, u64::MAX));
+            d.destroy_fence(fence, None);
+            free();
+            result.map_err(|e| vk_error("vkQueueSubmit / vkWaitForFences", e))
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Compute pipelines from WGSL and their dispatch: naga parses and validates a module of the
+//! WGSL family, its group-0 bindings are reflected from the IR ([`ModuleBinding`]: uniform or
+//! storage buffer, read-only or not), naga writes SPIR-V (with the same restricting bounds
+//! checks as the wgpu runtime), and [`ComputePipeline`] holds the shader module, descriptor
+//! set layout, pipeline layout and pipeline. [`VulkanDevice::dispatch`] binds buffers to those
+//! bindings and runs one dispatch.
+
+use ash::vk;
+use naga::back::spv;
+use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+use crate::error::{Error, Result};
+
+use super::{vk_error, VulkanBuffer, VulkanDevice};
+
+/// What a binding of a module is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingKind {
+    /// `var<uniform>`.
+    Uniform,
+    /// `var<storage, read>` or `var<storage, read_write>`.
+    Storage {
+        /// Whether the shader may write it.
+        writable: bool,
+    },
+}
+
+/// One buffer binding of a module's group 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleBinding {
+    /// Its `@binding` number.
+    pub binding: u32,
+    /// Uniform or storage.
+    pub kind: BindingKind,
+}
+
+fn compile_error(key: &str, message: String) -> Error {
+    Error::Device {
+        backend: "VULKAN".into(),
+        message: format!("module {key}: {message}"),
+    }
+}
+
+/// SPIR-V words and the group-0 buffer bindings of WGSL module `source` (entry point `main`).
+pub fn translate(key: &str, source: &str) -> Result<(Vec<u32>, Vec<ModuleBinding>)> {
+    let module = naga::front::wgsl::parse_str(source)
+        .map_err(|e| compile_error(key, e.emit_to_string(source)))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| compile_error(key, e.emit_to_string(source)))?;
+    let mut bindings = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        let Some(rb) = &var.binding else { continue };
+        if rb.group != 0 {
+            return Err(compile_error(
+                key,
+                format!(
+                    "binding {} is in group {}: only group 0 is bound",
+                    rb.binding, rb.group
+                ),
+            ));
+        }
+        let kind = match var.space {
+            naga::AddressSpace::Uniform => BindingKind::Uniform,
+            naga::AddressSpace::Storage { access } => BindingKind::Storage {
+                writable: access.contains(naga::StorageAccess::STORE),
+            },
+            other => {
+                return Err(compile_error(
+                    key,
+                    format!(
+                        "binding {} is a {other:?}: only buffers are bound",
+                        rb.binding
+                    ),
+                ))
+            }
+        };
+        bindings.push(ModuleBinding {
+            binding: rb.binding,
+            kind,
+        });
+    }
+    bindings.sort_by_key(|b| b.binding);
+    let options = spv::Options {
+        lang_version: (1, 3),
+        bounds_check_policies: BoundsCheckPolicies {
+            index: BoundsCheckPolicy::Restrict,
+            buffer: BoundsCheckPolicy::Restrict,
+            image_load: BoundsCheckPolicy::Restrict,
+            binding_array: BoundsCheckPolicy::Restrict,
+        },
+        ..Default::default()
+    };
+    let words = spv::write_vec(&module, &info, &options, None)
+        .map_err(|e| compile_error(key, format!("SPIR-V: {e}")))?;
+    Ok((words, bindings))
+}
+
+/// A compute pipeline of one module, destroyed when dropped.
+pub struct ComputePipeline {
+    device: VulkanDevice,
+    key: String,
+    bindings: Vec<ModuleBinding>,
+    shader: vk::ShaderModule,
+    set_layout: vk::DescriptorSetLayout,
+    layout: vk::PipelineLayout,
+    pipeline: vk::Pipeline,
+}
+
+impl std::fmt::Debug for ComputePipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComputePipeline")
+            .field("key", &self.key)
+            .field("bindings", &self.bindings)
+            .finish()
+    }
+}
+
+impl Drop for ComputePipeline {
+    fn drop(&mut self) {
+        let d = self.device.raw();
+        // SAFETY: created on this device; every dispatch using them was waited on.
+        unsafe {
+            d.destroy_pipeline(self.pipeline, None);
+            d.destroy_pipeline_layout(self.layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+            d.destroy_shader_module(self.shader, None);
+        }
+    }
+}
+
+impl ComputePipeline {
+    /// The module's group-0 bindings.
+    pub fn bindings(&self) -> &[ModuleBinding] {
+        &self.bindings
+    }
+}
+
+fn descriptor_type(kind: BindingKind) -> vk::DescriptorType {
+    match kind {
+        BindingKind::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
+        BindingKind::Storage { .. } => vk::DescriptorType::STORAGE_BUFFER,
+    }
+}
+
+impl VulkanDevice {
+    /// The pipeline of WGSL module `source` (named `key` in errors).
+    pub fn pipeline(&self, key: &str, source: &str) -> Result<ComputePipeline> {
+        let (words, bindings) = translate(key, source)?;
+        let d = self.raw();
+        let entries: Vec<_> = bindings
+            .iter()
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b.binding)
+                    .descriptor_type(descriptor_type(b.kind))
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        // SAFETY: valid create infos; on any failure the objects made so far are destroyed
+        // before returning.
+        unsafe {
+            let shader = d
+                .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+                .map_err(|e| vk_error("vkCreateShaderModule", e))?;
+            let set_layout = match d.create_descriptor_set_layout(
+                &vk::DescriptorSetLayoutCreateInfo::default().bindings(&entries),
+                None,
+            ) {
+                Ok(l) => l,
+                Err(e) => {
+                    d.destroy_shader_module(shader, None);
+                    return Err(vk_error("vkCreateDescriptorSetLayout", e));
+                }
+            };
+            let set_layouts = [set_layout];
+            let layout = match d.create_pipeline_layout(
+                &vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts),
+                None,
+            ) {
+                Ok(l) => l,
+                Err(e) => {
+                    d.destroy_descriptor_set_layout(set_layout, None);
+                    d.destroy_shader_module(shader, None);
+                    return Err(vk_error("vkCreatePipelineLayout", e));
+                }
+            };
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(shader)
+                .name(c"main");
+            let info = vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(layout);
+            let pipeline =
+                match d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) {
+                    Ok(p) => p[0],
+                    Err((_, e)) => {
+                        d.destroy_pipeline_layout(layout, None);
+                        d.destroy_descriptor_set_layout(set_layout, None);
+                        d.destroy_shader_module(shader, None);
+                        return Err(vk_error(&format!("vkCreateComputePipelines ({key})"), e));
+                    }
+                };
+            Ok(ComputePipeline {
+                device: self.clone(),
+                key: key.to_string(),
+                bindings,
+                shader,
+                set_layout,
+                layout,
+                pipeline,
+            })
+        }
+    }
+
+    /// Runs `pipeline` once on `groups` workgroups with `buffers` bound as (binding, buffer):
+    /// every binding of the module exactly once, each buffer within the device's limit for
+    /// its kind. Waits for the dispatch to finish.
+    pub fn dispatch(
+        &self,
+        pipeline: &ComputePipeline,
+        buffers: &[(u32, &VulkanBuffer)],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        let mut infos = Vec::with_capacity(pipeline.bindings.len());
+        for b in &pipeline.bindings {
+            let mut found = buffers.iter().filter(|(n, _)| *n == b.binding);
+            let (Some((_, buf)), None) = (found.next(), found.next()) else {
+                return Err(Error::config(format!(
+                    "{}: binding {} must be given exactly one buffer",
+                    pipeline.key, b.binding
+                )));
+            };
+            let limit = match b.kind {
+                BindingKind::Uniform => u64::from(self.inner().limits.max_uniform_buffer_range),
+                BindingKind::Storage { .. } => self.max_storage_range(),
+            };
+            if buf.len_bytes() > limit {
+                return Err(Error::config(format!(
+                    "{}: a {}-byte buffer at binding {} exceeds the device's {limit}-byte range",
+                    pipeline.key,
+                    buf.len_bytes(),
+                    b.binding
+                )));
+            }
+            infos.push((
+                b,
+                [vk::DescriptorBufferInfo::default()
+                    .buffer(buf.raw())
+                    .offset(0)
+                    .range(vk::WHOLE_SIZE)],
+            ));
+        }
+        if let Some((n, _)) = buffers
+            .iter()
+            .find(|(n, _)| !pipeline.bindings.iter().any(|b| b.binding == *n))
+        {
+            return Err(Error::config(format!(
+                "{}: the module has no binding {n}",
+                pipeline.key
+            )));
+        }
+        let d = self.raw();
+        let uniforms = pipeline
+            .bindings
+            .iter()
+            .filter(|b| b.kind == BindingKind::Uniform)
+            .count() as u32;
+        let storages = pipeline.bindings.len() as u32 - uniforms;
+        let mut sizes = Vec::new();
+        if uniforms > 0 {
+            sizes.push(vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::UNIFORM_BUFFER,
+                descriptor_count: uniforms,
+            });
+        }
+        if storages > 0 {
+            sizes.push(vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: storages,
+            });
+        }
+        // SAFETY: valid create infos; the pool (and the set allocated from it) is destroyed
+        // after the dispatch's submission was waited on.
+        unsafe {
+            let pool = d
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default()
+                        .max_sets(1)
+                        .pool_sizes(&sizes),
+                    None,
+                )
+                .map_err(|e| vk_error("vkCreateDescriptorPool", e))?;
+            let layouts = [pipeline.set_layout];
+            let set = match d.allocate_descriptor_sets(
+                &vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(pool)
+                    .set_layouts(&layouts),
+            ) {
+                Ok(s) => s[0],
+                Err(e) => {
+                    d.destroy_descriptor_pool(pool, None);
+                    return Err(vk_error("vkAllocateDescriptorSets", e));
+                }
+            };
+            let writes: Vec<_> = infos
+                .iter()
+                .map(|(b, info)| {
+                    vk::WriteDescriptorSet::default()
+                        .dst_set(set)
+                        .dst_binding(b.binding)
+                        .descriptor_type(descriptor_type(b.kind))
+                        .buffer_info(info)
+                })
+                .collect();
+            d.update_descriptor_sets(&writes, &[]);
+            let result = self.submit_and_wait(|cmd| {
+                d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+                d.cmd_bind_descriptor_sets(
+                    cmd,
+                    vk::PipelineBindPoint::COMPUTE,
+                    pipeline.layout,
+                    0,
+                    &[set],
+                    &[],
+                );
+                d.cmd_dispatch(cmd, groups.0, groups.1, groups.2);
+            });
+            d.destroy_descriptor_pool(pool, None);
+            result
+        }
+    }
+}
