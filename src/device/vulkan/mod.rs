@@ -23,9 +23,11 @@
 //!
 //! **Work.** [`VulkanDevice::dispatch`] records one compute dispatch with its descriptor set
 //! (the module's bindings, reflected from naga's IR: uniform or storage buffers of group 0),
-//! submits it and waits on a fence: one dispatch at a time, in order. Recording a step once
-//! and re-submitting it, timestamp queries, a pipeline cache on disk and the extensions WGSL
-//! cannot express are the backend's next layers (see docs/ARCHITECTURE.md).
+//! submits it and waits on a fence: one submission at a time, in order.
+//! [`VulkanDevice::record`] records several dispatches once (barriers between them) into a
+//! [`Recording`] that [`VulkanDevice::submit`] re-submits — Vulkan's answer to a captured
+//! graph. Timestamp queries, a pipeline cache on disk and the extensions WGSL cannot express
+//! are the backend's next layers (see docs/ARCHITECTURE.md).
 
 pub mod buffer;
 pub mod pipeline;
@@ -39,7 +41,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use crate::error::{Error, Result};
 
 pub use buffer::VulkanBuffer;
-pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding};
+pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding, Recording, Step};
 
 /// How [`VulkanDevice::open`] opens the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -407,12 +409,28 @@ impl VulkanDevice {
                 free();
                 return Err(vk_error("vkBeginCommandBuffer", e));
             }
-            // Earlier submissions' writes (each was waited on) visible to this one's commands:
-            // a fence orders execution but makes no device write available by itself.
-            let barrier = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
-            d.cmd_pipeline_barrier(
+            self.after_earlier_submissions(cmd);
+            record(cmd);
+            if let Err(e) = d.end_command_buffer(cmd) {
+                free();
+                return Err(vk_error("vkEndCommandBuffer", e));
+            }
+            let result = self.submit_locked(*queue, cmd);
+            free();
+            result
+        }
+    }
+
+    /// Makes the writes of earlier submissions (each was waited on) visible to the commands
+    /// recorded after this into `cmd`: a fence orders execution but makes no device write
+    /// available by itself.
+    pub(crate) fn after_earlier_submissions(&self, cmd: vk::CommandBuffer) {
+        let barrier = vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+        // SAFETY: `cmd` is recording (the callers' contract).
+        unsafe {
+            self.inner.device.cmd_pipeline_barrier(
                 cmd,
                 vk::PipelineStageFlags::ALL_COMMANDS,
                 vk::PipelineStageFlags::ALL_COMMANDS,
@@ -421,26 +439,39 @@ impl VulkanDevice {
                 &[],
                 &[],
             );
-            record(cmd);
-            if let Err(e) = d.end_command_buffer(cmd) {
-                free();
-                return Err(vk_error("vkEndCommandBuffer", e));
-            }
-            let fence = match d.create_fence(&vk::FenceCreateInfo::default(), None) {
-                Ok(f) => f,
-                Err(e) => {
-                    free();
-                    return Err(vk_error("vkCreateFence", e));
-                }
-            };
+        }
+    }
+
+    /// Submits the recorded `cmd` on `queue` (whose lock the caller holds) and waits for it.
+    fn submit_locked(&self, queue: vk::Queue, cmd: vk::CommandBuffer) -> Result<()> {
+        let d = &self.inner.device;
+        // SAFETY: `cmd` is fully recorded and not pending (every submission is waited on
+        // before the queue lock is released); the fence is destroyed after the wait.
+        unsafe {
+            let fence = d
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .map_err(|e| vk_error("vkCreateFence", e))?;
             let cmds = [cmd];
             let submit = vk::SubmitInfo::default().command_buffers(&cmds);
             let result = d
-                .queue_submit(*queue, &[submit], fence)
+                .queue_submit(queue, &[submit], fence)
                 .and_then(|_| d.wait_for_fences(&[fence], true, u64::MAX));
             d.destroy_fence(fence, None);
-            free();
             result.map_err(|e| vk_error("vkQueueSubmit / vkWaitForFences", e))
         }
+    }
+
+    /// Submits a command buffer recorded by [`VulkanDevice::record`] and waits for it.
+    pub(crate) fn submit_recorded(&self, cmd: vk::CommandBuffer) -> Result<()> {
+        let queue = self
+            .inner
+            .queue
+            .lock()
+            .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))?;
+        self.submit_locked(*queue, cmd)
+    }
+
+    pub(crate) fn inner_arc(&self) -> &Arc<Inner> {
+        &self.inner
     }
 }

@@ -3,12 +3,15 @@
 //! storage buffer, read-only or not), naga writes SPIR-V (with the same restricting bounds
 //! checks as the wgpu runtime), and [`ComputePipeline`] holds the shader module, descriptor
 //! set layout, pipeline layout and pipeline. [`VulkanDevice::dispatch`] binds buffers to those
-//! bindings and runs one dispatch.
+//! bindings and runs one dispatch; [`VulkanDevice::record`] records several ([`Step`]s) once
+//! into a [`Recording`] that [`VulkanDevice::submit`] re-submits.
 
 use ash::vk;
 use naga::back::spv;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -216,15 +219,14 @@ impl VulkanDevice {
         }
     }
 
-    /// Runs `pipeline` once on `groups` workgroups with `buffers` bound as (binding, buffer):
-    /// every binding of the module exactly once, each buffer within the device's limit for
-    /// its kind. Waits for the dispatch to finish.
-    pub fn dispatch(
+    /// A descriptor set (in a pool of its own) binding `buffers` as (binding, buffer) to
+    /// `pipeline`'s bindings: every binding of the module exactly once, each buffer within
+    /// the device's limit for its kind.
+    fn descriptor_set(
         &self,
         pipeline: &ComputePipeline,
         buffers: &[(u32, &VulkanBuffer)],
-        groups: (u32, u32, u32),
-    ) -> Result<()> {
+    ) -> Result<(vk::DescriptorPool, vk::DescriptorSet)> {
         let mut infos = Vec::with_capacity(pipeline.bindings.len());
         for b in &pipeline.bindings {
             let mut found = buffers.iter().filter(|(n, _)| *n == b.binding);
@@ -283,8 +285,8 @@ impl VulkanDevice {
                 descriptor_count: storages,
             });
         }
-        // SAFETY: valid create infos; the pool (and the set allocated from it) is destroyed
-        // after the dispatch's submission was waited on.
+        // SAFETY: valid create infos; the caller destroys the pool once no submission that
+        // uses the set is pending.
         unsafe {
             let pool = d
                 .create_descriptor_pool(
@@ -317,20 +319,194 @@ impl VulkanDevice {
                 })
                 .collect();
             d.update_descriptor_sets(&writes, &[]);
-            let result = self.submit_and_wait(|cmd| {
-                d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            Ok((pool, set))
+        }
+    }
+
+    /// Records `steps` into `cmd`, each dispatch's writes visible to the next one's reads.
+    fn record_steps(&self, cmd: vk::CommandBuffer, steps: &[(&Step<'_>, vk::DescriptorSet)]) {
+        let d = self.raw();
+        for (k, (step, set)) in steps.iter().enumerate() {
+            // SAFETY: `cmd` is recording; the pipeline, its layout and the set are live for as
+            // long as any submission of `cmd` (the callers' contract).
+            unsafe {
+                if k > 0 {
+                    let barrier = vk::MemoryBarrier::default()
+                        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                        .dst_access_mask(
+                            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                        );
+                    d.cmd_pipeline_barrier(
+                        cmd,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::DependencyFlags::empty(),
+                        &[barrier],
+                        &[],
+                        &[],
+                    );
+                }
+                d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, step.pipeline.pipeline);
                 d.cmd_bind_descriptor_sets(
                     cmd,
                     vk::PipelineBindPoint::COMPUTE,
-                    pipeline.layout,
+                    step.pipeline.layout,
                     0,
-                    &[set],
+                    &[*set],
                     &[],
                 );
-                d.cmd_dispatch(cmd, groups.0, groups.1, groups.2);
-            });
-            d.destroy_descriptor_pool(pool, None);
-            result
+                let (x, y, z) = step.groups;
+                d.cmd_dispatch(cmd, x, y, z);
+            }
+        }
+    }
+
+    /// Runs `pipeline` once on `groups` workgroups with `buffers` bound as (binding, buffer)
+    /// (the checks of [`Step`]). Waits for the dispatch to finish.
+    pub fn dispatch(
+        &self,
+        pipeline: &ComputePipeline,
+        buffers: &[(u32, &VulkanBuffer)],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        let step = Step {
+            pipeline,
+            buffers: buffers.to_vec(),
+            groups,
+        };
+        let (pool, set) = self.descriptor_set(pipeline, buffers)?;
+        let result = self.submit_and_wait(|cmd| self.record_steps(cmd, &[(&step, set)]));
+        // SAFETY: the submission was waited on; nothing uses the set any more.
+        unsafe { self.raw().destroy_descriptor_pool(pool, None) };
+        result
+    }
+
+    /// Records `steps` once into a command buffer that [`VulkanDevice::submit`] runs any
+    /// number of times: Vulkan's counterpart of a captured graph. The recording binds the
+    /// buffers themselves (not their contents), so a later write into a bound buffer is what
+    /// the next submission reads. Every step is checked as [`VulkanDevice::dispatch`] checks.
+    pub fn record<'a>(&self, steps: &[Step<'a>]) -> Result<Recording<'a>> {
+        let mut pools = Vec::with_capacity(steps.len());
+        let mut sets = Vec::with_capacity(steps.len());
+        let free = |pools: &[vk::DescriptorPool]| {
+            // SAFETY: nothing was submitted with these pools' sets.
+            unsafe {
+                for &p in pools {
+                    self.raw().destroy_descriptor_pool(p, None);
+                }
+            }
+        };
+        for step in steps {
+            match self.descriptor_set(step.pipeline, &step.buffers) {
+                Ok((pool, set)) => {
+                    pools.push(pool);
+                    sets.push(set);
+                }
+                Err(e) => {
+                    free(&pools);
+                    return Err(e);
+                }
+            }
+        }
+        let d = self.raw();
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.inner().pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        let _queue = self
+            .inner()
+            .queue
+            .lock()
+            .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))?;
+        // SAFETY: the command pool is used under the queue lock only; the command buffer is
+        // freed by `Recording::drop`.
+        let cmd = unsafe {
+            let cmd = match d.allocate_command_buffers(&alloc) {
+                Ok(c) => c[0],
+                Err(e) => {
+                    free(&pools);
+                    return Err(vk_error("vkAllocateCommandBuffers", e));
+                }
+            };
+            let begin = vk::CommandBufferBeginInfo::default();
+            if let Err(e) = d.begin_command_buffer(cmd, &begin) {
+                d.free_command_buffers(self.inner().pool, &[cmd]);
+                free(&pools);
+                return Err(vk_error("vkBeginCommandBuffer", e));
+            }
+            self.after_earlier_submissions(cmd);
+            let pairs: Vec<_> = steps.iter().zip(sets.iter().copied()).collect();
+            self.record_steps(cmd, &pairs);
+            if let Err(e) = d.end_command_buffer(cmd) {
+                d.free_command_buffers(self.inner().pool, &[cmd]);
+                free(&pools);
+                return Err(vk_error("vkEndCommandBuffer", e));
+            }
+            cmd
+        };
+        Ok(Recording {
+            device: self.clone(),
+            cmd,
+            pools,
+            _borrows: std::marker::PhantomData,
+        })
+    }
+
+    /// Submits `recording` and waits for it to finish.
+    pub fn submit(&self, recording: &Recording<'_>) -> Result<()> {
+        if !Arc::ptr_eq(self.inner_arc(), recording.device.inner_arc()) {
+            return Err(Error::config(
+                "a recording was submitted to a device it was not recorded on",
+            ));
+        }
+        self.submit_recorded(recording.cmd)
+    }
+}
+
+/// One dispatch of a [`Recording`]: `pipeline` on `groups` workgroups with `buffers` bound as
+/// (binding, buffer).
+#[derive(Clone, Debug)]
+pub struct Step<'a> {
+    /// The module's pipeline.
+    pub pipeline: &'a ComputePipeline,
+    /// Every binding of the module, once.
+    pub buffers: Vec<(u32, &'a VulkanBuffer)>,
+    /// Workgroups along x, y, z.
+    pub groups: (u32, u32, u32),
+}
+
+/// Dispatches recorded once ([`VulkanDevice::record`]) and submitted many times
+/// ([`VulkanDevice::submit`]). It borrows the pipelines and buffers it binds, so none can be
+/// freed while it exists.
+pub struct Recording<'a> {
+    device: VulkanDevice,
+    cmd: vk::CommandBuffer,
+    pools: Vec<vk::DescriptorPool>,
+    _borrows: std::marker::PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for Recording<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recording")
+            .field("steps", &self.pools.len())
+            .finish()
+    }
+}
+
+impl Drop for Recording<'_> {
+    fn drop(&mut self) {
+        // SAFETY: every submission of the command buffer was waited on (`submit` waits), so
+        // neither it nor its descriptor sets are in use; the pool is freed under the queue
+        // lock like every other use of it.
+        unsafe {
+            if let Ok(_q) = self.device.inner().queue.lock() {
+                self.device
+                    .raw()
+                    .free_command_buffers(self.device.inner().pool, &[self.cmd]);
+            }
+            for &p in &self.pools {
+                self.device.raw().destroy_descriptor_pool(p, None);
+            }
         }
     }
 }
