@@ -14,6 +14,9 @@ use polyattn::kernels::wgsl::{MergeShader, ELEMENTWISE_WORKGROUP};
 use polyattn::rng::Rng;
 use polyattn::DType;
 
+/// Serialises the tests of this file: one of them sets `POLYATTN_DEVICE`, which `open` reads.
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn open() -> Option<VulkanDevice> {
     match VulkanDevice::open(VulkanOptions { validation: true }) {
         Ok(d) => Some(d),
@@ -37,6 +40,7 @@ fn words(v: &[f32]) -> Vec<u8> {
 
 #[test]
 fn buffers_round_trip_and_merge_runs_under_validation() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     let Some(dev) = open() else { return };
     println!(
         "Vulkan device: {} (CPU implementation: {})",
@@ -178,6 +182,7 @@ fn buffers_round_trip_and_merge_runs_under_validation() {
 #[test]
 fn a_recorded_step_resubmitted_equals_eager_dispatches() {
     use polyattn::device::vulkan::Step;
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     let Some(dev) = open() else { return };
     let mut rng = Rng::new(11);
     let (t, h, d) = (19usize, 2usize, 32usize);
@@ -267,4 +272,32 @@ fn a_recorded_step_resubmitted_equals_eager_dispatches() {
     drop(recording);
     let errors = dev.validation_errors();
     assert!(errors.is_empty(), "validation errors: {errors:#?}");
+}
+
+/// `POLYATTN_DEVICE` picks a device by its index in the ranking or by name; one that matches
+/// nothing is an error listing the devices.
+#[test]
+fn polyattn_device_names_the_device() {
+    use polyattn::device::vulkan::DEVICE_ENV;
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(first) = open() else { return };
+    let name = first.name().to_string();
+    drop(first);
+    let with = |v: &str| {
+        std::env::set_var(DEVICE_ENV, v);
+        let r = VulkanDevice::open(VulkanOptions::default());
+        std::env::remove_var(DEVICE_ENV);
+        r
+    };
+    assert_eq!(with("0").unwrap().name(), name);
+    let word = name
+        .split_whitespace()
+        .next()
+        .unwrap_or(&name)
+        .to_ascii_uppercase();
+    assert_eq!(with(&word).unwrap().name(), name);
+    let e = with("no-such-device-anywhere").unwrap_err().to_string();
+    assert!(e.contains("matches no device") && e.contains(&name), "{e}");
+    let e = with("4096").unwrap_err().to_string();
+    assert!(e.contains("out of range"), "{e}");
 }

@@ -9,7 +9,9 @@
 //!
 //! **Device choice.** Physical devices with a compute queue are ranked discrete, integrated,
 //! virtual, other, CPU (so a GPU comes before a software implementation such as lavapipe),
-//! then by enumeration order; the first is opened.
+//! then by enumeration order; the first is opened, unless `POLYATTN_DEVICE` (the variable the
+//! wgpu runtime reads too: an index into that ranking, or a case-insensitive substring of a
+//! device name) names another. A value that matches nothing is an error listing the devices.
 //!
 //! **Validation.** [`VulkanOptions::validation`] enables the Khronos validation layer
 //! (`VK_LAYER_KHRONOS_validation`, Debian's `vulkan-validationlayers`) with a
@@ -108,6 +110,9 @@ impl Drop for Inner {
 }
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// The variable naming the device (shared with the wgpu runtime).
+pub use crate::device::wgpu::DEVICE_ENV;
 
 /// The validation layer's messages: errors are recorded, the rest ignored.
 unsafe extern "system" fn on_message(
@@ -310,20 +315,15 @@ impl VulkanDevice {
         })
     }
 
-    /// The preferred physical device with a compute queue: (device, queue family, properties).
+    /// The physical device to open, with its compute queue family and properties: the
+    /// ranking's first (see the module docs), or the one `POLYATTN_DEVICE` names.
     fn choose(
         instance: &ash::Instance,
     ) -> Result<(vk::PhysicalDevice, u32, vk::PhysicalDeviceProperties)> {
         // SAFETY: plain queries of a live instance.
         let devices = unsafe { instance.enumerate_physical_devices() }
             .map_err(|e| vk_error("vkEnumeratePhysicalDevices", e))?;
-        let mut best: Option<(
-            u32,
-            usize,
-            vk::PhysicalDevice,
-            u32,
-            vk::PhysicalDeviceProperties,
-        )> = None;
+        let mut ranked = Vec::new();
         for (i, &pd) in devices.iter().enumerate() {
             // SAFETY: `pd` comes from this instance.
             let props = unsafe { instance.get_physical_device_properties(pd) };
@@ -335,19 +335,40 @@ impl VulkanDevice {
             else {
                 continue;
             };
-            let rank = type_rank(props.device_type);
-            if best.as_ref().is_none_or(|b| (rank, i) < (b.0, b.1)) {
-                best = Some((rank, i, pd, family as u32, props));
-            }
+            ranked.push((type_rank(props.device_type), i, pd, family as u32, props));
         }
-        best.map(|(_, _, pd, f, p)| (pd, f, p))
-            .ok_or_else(|| Error::Device {
+        if ranked.is_empty() {
+            return Err(Error::Device {
                 backend: "VULKAN".into(),
                 message: format!(
                     "none of the {} Vulkan devices has a compute queue",
                     devices.len()
                 ),
-            })
+            });
+        }
+        ranked.sort_by_key(|r| (r.0, r.1));
+        let index = match std::env::var(DEVICE_ENV)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            Some(v) => {
+                let names: Vec<String> = ranked
+                    .iter()
+                    .map(|r| {
+                        r.4.device_name_as_c_str()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                crate::device::choice::pick(&names, &v, DEVICE_ENV).map_err(|m| Error::Device {
+                    backend: "VULKAN".into(),
+                    message: m,
+                })?
+            }
+            None => 0,
+        };
+        let (_, _, pd, family, props) = ranked.swap_remove(index);
+        Ok((pd, family, props))
     }
 
     /// The device's name as the driver gives it.

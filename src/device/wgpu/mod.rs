@@ -142,18 +142,6 @@ fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
     (ty, api)
 }
 
-fn describe_adapters(adapters: &[wgpu::Adapter]) -> String {
-    adapters
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let info = a.get_info();
-            format!("{i}: {} ({:?})", info.name, info.backend)
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Picks an adapter from the ranked list according to the environment.
 fn choose_adapter(mut adapters: Vec<wgpu::Adapter>) -> Result<wgpu::Adapter> {
     if adapters.is_empty() {
@@ -162,40 +150,23 @@ fn choose_adapter(mut adapters: Vec<wgpu::Adapter>) -> Result<wgpu::Adapter> {
         ));
     }
     adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
-    let by_name = |wanted: &str, var: &str, adapters: &[wgpu::Adapter]| -> Result<usize> {
-        let w = wanted.to_ascii_lowercase();
-        adapters
-            .iter()
-            .position(|a| a.get_info().name.to_ascii_lowercase().contains(&w))
-            .ok_or_else(|| {
-                device_error(format!(
-                    "{var}={wanted} matches no adapter; adapters: {}",
-                    describe_adapters(adapters)
-                ))
-            })
+    let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+    let chosen = |v: String, var: &str| -> Result<usize> {
+        crate::device::choice::pick(&names, &v, var).map_err(device_error)
     };
     let index = match std::env::var(DEVICE_ENV)
         .ok()
         .filter(|s| !s.trim().is_empty())
     {
-        Some(v) => {
-            let v = v.trim();
-            match v.parse::<usize>() {
-                Ok(i) if i < adapters.len() => i,
-                Ok(i) => {
-                    return Err(device_error(format!(
-                        "{DEVICE_ENV}={i} is out of range; adapters: {}",
-                        describe_adapters(&adapters)
-                    )))
-                }
-                Err(_) => by_name(v, DEVICE_ENV, &adapters)?,
-            }
-        }
+        // An index into the ranking, or a name substring.
+        Some(v) => chosen(v, DEVICE_ENV)?,
+        // wgpu's own variable: a name substring only.
         None => match std::env::var(ADAPTER_NAME_ENV)
             .ok()
             .filter(|s| !s.trim().is_empty())
         {
-            Some(v) => by_name(v.trim(), ADAPTER_NAME_ENV, &adapters)?,
+            Some(v) => crate::device::choice::pick_name(&names, &v, ADAPTER_NAME_ENV)
+                .map_err(device_error)?,
             None => 0,
         },
     };
