@@ -301,3 +301,41 @@ fn polyattn_device_names_the_device() {
     let e = with("4096").unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");
 }
+
+/// The driver's compiled pipelines are saved in the kernel cache directory when the device
+/// closes and loaded when it opens again (the driver rejects data that is not its own).
+#[test]
+fn the_pipeline_cache_persists_on_disk() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("polyattn-vk-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("POLYATTN_CACHE_DIR", &dir);
+    let run = || -> Option<()> {
+        let dev = open()?;
+        let shader = MergeShader { dtype: DType::F16 };
+        let pipe = dev.pipeline(&shader.key(), &shader.source()).unwrap();
+        drop(pipe);
+        let errors = dev.validation_errors();
+        assert!(errors.is_empty(), "validation errors: {errors:#?}");
+        Some(())
+    };
+    let ran = run().is_some();
+    let files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.join("vulkan"))
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    if ran {
+        let saved = files();
+        assert_eq!(saved.len(), 1, "{saved:?}");
+        assert!(std::fs::metadata(&saved[0]).unwrap().len() > 0);
+        // A second process-life: the saved data is loaded, pipelines build, the file stays.
+        run().unwrap();
+        assert_eq!(files(), saved);
+        // Data that is not a pipeline cache is ignored by the driver, not an error.
+        std::fs::write(&saved[0], b"not a pipeline cache").unwrap();
+        run().unwrap();
+    }
+    std::env::remove_var("POLYATTN_CACHE_DIR");
+    let _ = std::fs::remove_dir_all(&dir);
+}

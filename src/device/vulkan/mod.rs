@@ -28,8 +28,14 @@
 //! submits it and waits on a fence: one submission at a time, in order.
 //! [`VulkanDevice::record`] records several dispatches once (barriers between them) into a
 //! [`Recording`] that [`VulkanDevice::submit`] re-submits — Vulkan's answer to a captured
-//! graph. Timestamp queries, a pipeline cache on disk and the extensions WGSL cannot express
-//! are the backend's next layers (see docs/ARCHITECTURE.md).
+//! graph. Timestamp queries and the extensions WGSL cannot express are the backend's next
+//! layers (see docs/ARCHITECTURE.md).
+//!
+//! **Pipeline cache.** The driver's compiled pipelines persist across runs in
+//! `<cache dir>/vulkan/<vendor>-<device>-<pipeline cache UUID>.pipelines` (the kernel cache
+//! directory of the other runtimes: `POLYATTN_CACHE_DIR`, else the XDG cache), loaded when the
+//! device opens and saved when it closes; a driver update changes the UUID, so a stale file
+//! is never used.
 
 pub mod buffer;
 pub mod pipeline;
@@ -79,6 +85,9 @@ pub(crate) struct Inner {
     pub(crate) allocator: Mutex<Option<Allocator>>,
     pub(crate) queue: Mutex<vk::Queue>,
     pub(crate) pool: vk::CommandPool,
+    /// The driver's compiled pipelines, loaded from and saved to `cache_file`.
+    pub(crate) pipeline_cache: vk::PipelineCache,
+    cache_file: Option<std::path::PathBuf>,
     pub(crate) device: ash::Device,
     pub(crate) limits: vk::PhysicalDeviceLimits,
     name: String,
@@ -99,6 +108,13 @@ impl Drop for Inner {
             if let Ok(mut a) = self.allocator.lock() {
                 a.take();
             }
+            if let Some(path) = &self.cache_file {
+                if let Ok(data) = self.device.get_pipeline_cache_data(self.pipeline_cache) {
+                    save_cache(path, &data);
+                }
+            }
+            self.device
+                .destroy_pipeline_cache(self.pipeline_cache, None);
             self.device.destroy_command_pool(self.pool, None);
             self.device.destroy_device(None);
             if let Some((utils, m)) = self.messenger.take() {
@@ -137,6 +153,19 @@ unsafe extern "system" fn on_message(
         }
     }
     vk::FALSE
+}
+
+/// Writes `data` to `path` through a temporary file and a rename, so that a reader never
+/// sees half a cache; failures only cost the next run its compiled pipelines.
+fn save_cache(path: &std::path::Path, data: &[u8]) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, data).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 fn vk_error(what: &str, e: vk::Result) -> Error {
@@ -274,6 +303,43 @@ impl VulkanDevice {
                 return Err(vk_error("vkCreateCommandPool", e));
             }
         };
+        let cache_file = crate::device::disk_cache::cache_dir().map(|d| {
+            let uuid: String = props
+                .pipeline_cache_uuid
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            d.join("vulkan").join(format!(
+                "{:04x}-{:04x}-{uuid}.pipelines",
+                props.vendor_id, props.device_id
+            ))
+        });
+        let initial = cache_file
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .unwrap_or_default();
+        // The driver checks the data's header (vendor, device, cache UUID) and starts empty
+        // when it is not its own.
+        let cache_info = vk::PipelineCacheCreateInfo::default().initial_data(&initial);
+        // SAFETY: a valid device and create info; the cache is destroyed in `Inner::drop`.
+        let pipeline_cache = match unsafe { device.create_pipeline_cache(&cache_info, None) }
+            .or_else(|_| {
+                // SAFETY: as above, without initial data.
+                unsafe {
+                    device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
+                }
+            }) {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: only the pool was created from the device.
+                unsafe {
+                    device.destroy_command_pool(pool, None);
+                    device.destroy_device(None);
+                }
+                destroy(&instance, &messenger);
+                return Err(vk_error("vkCreatePipelineCache", e));
+            }
+        };
         let allocator = Allocator::new(&AllocatorCreateDesc {
             instance: instance.clone(),
             device: device.clone(),
@@ -285,8 +351,9 @@ impl VulkanDevice {
         let allocator = match allocator {
             Ok(a) => a,
             Err(e) => {
-                // SAFETY: only the pool was created from the device.
+                // SAFETY: only the pool and the cache were created from the device.
                 unsafe {
+                    device.destroy_pipeline_cache(pipeline_cache, None);
                     device.destroy_command_pool(pool, None);
                     device.destroy_device(None);
                 }
@@ -303,6 +370,8 @@ impl VulkanDevice {
                 allocator: Mutex::new(Some(allocator)),
                 queue: Mutex::new(queue),
                 pool,
+                pipeline_cache,
+                cache_file,
                 device,
                 limits: props.limits,
                 name,

@@ -198,7 +198,7 @@ impl VulkanDevice {
                 .stage(stage)
                 .layout(layout);
             let pipeline =
-                match d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) {
+                match d.create_compute_pipelines(self.inner().pipeline_cache, &[info], None) {
                     Ok(p) => p[0],
                     Err((_, e)) => {
                         d.destroy_pipeline_layout(layout, None);
