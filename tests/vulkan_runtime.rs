@@ -269,6 +269,19 @@ fn a_recorded_step_resubmitted_equals_eager_dispatches() {
             "round {round}: nothing was written"
         );
     }
+    // Timed: the same submission, with the device time between its two timestamps.
+    let timed = dev.submit_timed(&recording).unwrap();
+    println!("recorded step: {timed:?} of device time");
+    match timed {
+        Some(t) => {
+            assert!(dev.has_timestamps());
+            assert!(
+                t < std::time::Duration::from_secs(60),
+                "{t:?} is no plausible time"
+            );
+        }
+        None => assert!(!dev.has_timestamps()),
+    }
     drop(recording);
     let errors = dev.validation_errors();
     assert!(errors.is_empty(), "validation errors: {errors:#?}");

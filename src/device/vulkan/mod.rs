@@ -28,8 +28,10 @@
 //! submits it and waits on a fence: one submission at a time, in order.
 //! [`VulkanDevice::record`] records several dispatches once (barriers between them) into a
 //! [`Recording`] that [`VulkanDevice::submit`] re-submits — Vulkan's answer to a captured
-//! graph. Timestamp queries and the extensions WGSL cannot express are the backend's next
-//! layers (see docs/ARCHITECTURE.md).
+//! graph; where the compute queue has timestamps, a recording brackets its dispatches with two
+//! and [`VulkanDevice::submit_timed`] returns the device time between them (the benchmark's
+//! timer). The extensions WGSL cannot express are the backend's next layer (see
+//! docs/ARCHITECTURE.md).
 //!
 //! **Pipeline cache.** The driver's compiled pipelines persist across runs in
 //! `<cache dir>/vulkan/<vendor>-<device>-<pipeline cache UUID>.pipelines` (the kernel cache
@@ -90,6 +92,8 @@ pub(crate) struct Inner {
     cache_file: Option<std::path::PathBuf>,
     pub(crate) device: ash::Device,
     pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// Valid bits of the compute queue's timestamps (0: no timestamps there).
+    pub(crate) timestamp_bits: u32,
     name: String,
     kind: vk::PhysicalDeviceType,
     messenger: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
@@ -274,7 +278,7 @@ impl VulkanDevice {
                 return Err(e);
             }
         };
-        let (physical, family, props) = chosen;
+        let (physical, family, timestamp_bits, props) = chosen;
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
@@ -374,6 +378,7 @@ impl VulkanDevice {
                 cache_file,
                 device,
                 limits: props.limits,
+                timestamp_bits,
                 name,
                 kind: props.device_type,
                 messenger,
@@ -388,7 +393,7 @@ impl VulkanDevice {
     /// ranking's first (see the module docs), or the one `POLYATTN_DEVICE` names.
     fn choose(
         instance: &ash::Instance,
-    ) -> Result<(vk::PhysicalDevice, u32, vk::PhysicalDeviceProperties)> {
+    ) -> Result<(vk::PhysicalDevice, u32, u32, vk::PhysicalDeviceProperties)> {
         // SAFETY: plain queries of a live instance.
         let devices = unsafe { instance.enumerate_physical_devices() }
             .map_err(|e| vk_error("vkEnumeratePhysicalDevices", e))?;
@@ -404,7 +409,14 @@ impl VulkanDevice {
             else {
                 continue;
             };
-            ranked.push((type_rank(props.device_type), i, pd, family as u32, props));
+            let bits = families[family].timestamp_valid_bits;
+            ranked.push((
+                type_rank(props.device_type),
+                i,
+                pd,
+                (family as u32, bits),
+                props,
+            ));
         }
         if ranked.is_empty() {
             return Err(Error::Device {
@@ -436,8 +448,8 @@ impl VulkanDevice {
             }
             None => 0,
         };
-        let (_, _, pd, family, props) = ranked.swap_remove(index);
-        Ok((pd, family, props))
+        let (_, _, pd, (family, bits), props) = ranked.swap_remove(index);
+        Ok((pd, family, bits, props))
     }
 
     /// The device's name as the driver gives it.
@@ -448,6 +460,11 @@ impl VulkanDevice {
     /// Whether the device is a CPU implementation (lavapipe, SwiftShader).
     pub fn is_cpu(&self) -> bool {
         self.inner.kind == vk::PhysicalDeviceType::CPU
+    }
+
+    /// Whether the compute queue writes timestamps ([`VulkanDevice::submit_timed`] times).
+    pub fn has_timestamps(&self) -> bool {
+        self.inner.timestamp_bits > 0
     }
 
     /// The errors the validation layer reported so far (empty without validation).

@@ -12,6 +12,7 @@ use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -409,6 +410,29 @@ impl VulkanDevice {
             }
         }
         let d = self.raw();
+        // Two timestamps around the dispatches, where the compute queue has them.
+        let queries = if self.inner().timestamp_bits > 0 {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(2);
+            // SAFETY: a valid create info; the pool is destroyed by `Recording::drop`.
+            match unsafe { d.create_query_pool(&info, None) } {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    free(&pools);
+                    return Err(vk_error("vkCreateQueryPool", e));
+                }
+            }
+        } else {
+            None
+        };
+        let free = |pools: &[vk::DescriptorPool]| {
+            free(pools);
+            if let Some(q) = queries {
+                // SAFETY: nothing was submitted with the query pool.
+                unsafe { d.destroy_query_pool(q, None) };
+            }
+        };
         let alloc = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.inner().pool)
             .level(vk::CommandBufferLevel::PRIMARY)
@@ -435,8 +459,15 @@ impl VulkanDevice {
                 return Err(vk_error("vkBeginCommandBuffer", e));
             }
             self.after_earlier_submissions(cmd);
+            if let Some(q) = queries {
+                d.cmd_reset_query_pool(cmd, q, 0, 2);
+                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
+            }
             let pairs: Vec<_> = steps.iter().zip(sets.iter().copied()).collect();
             self.record_steps(cmd, &pairs);
+            if let Some(q) = queries {
+                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);
+            }
             if let Err(e) = d.end_command_buffer(cmd) {
                 d.free_command_buffers(self.inner().pool, &[cmd]);
                 free(&pools);
@@ -448,8 +479,38 @@ impl VulkanDevice {
             device: self.clone(),
             cmd,
             pools,
+            queries,
             _borrows: std::marker::PhantomData,
         })
+    }
+
+    /// Submits `recording`, waits for it, and returns the device time its dispatches took
+    /// (between its two timestamps); `None` when the compute queue has no timestamps.
+    pub fn submit_timed(&self, recording: &Recording<'_>) -> Result<Option<Duration>> {
+        self.submit(recording)?;
+        let Some(q) = recording.queries else {
+            return Ok(None);
+        };
+        let mut ticks = [0u64; 2];
+        // SAFETY: both queries were written by the submission just waited on.
+        unsafe {
+            self.raw().get_query_pool_results(
+                q,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+        }
+        .map_err(|e| vk_error("vkGetQueryPoolResults", e))?;
+        let bits = self.inner().timestamp_bits;
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let delta = ticks[1].wrapping_sub(ticks[0]) & mask;
+        let ns = delta as f64 * f64::from(self.inner().limits.timestamp_period);
+        Ok(Some(Duration::from_secs_f64(ns * 1e-9)))
     }
 
     /// Submits `recording` and waits for it to finish.
@@ -482,6 +543,8 @@ pub struct Recording<'a> {
     device: VulkanDevice,
     cmd: vk::CommandBuffer,
     pools: Vec<vk::DescriptorPool>,
+    /// Two timestamps around the dispatches, where the queue has them.
+    queries: Option<vk::QueryPool>,
     _borrows: std::marker::PhantomData<&'a ()>,
 }
 
@@ -506,6 +569,9 @@ impl Drop for Recording<'_> {
             }
             for &p in &self.pools {
                 self.device.raw().destroy_descriptor_pool(p, None);
+            }
+            if let Some(q) = self.queries {
+                self.device.raw().destroy_query_pool(q, None);
             }
         }
     }
