@@ -5,7 +5,7 @@
 //!
 //! **Loading.** The Vulkan loader (`libvulkan.so.1`, `vulkan-1.dll`) is opened at run time
 //! (ash's `loaded` feature): building needs no Vulkan SDK, and a machine without a loader or
-//! a device gets "unavailable: <reason>" from [`VulkanDevice::open`], never a panic.
+//! a device gets "unavailable: `<reason>`" from [`VulkanDevice::open`], never a panic.
 //!
 //! **Device choice.** Physical devices with a compute queue are ranked discrete, integrated,
 //! virtual, other, CPU (so a GPU comes before a software implementation such as lavapipe),
