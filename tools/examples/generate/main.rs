@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release --example generate -- [--model tiny|smollm2|PATH] [--max-tokens N]
-//!     [--temperature T] [--top-p P] [--seed S] [--chat] "prompt" ["prompt" …]
+//!     [--temperature T] [--top-p P] [--seed S] [--chat] [--backends all|NAME,…]
+//!     "prompt" ["prompt" …]
 //! ```
 //!
 //! The generated text streams to stdout (several prompts run batched together; their texts
@@ -22,6 +23,7 @@
 #![allow(dead_code)]
 
 mod bpe;
+mod compare;
 mod gguf;
 mod glass;
 mod model;
@@ -79,6 +81,11 @@ struct Args {
     /// benches/RESULTS.md: `polyattn bench --from … --generation FILE --results-md …`).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Run the prompts on several backends, one after the other, and print a table (tokens/s,
+    /// and whether each backend's tokens equal the first one's): `all`, or names separated
+    /// by commas (`CUDA,WGPU,CPU`).
+    #[arg(long)]
+    backends: Option<String>,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -179,6 +186,9 @@ fn run(args: Args) -> Result<(), String> {
     };
     let mut config = loaded.config.clone();
     config.max_model_len = config.max_model_len.min(4096);
+    if let Some(spec) = &args.backends {
+        return run_comparison(&args, spec, loaded, config, &prompts);
+    }
     let model = Llama::load(config.clone(), loaded.weights, None).map_err(|e| e.to_string())?;
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
@@ -314,6 +324,66 @@ fn run(args: Args) -> Result<(), String> {
             String::new()
         }
     );
+    Ok(())
+}
+
+/// `--backends`: the prompts on each backend, then the table and the first backend's text.
+fn run_comparison(
+    args: &Args,
+    spec: &str,
+    mut loaded: Loaded,
+    config: LlamaConfig,
+    prompts: &[String],
+) -> Result<(), String> {
+    let backends = compare::backends(spec)?;
+    if backends.is_empty() {
+        return Err(format!("--backends {spec} names no backend"));
+    }
+    let max_len = args.max_model_len.unwrap_or(config.max_model_len);
+    loaded.config = config;
+    let runner = RunnerConfig {
+        max_model_len: Some(max_len),
+        kv_cache_tokens: (max_len * prompts.len().min(16)).max(256),
+        ..Default::default()
+    };
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        max_tokens: args.max_tokens,
+        stop_token_ids: Vec::new(), // every backend generates the same count: comparable
+        seed: args.seed,
+    };
+    let ids = prompts
+        .iter()
+        .map(|p| {
+            let text = if args.chat {
+                chat_wrap(&loaded.tokenizer, p)
+            } else {
+                p.clone()
+            };
+            loaded.tokenizer.encode(&text)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    eprintln!(
+        "[polyattn] model {}; {} prompt(s), {} tokens each, on {} backend(s)",
+        loaded.name,
+        prompts.len(),
+        args.max_tokens,
+        backends.len()
+    );
+    let rows = compare::compare(&loaded, &backends, &ids, &params, &runner, !args.no_warmup);
+    if let Some((name, run)) = rows
+        .iter()
+        .find_map(|r| r.outcome.as_ref().ok().map(|run| (&r.backend, run)))
+    {
+        for (p, tokens) in prompts.iter().zip(&run.tokens) {
+            println!("[{name}] {p}{}", loaded.tokenizer.decode(tokens)?);
+        }
+    }
+    println!("\n{}", compare::table(&rows));
+    if rows.iter().all(|r| r.outcome.is_err()) {
+        return Err("no backend ran".into());
+    }
     Ok(())
 }
 
