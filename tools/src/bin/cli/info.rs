@@ -41,6 +41,14 @@ pub fn run(args: &InfoArgs) -> Result<bool> {
     if !missing.is_empty() {
         println!("  not in this build yet: {}", missing.join(", "));
     }
+    // The native Vulkan runtime exists without its backend: say what it would open.
+    if missing.iter().any(|m| m.starts_with("VULKAN")) {
+        let status = match polyattn::device::vulkan::VulkanDevice::open(Default::default()) {
+            Ok(d) => format!("opens {}", d.name()),
+            Err(e) => e.to_string(),
+        };
+        println!("  native Vulkan runtime (no backend yet): {status}");
+    }
     println!();
     println!("Configuration: {config}");
     for c in reg.explain(&config) {
