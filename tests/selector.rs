@@ -317,6 +317,22 @@ fn empty_registry_has_no_valid_backend() {
     ));
 }
 
+/// Forcing the unavailable backend `name` is `ForcedBackendInvalid` with its unavailability
+/// `reason` among the reasons.
+fn forcing_says_unavailable(r: &Registry, config: &SelectorConfig, name: &str, reason: &str) {
+    match r.select(config, Some(name)) {
+        Err(Error::ForcedBackendInvalid { reasons, .. }) => {
+            assert!(reasons
+                .iter()
+                .any(|x| x.code == "backend unavailable" && x.detail == reason));
+        }
+        other => panic!(
+            "expected ForcedBackendInvalid, got {:?}",
+            other.map(|b| b.name().to_string())
+        ),
+    }
+}
+
 #[test]
 fn default_ranking_puts_hip_right_after_cuda() {
     let r = Registry::with_builtins();
@@ -353,17 +369,7 @@ fn default_ranking_puts_hip_right_after_cuda() {
             );
             assert!(!hip.is_usable());
             assert!(r.select(&llama(), None).unwrap().name() != "HIP");
-            match r.select(&llama(), Some("hip")) {
-                Err(Error::ForcedBackendInvalid { reasons, .. }) => {
-                    assert!(reasons
-                        .iter()
-                        .any(|x| x.code == "backend unavailable" && x.detail == *reason));
-                }
-                other => panic!(
-                    "expected ForcedBackendInvalid, got {:?}",
-                    other.map(|b| b.name().to_string())
-                ),
-            }
+            forcing_says_unavailable(&r, &llama(), "hip", reason);
         }
         Availability::Available(dev) => eprintln!("an AMD GPU is here: {dev}"),
     }
@@ -397,16 +403,6 @@ fn mla_ranking_follows_the_standard_one() {
     assert_eq!(hip_mla.availability, hip.availability);
     if let Availability::Unavailable(reason) = &hip_mla.availability {
         assert!(!hip_mla.is_usable());
-        match r.select(&deepseek, Some("hip_mla")) {
-            Err(Error::ForcedBackendInvalid { reasons, .. }) => {
-                assert!(reasons
-                    .iter()
-                    .any(|x| x.code == "backend unavailable" && x.detail == *reason));
-            }
-            other => panic!(
-                "expected ForcedBackendInvalid, got {:?}",
-                other.map(|b| b.name().to_string())
-            ),
-        }
+        forcing_says_unavailable(&r, &deepseek, "hip_mla", reason);
     }
 }

@@ -3,6 +3,10 @@
 //! case-insensitive substring of a device name; anything else is an error that lists the
 //! devices, never a panic.
 
+/// The variable naming the device a runtime opens: an index into its ranked list, or a
+/// case-insensitive substring of a device name.
+pub const DEVICE_ENV: &str = "POLYATTN_DEVICE";
+
 /// The index `wanted` (the value of variable `var`) picks in `names` (ranked, best first),
 /// or a message saying why it picks none.
 pub(crate) fn pick(names: &[String], wanted: &str, var: &str) -> Result<usize, String> {

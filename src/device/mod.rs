@@ -8,7 +8,7 @@
 //! only use `Device` and `Tensor` methods, so a new variant changes no caller. Backends reach
 //! their own storage through [`Tensor::storage`] / [`Tensor::storage_mut`].
 
-mod choice;
+pub mod choice;
 mod cpu;
 pub mod cuda;
 mod disk_cache;

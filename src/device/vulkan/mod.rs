@@ -132,7 +132,7 @@ impl Drop for Inner {
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
 /// The variable naming the device (shared with the wgpu runtime).
-pub use crate::device::wgpu::DEVICE_ENV;
+pub use crate::device::choice::DEVICE_ENV;
 
 /// The validation layer's messages: errors are recorded, the rest ignored.
 unsafe extern "system" fn on_message(

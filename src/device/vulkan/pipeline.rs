@@ -8,7 +8,6 @@
 
 use ash::vk;
 use naga::back::spv;
-use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 use std::sync::Arc;
@@ -86,16 +85,7 @@ pub fn translate(key: &str, source: &str) -> Result<(Vec<u32>, Vec<ModuleBinding
         });
     }
     bindings.sort_by_key(|b| b.binding);
-    let options = spv::Options {
-        lang_version: (1, 3),
-        bounds_check_policies: BoundsCheckPolicies {
-            index: BoundsCheckPolicy::Restrict,
-            buffer: BoundsCheckPolicy::Restrict,
-            image_load: BoundsCheckPolicy::Restrict,
-            binding_array: BoundsCheckPolicy::Restrict,
-        },
-        ..Default::default()
-    };
+    let options = crate::kernels::wgsl::spirv_options();
     let words = spv::write_vec(&module, &info, &options, None)
         .map_err(|e| compile_error(key, format!("SPIR-V: {e}")))?;
     Ok((words, bindings))

@@ -17,7 +17,6 @@
 //! leave its buffer or workgroup array, as wgpu's own translation guarantees).
 
 use naga::back::spv;
-use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 /// SPIR-V opcodes the patch reads or rewrites.
@@ -43,16 +42,7 @@ pub fn compile(source: &str) -> Result<Vec<u32>, String> {
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| e.emit_to_string(source))?;
-    let options = spv::Options {
-        lang_version: (1, 3),
-        bounds_check_policies: BoundsCheckPolicies {
-            index: BoundsCheckPolicy::Restrict,
-            buffer: BoundsCheckPolicy::Restrict,
-            image_load: BoundsCheckPolicy::Restrict,
-            binding_array: BoundsCheckPolicy::Restrict,
-        },
-        ..Default::default()
-    };
+    let options = crate::kernels::wgsl::spirv_options();
     let mut words =
         spv::write_vec(&module, &info, &options, None).map_err(|e| format!("SPIR-V: {e}"))?;
     non_private_workgroup_accesses(&mut words)?;

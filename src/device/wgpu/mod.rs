@@ -64,7 +64,7 @@ pub use pipeline::{pipeline, pipeline_with, LoopBounding, PipelineTuning};
 
 /// Environment variable choosing the adapter: an index into the ranked adapter list, or a
 /// case-insensitive substring of the adapter name.
-pub const DEVICE_ENV: &str = "POLYATTN_DEVICE";
+pub use crate::device::choice::DEVICE_ENV;
 
 /// wgpu's variable naming an adapter by substring (honoured when `POLYATTN_DEVICE` is unset).
 pub const ADAPTER_NAME_ENV: &str = "WGPU_ADAPTER_NAME";
