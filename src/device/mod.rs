@@ -13,6 +13,7 @@ mod cpu;
 pub mod cuda;
 mod disk_cache;
 pub mod hip;
+mod spirv;
 mod tensor;
 pub mod vulkan;
 pub mod wgpu;

@@ -85,7 +85,7 @@ pub fn translate(key: &str, source: &str) -> Result<(Vec<u32>, Vec<ModuleBinding
         });
     }
     bindings.sort_by_key(|b| b.binding);
-    let options = crate::kernels::wgsl::spirv_options();
+    let options = crate::device::spirv::spirv_options();
     let words = spv::write_vec(&module, &info, &options, None)
         .map_err(|e| compile_error(key, format!("SPIR-V: {e}")))?;
     Ok((words, bindings))

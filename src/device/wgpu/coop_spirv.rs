@@ -42,7 +42,7 @@ pub fn compile(source: &str) -> Result<Vec<u32>, String> {
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| e.emit_to_string(source))?;
-    let options = crate::kernels::wgsl::spirv_options();
+    let options = crate::device::spirv::spirv_options();
     let mut words =
         spv::write_vec(&module, &info, &options, None).map_err(|e| format!("SPIR-V: {e}"))?;
     non_private_workgroup_accesses(&mut words)?;

@@ -38,8 +38,7 @@
 //! - [`model_ops`]: the model operations' kernels (`crate::compute`);
 //! - [`bindings`]: the binding set of each kernel;
 //! - [`catalog`](mod@catalog): representative sets of every specialisation, for the translation tests;
-//! - [`tuning`]: the family's knobs ([`WgpuTuning`], [`PrefillForm`]);
-//! - [`spirv`]: the SPIR-V options of the modules polyattn translates itself.
+//! - [`tuning`]: the family's knobs ([`WgpuTuning`], [`PrefillForm`]).
 //!
 //! Everything public is re-exported here, so `kernels::wgsl::AttentionShader` and
 //! `kernels::wgsl::attention::AttentionShader` name the same item.
@@ -52,7 +51,6 @@ pub mod mla;
 pub mod model_ops;
 mod preprocess;
 mod sources;
-pub mod spirv;
 pub mod tiles;
 pub mod tuning;
 
@@ -63,6 +61,5 @@ pub use elementwise::*;
 pub use mla::*;
 pub use model_ops::*;
 pub use preprocess::unroll;
-pub use spirv::*;
 pub use tiles::*;
 pub use tuning::*;

@@ -1,5 +1,5 @@
-//! How the family's modules become SPIR-V when polyattn translates them itself (the wgpu
-//! runtime's cooperative-matrix modules, every module of the native Vulkan runtime): naga's
+//! How the WGSL family's modules become SPIR-V when a runtime translates them itself (the
+//! wgpu runtime's cooperative-matrix modules, every module of the native Vulkan runtime): naga's
 //! writer with every index clamped into its array (`BoundsCheckPolicy::Restrict`: no access
 //! can leave its buffer or workgroup array, the guarantee wgpu's own translation gives), so
 //! that both runtimes run the same bounds rules.
@@ -8,7 +8,7 @@ use naga::back::spv;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 
 /// naga's SPIR-V options for the family's modules: SPIR-V 1.3, restricting bounds checks.
-pub fn spirv_options() -> spv::Options<'static> {
+pub(crate) fn spirv_options() -> spv::Options<'static> {
     spv::Options {
         lang_version: (1, 3),
         bounds_check_policies: BoundsCheckPolicies {
