@@ -374,13 +374,18 @@ pub trait AttentionBackend: Send + Sync {
     }
 
     /// The latent cache's shape `[num_blocks, block_size, head_size]` on an MLA backend, or
-    /// why it cannot hold it; the default is the typed error "MLA not supported".
+    /// why it cannot hold it. The default: [`AttentionBackend::checked_mla_cache_shape`]
+    /// (the capabilities' block and head sizes) on a backend whose capabilities say
+    /// `is_mla`, else the typed error "MLA not supported".
     fn mla_kv_cache_shape(
         &self,
-        _num_blocks: usize,
-        _block_size: usize,
-        _head_size: usize,
+        num_blocks: usize,
+        block_size: usize,
+        head_size: usize,
     ) -> Result<[usize; 3]> {
+        if self.capabilities().is_mla {
+            return self.checked_mla_cache_shape(num_blocks, block_size, head_size);
+        }
         Err(Error::Unsupported {
             backend: self.name().into(),
             reasons: vec![Reason::new("MLA not supported", "")],

@@ -86,14 +86,4 @@ impl AttentionBackend for CpuMlaBackend {
         self.mla_kv_cache_shape(1, block_size, 576)?;
         Ok(Box::new(cpu_mla_builder(block_size)))
     }
-
-    /// Block sizes that are multiples of 16, head sizes 320 and 576.
-    fn mla_kv_cache_shape(
-        &self,
-        num_blocks: usize,
-        block_size: usize,
-        head_size: usize,
-    ) -> Result<[usize; 3]> {
-        self.checked_mla_cache_shape(num_blocks, block_size, head_size)
-    }
 }

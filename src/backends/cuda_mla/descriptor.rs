@@ -101,14 +101,4 @@ impl AttentionBackend for CudaMlaBackend {
         self.mla_kv_cache_shape(1, block_size, 576)?;
         Ok(Box::new(cuda_mla_builder(block_size, self.cuda_device()?)))
     }
-
-    /// Block sizes 32 and 64, head size 576.
-    fn mla_kv_cache_shape(
-        &self,
-        num_blocks: usize,
-        block_size: usize,
-        head_size: usize,
-    ) -> Result<[usize; 3]> {
-        self.checked_mla_cache_shape(num_blocks, block_size, head_size)
-    }
 }

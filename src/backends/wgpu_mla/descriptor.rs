@@ -23,7 +23,8 @@ use super::WgpuMlaAttentionImpl;
 ///
 /// What it declares holds on every adapter (16-bit and fp8 elements are unpacked with
 /// integer arithmetic); what depends on the adapter is checked once it is open: a decode
-/// step must fit its workgroup memory, and the latent cache one storage binding.
+/// step must fit its workgroup memory, and the latent cache one storage binding (its size
+/// depends on the dtype: a typed error naming the binding limit when the kernels bind it).
 #[derive(Debug)]
 pub struct WgpuMlaBackend {
     caps: BackendCapabilities,
@@ -129,17 +130,5 @@ impl AttentionBackend for WgpuMlaBackend {
     fn make_mla_builder(&self, block_size: usize) -> Result<Box<dyn AttentionMetadataBuilder>> {
         self.checked_mla_cache_shape(1, block_size, 576)?;
         Ok(Box::new(wgpu_mla_builder(block_size, WgpuDevice::open()?)))
-    }
-
-    /// Block sizes that are multiples of 16, head sizes 320 and 576. Whether a cache of
-    /// that shape fits one storage binding depends on its dtype: the kernels check it when
-    /// they bind it (a typed error naming the binding limit).
-    fn mla_kv_cache_shape(
-        &self,
-        num_blocks: usize,
-        block_size: usize,
-        head_size: usize,
-    ) -> Result<[usize; 3]> {
-        self.checked_mla_cache_shape(num_blocks, block_size, head_size)
     }
 }
