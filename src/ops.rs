@@ -110,16 +110,36 @@ pub fn merge_attn_states(
             )?;
             hip::launch_merge(&dev, b, &shape)
         }
-        Storage::Wgpu(_) => crate::backends::wgpu::kernels::merge_attn_states(
-            output,
-            prefix_output,
-            prefix_lse,
-            suffix_output,
-            suffix_lse,
-            output_lse,
-            prefill_tokens_with_context,
-        ),
+        Storage::Wgpu(_) | Storage::Vulkan(_) => {
+            let inputs = (prefix_output, prefix_lse, suffix_output, suffix_lse);
+            let tokens = prefill_tokens_with_context;
+            match output.device().clone() {
+                Device::Wgpu(d) => merge_wgsl(&d, output, inputs, output_lse, tokens),
+                Device::Vulkan(d) => merge_wgsl(&d, output, inputs, output_lse, tokens),
+                _ => Err(not_on_one_device("WGSL")),
+            }
+        }
     }
+}
+
+/// `merge_attn_states` through the WGSL family on either of its runtimes.
+fn merge_wgsl<R: crate::device::wgsl::WgslRuntime>(
+    dev: &R,
+    output: &mut Tensor,
+    (po, pl, so, sl): (&Tensor, &Tensor, &Tensor, &Tensor),
+    output_lse: Option<&mut Tensor>,
+    prefill_tokens_with_context: Option<usize>,
+) -> Result<()> {
+    crate::backends::wgsl_family::merge_attn_states(
+        dev,
+        output,
+        po,
+        pl,
+        so,
+        sl,
+        output_lse,
+        prefill_tokens_with_context,
+    )
 }
 
 /// The error for an output whose storage and device disagree (not produced by this crate's

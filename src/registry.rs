@@ -15,6 +15,7 @@ use crate::backends::cuda::CudaBackend;
 use crate::backends::cuda_mla::CudaMlaBackend;
 use crate::backends::hip::HipBackend;
 use crate::backends::hip_mla::HipMlaBackend;
+use crate::backends::vulkan::VulkanBackend;
 use crate::backends::wgpu::WgpuBackend;
 use crate::backends::wgpu_mla::WgpuMlaBackend;
 
@@ -33,6 +34,8 @@ pub enum BuiltinBackend {
     Hip,
     /// MLA (latent cache) on AMD GPUs ([`crate::backends::hip_mla`]).
     HipMla,
+    /// The WGSL family as SPIR-V on the native Vulkan runtime ([`crate::backends::vulkan`]).
+    Vulkan,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
     Wgpu,
     /// MLA (latent cache) in WGSL through wgpu ([`crate::backends::wgpu_mla`]).
@@ -41,13 +44,14 @@ pub enum BuiltinBackend {
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 8] = [
+    pub const ALL: [BuiltinBackend; 9] = [
         BuiltinBackend::Cpu,
         BuiltinBackend::CpuMla,
         BuiltinBackend::Cuda,
         BuiltinBackend::CudaMla,
         BuiltinBackend::Hip,
         BuiltinBackend::HipMla,
+        BuiltinBackend::Vulkan,
         BuiltinBackend::Wgpu,
         BuiltinBackend::WgpuMla,
     ];
@@ -61,6 +65,7 @@ impl BuiltinBackend {
             BuiltinBackend::CudaMla => "CUDA_MLA",
             BuiltinBackend::Hip => "HIP",
             BuiltinBackend::HipMla => "HIP_MLA",
+            BuiltinBackend::Vulkan => "VULKAN",
             BuiltinBackend::Wgpu => "WGPU",
             BuiltinBackend::WgpuMla => "WGPU_MLA",
         }
@@ -75,6 +80,7 @@ impl BuiltinBackend {
             BuiltinBackend::CudaMla => Arc::new(CudaMlaBackend::new()),
             BuiltinBackend::Hip => Arc::new(HipBackend::new()),
             BuiltinBackend::HipMla => Arc::new(HipMlaBackend::new()),
+            BuiltinBackend::Vulkan => Arc::new(VulkanBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
             BuiltinBackend::WgpuMla => Arc::new(WgpuMlaBackend::new()),
         }

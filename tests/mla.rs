@@ -373,7 +373,7 @@ fn wgpu_prefill_in_small_chunks_equals_the_reference() {
         };
         let tuning = WgpuTuning {
             mla_prefill_chunk: Some(16),
-            ..WgpuTuning::for_device(&dev)
+            ..WgpuTuning::for_device(dev.wgsl_info())
         };
         Ok(Box::new(WgpuMlaAttentionImpl::with_tuning(
             p, &w, dev, tuning,

@@ -352,3 +352,31 @@ fn the_pipeline_cache_persists_on_disk() {
     std::env::remove_var("POLYATTN_CACHE_DIR");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The process's device (what the VULKAN backend runs on) has the validation layer on in a
+/// debug build wherever the layer is installed — on CI, where `WGPU_BACKEND=vulkan` says the
+/// layer is there, so every shared test body on VULKAN runs under validation (the test harness
+/// fails a case on any error the layer reports).
+#[test]
+fn the_process_device_validates_in_debug_builds() {
+    let dev = match VulkanDevice::global() {
+        Ok(d) => d,
+        Err(e) => {
+            let required = std::env::var("WGPU_BACKEND")
+                .map(|v| v.eq_ignore_ascii_case("vulkan"))
+                .unwrap_or(false);
+            assert!(!required, "WGPU_BACKEND=vulkan, but no Vulkan device: {e}");
+            println!("SKIP the_process_device_validates_in_debug_builds: {e}");
+            return;
+        }
+    };
+    let ci = std::env::var("WGPU_BACKEND").is_ok_and(|v| v.eq_ignore_ascii_case("vulkan"));
+    if cfg!(debug_assertions) && ci {
+        assert!(
+            dev.validation_enabled(),
+            "a debug build on a machine with the validation layer must validate: {}",
+            dev.description()
+        );
+    }
+    println!("{}", dev.description());
+}

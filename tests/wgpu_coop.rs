@@ -471,7 +471,7 @@ fn coop_forward(
     let builder = WgpuMetadataBuilder::new(dev.clone(), *batch.kv_cache.spec());
     let tuning = WgpuTuning {
         prefill_coop_split: Some(split),
-        ..WgpuTuning::for_device(dev)
+        ..WgpuTuning::for_device(dev.wgsl_info())
     };
     let imp = WgpuAttentionImpl::with_tuning(dev.clone(), params, tuning).unwrap();
     let common = CommonAttentionMetadata::new(&device, batch.desc.clone()).unwrap();

@@ -321,7 +321,7 @@ fn check_batch(
     } else if let (true, Some(t)) = (tuning.prefill_tiles, tuning.prefill_tile) {
         // Used wherever it fits (elsewhere the default tile runs, with a warning).
         let want = (own_m.unwrap_or(t.0), own_n.unwrap_or(t.1));
-        if prefill_tile_fits(dev, p.head_size, t) && (bm, bn) != want {
+        if prefill_tile_fits(dev.wgsl_info(), p.head_size, t) && (bm, bn) != want {
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }
     }
@@ -370,7 +370,7 @@ fn check_batch(
 }
 
 fn tunings(dev: &WgpuDevice) -> Vec<(&'static str, WgpuTuning)> {
-    let base = WgpuTuning::for_device(dev);
+    let base = WgpuTuning::for_device(dev.wgsl_info());
     let mut v = vec![
         (
             "one pass, one tile shape",
@@ -702,7 +702,7 @@ fn check_decode_kernel(dev: &WgpuDevice, scope: DecodeScope) -> Vec<String> {
         prefill_block_h: None,
         prefill_coop_split: None,
         // The decode kernel's knobs (and the rest) as the environment sets them.
-        ..WgpuTuning::for_device(dev)
+        ..WgpuTuning::for_device(dev.wgsl_info())
     };
     // Many splits: the 300-key decode in 38 partials of 8 keys, more than one batched pass
     // of the combine's split lanes (4 lanes × 4 partials at head size 128).
@@ -746,10 +746,12 @@ fn check_decode_kernel(dev: &WgpuDevice, scope: DecodeScope) -> Vec<String> {
         };
         let batch = RandomBatch::generate(&WgpuBackend::new(), &case, &spec, 3).unwrap();
         let imp = WgpuAttentionImpl::with_tuning(dev.clone(), p, tuning).unwrap();
-        let Some(shader) = imp
-            .shaders()
-            .decode_shader(tuning.decode_rows, dtype, &batch.kv_cache)
-        else {
+        let Some(shader) = imp.shaders().decode_shader(
+            tuning.decode_rows,
+            dtype,
+            &batch.kv_cache,
+            batch.kv_cache.data().size_in_bytes() as u64,
+        ) else {
             failures.push(format!("{dtype}/{cache} d{d}: no decode kernel"));
             continue;
         };
@@ -1086,7 +1088,7 @@ fn gpu_scale_batches() {
         );
         return;
     }
-    let tuning = WgpuTuning::for_device(&dev);
+    let tuning = WgpuTuning::for_device(dev.wgsl_info());
     let mut failures = Vec::new();
     let llama = |dtype, cache| {
         let mut p = AttentionParams::new(32, 128, 8);

@@ -22,5 +22,7 @@ pub mod cuda_mla;
 pub mod hip;
 pub mod hip_mla;
 pub mod mla_batch;
+pub mod vulkan;
 pub mod wgpu;
 pub mod wgpu_mla;
+pub mod wgsl_family;

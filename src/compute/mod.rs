@@ -3,7 +3,7 @@
 //!
 //! A model written once against these functions and [`crate::Attention`] runs on every
 //! backend: each function validates its arguments here (shapes, dtypes, one device), then
-//! dispatches on the [`Device`] to the backend's kernel (`cpu.rs`, `cuda.rs`, `wgpu.rs`, one
+//! dispatches on the [`Device`] to the backend's kernel (`cpu.rs`, `cuda.rs`, `wgsl.rs` (wgpu and Vulkan), one
 //! file per device family with the same functions). Activations and weights are f32: the
 //! point of these operations is to keep a model's whole step on the attention's device, and
 //! f32 everywhere makes greedy decoding agree across backends (only summation order differs).
@@ -19,7 +19,7 @@
 mod cpu;
 mod cuda;
 mod hip;
-mod wgpu;
+mod wgsl;
 
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;
@@ -79,7 +79,8 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         Device::Cpu(_) => cpu::embedding(table, ids, v, h, t),
         Device::Cuda(d) => cuda::embedding(d, table, ids, v, h, t),
         Device::Hip(_) => hip::via_host2(table, ids, |a, b| cpu::embedding(a, b, v, h, t)),
-        Device::Wgpu(d) => wgpu::embedding(d, table, ids, v, h, t),
+        Device::Vulkan(d) => wgsl::embedding(d, table, ids, v, h, t),
+        Device::Wgpu(d) => wgsl::embedding(d, table, ids, v, h, t),
     }
 }
 
@@ -100,7 +101,8 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
         Device::Cpu(_) => cpu::rms_norm(x, weight, eps, t, h),
         Device::Cuda(d) => cuda::rms_norm(d, x, weight, eps, t, h),
         Device::Hip(_) => hip::via_host2(x, weight, |a, b| cpu::rms_norm(a, b, eps, t, h)),
-        Device::Wgpu(d) => wgpu::rms_norm(d, x, weight, eps, t, h),
+        Device::Vulkan(d) => wgsl::rms_norm(d, x, weight, eps, t, h),
+        Device::Wgpu(d) => wgsl::rms_norm(d, x, weight, eps, t, h),
     }
 }
 
@@ -122,7 +124,8 @@ pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
         Device::Cpu(_) => cpu::linear(x, weight, t, k, n),
         Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n),
         Device::Hip(_) => hip::via_host2(x, weight, |a, b| cpu::linear(a, b, t, k, n)),
-        Device::Wgpu(d) => wgpu::linear(d, x, weight, t, k, n),
+        Device::Vulkan(d) => wgsl::linear(d, x, weight, t, k, n),
+        Device::Wgpu(d) => wgsl::linear(d, x, weight, t, k, n),
     }
 }
 
@@ -158,7 +161,8 @@ pub fn rope(x: &mut Tensor, positions: &Tensor, rope: Rope) -> Result<()> {
         Device::Hip(_) => {
             hip::via_host_in_place(x, positions, |a, p| cpu::rope(a, p, rope, t, heads, d))
         }
-        Device::Wgpu(dev) => wgpu::rope(&dev, x, positions, rope, t, heads, d),
+        Device::Vulkan(dev) => wgsl::rope(&dev, x, positions, rope, t, heads, d),
+        Device::Wgpu(dev) => wgsl::rope(&dev, x, positions, rope, t, heads, d),
     }
 }
 
@@ -173,7 +177,8 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         Device::Cpu(_) => cpu::silu_mul(gate, up),
         Device::Cuda(d) => cuda::silu_mul(d, gate, up),
         Device::Hip(_) => hip::via_host2(gate, up, cpu::silu_mul),
-        Device::Wgpu(d) => wgpu::silu_mul(d, gate, up),
+        Device::Vulkan(d) => wgsl::silu_mul(d, gate, up),
+        Device::Wgpu(d) => wgsl::silu_mul(d, gate, up),
     }
 }
 
@@ -187,7 +192,8 @@ pub fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
         Device::Cpu(_) => cpu::add_assign(x, y),
         Device::Cuda(d) => cuda::add_assign(&d, x, y),
         Device::Hip(_) => hip::via_host_in_place(x, y, cpu::add_assign),
-        Device::Wgpu(d) => wgpu::add_assign(&d, x, y),
+        Device::Vulkan(d) => wgsl::add_assign(&d, x, y),
+        Device::Wgpu(d) => wgsl::add_assign(&d, x, y),
     }
 }
 
@@ -204,6 +210,7 @@ pub fn gather_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
         Device::Cpu(_) => cpu::embedding(x, rows, t, h, r),
         Device::Cuda(d) => cuda::embedding(d, x, rows, t, h, r),
         Device::Hip(_) => hip::via_host2(x, rows, |a, b| cpu::embedding(a, b, t, h, r)),
-        Device::Wgpu(d) => wgpu::embedding(d, x, rows, t, h, r),
+        Device::Vulkan(d) => wgsl::embedding(d, x, rows, t, h, r),
+        Device::Wgpu(d) => wgsl::embedding(d, x, rows, t, h, r),
     }
 }

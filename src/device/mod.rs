@@ -17,11 +17,13 @@ mod spirv;
 mod tensor;
 pub mod vulkan;
 pub mod wgpu;
+pub mod wgsl;
 
 pub use cpu::{CpuDevice, CpuStorage};
 pub use cuda::{CudaDevice, CudaGraph, CudaStorage};
 pub use hip::{HipDevice, HipStorage};
 pub use tensor::{Storage, Tensor};
+pub use vulkan::{VulkanDevice, VulkanStorage};
 pub use wgpu::{WgpuDevice, WgpuStorage};
 
 use crate::error::Result;
@@ -38,6 +40,8 @@ pub enum Device {
     Cuda(CudaDevice),
     /// An AMD GPU through the HIP runtime (ROCm, loaded at run time).
     Hip(HipDevice),
+    /// A Vulkan device (a GPU, or lavapipe) through the native Vulkan runtime.
+    Vulkan(VulkanDevice),
     /// A GPU (or lavapipe) through wgpu.
     Wgpu(WgpuDevice),
 }
@@ -85,6 +89,7 @@ impl Device {
             Device::Cpu(_) => DeviceKind::Cpu,
             Device::Cuda(_) => DeviceKind::Cuda,
             Device::Hip(_) => DeviceKind::Hip,
+            Device::Vulkan(_) => DeviceKind::Vulkan,
             Device::Wgpu(_) => DeviceKind::Wgpu,
         }
     }
@@ -95,6 +100,7 @@ impl Device {
             Device::Cpu(c) => c.description(),
             Device::Cuda(d) => d.description(),
             Device::Hip(d) => d.description(),
+            Device::Vulkan(d) => d.description(),
             Device::Wgpu(d) => d.description(),
         }
     }
@@ -106,6 +112,7 @@ impl Device {
             Device::Cpu(_) => Ok(()),
             Device::Cuda(d) => d.synchronize(),
             Device::Hip(d) => d.synchronize(),
+            Device::Vulkan(d) => d.synchronize(),
             Device::Wgpu(d) => d.synchronize(),
         }
     }

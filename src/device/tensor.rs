@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use super::{CpuStorage, CudaStorage, Device, HipStorage, WgpuStorage};
+use super::{CpuStorage, CudaStorage, Device, HipStorage, VulkanStorage, WgpuStorage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::fp8;
@@ -19,6 +19,8 @@ pub enum Storage {
     Cuda(CudaStorage),
     /// HIP device memory.
     Hip(HipStorage),
+    /// A Vulkan storage buffer.
+    Vulkan(VulkanStorage),
     /// A wgpu storage buffer.
     Wgpu(WgpuStorage),
 }
@@ -69,6 +71,7 @@ impl Tensor {
             Device::Cpu(_) => Storage::Cpu(CpuStorage::try_zeros(n, dtype)?),
             Device::Cuda(d) => Storage::Cuda(d.zeros(n, dtype)?),
             Device::Hip(d) => Storage::Hip(d.zeros(n, dtype)?),
+            Device::Vulkan(d) => Storage::Vulkan(d.tensor_zeros(n, dtype)?),
             Device::Wgpu(d) => Storage::Wgpu(d.zeros(n, dtype)?),
         };
         Ok(Tensor {
@@ -149,6 +152,7 @@ impl Tensor {
             Device::Cpu(_) => Storage::Cpu(cpu),
             Device::Cuda(d) => Storage::Cuda(d.upload(&cpu, dtype)?),
             Device::Hip(d) => Storage::Hip(d.upload(&cpu, dtype)?),
+            Device::Vulkan(d) => Storage::Vulkan(d.tensor_upload(&cpu, dtype)?),
             Device::Wgpu(d) => Storage::Wgpu(d.upload(&cpu, dtype)?),
         };
         Ok(Tensor {
@@ -165,6 +169,7 @@ impl Tensor {
             (Storage::Cpu(c), _) => Ok(c.clone()),
             (Storage::Cuda(s), Device::Cuda(d)) => d.download(s, self.dtype),
             (Storage::Hip(s), Device::Hip(d)) => d.download(s, self.dtype),
+            (Storage::Vulkan(s), Device::Vulkan(d)) => d.tensor_download(s, self.dtype),
             (Storage::Wgpu(s), Device::Wgpu(d)) => d.download(s, self.dtype),
             _ => Err(Error::Device {
                 backend: self.device.kind().as_str().into(),

@@ -208,8 +208,15 @@ impl Coverage {
         tally.ran += 1;
         let backend = backend.clone();
         let result = catch_unwind(AssertUnwindSafe(|| f(&backend)));
+        let validation = vulkan_validation_errors(&backend);
         let msg = match result {
-            Ok(Ok(())) => return,
+            Ok(Ok(())) if validation.is_empty() => return,
+            Ok(Ok(())) => format!(
+                "the Vulkan validation layer reported {} error{}: {}",
+                validation.len(),
+                plural(validation.len()),
+                validation.join(" | ")
+            ),
             Ok(Err(e)) => e.to_string(),
             Err(panic) => format!(
                 "panicked: {}",
@@ -280,6 +287,17 @@ impl Coverage {
             self.runs() > 0,
             "{summary}\nthis body ran on no backend: a test that runs nowhere proves nothing"
         );
+    }
+}
+
+/// The errors the Khronos validation layer reported on `backend`'s Vulkan device since the
+/// last call (cleared); empty for other devices, and where validation is off. Tests run in
+/// parallel on the one process device, so an error is charged to the case that collects it
+/// first — a failure either way.
+fn vulkan_validation_errors(backend: &BackendRef) -> Vec<String> {
+    match backend.device() {
+        Ok(polyattn::Device::Vulkan(d)) => d.take_validation_errors(),
+        _ => Vec::new(),
     }
 }
 

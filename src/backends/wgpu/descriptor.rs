@@ -2,19 +2,17 @@
 
 use crate::attention::{AttentionImpl, AttentionParams};
 use crate::backend::{
-    AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
-    GraphCaptureSupport, HeadSizes, KvLayout, Reason, SelectorConfig,
+    AttentionBackend, Availability, BackendCapabilities, GraphCaptureSupport, Reason,
+    SelectorConfig,
 };
 use crate::device::{Device, DeviceKind, WgpuDevice};
-use crate::dtype::{CacheDType, DType};
+use crate::dtype::CacheDType;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::AttentionMetadataBuilder;
 
-use super::attention_impl::MAX_HEAD_SIZE;
-use super::kernels::tiles_for;
 use super::{WgpuAttentionImpl, WgpuMetadataBuilder};
-use crate::device::wgpu::check_binding;
+use crate::backends::wgsl_family::{wgsl_capabilities, wgsl_combination_veto, wgsl_kv_cache_shape};
 
 /// The wgpu backend descriptor (name `WGPU`, priority 400: after CUDA, HIP and Vulkan, before
 /// the CPU).
@@ -33,35 +31,8 @@ impl WgpuBackend {
     /// The descriptor (touches no device).
     pub fn new() -> Self {
         WgpuBackend {
-            caps: BackendCapabilities {
-                // The kernels load 4 elements at a time; tiles hold D/4 columns.
-                head_sizes: HeadSizes::Range {
-                    min: 4,
-                    max: MAX_HEAD_SIZE,
-                    multiple: 4,
-                },
-                dtypes: vec![DType::F32, DType::F16, DType::Bf16],
-                kv_cache_dtypes: CacheDType::ALL.to_vec(),
-                // The kernels walk keys one by one through the block table: any block size.
-                block_sizes: vec![BlockSize::MultipleOf(1)],
-                attn_types: vec![
-                    AttentionType::Decoder,
-                    AttentionType::Encoder,
-                    AttentionType::EncoderOnly,
-                ],
-                supports_sink: true,
-                supports_non_causal: true,
-                supports_alibi: true,
-                supports_sliding_window: true,
-                supports_soft_cap: true,
-                supports_cascade: true,
-                is_mla: false,
-                min_capability: None,
-                // wgpu has no re-submittable command buffers.
-                graph_capture: GraphCaptureSupport::Never,
-                // A head's tokens adjacent: a tile's keys are contiguous per block.
-                kv_layout: KvLayout::Hnd,
-            },
+            // wgpu has no re-submittable command buffers.
+            caps: wgsl_capabilities(GraphCaptureSupport::Never),
         }
     }
 }
@@ -124,23 +95,15 @@ impl AttentionBackend for WgpuBackend {
     /// a KV cache of the configuration's size (when given) one storage binding.
     fn supports_combination(&self, config: &SelectorConfig) -> Option<Reason> {
         let dev = WgpuDevice::open().ok()?;
-        if let Some(bytes) = config.kv_cache_bytes {
-            if let Err(e) = check_binding(&dev, bytes, "the KV cache") {
-                return Some(Reason::new("KV cache too large", e.to_string()));
-            }
-        }
-        if !self.caps.head_sizes.contains(config.head_size) {
-            return None; // already reported by the capability check
-        }
-        tiles_for(&dev, config.head_size)
-            .err()
-            .map(|e| Reason::new("head_size not supported", e.to_string()))
+        wgsl_combination_veto(dev.wgsl_info(), &self.caps, config)
     }
 
     /// The cache must fit one storage binding of the adapter.
     fn check_kv_cache(&self, spec: &KvCacheSpec, num_blocks: usize) -> Result<()> {
         let bytes = spec.cache_bytes(num_blocks)?;
-        check_binding(&WgpuDevice::open()?, bytes, "the KV cache")
+        WgpuDevice::open()?
+            .wgsl_info()
+            .check_binding(bytes, "the KV cache")
     }
 
     fn kv_cache_shape(
@@ -151,35 +114,17 @@ impl AttentionBackend for WgpuBackend {
         head_size: usize,
         cache_dtype: CacheDType,
     ) -> Result<[usize; 5]> {
-        if block_size == 0 || !self.caps.head_sizes.contains(head_size) {
-            return Err(Error::config(format!(
-                "WGPU: block size {block_size} / head size {head_size} not supported \
-                 (head sizes: {})",
-                self.caps.head_sizes
-            )));
-        }
-        // Known element size: the cache must fit one storage binding.
-        let elem = match cache_dtype {
-            CacheDType::Auto => None,
-            CacheDType::F16 | CacheDType::Bf16 => Some(2),
-            CacheDType::Fp8E4m3 | CacheDType::Fp8E5m2 => Some(1),
-        };
-        if let (Some(elem), Ok(dev)) = (elem, WgpuDevice::open()) {
-            let bytes = [2, block_size, num_kv_heads, head_size, elem]
-                .iter()
-                .try_fold(num_blocks as u64, |acc, &x| acc.checked_mul(x as u64))
-                .ok_or_else(|| {
-                    Error::overflow(
-                        "KV cache",
-                        format!(
-                            "{num_blocks} blocks × 2 × {block_size} × {num_kv_heads} × \
-                             {head_size} × {elem} bytes"
-                        ),
-                    )
-                })?;
-            check_binding(&dev, bytes, "the KV cache")?;
-        }
-        Ok([num_blocks, 2, block_size, num_kv_heads, head_size])
+        let dev = WgpuDevice::open().ok();
+        wgsl_kv_cache_shape(
+            "WGPU",
+            &self.caps,
+            dev.as_ref().map(|d| d.wgsl_info()),
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_size,
+            cache_dtype,
+        )
     }
 
     fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {

@@ -97,7 +97,7 @@ impl WgpuMlaAttentionImpl {
     /// The impl on `dev` for `params` (checked by the descriptor) with the tuning of the
     /// device's adapter kind; uploads `kv_b_proj`.
     pub fn new(params: MlaParams, weights: &AbsorbedWeights, dev: WgpuDevice) -> Result<Self> {
-        let tuning = WgpuTuning::for_device(&dev);
+        let tuning = WgpuTuning::for_device(dev.wgsl_info());
         Self::with_tuning(params, weights, dev, tuning)
     }
 

@@ -8,11 +8,13 @@ use gpu_allocator::MemoryLocation;
 
 use crate::error::{Error, Result};
 
-use super::{vk_error, VulkanDevice};
+use std::sync::Arc;
+
+use super::{vk_error, Inner, VulkanDevice};
 
 /// A buffer of the device, freed when dropped.
 pub struct VulkanBuffer {
-    device: VulkanDevice,
+    device: Arc<Inner>,
     buffer: vk::Buffer,
     allocation: Option<Allocation>,
     len: u64,
@@ -30,10 +32,8 @@ impl Drop for VulkanBuffer {
     fn drop(&mut self) {
         // SAFETY: the buffer was created on this device; every submission that used it was
         // waited on (`submit_and_wait`), so the device no longer reads or writes it.
-        unsafe { self.device.raw().destroy_buffer(self.buffer, None) };
-        if let (Some(a), Ok(mut alloc)) =
-            (self.allocation.take(), self.device.inner().allocator.lock())
-        {
+        unsafe { self.device.device.destroy_buffer(self.buffer, None) };
+        if let (Some(a), Ok(mut alloc)) = (self.allocation.take(), self.device.allocator.lock()) {
             if let Some(alloc) = alloc.as_mut() {
                 let _ = alloc.free(a);
             }
@@ -118,7 +118,7 @@ impl VulkanDevice {
             return Err(vk_error("vkBindBufferMemory", e));
         }
         Ok(VulkanBuffer {
-            device: self.clone(),
+            device: self.inner_arc().clone(),
             buffer,
             allocation: Some(allocation),
             len,
@@ -145,6 +145,66 @@ impl VulkanDevice {
         )?;
         self.write(&b, 0, data)?;
         Ok(b)
+    }
+
+    /// A host-visible buffer of `bytes` bytes that [`VulkanDevice::write_mapped`] fills
+    /// without a transfer (small, often rewritten buffers: parameter slots).
+    pub(crate) fn mapped_buffer(&self, bytes: u64) -> Result<VulkanBuffer> {
+        self.buffer_at(bytes, MemoryLocation::CpuToGpu, "polyattn parameters")
+    }
+
+    /// Writes `data` at the start of a host-visible buffer made by
+    /// [`VulkanDevice::mapped_buffer`]. The caller makes sure no pending submission reads it
+    /// (every submission of this runtime is waited on); the next submission sees the write.
+    pub(crate) fn write_mapped(&self, dst: &VulkanBuffer, data: &[u8]) -> Result<()> {
+        if data.len() as u64 > dst.len {
+            return Err(Error::config(format!(
+                "a write of {} bytes does not fit a {}-byte buffer",
+                data.len(),
+                dst.len
+            )));
+        }
+        let mapped = dst
+            .allocation
+            .as_ref()
+            .and_then(|a| a.mapped_ptr())
+            .ok_or_else(|| alloc_error("the parameter buffer is not host-mapped"))?;
+        // SAFETY: the mapping covers `dst.len` bytes, at least `data.len()`; no submission
+        // reads it now (the caller's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), mapped.as_ptr() as *mut u8, data.len())
+        };
+        Ok(())
+    }
+
+    /// One host-visible uniform parameter slot, for code that records its own steps (the
+    /// benchmark probes); [`VulkanDevice::write_param_slot`] fills it.
+    pub fn mapped_param_slot(&self) -> Result<VulkanBuffer> {
+        self.mapped_buffer(crate::device::wgsl::PARAM_SLOT_BYTES)
+    }
+
+    /// Writes a parameter slot made by [`VulkanDevice::mapped_param_slot`] (no submission
+    /// of this device may be pending: every submission is waited on).
+    pub fn write_param_slot(
+        &self,
+        slot: &VulkanBuffer,
+        words: &crate::device::wgsl::Slot,
+    ) -> Result<()> {
+        self.write_mapped(slot, bytemuck::cast_slice(words))
+    }
+
+    /// A device-local copy of `src`.
+    pub fn duplicate(&self, src: &VulkanBuffer) -> Result<VulkanBuffer> {
+        let dst = self.buffer_at(src.len, MemoryLocation::GpuOnly, "polyattn buffer")?;
+        let region = vk::BufferCopy::default().size(src.len);
+        self.submit_and_wait(|cmd| {
+            // SAFETY: both buffers live across the wait; the region is inside both.
+            unsafe {
+                self.raw()
+                    .cmd_copy_buffer(cmd, src.raw(), dst.raw(), &[region])
+            };
+        })?;
+        Ok(dst)
     }
 
     /// Copies `data` into `dst` at byte `offset` (a multiple of 4).

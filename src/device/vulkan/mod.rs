@@ -40,17 +40,26 @@
 //! is never used.
 
 pub mod buffer;
+mod features;
 pub mod pipeline;
+mod runtime;
+mod storage;
 
 use std::ffi::{c_void, CStr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 
+use features::ShaderFeatures;
+
 use crate::error::{Error, Result};
 
 pub use buffer::VulkanBuffer;
+pub use runtime::VulkanParams;
+pub use storage::VulkanStorage;
+
+use crate::device::wgsl::WgslDeviceInfo;
 pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding, Recording, Step};
 
 /// How [`VulkanDevice::open`] opens the device.
@@ -70,7 +79,19 @@ struct Messages {
 #[derive(Clone)]
 pub struct VulkanDevice {
     inner: Arc<Inner>,
+    /// What the WGSL family's users keep per device (compiled pipelines, placeholders, the
+    /// one-off parameter slot): apart from `inner`, so that what it caches, which holds
+    /// `inner`, forms no cycle with it.
+    caches: Arc<runtime::Caches>,
 }
+
+impl PartialEq for VulkanDevice {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for VulkanDevice {}
 
 impl std::fmt::Debug for VulkanDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +113,8 @@ pub(crate) struct Inner {
     cache_file: Option<std::path::PathBuf>,
     pub(crate) device: ash::Device,
     pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// What the device offers the WGSL family's kernels.
+    pub(crate) wgsl: WgslDeviceInfo,
     /// Valid bits of the compute queue's timestamps (0: no timestamps there).
     pub(crate) timestamp_bits: u32,
     name: String,
@@ -130,6 +153,20 @@ impl Drop for Inner {
 }
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// Whether the loader finds the Khronos validation layer.
+fn validation_layer_installed() -> bool {
+    // SAFETY: loading the loader runs its initialisers (see `VulkanDevice::open`); the
+    // query is plain.
+    unsafe { ash::Entry::load() }
+        .ok()
+        .and_then(|e| unsafe { e.enumerate_instance_layer_properties() }.ok())
+        .is_some_and(|layers| {
+            layers
+                .iter()
+                .any(|l| l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER))
+        })
+}
 
 /// The variable naming the device (shared with the wgpu runtime).
 pub use crate::device::choice::DEVICE_ENV;
@@ -222,7 +259,7 @@ impl VulkanDevice {
         }
         let app = vk::ApplicationInfo::default()
             .application_name(c"polyattn")
-            .api_version(vk::API_VERSION_1_2);
+            .api_version(vk::API_VERSION_1_3);
         let info = vk::InstanceCreateInfo::default()
             .application_info(&app)
             .enabled_layer_names(&layers)
@@ -279,11 +316,20 @@ impl VulkanDevice {
             }
         };
         let (physical, family, timestamp_bits, props) = chosen;
+        // SAFETY: `physical` comes from this instance.
+        let caps = unsafe { ShaderFeatures::query(&instance, physical, &props) };
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
             .queue_priorities(&priorities)];
-        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        let mut enable11 = vk::PhysicalDeviceVulkan11Features::default()
+            .storage_buffer16_bit_access(caps.f16)
+            .uniform_and_storage_buffer16_bit_access(caps.f16);
+        let mut enable12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(caps.f16);
+        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        if caps.api >= vk::API_VERSION_1_2 {
+            info = info.push_next(&mut enable11).push_next(&mut enable12);
+        }
         // SAFETY: `physical` comes from this instance; the create info lives across the call.
         let device = match unsafe { instance.create_device(physical, &info, None) } {
             Ok(d) => d,
@@ -369,24 +415,39 @@ impl VulkanDevice {
             .device_name_as_c_str()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "(unnamed)".into());
-        Ok(VulkanDevice {
-            inner: Arc::new(Inner {
-                allocator: Mutex::new(Some(allocator)),
-                queue: Mutex::new(queue),
-                pool,
-                pipeline_cache,
-                cache_file,
-                device,
-                limits: props.limits,
-                timestamp_bits,
-                name,
-                kind: props.device_type,
-                messenger,
-                messages,
-                instance,
-                _entry: entry,
-            }),
-        })
+        let wgsl = WgslDeviceInfo {
+            name: name.clone(),
+            is_cpu: props.device_type == vk::PhysicalDeviceType::CPU,
+            subgroups: caps.subgroups,
+            subgroup_sizes: caps.subgroup_sizes,
+            f16: caps.f16,
+            coop: false,
+            max_workgroup_storage: props.limits.max_compute_shared_memory_size,
+            max_invocations: props.limits.max_compute_work_group_invocations,
+            max_workgroup_size_x: props.limits.max_compute_work_group_size[0],
+            max_workgroups_per_dim: props.limits.max_compute_work_group_count[0]
+                .min(props.limits.max_compute_work_group_count[2]),
+            max_binding_bytes: u64::from(props.limits.max_storage_buffer_range),
+        };
+        let inner = Arc::new(Inner {
+            allocator: Mutex::new(Some(allocator)),
+            queue: Mutex::new(queue),
+            pool,
+            pipeline_cache,
+            cache_file,
+            device,
+            limits: props.limits,
+            timestamp_bits,
+            name,
+            kind: props.device_type,
+            messenger,
+            messages,
+            instance,
+            _entry: entry,
+            wgsl,
+        });
+        let caches = runtime::Caches::new();
+        Ok(VulkanDevice { inner, caches })
     }
 
     /// The physical device to open, with its compute queue family and properties: the
@@ -474,6 +535,55 @@ impl VulkanDevice {
             .lock()
             .map(|m| m.errors.clone())
             .unwrap_or_default()
+    }
+
+    /// Whether the validation layer is on (its errors recorded).
+    pub fn validation_enabled(&self) -> bool {
+        self.inner.messenger.is_some()
+    }
+
+    /// The errors the validation layer reported since the last call, cleared.
+    pub fn take_validation_errors(&self) -> Vec<String> {
+        self.inner
+            .messages
+            .lock()
+            .map(|mut m| std::mem::take(&mut m.errors))
+            .unwrap_or_default()
+    }
+
+    /// The process's Vulkan device, opened on first use (see the module docs for which); a
+    /// failure is cached too. In builds with debug assertions the Khronos validation layer is
+    /// on where it is installed (as wgpu turns its validation on in debug builds), so every
+    /// debug test run on a machine with the layer checks every submission.
+    pub fn global() -> Result<VulkanDevice> {
+        static DEVICE: OnceLock<std::result::Result<VulkanDevice, String>> = OnceLock::new();
+        DEVICE
+            .get_or_init(|| {
+                let validation = cfg!(debug_assertions) && validation_layer_installed();
+                VulkanDevice::open(VulkanOptions { validation }).map_err(|e| match e {
+                    Error::Device { message, .. } => message,
+                    e => e.to_string(),
+                })
+            })
+            .clone()
+            .map_err(|message| Error::Device {
+                backend: "VULKAN".into(),
+                message,
+            })
+    }
+
+    /// Saves the driver's pipeline cache to its file (see the module docs); failures only
+    /// cost a later run its compiled pipelines.
+    pub(crate) fn save_pipeline_cache(&self) {
+        if let Some(path) = &self.inner.cache_file {
+            // SAFETY: a live cache of this device.
+            if let Ok(data) = unsafe {
+                self.raw()
+                    .get_pipeline_cache_data(self.inner.pipeline_cache)
+            } {
+                save_cache(path, &data);
+            }
+        }
     }
 
     /// The largest storage-buffer range one binding may cover.

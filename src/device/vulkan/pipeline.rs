@@ -13,9 +13,10 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::device::wgsl::{LoopBounding, WgslDeviceInfo};
 use crate::error::{Error, Result};
 
-use super::{vk_error, VulkanBuffer, VulkanDevice};
+use super::{vk_error, Inner, VulkanBuffer, VulkanDevice};
 
 /// What a binding of a module is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,11 +46,31 @@ fn compile_error(key: &str, message: String) -> Error {
     }
 }
 
-/// SPIR-V words and the group-0 buffer bindings of WGSL module `source` (entry point `main`).
-pub fn translate(key: &str, source: &str) -> Result<(Vec<u32>, Vec<ModuleBinding>)> {
+/// SPIR-V words and the group-0 buffer bindings of WGSL module `source` (entry point
+/// `main`), validated with what `device` offers (subgroup operations, f16) and written with
+/// or without naga's loop-bounding counters.
+pub fn translate(
+    key: &str,
+    source: &str,
+    device: &WgslDeviceInfo,
+    loops: LoopBounding,
+) -> Result<(Vec<u32>, Vec<ModuleBinding>)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(key, e.emit_to_string(source)))?;
-    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+    let mut caps = Capabilities::empty();
+    if device.subgroups {
+        caps |= Capabilities::SUBGROUP | Capabilities::SUBGROUP_BARRIER;
+    }
+    if device.f16 {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
+    let mut validator = Validator::new(ValidationFlags::all(), caps);
+    if device.subgroups {
+        validator
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all());
+    }
+    let info = validator
         .validate(&module)
         .map_err(|e| compile_error(key, e.emit_to_string(source)))?;
     let mut bindings = Vec::new();
@@ -85,7 +106,10 @@ pub fn translate(key: &str, source: &str) -> Result<(Vec<u32>, Vec<ModuleBinding
         });
     }
     bindings.sort_by_key(|b| b.binding);
-    let options = crate::device::spirv::spirv_options();
+    let options = spv::Options {
+        force_loop_bounding: loops == LoopBounding::Forced,
+        ..crate::device::spirv::spirv_options()
+    };
     let words = spv::write_vec(&module, &info, &options, None)
         .map_err(|e| compile_error(key, format!("SPIR-V: {e}")))?;
     Ok((words, bindings))
@@ -93,7 +117,7 @@ pub fn translate(key: &str, source: &str) -> Result<(Vec<u32>, Vec<ModuleBinding
 
 /// A compute pipeline of one module, destroyed when dropped.
 pub struct ComputePipeline {
-    device: VulkanDevice,
+    device: Arc<Inner>,
     key: String,
     bindings: Vec<ModuleBinding>,
     shader: vk::ShaderModule,
@@ -113,7 +137,7 @@ impl std::fmt::Debug for ComputePipeline {
 
 impl Drop for ComputePipeline {
     fn drop(&mut self) {
-        let d = self.device.raw();
+        let d = &self.device.device;
         // SAFETY: created on this device; every dispatch using them was waited on.
         unsafe {
             d.destroy_pipeline(self.pipeline, None);
@@ -141,7 +165,17 @@ fn descriptor_type(kind: BindingKind) -> vk::DescriptorType {
 impl VulkanDevice {
     /// The pipeline of WGSL module `source` (named `key` in errors).
     pub fn pipeline(&self, key: &str, source: &str) -> Result<ComputePipeline> {
-        let (words, bindings) = translate(key, source)?;
+        self.pipeline_with(key, source, LoopBounding::Forced)
+    }
+
+    /// [`VulkanDevice::pipeline`] with the loop bounding chosen.
+    pub fn pipeline_with(
+        &self,
+        key: &str,
+        source: &str,
+        loops: LoopBounding,
+    ) -> Result<ComputePipeline> {
+        let (words, bindings) = translate(key, source, &self.inner().wgsl, loops)?;
         let d = self.raw();
         let entries: Vec<_> = bindings
             .iter()
@@ -199,7 +233,7 @@ impl VulkanDevice {
                     }
                 };
             Ok(ComputePipeline {
-                device: self.clone(),
+                device: self.inner_arc().clone(),
                 key: key.to_string(),
                 bindings,
                 shader,
@@ -360,15 +394,41 @@ impl VulkanDevice {
         buffers: &[(u32, &VulkanBuffer)],
         groups: (u32, u32, u32),
     ) -> Result<()> {
-        let step = Step {
+        self.run(&[Step {
             pipeline,
             buffers: buffers.to_vec(),
             groups,
-        };
-        let (pool, set) = self.descriptor_set(pipeline, buffers)?;
-        let result = self.submit_and_wait(|cmd| self.record_steps(cmd, &[(&step, set)]));
-        // SAFETY: the submission was waited on; nothing uses the set any more.
-        unsafe { self.raw().destroy_descriptor_pool(pool, None) };
+        }])
+    }
+
+    /// Runs `steps` in order in one submission (each dispatch's writes visible to the next
+    /// one's reads) and waits for them; every step is checked as [`VulkanDevice::dispatch`]
+    /// checks.
+    pub fn run(&self, steps: &[Step<'_>]) -> Result<()> {
+        let mut pools = Vec::with_capacity(steps.len());
+        let mut pairs = Vec::with_capacity(steps.len());
+        let mut result = Ok(());
+        for step in steps {
+            match self.descriptor_set(step.pipeline, &step.buffers) {
+                Ok((pool, set)) => {
+                    pools.push(pool);
+                    pairs.push((step, set));
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = self.submit_and_wait(|cmd| self.record_steps(cmd, &pairs));
+        }
+        // SAFETY: the submission (if any) was waited on; nothing uses the sets any more.
+        unsafe {
+            for pool in pools {
+                self.raw().destroy_descriptor_pool(pool, None);
+            }
+        }
         result
     }
 
@@ -564,5 +624,59 @@ impl Drop for Recording<'_> {
                 self.device.raw().destroy_query_pool(q, None);
             }
         }
+    }
+}
+
+impl VulkanDevice {
+    /// Reads the device's clock: submits a command buffer that fills `clear` with zeros
+    /// (when given), then writes a timestamp once every earlier command has finished, waits,
+    /// and returns that timestamp in seconds; `None` when the compute queue has no
+    /// timestamps. Two readings bracket a region on the device's own clock (the benchmark's
+    /// timer); the clear before the first evicts the caches.
+    pub fn timestamp(&self, clear: Option<&VulkanBuffer>) -> Result<Option<f64>> {
+        let bits = self.inner().timestamp_bits;
+        if bits == 0 {
+            return Ok(None);
+        }
+        let d = self.raw();
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(1);
+        // SAFETY: a valid create info; the pool is destroyed below, after the wait.
+        let pool = unsafe { d.create_query_pool(&info, None) }
+            .map_err(|e| vk_error("vkCreateQueryPool", e))?;
+        let result = self.submit_and_wait(|cmd| {
+            // SAFETY: `cmd` is recording; `clear` lives across the wait.
+            unsafe {
+                if let Some(b) = clear {
+                    d.cmd_fill_buffer(cmd, b.raw(), 0, b.len_bytes(), 0);
+                }
+                d.cmd_reset_query_pool(cmd, pool, 0, 1);
+                d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 0);
+            }
+        });
+        let mut ticks = [0u64; 1];
+        let read = result.and_then(|_| {
+            // SAFETY: the query was written by the submission just waited on.
+            unsafe {
+                d.get_query_pool_results(
+                    pool,
+                    0,
+                    &mut ticks,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            }
+            .map_err(|e| vk_error("vkGetQueryPoolResults", e))
+        });
+        // SAFETY: the submission was waited on.
+        unsafe { d.destroy_query_pool(pool, None) };
+        read?;
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let ns = (ticks[0] & mask) as f64 * f64::from(self.inner().limits.timestamp_period);
+        Ok(Some(ns * 1e-9))
     }
 }

@@ -7,12 +7,7 @@ use std::sync::Mutex;
 use crate::error::{Error, Result};
 
 use super::WgpuDevice;
-
-/// Bytes of one uniform parameter slot (WebGPU's largest uniform offset alignment).
-pub const PARAM_SLOT_BYTES: u64 = 256;
-
-/// u32 words in one parameter slot.
-pub const PARAM_WORDS: usize = 64;
+use crate::device::wgsl::{PARAM_SLOT_BYTES, PARAM_WORDS};
 
 /// A uniform buffer of parameter slots, written once per call with one `write_buffer`.
 #[derive(Debug)]
@@ -75,42 +70,6 @@ impl ParamBlock {
             offset: PARAM_SLOT_BYTES * i as u64,
             size: wgpu::BufferSize::new(PARAM_SLOT_BYTES),
         })
-    }
-}
-
-/// Builds a parameter slot from words (f32 values go in as their bits).
-#[derive(Clone, Copy, Debug)]
-pub struct Words {
-    /// The slot.
-    pub w: [u32; PARAM_WORDS],
-    n: usize,
-}
-
-impl Words {
-    /// An empty slot.
-    pub fn new() -> Self {
-        Words {
-            w: [0; PARAM_WORDS],
-            n: 0,
-        }
-    }
-
-    /// Appends a u32.
-    pub fn u(mut self, v: u32) -> Self {
-        self.w[self.n] = v;
-        self.n += 1;
-        self
-    }
-
-    /// Appends an f32.
-    pub fn f(self, v: f32) -> Self {
-        self.u(v.to_bits())
-    }
-}
-
-impl Default for Words {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

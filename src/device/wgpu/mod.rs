@@ -54,12 +54,11 @@ mod buffers;
 pub mod coop_spirv;
 mod dispatch;
 mod pipeline;
+mod runtime;
 
+pub use crate::device::wgsl::{Words, PARAM_SLOT_BYTES, PARAM_WORDS};
 pub use buffers::{check_binding, storage, upload_words};
-pub use dispatch::{
-    bind_group, dispatch, dispatch_all, grid, whole, ParamBlock, Words, PARAM_SLOT_BYTES,
-    PARAM_WORDS,
-};
+pub use dispatch::{bind_group, dispatch, dispatch_all, grid, whole, ParamBlock};
 pub use pipeline::{pipeline, pipeline_with, LoopBounding, PipelineTuning};
 
 /// Environment variable choosing the adapter: an index into the ranked adapter list, or a
@@ -98,6 +97,10 @@ struct Inner {
     /// Small storage buffers bound where a shader's optional inputs or outputs are unused
     /// (distinct ones, since one buffer may not be bound writable and read-only at once).
     dummies: Vec<wgpu::Buffer>,
+    /// What the device offers the WGSL family (`device::wgsl`).
+    wgsl_info: crate::device::wgsl::WgslDeviceInfo,
+    /// The parameter slot of one-off dispatches (`WgslRuntime::submit_one`).
+    oneoff: OnceLock<Mutex<ParamBlock>>,
 }
 
 /// A wgpu adapter, device and queue (one per process, shared by every clone).
@@ -338,6 +341,21 @@ fn open_uncached() -> Result<WgpuDevice> {
             })
         })
         .collect();
+    let wgsl_info = crate::device::wgsl::WgslDeviceInfo {
+        name: info.name.clone(),
+        is_cpu: info.device_type == wgpu::DeviceType::Cpu,
+        subgroups: features.contains(wgpu::Features::SUBGROUP),
+        subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
+        f16: features.contains(wgpu::Features::SHADER_F16),
+        coop: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+        max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+        max_invocations: limits.max_compute_invocations_per_workgroup,
+        max_workgroup_size_x: limits.max_compute_workgroup_size_x,
+        max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+        max_binding_bytes: limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),
+    };
     Ok(WgpuDevice {
         inner: Arc::new(Inner {
             _instances: instances,
@@ -350,6 +368,8 @@ fn open_uncached() -> Result<WgpuDevice> {
             errors,
             pipelines: Mutex::new(HashMap::new()),
             dummies,
+            wgsl_info,
+            oneoff: OnceLock::new(),
         }),
     })
 }
@@ -645,6 +665,18 @@ impl WgpuDevice {
         }
         let p = make(&self.inner.device)?;
         Ok(lock().entry(key.to_string()).or_insert(p).clone())
+    }
+
+    /// What the device offers the WGSL family's kernels.
+    pub fn wgsl_info(&self) -> &crate::device::wgsl::WgslDeviceInfo {
+        &self.inner.wgsl_info
+    }
+
+    /// The parameter block of one-off dispatches, made on first use.
+    fn oneoff_params(&self) -> &Mutex<ParamBlock> {
+        self.inner
+            .oneoff
+            .get_or_init(|| Mutex::new(ParamBlock::new(self, 1)))
     }
 
     /// Number of pipelines compiled so far (for tests and reports).

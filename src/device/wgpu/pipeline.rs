@@ -13,6 +13,7 @@ use crate::kernels::tuning_env::{self, Env};
 use crate::kernels::wgsl::Bindings;
 
 use super::WgpuDevice;
+pub use crate::device::wgsl::LoopBounding;
 
 /// The bind-group layout entries of `bindings`: the uniform parameter block at binding 0,
 /// then the kernel's storage bindings.
@@ -62,19 +63,6 @@ pub fn pipeline(
         needs_subgroups,
         LoopBounding::Forced,
     )
-}
-
-/// Whether naga adds its loop-bounding counters to a shader's loops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoopBounding {
-    /// wgpu's default: every loop also counts down a 64-bit budget and breaks when it runs
-    /// out. It guards against infinite loops, and its extra exit keeps drivers from fully
-    /// unrolling short constant loops (so register arrays indexed by them spill).
-    Forced,
-    /// No counters, for shaders whose every loop has a bound that strictly advances (a
-    /// constant, or a u32 counter stepping towards a bound it cannot overflow past);
-    /// bounds checks on memory accesses stay on.
-    Off,
 }
 
 /// [`pipeline`], choosing the loop bounding. [`PipelineTuning::loop_bounding`]

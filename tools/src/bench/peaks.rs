@@ -30,6 +30,7 @@ pub fn measure(device: &Device, dtype: DType, cfg: &ProbeConfig) -> Result<Peaks
         // bf16/f16 matmul or its own GEMM kernel here; the wgpu backend a buffer copy and a
         // shader FMA loop / cooperative-matrix GEMM.
         Device::Wgpu(d) => polyattn::backends::wgpu::probes::peaks(d, dtype, cfg),
+        Device::Vulkan(d) => polyattn::backends::vulkan::probes::peaks(d, dtype, cfg),
         Device::Cuda(d) => polyattn::backends::cuda::probes::peaks(d, dtype, cfg),
         Device::Hip(d) => polyattn::backends::hip::probes::peaks(d, dtype, cfg),
     }

@@ -37,6 +37,7 @@ pub fn timer_for(device: &Device) -> Box<dyn RegionTimer> {
     match device {
         Device::Cpu(_) => Box::new(WallTimer::new(device)),
         Device::Wgpu(d) => polyattn::backends::wgpu::probes::timer(d),
+        Device::Vulkan(d) => polyattn::backends::vulkan::probes::timer(d),
         Device::Cuda(d) => polyattn::backends::cuda::probes::timer(d),
         // No HIP event timer yet: the wall clock around a synchronised region.
         Device::Hip(d) => polyattn::backends::hip::probes::timer(d),

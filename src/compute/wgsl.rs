@@ -1,6 +1,6 @@
-//! wgpu kernels of the model operations: `shaders/model_ops_*.wgsl`, specialised by
-//! [`ModelShader`], compiled once per device (the device's pipeline cache) and launched one
-//! dispatch per call, submitted without waiting (a later download or synchronize waits).
+//! The WGSL family's model operations on either of its runtimes (wgpu, native Vulkan:
+//! [`WgslRuntime`]): `shaders/model_ops_*.wgsl`, specialised by [`ModelShader`], compiled
+//! once per device (the runtime's pipeline cache) and launched one dispatch per call.
 //!
 //! * `embedding` / `gather_rows`: one thread per output element (vec4 when H % 4 == 0); an
 //!   index out of range gives a row of zeros.
@@ -11,18 +11,16 @@
 //! * `rope`: one thread per (token, head, pair), angles in f32.
 //! * `silu_mul`, `add_assign`: one thread per element (vec4 when the count allows).
 //!
-//! Every tensor must fit one storage binding (`device::wgpu::check_binding`: lavapipe allows
-//! 128 MiB, enough for SmolLM2's 49152×576 f32 embedding table); a larger one is an error
-//! naming the tensor, never a partial result. Dispatches of more than 65535 workgroups are
-//! spread over x and z (`device::wgpu::grid`).
-
-use std::sync::{Mutex, OnceLock};
+//! Every tensor must fit one storage binding ([`WgslDeviceInfo::check_binding`]: lavapipe
+//! allows 128 MiB, enough for SmolLM2's 49152×576 f32 embedding table); a larger one is an
+//! error naming the tensor, never a partial result. Dispatches of more than the device's
+//! per-dimension limit are spread over x and z ([`WgslDeviceInfo::grid`]).
 
 use super::{Rope, RopeStyle};
-use crate::device::wgpu::{
-    bind_group, check_binding, dispatch, grid, pipeline, storage, whole, ParamBlock, Words,
-};
-use crate::device::{Device, Tensor, WgpuDevice};
+#[cfg(doc)]
+use crate::device::wgsl::WgslDeviceInfo;
+use crate::device::wgsl::{Dispatch, LoopBounding, WgslRuntime, Words};
+use crate::device::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{
@@ -32,78 +30,54 @@ use crate::kernels::wgsl::{
 /// `v` as a u32 kernel parameter, or an error naming it.
 fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v)
-        .map_err(|_| Error::config(format!("{what} = {v} exceeds the wgpu kernels' u32 range")))
+        .map_err(|_| Error::config(format!("{what} = {v} exceeds the WGSL kernels' u32 range")))
 }
 
 /// A zeroed f32 output tensor of `shape` on `dev`, checked to fit one storage binding.
-fn output(dev: &WgpuDevice, shape: &[usize], what: &str) -> Result<Tensor> {
+fn output<R: WgslRuntime>(dev: &R, shape: &[usize], what: &str) -> Result<Tensor> {
     let bytes = shape.iter().product::<usize>() as u64 * 4;
-    check_binding(dev, bytes, what)?;
-    Tensor::zeros(&Device::Wgpu(dev.clone()), shape, DType::F32)
+    dev.info().check_binding(bytes, what)?;
+    Tensor::zeros(&dev.device(), shape, DType::F32)
 }
 
-/// The buffer of `t` (checked to live on `dev` and to fit one binding).
-fn buffer(dev: &WgpuDevice, t: &Tensor, what: &'static str) -> Result<wgpu::Buffer> {
-    Ok(storage(dev, t, what)?.buffer().clone())
-}
-
-/// Records and submits one dispatch of `shader`: `words` as its parameters (binding 0),
-/// `bufs` at bindings 1, 2 (read) and 3 (read-write), `groups` workgroups.
-fn run(
-    dev: &WgpuDevice,
+/// Submits one dispatch of `shader`: `words` as its parameters (binding 0), `bufs` at
+/// bindings 1, 2 (read) and 3 (read-write), `groups` workgroups.
+fn run<R: WgslRuntime>(
+    dev: &R,
     shader: ModelShader,
     words: Words,
-    bufs: [&wgpu::Buffer; 3],
+    bufs: [R::Buffer; 3],
     groups: (u32, u32, u32),
 ) -> Result<()> {
-    let pipe = pipeline(
-        dev,
+    let pipeline = dev.pipeline(
         &shader.key(),
-        || shader.source(),
+        &|| shader.source(),
         Bindings::Model,
         false,
+        LoopBounding::Forced,
     )?;
-    // One parameter slot per process (there is one wgpu device), reused by every call; the
-    // lock spans write and submit, so a call's dispatch sees its own parameters (queued
-    // buffer writes land before the next submission).
-    static PARAMS: OnceLock<Mutex<(WgpuDevice, ParamBlock)>> = OnceLock::new();
-    let mut guard = PARAMS
-        .get_or_init(|| Mutex::new((dev.clone(), ParamBlock::new(dev, 1))))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if guard.0 != *dev {
-        *guard = (dev.clone(), ParamBlock::new(dev, 1));
-    }
-    let params = &guard.1;
-    params.write(dev, &[words.w]);
-    let group = bind_group(
-        dev,
-        &pipe,
-        vec![
-            (0, params.binding(0)),
-            (1, whole(bufs[0])),
-            (2, whole(bufs[1])),
-            (3, whole(bufs[2])),
-        ],
-    );
-    let mut enc = dev
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("polyattn model op"),
-        });
-    dispatch(&mut enc, &pipe, &group, groups);
-    dev.queue().submit([enc.finish()]);
-    Ok(())
+    let [a, b, c] = bufs;
+    dev.submit_one(
+        words.w,
+        Dispatch {
+            pipeline,
+            slot: 0,
+            buffers: vec![(1, a), (2, b), (3, c)],
+            groups,
+        },
+    )
 }
 
 /// Workgroups for `threads` threads of [`MODEL_WORKGROUP`], spread over x and z.
-fn flat(dev: &WgpuDevice, threads: usize) -> Result<(u32, u32, u32)> {
-    let (x, z) = grid(dev, (threads as u64).div_ceil(MODEL_WORKGROUP as u64))?;
+fn flat<R: WgslRuntime>(dev: &R, threads: usize) -> Result<(u32, u32, u32)> {
+    let (x, z) = dev
+        .info()
+        .grid((threads as u64).div_ceil(MODEL_WORKGROUP as u64))?;
     Ok((x, 1, z))
 }
 
-pub(super) fn embedding(
-    dev: &WgpuDevice,
+pub(super) fn embedding<R: WgslRuntime>(
+    dev: &R,
     table: &Tensor,
     ids: &Tensor,
     v: usize,
@@ -114,9 +88,9 @@ pub(super) fn embedding(
     if t == 0 || h == 0 {
         return Ok(out);
     }
-    let tb = buffer(dev, table, "embedding table / gather_rows input")?;
-    let ib = buffer(dev, ids, "indices")?;
-    let ob = buffer(dev, &out, "embedding / gather_rows output")?;
+    let tb = dev.tensor_buffer(table, "embedding table / gather_rows input")?;
+    let ib = dev.tensor_buffer(ids, "indices")?;
+    let ob = dev.tensor_buffer(&out, "embedding / gather_rows output")?;
     let vec4 = h % 4 == 0;
     let hv = if vec4 { h / 4 } else { h };
     let words = Words::new()
@@ -127,14 +101,14 @@ pub(super) fn embedding(
         dev,
         ModelShader::Gather { vec4 },
         words,
-        [&tb, &ib, &ob],
+        [tb, ib, ob],
         flat(dev, t * hv)?,
     )?;
     Ok(out)
 }
 
-pub(super) fn rms_norm(
-    dev: &WgpuDevice,
+pub(super) fn rms_norm<R: WgslRuntime>(
+    dev: &R,
     x: &Tensor,
     weight: &Tensor,
     eps: f32,
@@ -145,9 +119,9 @@ pub(super) fn rms_norm(
     if t == 0 || h == 0 {
         return Ok(out);
     }
-    let xb = buffer(dev, x, "rms_norm input")?;
-    let wb = buffer(dev, weight, "rms_norm weight")?;
-    let ob = buffer(dev, &out, "rms_norm output")?;
+    let xb = dev.tensor_buffer(x, "rms_norm input")?;
+    let wb = dev.tensor_buffer(weight, "rms_norm weight")?;
+    let ob = dev.tensor_buffer(&out, "rms_norm output")?;
     let vec4 = h % 4 == 0;
     let hv = if vec4 { h / 4 } else { h };
     let words = Words::new()
@@ -155,19 +129,19 @@ pub(super) fn rms_norm(
         .u(u32_of("hidden", hv)?)
         .u(u32_of("hidden", h)?)
         .f(eps);
-    let (gx, gz) = grid(dev, t as u64)?;
+    let (gx, gz) = dev.info().grid(t as u64)?;
     run(
         dev,
         ModelShader::RmsNorm { vec4 },
         words,
-        [&xb, &wb, &ob],
+        [xb, wb, ob],
         (gx, 1, gz),
     )?;
     Ok(out)
 }
 
-pub(super) fn linear(
-    dev: &WgpuDevice,
+pub(super) fn linear<R: WgslRuntime>(
+    dev: &R,
     x: &Tensor,
     weight: &Tensor,
     t: usize,
@@ -178,9 +152,9 @@ pub(super) fn linear(
     if t == 0 || n == 0 || k == 0 {
         return Ok(out);
     }
-    let xb = buffer(dev, x, "linear input")?;
-    let wb = buffer(dev, weight, "linear weight")?;
-    let ob = buffer(dev, &out, "linear output")?;
+    let xb = dev.tensor_buffer(x, "linear input")?;
+    let wb = dev.tensor_buffer(weight, "linear weight")?;
+    let ob = dev.tensor_buffer(&out, "linear output")?;
     let vec4 = k % 4 == 0;
     let kv = if vec4 { k / 4 } else { k };
     let words = Words::new()
@@ -188,37 +162,39 @@ pub(super) fn linear(
         .u(u32_of("out_features", n)?)
         .u(u32_of("in_features", kv)?);
     if t <= GEMV_MAX_TOKENS {
-        let (gx, gz) = grid(dev, n.div_ceil(GEMV_FEATURES_PER_GROUP as usize) as u64)?;
+        let (gx, gz) = dev
+            .info()
+            .grid(n.div_ceil(GEMV_FEATURES_PER_GROUP as usize) as u64)?;
         run(
             dev,
             ModelShader::LinearGemv { vec4 },
             words,
-            [&xb, &wb, &ob],
+            [xb, wb, ob],
             (gx, 1, gz),
         )?;
     } else {
         let tile = LINEAR_TILE as usize;
         let (gx, gy) = (n.div_ceil(tile), t.div_ceil(tile));
-        let max = dev.limits().max_compute_workgroups_per_dimension as usize;
+        let max = dev.info().max_workgroups_per_dim as usize;
         if gx > max || gy > max {
             return Err(Error::config(format!(
                 "linear of {t} tokens × {n} features needs {gx}×{gy} tiles, more than this \
-                 adapter's dispatch limit ({max} per dimension)"
+                 device's dispatch limit ({max} per dimension)"
             )));
         }
         run(
             dev,
             ModelShader::LinearTiled { vec4 },
             words,
-            [&xb, &wb, &ob],
+            [xb, wb, ob],
             (gx as u32, gy as u32, 1),
         )?;
     }
     Ok(out)
 }
 
-pub(super) fn rope(
-    dev: &WgpuDevice,
+pub(super) fn rope<R: WgslRuntime>(
+    dev: &R,
     x: &mut Tensor,
     positions: &Tensor,
     rope: Rope,
@@ -230,8 +206,8 @@ pub(super) fn rope(
     if pairs == 0 {
         return Ok(());
     }
-    let xb = buffer(dev, x, "rope input")?;
-    let pb = buffer(dev, positions, "rope positions")?;
+    let xb = dev.tensor_buffer(x, "rope input")?;
+    let pb = dev.tensor_buffer(positions, "rope positions")?;
     let words = Words::new()
         .u(u32_of("tokens", t)?)
         .u(u32_of("heads", heads)?)
@@ -244,7 +220,7 @@ pub(super) fn rope(
         dev,
         shader,
         words,
-        [&pb, dev.dummy_buffer(0), &xb],
+        [pb, dev.placeholder(0)?, xb],
         flat(dev, pairs)?,
     )
 }
@@ -255,39 +231,39 @@ fn elementwise_units(numel: usize) -> (bool, usize) {
     (vec4, if vec4 { numel / 4 } else { numel })
 }
 
-pub(super) fn silu_mul(dev: &WgpuDevice, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+pub(super) fn silu_mul<R: WgslRuntime>(dev: &R, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let out = output(dev, gate.shape(), "silu_mul output")?;
     let (vec4, units) = elementwise_units(gate.numel());
     if units == 0 {
         return Ok(out);
     }
-    let gb = buffer(dev, gate, "silu_mul gate")?;
-    let ub = buffer(dev, up, "silu_mul up")?;
-    let ob = buffer(dev, &out, "silu_mul output")?;
+    let gb = dev.tensor_buffer(gate, "silu_mul gate")?;
+    let ub = dev.tensor_buffer(up, "silu_mul up")?;
+    let ob = dev.tensor_buffer(&out, "silu_mul output")?;
     let words = Words::new().u(u32_of("elements", units)?);
     run(
         dev,
         ModelShader::SiluMul { vec4 },
         words,
-        [&gb, &ub, &ob],
+        [gb, ub, ob],
         flat(dev, units)?,
     )?;
     Ok(out)
 }
 
-pub(super) fn add_assign(dev: &WgpuDevice, x: &mut Tensor, y: &Tensor) -> Result<()> {
+pub(super) fn add_assign<R: WgslRuntime>(dev: &R, x: &mut Tensor, y: &Tensor) -> Result<()> {
     let (vec4, units) = elementwise_units(x.numel());
     if units == 0 {
         return Ok(());
     }
-    let xb = buffer(dev, x, "add_assign target")?;
-    let yb = buffer(dev, y, "add_assign operand")?;
+    let xb = dev.tensor_buffer(x, "add_assign target")?;
+    let yb = dev.tensor_buffer(y, "add_assign operand")?;
     let words = Words::new().u(u32_of("elements", units)?);
     run(
         dev,
         ModelShader::Add { vec4 },
         words,
-        [&yb, dev.dummy_buffer(0), &xb],
+        [yb, dev.placeholder(0)?, xb],
         flat(dev, units)?,
     )
 }

@@ -1,15 +1,10 @@
-//! The wgpu backend's kernel glue: which specialisation of each WGSL kernel a layer runs on
-//! this adapter ([`LayerShaders`]: tile shapes, decode kernel, prefill form), the cache
-//! strides the kernels take, `merge_attn_states` for [`crate::ops::merge_attn_states`] (one
-//! dispatch of the WGSL family's `merge_attn_states.wgsl` through the wgpu runtime), and the
-//! runtime's buffer upload under the name the metadata builder uses.
+//! Which specialisation of each WGSL kernel a layer runs on a device ([`LayerShaders`]:
+//! tile shapes, decode kernel, prefill form, from the device's [`WgslDeviceInfo`] alone), the
+//! cache strides the kernels take, and `merge_attn_states` for
+//! [`crate::ops::merge_attn_states`] (one dispatch of the family's `merge_attn_states.wgsl`).
 
-use std::sync::{Mutex, OnceLock};
-
-use crate::device::wgpu::{
-    bind_group, dispatch, grid, pipeline, storage, whole, ParamBlock, Words,
-};
-use crate::device::{Tensor, WgpuDevice};
+use crate::device::wgsl::{Dispatch, LoopBounding, WgslDeviceInfo, WgslRuntime, Words};
+use crate::device::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{
@@ -22,12 +17,11 @@ use crate::kv_cache::KvCache;
 use super::attention_impl::MAX_HEAD_SIZE;
 use super::tuning::{PrefillForm, WgpuTuning};
 
-pub(crate) use crate::device::wgpu::upload_words;
-
-/// `merge_attn_states` on wgpu tensors (shapes and dtypes already checked by
+/// `merge_attn_states` on tensors of `dev` (shapes and dtypes already checked by
 /// [`crate::ops::merge_attn_states`]): `[T, H, D]` outputs, `[H, T]` f32 LSEs.
 #[allow(clippy::too_many_arguments)]
-pub fn merge_attn_states(
+pub fn merge_attn_states<R: WgslRuntime>(
+    dev: &R,
     output: &mut Tensor,
     prefix_output: &Tensor,
     prefix_lse: &Tensor,
@@ -36,22 +30,13 @@ pub fn merge_attn_states(
     output_lse: Option<&mut Tensor>,
     prefill_tokens_with_context: Option<usize>,
 ) -> Result<()> {
-    let dev = match output.device() {
-        crate::Device::Wgpu(d) => d.clone(),
-        _ => {
-            return Err(Error::Device {
-                backend: "wgpu".into(),
-                message: "merge_attn_states: output is not a wgpu tensor".into(),
-            })
-        }
-    };
     let s = prefix_output.shape();
     let (t, h, d) = (s[0], s[1], s[2]);
     if d % 4 != 0 {
         return Err(Error::shape(
             "prefix_output",
             s,
-            "a head size that is a multiple of 4 (wgpu kernels load 4 elements at a time)",
+            "a head size that is a multiple of 4 (the WGSL kernels load 4 elements at a time)",
         ));
     }
     let units = (t * h * (d / 4)) as u64;
@@ -59,74 +44,48 @@ pub fn merge_attn_states(
         return Ok(());
     }
     let dtype = prefix_output.dtype();
-    let po = storage(&dev, prefix_output, "prefix_output")?
-        .buffer()
-        .clone();
-    let pl = storage(&dev, prefix_lse, "prefix_lse")?.buffer().clone();
-    let so = storage(&dev, suffix_output, "suffix_output")?
-        .buffer()
-        .clone();
-    let sl = storage(&dev, suffix_lse, "suffix_lse")?.buffer().clone();
-    let out = storage(&dev, output, "output")?.buffer().clone();
+    let po = dev.tensor_buffer(prefix_output, "prefix_output")?;
+    let pl = dev.tensor_buffer(prefix_lse, "prefix_lse")?;
+    let so = dev.tensor_buffer(suffix_output, "suffix_output")?;
+    let sl = dev.tensor_buffer(suffix_lse, "suffix_lse")?;
+    let out = dev.tensor_buffer(output, "output")?;
     let (ol, write_lse) = match output_lse {
-        Some(l) => (storage(&dev, l, "output_lse")?.buffer().clone(), 1),
-        None => (dev.dummy_buffer(0).clone(), 0),
+        Some(l) => (dev.tensor_buffer(l, "output_lse")?, 1),
+        None => (dev.placeholder(0)?, 0),
     };
     let shader = MergeShader { dtype };
-    let pipe = pipeline(
-        &dev,
+    let pipeline = dev.pipeline(
         &shader.key(),
-        || shader.source(),
+        &|| shader.source(),
         Bindings::Merge,
         false,
+        LoopBounding::Forced,
     )?;
-    // One parameter block per process (there is one wgpu device), reused by every call; the
-    // lock spans write and submit so concurrent calls cannot see each other's parameters.
-    static PARAMS: OnceLock<Mutex<(WgpuDevice, ParamBlock)>> = OnceLock::new();
-    let mut guard = PARAMS
-        .get_or_init(|| Mutex::new((dev.clone(), ParamBlock::new(&dev, 1))))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if guard.0 != dev {
-        *guard = (dev.clone(), ParamBlock::new(&dev, 1));
-    }
-    let params = &guard.1;
     let words = Words::new()
         .u(t as u32)
         .u(h as u32)
         .u(d as u32)
         .u(prefill_tokens_with_context.map_or(u32::MAX, |n| n.min(u32::MAX as usize) as u32))
         .u(write_lse);
-    params.write(&dev, &[words.w]);
-    let group = bind_group(
-        &dev,
-        &pipe,
-        vec![
-            (0, params.binding(0)),
-            (1, whole(&po)),
-            (2, whole(&pl)),
-            (3, whole(&so)),
-            (4, whole(&sl)),
-            (5, whole(&out)),
-            (6, whole(&ol)),
-        ],
-    );
-    let (x, z) = grid(&dev, units.div_ceil(ELEMENTWISE_WORKGROUP as u64))?;
-    let mut enc = dev
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("polyattn merge_attn_states"),
-        });
-    dispatch(&mut enc, &pipe, &group, (x, 1, z));
-    dev.queue().submit([enc.finish()]);
-    Ok(())
+    let (x, z) = dev
+        .info()
+        .grid(units.div_ceil(ELEMENTWISE_WORKGROUP as u64))?;
+    dev.submit_one(
+        words.w,
+        Dispatch {
+            pipeline,
+            slot: 0,
+            buffers: vec![(1, po), (2, pl), (3, so), (4, sl), (5, out), (6, ol)],
+            groups: (x, 1, z),
+        },
+    )
 }
 
 /// How one layer's kernels are specialised on one adapter: its tile shapes, its tuning, and
 /// which form of each kernel runs here.
 #[derive(Clone, Debug)]
 pub struct LayerShaders {
-    dev: WgpuDevice,
+    info: WgslDeviceInfo,
     head_size: usize,
     /// Rows × keys of a decode tile.
     pub(crate) decode_tile: (u32, u32),
@@ -139,14 +98,14 @@ pub struct LayerShaders {
 impl LayerShaders {
     /// The shapes for `head_size` on `dev` under `tuning` (a requested prefill tile that does
     /// not fit is warned about and replaced by the default).
-    pub fn new(dev: WgpuDevice, head_size: usize, tuning: WgpuTuning) -> Result<Self> {
-        let (decode_tile, mut prefill_tile) = tiles_for(&dev, head_size)?;
+    pub fn new(info: WgslDeviceInfo, head_size: usize, tuning: WgpuTuning) -> Result<Self> {
+        let (decode_tile, mut prefill_tile) = tiles_for(&info, head_size)?;
         if let (true, Some((m, n))) = (tuning.prefill_tiles, tuning.prefill_tile) {
-            if prefill_tile_fits(&dev, head_size, (m, n)) {
+            if prefill_tile_fits(&info, head_size, (m, n)) {
                 prefill_tile = (m, n);
             } else {
                 tracing::warn!(
-                    "wgpu: prefill tile {m}x{n} does not fit head size {} here; using {}x{}",
+                    "WGSL: prefill tile {m}x{n} does not fit head size {} here; using {}x{}",
                     head_size,
                     prefill_tile.0,
                     prefill_tile.1
@@ -157,11 +116,11 @@ impl LayerShaders {
             prefill_tile = decode_tile;
         }
         let tuning = WgpuTuning {
-            subgroups: tuning.subgroups && dev.has_subgroups(),
+            subgroups: tuning.subgroups && info.subgroups,
             ..tuning
         };
         Ok(LayerShaders {
-            dev,
+            info,
             head_size,
             decode_tile,
             prefill_tile,
@@ -173,16 +132,17 @@ impl LayerShaders {
     /// queries of `q_dtype`, or `None` when it cannot run them: the tuning does not use
     /// subgroups (or the adapter has none), the head size or an element stride of the cache
     /// is not a whole number of granules ([`DecodeShader::granule`]), the cache buffer is
-    /// not, or the kernel's
+    /// not (`cache_bytes`: the size of its buffer), or the kernel's
     /// workgroup memory does not fit (see [`DecodeShader::choose`]).
     pub fn decode_shader(
         &self,
         rows: u32,
         q_dtype: DType,
         cache: &KvCache,
+        cache_bytes: u64,
     ) -> Option<DecodeShader> {
         let cfg = &self.tuning;
-        if !cfg.decode_kernel || !self.tuning.subgroups || !self.dev.has_subgroups() {
+        if !cfg.decode_kernel || !self.tuning.subgroups || !self.info.subgroups {
             return None;
         }
         let kv_dtype = cache.spec().storage_dtype();
@@ -190,21 +150,16 @@ impl LayerShaders {
         if cache_strides(cache).iter().any(|&s| s % g != 0) {
             return None;
         }
-        let bytes = match cache.data().storage() {
-            crate::device::Storage::Wgpu(s) => s.buffer().size(),
-            _ => return None,
-        };
-        if bytes % DecodeShader::granule_bytes(kv_dtype) as u64 != 0 {
+        if cache_bytes % DecodeShader::granule_bytes(kv_dtype) as u64 != 0 {
             return None;
         }
-        let info = self.dev.adapter_info();
         DecodeShader::choose(
             self.head_size as u32,
             rows,
             q_dtype,
             kv_dtype,
-            (info.subgroup_min_size, info.subgroup_max_size),
-            self.dev.limits().max_compute_workgroup_storage_size,
+            self.info.subgroup_sizes,
+            self.info.max_workgroup_storage,
             cfg.decode_keys_per_step,
             cfg.decode_workgroup,
         )
@@ -249,7 +204,7 @@ impl LayerShaders {
             return tiled;
         }
         let max_key_lanes = if self.tuning.subgroups {
-            self.dev.adapter_info().subgroup_min_size.max(1)
+            self.info.subgroup_sizes.0.max(1)
         } else {
             1
         };
@@ -282,7 +237,7 @@ impl LayerShaders {
                     return s;
                 }
             }
-            if f16_inputs && self.dev.has_f16() {
+            if f16_inputs && self.info.f16 {
                 // Its own rows and keys per chunk where that runs here, else the tile's.
                 let own = (self.tuning.prefill_keys_h.is_some()
                     || self.tuning.prefill_rows_h.is_some())
@@ -296,31 +251,29 @@ impl LayerShaders {
                 }
             }
             tracing::debug!(
-                "wgpu: {} needs SHADER_F16 (adapter: {}), f16 activations and an f16 cache, \
+                "WGSL: {} needs f16 shaders (device: {}), f16 activations and an f16 cache, \
                  and a tile that fits; using the tiled2 form",
                 t2h.key(),
-                self.dev.has_f16()
+                self.info.f16
             );
         }
         pick(t2).unwrap_or_else(|| {
-            tracing::debug!("wgpu: {} cannot run here; using the tiled form", t2.key());
+            tracing::debug!("WGSL: {} cannot run here; using the tiled form", t2.key());
             tiled
         })
     }
 
     /// The cooperative-matrix prefill form ([`Tiled2::coop`]) for an f16 layer with an f16
-    /// cache, where the device has cooperative matrices ([`WgpuDevice::has_coop`]), every
+    /// cache, where the device has cooperative matrices ([`WgslDeviceInfo::coop`]), every
     /// subgroup has 32 lanes (one 16-row tile per subgroup) and the head size is a multiple
     /// of 16 up to 128 (its output tiles stay in registers): 64 rows × 64 keys, or the
     /// tiled2h knobs' rows / keys when they are multiples of 16, else 64 × 32 where the
     /// workgroup memory is short. `None`: the tiled2h form takes the layer.
     fn coop_shader(&self, paged: bool) -> Option<AttentionShader> {
-        let info = self.dev.adapter_info();
         let d = self.head_size as u32;
-        let usable = self.dev.has_coop()
+        let usable = self.info.coop
             && self.tuning.subgroups
-            && info.subgroup_min_size == 32
-            && info.subgroup_max_size == 32
+            && self.info.subgroup_sizes == (32, 32)
             && d % 16 == 0
             && d <= 128;
         if !usable {
@@ -340,15 +293,14 @@ impl LayerShaders {
             .find(|s| self.runs_here(s))
     }
 
-    /// Whether a tiled2-form specialisation can run on this adapter: a register blocking
+    /// Whether a tiled2-form specialisation can run on this device: a register blocking
     /// exists, its workgroup fits the adapter's invocation limits and its workgroup memory
     /// the adapter's.
     fn runs_here(&self, s: &AttentionShader) -> bool {
-        let limits = self.dev.limits();
         s.blocking().is_some()
-            && s.workgroup() <= limits.max_compute_invocations_per_workgroup
-            && s.workgroup() <= limits.max_compute_workgroup_size_x
-            && s.shared_bytes() <= limits.max_compute_workgroup_storage_size
+            && s.workgroup() <= self.info.max_invocations
+            && s.workgroup() <= self.info.max_workgroup_size_x
+            && s.shared_bytes() <= self.info.max_workgroup_storage
     }
 }
 
@@ -363,14 +315,14 @@ pub(crate) fn cache_strides(cache: &KvCache) -> [u32; 4] {
     ]
 }
 
-/// The tile shapes for `head_size` on `dev`, or why there are none.
-pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32, u32))> {
+/// The tile shapes for `head_size` on a device, or why there are none.
+pub fn tiles_for(info: &WgslDeviceInfo, head_size: usize) -> Result<((u32, u32), (u32, u32))> {
     if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE {
         return Err(Error::config(format!(
-            "wgpu: head size {head_size} must be a positive multiple of 4 up to {MAX_HEAD_SIZE}"
+            "WGSL: head size {head_size} must be a positive multiple of 4 up to {MAX_HEAD_SIZE}"
         )));
     }
-    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let limit = info.max_workgroup_storage;
     let d = head_size as u32;
     match (
         choose_tile(d, limit, TileKind::Decode),
@@ -378,23 +330,23 @@ pub fn tiles_for(dev: &WgpuDevice, head_size: usize) -> Result<((u32, u32), (u32
     ) {
         (Some(a), Some(b)) => Ok((a, b)),
         _ => Err(Error::config(format!(
-            "wgpu: head size {head_size} needs more workgroup memory than this adapter's {limit} \
+            "WGSL: head size {head_size} needs more workgroup memory than this device's {limit} \
              bytes"
         ))),
     }
 }
 
 /// Whether a requested prefill tile ([`WgpuTuning::prefill_tile`]) can replace the default
-/// one for `head_size` on `dev`: both prefill forms' workgroup memory fits the adapter's and
+/// one for `head_size` on a device: both prefill forms' workgroup memory fits the device's and
 /// the tiled form's register blocks stay register-sized (≤ 32 scores and 32 vec4
 /// accumulators per thread). False for head sizes the backend rejects (not a positive
 /// multiple of 4 up to [`MAX_HEAD_SIZE`]) and empty tiles.
-pub fn prefill_tile_fits(dev: &WgpuDevice, head_size: usize, (m, n): (u32, u32)) -> bool {
+pub fn prefill_tile_fits(info: &WgslDeviceInfo, head_size: usize, (m, n): (u32, u32)) -> bool {
     if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE || m == 0 || n == 0 {
         return false;
     }
     let d = head_size as u32;
-    let limit = dev.limits().max_compute_workgroup_storage_size;
+    let limit = info.max_workgroup_storage;
     let b = AttentionBlocking::new(d / 4, n);
     attention_shared_bytes(d, m, n) <= limit
         && tiled2_shared_bytes(d, m, n) <= limit

@@ -1,0 +1,86 @@
+//! What the WGSL family's SPIR-V may use on a physical device, read from its properties and
+//! features before the device is created (the features found are then enabled):
+//!
+//! * subgroups: Vulkan 1.1's subgroup operations in compute shaders, with every operation
+//!   class naga's subgroup built-ins translate to (basic, vote, arithmetic, ballot, shuffle,
+//!   relative shuffle) — what wgpu's `SUBGROUP` feature asks of a Vulkan device;
+//! * the subgroup sizes a compute dispatch may run with (Vulkan 1.3's subgroup-size-control
+//!   range, else the one size of the device);
+//! * f16: `shaderFloat16` with 16-bit storage-buffer and uniform access (naga declares both
+//!   access capabilities for every module that has an f16 type).
+
+use ash::vk;
+
+/// The shader features of one physical device (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ShaderFeatures {
+    /// The Vulkan version polyattn uses it at: the device's, at most the instance's 1.3.
+    pub api: u32,
+    pub subgroups: bool,
+    pub subgroup_sizes: (u32, u32),
+    pub f16: bool,
+}
+
+impl ShaderFeatures {
+    /// Reads the features of `physical`.
+    ///
+    /// # Safety
+    /// `physical` must come from `instance`, created for Vulkan 1.3.
+    pub(crate) unsafe fn query(
+        instance: &ash::Instance,
+        physical: vk::PhysicalDevice,
+        props: &vk::PhysicalDeviceProperties,
+    ) -> ShaderFeatures {
+        let api = props.api_version.min(vk::API_VERSION_1_3);
+        if api < vk::API_VERSION_1_1 {
+            return ShaderFeatures {
+                api,
+                subgroups: false,
+                subgroup_sizes: (1, 1),
+                f16: false,
+            };
+        }
+        let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
+        let mut size_control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        if api >= vk::API_VERSION_1_3 {
+            props2 = props2.push_next(&mut size_control);
+        }
+        instance.get_physical_device_properties2(physical, &mut props2);
+        let needed = vk::SubgroupFeatureFlags::BASIC
+            | vk::SubgroupFeatureFlags::VOTE
+            | vk::SubgroupFeatureFlags::ARITHMETIC
+            | vk::SubgroupFeatureFlags::BALLOT
+            | vk::SubgroupFeatureFlags::SHUFFLE
+            | vk::SubgroupFeatureFlags::SHUFFLE_RELATIVE;
+        let subgroups = sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
+            && sub.supported_operations.contains(needed);
+        let subgroup_sizes = if api >= vk::API_VERSION_1_3 && size_control.min_subgroup_size > 0 {
+            (
+                size_control.min_subgroup_size,
+                size_control.max_subgroup_size,
+            )
+        } else {
+            (sub.subgroup_size, sub.subgroup_size)
+        };
+        let f16 = if api >= vk::API_VERSION_1_2 {
+            let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
+            let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+            let mut features = vk::PhysicalDeviceFeatures2::default()
+                .push_next(&mut f11)
+                .push_next(&mut f12);
+            instance.get_physical_device_features2(physical, &mut features);
+            f12.shader_float16 == vk::TRUE
+                && f11.storage_buffer16_bit_access == vk::TRUE
+                && f11.uniform_and_storage_buffer16_bit_access == vk::TRUE
+        } else {
+            false
+        };
+        ShaderFeatures {
+            api,
+            subgroups,
+            subgroup_sizes,
+            f16,
+        }
+    }
+}

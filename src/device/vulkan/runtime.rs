@@ -1,0 +1,239 @@
+//! The Vulkan runtime as a [`WgslRuntime`]: pipelines compiled once per device and key
+//! (the driver's pipeline cache saved after each new one, since the process's device is
+//! never dropped), parameter slots in host-visible uniform buffers written in place (every
+//! submission is waited on, so none is read while it is rewritten), and a submission's
+//! dispatches recorded into one command buffer with a barrier between consecutive ones.
+//!
+//! The module's bindings are reflected from its IR, not taken from the kernel's
+//! [`Bindings`] set: a buffer given for a binding the module does not declare is left out.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::device::wgsl::{
+    Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime, PARAM_SLOT_BYTES,
+};
+use crate::device::{Device, Storage, Tensor};
+use crate::error::{Error, Result};
+use crate::kernels::wgsl::Bindings;
+
+use super::{ComputePipeline, Step, VulkanBuffer, VulkanDevice};
+
+/// Distinct placeholder buffers per device.
+const PLACEHOLDERS: usize = 4;
+
+/// What a device keeps for its WGSL-family users.
+pub(crate) struct Caches {
+    pipelines: Mutex<HashMap<String, Arc<ComputePipeline>>>,
+    placeholders: OnceLock<Vec<Arc<VulkanBuffer>>>,
+    oneoff: Mutex<Option<VulkanParams>>,
+}
+
+impl Caches {
+    pub(crate) fn new() -> Arc<Caches> {
+        Arc::new(Caches {
+            pipelines: Mutex::new(HashMap::new()),
+            placeholders: OnceLock::new(),
+            oneoff: Mutex::new(None),
+        })
+    }
+}
+
+/// Parameter slots: one host-visible 256-byte uniform buffer each, and what each holds.
+#[derive(Debug)]
+pub struct VulkanParams {
+    slots: Vec<VulkanBuffer>,
+    written: Mutex<Vec<Option<Slot>>>,
+}
+
+fn device_error(message: String) -> Error {
+    Error::Device {
+        backend: "VULKAN".into(),
+        message,
+    }
+}
+
+impl VulkanDevice {
+    /// Number of pipelines compiled for the WGSL family's users so far.
+    pub fn pipeline_count(&self) -> usize {
+        self.caches
+            .pipelines
+            .lock()
+            .map(|p| p.len())
+            .unwrap_or_default()
+    }
+
+    fn write_slots(&self, params: &VulkanParams, slots: &[Slot]) -> Result<()> {
+        if slots.len() > params.slots.len() {
+            return Err(Error::config(format!(
+                "{} parameter slots written to a block of {}",
+                slots.len(),
+                params.slots.len()
+            )));
+        }
+        let mut written = params.written.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, slot) in slots.iter().enumerate() {
+            if written[i].as_ref() != Some(slot) {
+                self.write_mapped(&params.slots[i], bytemuck::cast_slice(slot))?;
+                written[i] = Some(*slot);
+            }
+        }
+        Ok(())
+    }
+
+    fn run_dispatches(&self, params: &VulkanParams, dispatches: &[Dispatch<Self>]) -> Result<()> {
+        let mut steps = Vec::with_capacity(dispatches.len());
+        for d in dispatches {
+            let slot = params.slots.get(d.slot).ok_or_else(|| {
+                Error::config(format!(
+                    "parameter slot {} of a block of {}",
+                    d.slot,
+                    params.slots.len()
+                ))
+            })?;
+            let declared = d.pipeline.bindings();
+            let mut buffers = vec![(0, slot)];
+            buffers.extend(
+                d.buffers
+                    .iter()
+                    .filter(|(n, _)| declared.iter().any(|b| b.binding == *n))
+                    .map(|(n, b)| (*n, &**b)),
+            );
+            steps.push(Step {
+                pipeline: &d.pipeline,
+                buffers,
+                groups: d.groups,
+            });
+        }
+        self.run(&steps)
+    }
+}
+
+impl WgslRuntime for VulkanDevice {
+    type Buffer = Arc<VulkanBuffer>;
+    type Pipeline = Arc<ComputePipeline>;
+    type Params = VulkanParams;
+
+    const NAME: &'static str = "VULKAN";
+
+    fn info(&self) -> &WgslDeviceInfo {
+        &self.inner().wgsl
+    }
+
+    fn device(&self) -> Device {
+        Device::Vulkan(self.clone())
+    }
+
+    fn pipeline(
+        &self,
+        key: &str,
+        source: &dyn Fn() -> String,
+        _: Bindings,
+        subgroups: bool,
+        loops: LoopBounding,
+    ) -> Result<Arc<ComputePipeline>> {
+        if subgroups && !self.info().subgroups {
+            return Err(device_error(format!(
+                "{key} needs subgroup operations, which this device lacks"
+            )));
+        }
+        let lock = || {
+            self.caches
+                .pipelines
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        };
+        if let Some(p) = lock().get(key) {
+            return Ok(p.clone());
+        }
+        // Compiled outside the lock, so threads compiling different pipelines do not wait on
+        // each other.
+        let knobs = crate::device::wgpu::PipelineTuning::get();
+        let started = knobs.log_pipelines.then(std::time::Instant::now);
+        let p = Arc::new(self.pipeline_with(key, &source(), loops)?);
+        if let Some(t) = started {
+            eprintln!(
+                "polyattn vulkan: compiled pipeline `{key}` in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        self.save_pipeline_cache();
+        Ok(lock().entry(key.to_string()).or_insert(p).clone())
+    }
+
+    fn tensor_buffer(&self, t: &Tensor, what: &'static str) -> Result<Arc<VulkanBuffer>> {
+        let s = match t.storage() {
+            Storage::Vulkan(s) => s,
+            _ => {
+                return Err(device_error(format!(
+                    "{what} lives on {}, not on the Vulkan device; create it with the \
+                     backend's device or move it with Tensor::to_device",
+                    t.device().kind().as_str()
+                )))
+            }
+        };
+        if s.device() != self {
+            return Err(device_error(format!(
+                "{what} lives on another Vulkan device"
+            )));
+        }
+        self.info().check_binding(s.buffer().len_bytes(), what)?;
+        Ok(s.buffer().clone())
+    }
+
+    fn buffer_bytes(buffer: &Arc<VulkanBuffer>) -> u64 {
+        buffer.len_bytes()
+    }
+
+    fn upload_words(&self, _: &str, words: &[u32]) -> Result<Arc<VulkanBuffer>> {
+        Ok(Arc::new(self.upload(bytemuck::cast_slice(words))?))
+    }
+
+    fn scratch(&self, _: &str, bytes: u64) -> Result<Arc<VulkanBuffer>> {
+        Ok(Arc::new(self.zeros(bytes)?))
+    }
+
+    fn placeholder(&self, slot: usize) -> Result<Arc<VulkanBuffer>> {
+        if let Some(made) = self.caches.placeholders.get() {
+            return Ok(made[slot % PLACEHOLDERS].clone());
+        }
+        let made = (0..PLACEHOLDERS)
+            .map(|_| self.zeros(256).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.caches.placeholders.get_or_init(|| made)[slot % PLACEHOLDERS].clone())
+    }
+
+    fn params(&self, slots: usize) -> Result<VulkanParams> {
+        Ok(VulkanParams {
+            slots: (0..slots)
+                .map(|_| self.mapped_buffer(PARAM_SLOT_BYTES))
+                .collect::<Result<_>>()?,
+            written: Mutex::new(vec![None; slots]),
+        })
+    }
+
+    fn submit(
+        &self,
+        params: &VulkanParams,
+        slots: &[Slot],
+        dispatches: &[Dispatch<Self>],
+    ) -> Result<()> {
+        if dispatches.is_empty() {
+            return Ok(());
+        }
+        self.write_slots(params, slots)?;
+        self.run_dispatches(params, dispatches)
+    }
+
+    fn submit_one(&self, words: Slot, dispatch: Dispatch<Self>) -> Result<()> {
+        let mut guard = self.caches.oneoff.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.params(1)?);
+        }
+        let params = guard
+            .as_ref()
+            .ok_or_else(|| device_error("no one-off parameter block".into()))?;
+        self.write_slots(params, &[words])?;
+        self.run_dispatches(params, std::slice::from_ref(&dispatch))
+    }
+}

@@ -1,0 +1,116 @@
+//! The wgpu runtime as a [`WgslRuntime`]: parameter slots in a uniform [`ParamBlock`] (one
+//! `write_buffer` per call, skipped when unchanged), one bind group per dispatch, every
+//! dispatch of a submission in one compute pass of one command buffer, submitted without
+//! waiting (a later download or synchronize waits).
+
+use crate::device::wgsl::{Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime};
+use crate::device::{Device, Tensor};
+use crate::error::Result;
+use crate::kernels::wgsl::Bindings;
+
+use super::WgpuDevice;
+use super::{bind_group, dispatch_all, pipeline_with, storage, upload_words, ParamBlock};
+
+impl WgpuDevice {
+    /// Records `dispatches` into one compute pass with `params` at binding 0, and submits.
+    fn run_dispatches(&self, params: &ParamBlock, dispatches: &[Dispatch<Self>]) {
+        let groups: Vec<wgpu::BindGroup> = dispatches
+            .iter()
+            .map(|d| {
+                let mut entries = vec![(0, params.binding(d.slot))];
+                entries.extend(d.buffers.iter().map(|(n, b)| (*n, b.as_entire_binding())));
+                bind_group(self, &d.pipeline, entries)
+            })
+            .collect();
+        let mut enc = self
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("polyattn"),
+            });
+        dispatch_all(
+            &mut enc,
+            dispatches
+                .iter()
+                .zip(&groups)
+                .map(|(d, g)| (&d.pipeline, g, d.groups)),
+        );
+        self.queue().submit([enc.finish()]);
+    }
+}
+
+impl WgslRuntime for WgpuDevice {
+    type Buffer = wgpu::Buffer;
+    type Pipeline = wgpu::ComputePipeline;
+    type Params = ParamBlock;
+
+    const NAME: &'static str = "wgpu";
+
+    fn info(&self) -> &WgslDeviceInfo {
+        self.wgsl_info()
+    }
+
+    fn device(&self) -> Device {
+        Device::Wgpu(self.clone())
+    }
+
+    fn pipeline(
+        &self,
+        key: &str,
+        source: &dyn Fn() -> String,
+        bindings: Bindings,
+        subgroups: bool,
+        loops: LoopBounding,
+    ) -> Result<wgpu::ComputePipeline> {
+        pipeline_with(self, key, source, bindings, subgroups, loops)
+    }
+
+    fn tensor_buffer(&self, t: &Tensor, what: &'static str) -> Result<wgpu::Buffer> {
+        Ok(storage(self, t, what)?.buffer().clone())
+    }
+
+    fn buffer_bytes(buffer: &wgpu::Buffer) -> u64 {
+        buffer.size()
+    }
+
+    fn upload_words(&self, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {
+        upload_words(self, label, words)
+    }
+
+    fn scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.create_storage_buffer(label, bytes, wgpu::BufferUsages::empty(), false)
+    }
+
+    fn placeholder(&self, slot: usize) -> Result<wgpu::Buffer> {
+        Ok(self.dummy_buffer(slot).clone())
+    }
+
+    fn params(&self, slots: usize) -> Result<ParamBlock> {
+        Ok(ParamBlock::new(self, slots))
+    }
+
+    fn submit(
+        &self,
+        params: &ParamBlock,
+        slots: &[Slot],
+        dispatches: &[Dispatch<Self>],
+    ) -> Result<()> {
+        if dispatches.is_empty() {
+            return Ok(());
+        }
+        params.write_if_changed(self, slots);
+        self.run_dispatches(params, dispatches);
+        Ok(())
+    }
+
+    fn submit_one(&self, words: Slot, dispatch: Dispatch<Self>) -> Result<()> {
+        // The lock spans write and submit, so a call's dispatch sees its own parameters
+        // (queued buffer writes land before the next submission).
+        let guard: std::sync::MutexGuard<'_, ParamBlock> = self
+            .oneoff_params()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        guard.write(self, &[words]);
+        self.run_dispatches(&guard, std::slice::from_ref(&dispatch));
+        Ok(())
+    }
+}
