@@ -62,6 +62,21 @@ pub use storage::VulkanStorage;
 use crate::device::wgsl::WgslDeviceInfo;
 pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding, Recording, Step};
 
+/// The compute queue and what one-time submissions reuse (each made on first use, then kept:
+/// creating a descriptor pool, fence or query pool per submission cost the NVIDIA driver
+/// more than the dispatches of a small decode), behind the queue lock.
+pub(crate) struct QueueState {
+    pub(crate) queue: vk::Queue,
+    /// The command buffer of one-time submissions, re-recorded each time.
+    cmd: vk::CommandBuffer,
+    /// The fence every submission waits on, reset after each wait.
+    fence: vk::Fence,
+    /// The descriptor sets of one-time submissions, reset after each.
+    pub(crate) transient: vk::DescriptorPool,
+    /// One timestamp query, for [`VulkanDevice::timestamp`].
+    pub(crate) stamps: vk::QueryPool,
+}
+
 /// How [`VulkanDevice::open`] opens the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VulkanOptions {
@@ -106,7 +121,7 @@ pub(crate) struct Inner {
     // Field order is drop order: the allocator and every device object go before the device,
     // the device before the instance, the instance before the loader.
     pub(crate) allocator: Mutex<Option<Allocator>>,
-    pub(crate) queue: Mutex<vk::Queue>,
+    pub(crate) queue: Mutex<QueueState>,
     pub(crate) pool: vk::CommandPool,
     /// The driver's compiled pipelines, loaded from and saved to `cache_file`.
     pub(crate) pipeline_cache: vk::PipelineCache,
@@ -138,6 +153,17 @@ impl Drop for Inner {
             if let Some(path) = &self.cache_file {
                 if let Ok(data) = self.device.get_pipeline_cache_data(self.pipeline_cache) {
                     save_cache(path, &data);
+                }
+            }
+            if let Ok(q) = self.queue.lock() {
+                if q.fence != vk::Fence::null() {
+                    self.device.destroy_fence(q.fence, None);
+                }
+                if q.transient != vk::DescriptorPool::null() {
+                    self.device.destroy_descriptor_pool(q.transient, None);
+                }
+                if q.stamps != vk::QueryPool::null() {
+                    self.device.destroy_query_pool(q.stamps, None);
                 }
             }
             self.device
@@ -431,7 +457,13 @@ impl VulkanDevice {
         };
         let inner = Arc::new(Inner {
             allocator: Mutex::new(Some(allocator)),
-            queue: Mutex::new(queue),
+            queue: Mutex::new(QueueState {
+                queue,
+                cmd: vk::CommandBuffer::null(),
+                fence: vk::Fence::null(),
+                transient: vk::DescriptorPool::null(),
+                stamps: vk::QueryPool::null(),
+            }),
             pool,
             pipeline_cache,
             cache_file,
@@ -599,42 +631,52 @@ impl VulkanDevice {
         &self.inner
     }
 
+    /// The queue and what one-time submissions reuse, locked.
+    pub(crate) fn lock_queue(&self) -> Result<std::sync::MutexGuard<'_, QueueState>> {
+        self.inner
+            .queue
+            .lock()
+            .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))
+    }
+
     /// Records `record` into a one-time command buffer, submits it on the compute queue and
     /// waits for it to finish.
     pub(crate) fn submit_and_wait(&self, record: impl FnOnce(vk::CommandBuffer)) -> Result<()> {
+        let mut q = self.lock_queue()?;
+        self.submit_and_wait_locked(&mut q, record)
+    }
+
+    /// [`VulkanDevice::submit_and_wait`] under a queue lock the caller holds. The command
+    /// buffer is the queue's one, re-recorded each time (its pool resets buffers on begin).
+    pub(crate) fn submit_and_wait_locked(
+        &self,
+        q: &mut QueueState,
+        record: impl FnOnce(vk::CommandBuffer),
+    ) -> Result<()> {
         let d = &self.inner.device;
-        let alloc = vk::CommandBufferAllocateInfo::default()
-            .command_pool(self.inner.pool)
-            .level(vk::CommandBufferLevel::PRIMARY)
-            .command_buffer_count(1);
-        let queue = self
-            .inner
-            .queue
-            .lock()
-            .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))?;
         // SAFETY: the pool belongs to this device and is used under the queue lock only, so
-        // no two threads record or free from it at once; the command buffer is freed after
-        // its fence signalled.
+        // no two threads record from it at once; the command buffer is not pending (every
+        // submission is waited on before the lock is released).
         unsafe {
-            let cmd = d
-                .allocate_command_buffers(&alloc)
-                .map_err(|e| vk_error("vkAllocateCommandBuffers", e))?[0];
-            let free = || d.free_command_buffers(self.inner.pool, &[cmd]);
+            if q.cmd == vk::CommandBuffer::null() {
+                let alloc = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(self.inner.pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                q.cmd = d
+                    .allocate_command_buffers(&alloc)
+                    .map_err(|e| vk_error("vkAllocateCommandBuffers", e))?[0];
+            }
+            let cmd = q.cmd;
             let begin = vk::CommandBufferBeginInfo::default()
                 .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-            if let Err(e) = d.begin_command_buffer(cmd, &begin) {
-                free();
-                return Err(vk_error("vkBeginCommandBuffer", e));
-            }
+            d.begin_command_buffer(cmd, &begin)
+                .map_err(|e| vk_error("vkBeginCommandBuffer", e))?;
             self.after_earlier_submissions(cmd);
             record(cmd);
-            if let Err(e) = d.end_command_buffer(cmd) {
-                free();
-                return Err(vk_error("vkEndCommandBuffer", e));
-            }
-            let result = self.submit_locked(*queue, cmd);
-            free();
-            result
+            d.end_command_buffer(cmd)
+                .map_err(|e| vk_error("vkEndCommandBuffer", e))?;
+            self.submit_locked(q, cmd)
         }
     }
 
@@ -659,33 +701,37 @@ impl VulkanDevice {
         }
     }
 
-    /// Submits the recorded `cmd` on `queue` (whose lock the caller holds) and waits for it.
-    fn submit_locked(&self, queue: vk::Queue, cmd: vk::CommandBuffer) -> Result<()> {
+    /// Submits the recorded `cmd` on the queue (whose lock the caller holds) and waits for
+    /// it, on the queue's fence (reset after the wait).
+    fn submit_locked(&self, q: &mut QueueState, cmd: vk::CommandBuffer) -> Result<()> {
         let d = &self.inner.device;
         // SAFETY: `cmd` is fully recorded and not pending (every submission is waited on
-        // before the queue lock is released); the fence is destroyed after the wait.
+        // before the queue lock is released); the fence is unsignalled when submitted.
         unsafe {
-            let fence = d
-                .create_fence(&vk::FenceCreateInfo::default(), None)
-                .map_err(|e| vk_error("vkCreateFence", e))?;
+            if q.fence == vk::Fence::null() {
+                q.fence = d
+                    .create_fence(&vk::FenceCreateInfo::default(), None)
+                    .map_err(|e| vk_error("vkCreateFence", e))?;
+            }
             let cmds = [cmd];
             let submit = vk::SubmitInfo::default().command_buffers(&cmds);
             let result = d
-                .queue_submit(queue, &[submit], fence)
-                .and_then(|_| d.wait_for_fences(&[fence], true, u64::MAX));
-            d.destroy_fence(fence, None);
+                .queue_submit(q.queue, &[submit], q.fence)
+                .and_then(|_| d.wait_for_fences(&[q.fence], true, u64::MAX))
+                .and_then(|_| d.reset_fences(&[q.fence]));
+            if result.is_err() {
+                // Its state is unknown: the next submission makes a new one.
+                d.destroy_fence(q.fence, None);
+                q.fence = vk::Fence::null();
+            }
             result.map_err(|e| vk_error("vkQueueSubmit / vkWaitForFences", e))
         }
     }
 
     /// Submits a command buffer recorded by [`VulkanDevice::record`] and waits for it.
     pub(crate) fn submit_recorded(&self, cmd: vk::CommandBuffer) -> Result<()> {
-        let queue = self
-            .inner
-            .queue
-            .lock()
-            .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))?;
-        self.submit_locked(*queue, cmd)
+        let mut q = self.lock_queue()?;
+        self.submit_locked(&mut q, cmd)
     }
 
     pub(crate) fn inner_arc(&self) -> &Arc<Inner> {

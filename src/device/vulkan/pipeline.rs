@@ -18,6 +18,10 @@ use crate::error::{Error, Result};
 
 use super::{vk_error, Inner, VulkanBuffer, VulkanDevice};
 
+/// Descriptor sets of one submission that the queue's shared pool holds (a submission with
+/// more takes pools of its own for the rest).
+const TRANSIENT_SETS: u32 = 64;
+
 /// What a binding of a module is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BindingKind {
@@ -244,14 +248,16 @@ impl VulkanDevice {
         }
     }
 
-    /// A descriptor set (in a pool of its own) binding `buffers` as (binding, buffer) to
-    /// `pipeline`'s bindings: every binding of the module exactly once, each buffer within
-    /// the device's limit for its kind.
+    /// A descriptor set binding `buffers` as (binding, buffer) to `pipeline`'s bindings:
+    /// every binding of the module exactly once, each buffer within the device's limit for
+    /// its kind. It comes from `shared` where that pool has room, else from a pool of its own
+    /// (returned, for the caller to destroy once no submission uses the set).
     fn descriptor_set(
         &self,
         pipeline: &ComputePipeline,
         buffers: &[(u32, &VulkanBuffer)],
-    ) -> Result<(vk::DescriptorPool, vk::DescriptorSet)> {
+        shared: Option<vk::DescriptorPool>,
+    ) -> Result<(Option<vk::DescriptorPool>, vk::DescriptorSet)> {
         let mut infos = Vec::with_capacity(pipeline.bindings.len());
         for b in &pipeline.bindings {
             let mut found = buffers.iter().filter(|(n, _)| *n == b.binding);
@@ -310,6 +316,35 @@ impl VulkanDevice {
                 descriptor_count: storages,
             });
         }
+        let layouts = [pipeline.set_layout];
+        let writes = |set: vk::DescriptorSet| {
+            let writes: Vec<_> = infos
+                .iter()
+                .map(|(b, info)| {
+                    vk::WriteDescriptorSet::default()
+                        .dst_set(set)
+                        .dst_binding(b.binding)
+                        .descriptor_type(descriptor_type(b.kind))
+                        .buffer_info(info)
+                })
+                .collect();
+            // SAFETY: the set was just allocated; the buffers outlive its uses (the callers'
+            // contract).
+            unsafe { d.update_descriptor_sets(&writes, &[]) };
+        };
+        if let Some(pool) = shared {
+            // SAFETY: a valid allocate info; a full pool is an error, not undefined behaviour.
+            if let Ok(sets) = unsafe {
+                d.allocate_descriptor_sets(
+                    &vk::DescriptorSetAllocateInfo::default()
+                        .descriptor_pool(pool)
+                        .set_layouts(&layouts),
+                )
+            } {
+                writes(sets[0]);
+                return Ok((None, sets[0]));
+            }
+        }
         // SAFETY: valid create infos; the caller destroys the pool once no submission that
         // uses the set is pending.
         unsafe {
@@ -321,7 +356,6 @@ impl VulkanDevice {
                     None,
                 )
                 .map_err(|e| vk_error("vkCreateDescriptorPool", e))?;
-            let layouts = [pipeline.set_layout];
             let set = match d.allocate_descriptor_sets(
                 &vk::DescriptorSetAllocateInfo::default()
                     .descriptor_pool(pool)
@@ -333,18 +367,8 @@ impl VulkanDevice {
                     return Err(vk_error("vkAllocateDescriptorSets", e));
                 }
             };
-            let writes: Vec<_> = infos
-                .iter()
-                .map(|(b, info)| {
-                    vk::WriteDescriptorSet::default()
-                        .dst_set(set)
-                        .dst_binding(b.binding)
-                        .descriptor_type(descriptor_type(b.kind))
-                        .buffer_info(info)
-                })
-                .collect();
-            d.update_descriptor_sets(&writes, &[]);
-            Ok((pool, set))
+            writes(set);
+            Ok((Some(pool), set))
         }
     }
 
@@ -405,13 +429,37 @@ impl VulkanDevice {
     /// one's reads) and waits for them; every step is checked as [`VulkanDevice::dispatch`]
     /// checks.
     pub fn run(&self, steps: &[Step<'_>]) -> Result<()> {
-        let mut pools = Vec::with_capacity(steps.len());
+        let mut q = self.lock_queue()?;
+        let d = self.raw();
+        if q.transient == vk::DescriptorPool::null() {
+            let sizes = [
+                vk::DescriptorPoolSize {
+                    ty: vk::DescriptorType::UNIFORM_BUFFER,
+                    descriptor_count: TRANSIENT_SETS,
+                },
+                vk::DescriptorPoolSize {
+                    ty: vk::DescriptorType::STORAGE_BUFFER,
+                    descriptor_count: TRANSIENT_SETS * 8,
+                },
+            ];
+            // SAFETY: a valid create info; the pool is destroyed with the device.
+            q.transient = unsafe {
+                d.create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default()
+                        .max_sets(TRANSIENT_SETS)
+                        .pool_sizes(&sizes),
+                    None,
+                )
+            }
+            .map_err(|e| vk_error("vkCreateDescriptorPool", e))?;
+        }
+        let mut own = Vec::new();
         let mut pairs = Vec::with_capacity(steps.len());
         let mut result = Ok(());
         for step in steps {
-            match self.descriptor_set(step.pipeline, &step.buffers) {
+            match self.descriptor_set(step.pipeline, &step.buffers, Some(q.transient)) {
                 Ok((pool, set)) => {
-                    pools.push(pool);
+                    own.extend(pool);
                     pairs.push((step, set));
                 }
                 Err(e) => {
@@ -421,12 +469,13 @@ impl VulkanDevice {
             }
         }
         if result.is_ok() {
-            result = self.submit_and_wait(|cmd| self.record_steps(cmd, &pairs));
+            result = self.submit_and_wait_locked(&mut q, |cmd| self.record_steps(cmd, &pairs));
         }
         // SAFETY: the submission (if any) was waited on; nothing uses the sets any more.
         unsafe {
-            for pool in pools {
-                self.raw().destroy_descriptor_pool(pool, None);
+            let _ = d.reset_descriptor_pool(q.transient, vk::DescriptorPoolResetFlags::empty());
+            for pool in own {
+                d.destroy_descriptor_pool(pool, None);
             }
         }
         result
@@ -448,9 +497,9 @@ impl VulkanDevice {
             }
         };
         for step in steps {
-            match self.descriptor_set(step.pipeline, &step.buffers) {
+            match self.descriptor_set(step.pipeline, &step.buffers, None) {
                 Ok((pool, set)) => {
-                    pools.push(pool);
+                    pools.extend(pool);
                     sets.push(set);
                 }
                 Err(e) => {
@@ -639,13 +688,17 @@ impl VulkanDevice {
             return Ok(None);
         }
         let d = self.raw();
-        let info = vk::QueryPoolCreateInfo::default()
-            .query_type(vk::QueryType::TIMESTAMP)
-            .query_count(1);
-        // SAFETY: a valid create info; the pool is destroyed below, after the wait.
-        let pool = unsafe { d.create_query_pool(&info, None) }
-            .map_err(|e| vk_error("vkCreateQueryPool", e))?;
-        let result = self.submit_and_wait(|cmd| {
+        let mut q = self.lock_queue()?;
+        if q.stamps == vk::QueryPool::null() {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(1);
+            // SAFETY: a valid create info; the pool is destroyed with the device.
+            q.stamps = unsafe { d.create_query_pool(&info, None) }
+                .map_err(|e| vk_error("vkCreateQueryPool", e))?;
+        }
+        let pool = q.stamps;
+        self.submit_and_wait_locked(&mut q, |cmd| {
             // SAFETY: `cmd` is recording; `clear` lives across the wait.
             unsafe {
                 if let Some(b) = clear {
@@ -654,23 +707,18 @@ impl VulkanDevice {
                 d.cmd_reset_query_pool(cmd, pool, 0, 1);
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 0);
             }
-        });
+        })?;
         let mut ticks = [0u64; 1];
-        let read = result.and_then(|_| {
-            // SAFETY: the query was written by the submission just waited on.
-            unsafe {
-                d.get_query_pool_results(
-                    pool,
-                    0,
-                    &mut ticks,
-                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
-                )
-            }
-            .map_err(|e| vk_error("vkGetQueryPoolResults", e))
-        });
-        // SAFETY: the submission was waited on.
-        unsafe { d.destroy_query_pool(pool, None) };
-        read?;
+        // SAFETY: the query was written by the submission just waited on.
+        unsafe {
+            d.get_query_pool_results(
+                pool,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+        }
+        .map_err(|e| vk_error("vkGetQueryPoolResults", e))?;
         let mask = if bits >= 64 {
             u64::MAX
         } else {
