@@ -380,3 +380,35 @@ fn the_process_device_validates_in_debug_builds() {
     }
     println!("{}", dev.description());
 }
+
+/// The benchmark's ceilings and timer on the process's device: the copy and FMA probes run
+/// (recorded once, timed by their timestamps) and give positive rates, and the region timer
+/// times a region.
+#[test]
+fn the_benchmark_probes_run() {
+    use polyattn::backends::vulkan::probes;
+    use polyattn::probe::ProbeConfig;
+    let Ok(dev) = VulkanDevice::global() else {
+        println!("SKIP the_benchmark_probes_run: no Vulkan device");
+        return;
+    };
+    if !dev.has_timestamps() {
+        println!("SKIP the_benchmark_probes_run: the compute queue has no timestamps");
+        return;
+    }
+    let cfg = ProbeConfig {
+        trials: 1,
+        copy_bytes: 1 << 20,
+        fma_seconds: 0.01,
+    };
+    let peaks = probes::peaks(&dev, DType::F32, &cfg).unwrap();
+    assert!(
+        peaks.mem_gbps > 0.0 && peaks.compute_tflops > 0.0,
+        "{peaks:?}"
+    );
+    let mut timer = probes::timer(&dev);
+    timer.start().unwrap();
+    let secs = timer.stop().unwrap();
+    assert!(secs > 0.0 && secs < 10.0, "{secs}");
+    assert!(dev.take_validation_errors().is_empty());
+}
