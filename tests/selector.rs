@@ -406,3 +406,58 @@ fn mla_ranking_follows_the_standard_one() {
         forcing_says_unavailable(&r, &deepseek, "hip_mla", reason);
     }
 }
+
+/// VULKAN ranks between HIP and WGPU on a GPU, and after the CPU backend (before wgpu's
+/// software adapter) on a CPU implementation such as lavapipe; forcing it picks it wherever
+/// it is available, and an MLA layer never goes to it (it declares no MLA).
+#[test]
+fn vulkan_ranks_between_hip_and_wgpu() {
+    let r = Registry::with_builtins();
+    let why = r.explain(&llama());
+    let find = |n: &str| {
+        why.iter()
+            .find(|c| c.name == n)
+            .unwrap_or_else(|| panic!("{n} is not ranked"))
+    };
+    let vk = find("VULKAN");
+    assert_eq!(BuiltinBackend::Vulkan.name(), "VULKAN");
+    assert_eq!(
+        BuiltinBackend::Vulkan.create().device_kind(),
+        DeviceKind::Vulkan
+    );
+    assert!(vk.priority == 300 || vk.priority == 1050, "{}", vk.priority);
+    assert!(find("HIP").priority < vk.priority);
+    match &vk.availability {
+        Availability::Available(dev) => {
+            let software = dev.contains("CPU implementation");
+            assert_eq!(vk.priority, if software { 1050 } else { 300 }, "{dev}");
+            if software {
+                assert!(find("CPU").priority < vk.priority, "{dev}");
+            } else {
+                assert!(vk.priority < find("WGPU").priority, "{dev}");
+            }
+            let forced = r.select(&llama(), Some("vulkan")).unwrap();
+            assert_eq!(forced.name(), "VULKAN");
+        }
+        Availability::Unavailable(reason) => {
+            assert!(!vk.is_usable());
+            forcing_says_unavailable(&r, &llama(), "vulkan", reason);
+        }
+    }
+    let mut deepseek = SelectorConfig::new(576, DType::Bf16, CacheDType::Auto);
+    deepseek.use_mla = true;
+    deepseek.block_size = Some(64);
+    let mla = r.explain(&deepseek);
+    let vk_mla = mla.iter().find(|c| c.name == "VULKAN").unwrap();
+    assert!(!vk_mla.is_usable());
+    if vk_mla.availability.is_available() {
+        assert!(
+            vk_mla
+                .reasons
+                .iter()
+                .any(|r| r.to_string().contains("MLA not supported")),
+            "{:?}",
+            vk_mla.reasons
+        );
+    }
+}

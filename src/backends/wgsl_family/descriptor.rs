@@ -1,17 +1,24 @@
-//! What the WGSL family's descriptors declare and check alike, whichever runtime opens the
+//! The WGSL family's descriptor ([`WgslBackend`], one per runtime through
+//! [`WgslBackendRuntime`]) and what it declares and checks, whichever runtime opens the
 //! device: the capabilities (the kernels unpack 16-bit and fp8 elements from u32 words, so
 //! they hold on every device), the device-dependent vetoes (a tile of the head size must fit
 //! the workgroup memory, a KV cache one storage binding) and the KV-cache shape.
 
+use std::marker::PhantomData;
+
+use crate::attention::{AttentionImpl, AttentionParams};
 use crate::backend::{
-    AttentionType, BackendCapabilities, BlockSize, GraphCaptureSupport, HeadSizes, KvLayout,
-    Reason, SelectorConfig,
+    AttentionBackend, AttentionType, Availability, BackendCapabilities, BlockSize,
+    GraphCaptureSupport, HeadSizes, KvLayout, Reason, SelectorConfig,
 };
-use crate::device::wgsl::WgslDeviceInfo;
+use crate::device::wgsl::{WgslDeviceInfo, WgslRuntime};
+use crate::device::{Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
+use crate::kv_cache::KvCacheSpec;
+use crate::metadata::AttentionMetadataBuilder;
 
-use super::{tiles_for, MAX_HEAD_SIZE};
+use super::{tiles_for, WgslAttentionImpl, WgslMetadataBuilder, MAX_HEAD_SIZE};
 
 /// The family's capabilities, with the runtime's graph-capture level.
 pub fn wgsl_capabilities(graph_capture: GraphCaptureSupport) -> BackendCapabilities {
@@ -107,4 +114,126 @@ pub fn wgsl_kv_cache_shape(
         info.check_binding(bytes, "the KV cache")?;
     }
     Ok([num_blocks, 2, block_size, num_kv_heads, head_size])
+}
+
+/// What a WGSL-family descriptor knows of its runtime: its name, its device family, its
+/// ranks, and how to open the process's device.
+pub trait WgslBackendRuntime: WgslRuntime {
+    /// The backend's registered name.
+    const BACKEND: &'static str;
+    /// The device family the selector ranks.
+    const KIND: DeviceKind;
+    /// Priority on a GPU, and on a CPU implementation (lavapipe, llvmpipe, WARP), which
+    /// emulates a GPU on the cores the CPU backend uses natively and so ranks after it.
+    const PRIORITY: (u32, u32);
+    /// The process's device of this runtime (opened once; a failure is cached too).
+    fn open() -> Result<Self>;
+}
+
+/// The descriptor of the WGSL family on runtime `R` (`WGPU`, `VULKAN`).
+///
+/// What it declares holds on every device: 16-bit and fp8 elements are packed into u32 words
+/// and converted with integer arithmetic, so f16 and bf16 need no device feature. What
+/// depends on the device is checked once it is open: the head size must leave a tile that
+/// fits the workgroup memory, and a KV cache must fit one storage binding (larger caches are
+/// an error, not split).
+#[derive(Debug)]
+pub struct WgslBackend<R: WgslBackendRuntime> {
+    caps: BackendCapabilities,
+    runtime: PhantomData<R>,
+}
+
+impl<R: WgslBackendRuntime> WgslBackend<R> {
+    /// The descriptor (touches no device).
+    pub fn new() -> Self {
+        WgslBackend {
+            // Command buffers are recorded per call on both runtimes; none is re-submitted.
+            caps: wgsl_capabilities(GraphCaptureSupport::Never),
+            runtime: PhantomData,
+        }
+    }
+}
+
+impl<R: WgslBackendRuntime> Default for WgslBackend<R> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<R: WgslBackendRuntime> AttentionBackend for WgslBackend<R> {
+    fn name(&self) -> &str {
+        R::BACKEND
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        R::KIND
+    }
+
+    /// [`WgslBackendRuntime::PRIORITY`]: the GPU rank, or the CPU implementation's.
+    fn priority(&self) -> u32 {
+        match R::open() {
+            Ok(d) if d.info().is_cpu => R::PRIORITY.1,
+            _ => R::PRIORITY.0,
+        }
+    }
+
+    fn availability(&self) -> Availability {
+        match R::open() {
+            Ok(d) => Availability::Available(d.device().description()),
+            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
+            Err(e) => Availability::Unavailable(e.to_string()),
+        }
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    fn device(&self) -> Result<Device> {
+        Ok(R::open()?.device())
+    }
+
+    /// Device-dependent checks: a tile of this head size must fit the workgroup memory, and
+    /// a KV cache of the configuration's size (when given) one storage binding.
+    fn supports_combination(&self, config: &SelectorConfig) -> Option<Reason> {
+        let dev = R::open().ok()?;
+        wgsl_combination_veto(dev.info(), &self.caps, config)
+    }
+
+    /// The cache must fit one storage binding of the device.
+    fn check_kv_cache(&self, spec: &KvCacheSpec, num_blocks: usize) -> Result<()> {
+        let bytes = spec.cache_bytes(num_blocks)?;
+        R::open()?.info().check_binding(bytes, "the KV cache")
+    }
+
+    fn kv_cache_shape(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_size: usize,
+        cache_dtype: CacheDType,
+    ) -> Result<[usize; 5]> {
+        let dev = R::open().ok();
+        wgsl_kv_cache_shape(
+            R::BACKEND,
+            &self.caps,
+            dev.as_ref().map(|d| d.info()),
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_size,
+            cache_dtype,
+        )
+    }
+
+    fn make_impl(&self, params: AttentionParams) -> Result<Box<dyn AttentionImpl>> {
+        self.check_layer(&params)?;
+        Ok(Box::new(WgslAttentionImpl::new(R::open()?, params)?))
+    }
+
+    fn make_builder(&self, spec: &KvCacheSpec) -> Result<Box<dyn AttentionMetadataBuilder>> {
+        self.check_cache_spec(spec)?;
+        Ok(Box::new(WgslMetadataBuilder::new(R::open()?, *spec)))
+    }
 }

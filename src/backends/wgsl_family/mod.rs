@@ -25,7 +25,9 @@ mod metadata_builder;
 pub mod tuning;
 
 pub use attention_impl::{WgslAttentionImpl, WgslPlanKernels, WgslRecording, MAX_HEAD_SIZE};
-pub use descriptor::{wgsl_capabilities, wgsl_combination_veto, wgsl_kv_cache_shape};
+pub use descriptor::{
+    wgsl_capabilities, wgsl_combination_veto, wgsl_kv_cache_shape, WgslBackend, WgslBackendRuntime,
+};
 pub use layer_shaders::{merge_attn_states, prefill_tile_fits, tiles_for, LayerShaders};
 pub use metadata_builder::{
     plan_lists, Plan, PlanKey, PlanLists, WgslAttentionMetadata, WgslMetadataBuilder, WorkList,

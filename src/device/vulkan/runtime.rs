@@ -148,7 +148,14 @@ impl WgslRuntime for VulkanDevice {
         }
         // Compiled outside the lock, so threads compiling different pipelines do not wait on
         // each other.
+        // The pipeline knobs of the WGSL family's runtimes (`PipelineTuning`): the same for
+        // both, so an A/B of a knob means the same on wgpu and Vulkan.
         let knobs = crate::device::wgpu::PipelineTuning::get();
+        let loops = if knobs.loop_bounding {
+            LoopBounding::Forced
+        } else {
+            loops
+        };
         let started = knobs.log_pipelines.then(std::time::Instant::now);
         let p = Arc::new(self.pipeline_with(key, &source(), loops)?);
         if let Some(t) = started {
