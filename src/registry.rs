@@ -16,6 +16,7 @@ use crate::backends::cuda_mla::CudaMlaBackend;
 use crate::backends::hip::HipBackend;
 use crate::backends::hip_mla::HipMlaBackend;
 use crate::backends::vulkan::VulkanBackend;
+use crate::backends::vulkan_mla::VulkanMlaBackend;
 use crate::backends::wgpu::WgpuBackend;
 use crate::backends::wgpu_mla::WgpuMlaBackend;
 
@@ -36,6 +37,9 @@ pub enum BuiltinBackend {
     HipMla,
     /// The WGSL family as SPIR-V on the native Vulkan runtime ([`crate::backends::vulkan`]).
     Vulkan,
+    /// MLA (latent cache) in the WGSL family on the native Vulkan runtime
+    /// ([`crate::backends::vulkan_mla`]).
+    VulkanMla,
     /// WGSL through wgpu: Vulkan, Metal, DX12, GL ([`crate::backends::wgpu`]).
     Wgpu,
     /// MLA (latent cache) in WGSL through wgpu ([`crate::backends::wgpu_mla`]).
@@ -44,7 +48,7 @@ pub enum BuiltinBackend {
 
 impl BuiltinBackend {
     /// Every built-in backend.
-    pub const ALL: [BuiltinBackend; 9] = [
+    pub const ALL: [BuiltinBackend; 10] = [
         BuiltinBackend::Cpu,
         BuiltinBackend::CpuMla,
         BuiltinBackend::Cuda,
@@ -52,6 +56,7 @@ impl BuiltinBackend {
         BuiltinBackend::Hip,
         BuiltinBackend::HipMla,
         BuiltinBackend::Vulkan,
+        BuiltinBackend::VulkanMla,
         BuiltinBackend::Wgpu,
         BuiltinBackend::WgpuMla,
     ];
@@ -66,6 +71,7 @@ impl BuiltinBackend {
             BuiltinBackend::Hip => "HIP",
             BuiltinBackend::HipMla => "HIP_MLA",
             BuiltinBackend::Vulkan => "VULKAN",
+            BuiltinBackend::VulkanMla => "VULKAN_MLA",
             BuiltinBackend::Wgpu => "WGPU",
             BuiltinBackend::WgpuMla => "WGPU_MLA",
         }
@@ -81,6 +87,7 @@ impl BuiltinBackend {
             BuiltinBackend::Hip => Arc::new(HipBackend::new()),
             BuiltinBackend::HipMla => Arc::new(HipMlaBackend::new()),
             BuiltinBackend::Vulkan => Arc::new(VulkanBackend::new()),
+            BuiltinBackend::VulkanMla => Arc::new(VulkanMlaBackend::new()),
             BuiltinBackend::Wgpu => Arc::new(WgpuBackend::new()),
             BuiltinBackend::WgpuMla => Arc::new(WgpuMlaBackend::new()),
         }

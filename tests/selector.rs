@@ -409,7 +409,8 @@ fn mla_ranking_follows_the_standard_one() {
 
 /// VULKAN ranks between HIP and WGPU on a GPU, and after the CPU backend (before wgpu's
 /// software adapter) on a CPU implementation such as lavapipe; forcing it picks it wherever
-/// it is available, and an MLA layer never goes to it (it declares no MLA).
+/// it is available; an MLA layer never goes to it (it declares no MLA) but to VULKAN_MLA,
+/// ranked ten places after it.
 #[test]
 fn vulkan_ranks_between_hip_and_wgpu() {
     let r = Registry::with_builtins();
@@ -448,6 +449,12 @@ fn vulkan_ranks_between_hip_and_wgpu() {
     deepseek.use_mla = true;
     deepseek.block_size = Some(64);
     let mla = r.explain(&deepseek);
+    let rank = |n: &str| mla.iter().find(|c| c.name == n).unwrap().priority;
+    assert_eq!(rank("VULKAN_MLA"), vk.priority + 10);
+    assert!(rank("HIP_MLA") < rank("VULKAN_MLA"));
+    if vk.priority == 300 {
+        assert!(rank("VULKAN_MLA") < rank("WGPU_MLA"));
+    }
     let vk_mla = mla.iter().find(|c| c.name == "VULKAN").unwrap();
     assert!(!vk_mla.is_usable());
     if vk_mla.availability.is_available() {

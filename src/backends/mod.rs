@@ -23,6 +23,7 @@ pub mod hip;
 pub mod hip_mla;
 pub mod mla_batch;
 pub mod vulkan;
+pub mod vulkan_mla;
 pub mod wgpu;
 pub mod wgpu_mla;
 pub mod wgsl_family;

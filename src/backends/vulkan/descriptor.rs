@@ -14,6 +14,7 @@ pub type VulkanBackend = WgslBackend<VulkanDevice>;
 
 impl WgslBackendRuntime for VulkanDevice {
     const BACKEND: &'static str = "VULKAN";
+    const MLA_BACKEND: &'static str = "VULKAN_MLA";
     const KIND: DeviceKind = DeviceKind::Vulkan;
     const PRIORITY: (u32, u32) = (300, 1050);
 

@@ -25,5 +25,4 @@ pub use crate::backends::wgsl_family::tuning::{
 pub use crate::backends::wgsl_family::{prefill_tile_fits, LayerShaders, PlanKey, MAX_HEAD_SIZE};
 pub use attention_impl::{WgpuAttentionImpl, WgpuPlanKernels, WgpuRecording};
 pub use descriptor::WgpuBackend;
-pub(crate) use descriptor::{adapter_availability, adapter_priority};
 pub use metadata_builder::{Plan, WgpuAttentionMetadata, WgpuMetadataBuilder, WorkList};

@@ -4,15 +4,9 @@
 //! batch arrays.
 
 use crate::backends::mla_batch::{MlaBatchBuilder, MlaBatchMetadata};
-use crate::device::{Device, WgpuDevice};
 
 /// What the wgpu MLA kernels consume for one batch.
 pub type WgpuMlaMetadata = MlaBatchMetadata;
 
 /// Builds [`WgpuMlaMetadata`].
 pub type WgpuMlaMetadataBuilder = MlaBatchBuilder;
-
-/// The builder for latent caches of `block_size` tokens per block on `device`.
-pub fn wgpu_mla_builder(block_size: usize, device: WgpuDevice) -> WgpuMlaMetadataBuilder {
-    MlaBatchBuilder::new("WGPU_MLA", block_size, Device::Wgpu(device))
-}

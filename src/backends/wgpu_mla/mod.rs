@@ -4,16 +4,14 @@
 //! Same shape as every backend: [`WgpuMlaBackend`] (descriptor: `is_mla`, head sizes 576 and
 //! 320, block sizes multiples of 16, f32 / f16 / bf16 with a same-dtype or E4M3 latent
 //! cache), [`WgpuMlaMetadataBuilder`] (the GPU MLA builder: decodes first, one query length
-//! up to 128; the batch arrays on the device), [`WgpuMlaAttentionImpl`] (`forward_mqa`: the
-//! latent decode `mla_decode.wgsl` with split-KV and `mla_combine.wgsl`; `forward_mha`: the
-//! expanded prefill chunk by chunk — `mla_gather.wgsl`, the `kv_b_proj` GEMM of
-//! `model_ops_linear.wgsl`, `mla_prefill.wgsl`; `do_kv_cache_update`:
-//! `mla_cache_write.wgsl`) and [`kernels`] (recording their dispatches). Everything computes
-//! in f32 on every adapter; no adapter feature is required.
+//! up to 128; the batch arrays on the device) and [`WgpuMlaAttentionImpl`]. Descriptor, impl
+//! and kernels are the WGSL family's MLA ([`crate::backends::wgsl_family`]: `WgslMlaBackend`,
+//! `WgslMlaAttentionImpl`), the same the native Vulkan runtime's `VULKAN_MLA` runs, named for
+//! the wgpu runtime. Everything computes in f32 on every adapter; no adapter feature is
+//! required.
 
 mod attention_impl;
 mod descriptor;
-pub mod kernels;
 mod metadata_builder;
 
 pub use attention_impl::WgpuMlaAttentionImpl;

@@ -121,6 +121,8 @@ pub fn wgsl_kv_cache_shape(
 pub trait WgslBackendRuntime: WgslRuntime {
     /// The backend's registered name.
     const BACKEND: &'static str;
+    /// The name of its MLA backend.
+    const MLA_BACKEND: &'static str;
     /// The device family the selector ranks.
     const KIND: DeviceKind;
     /// Priority on a GPU, and on a CPU implementation (lavapipe, llvmpipe, WARP), which

@@ -17,11 +17,20 @@
 //! layers on devices with f16 shaders), fused softmax (register-prefetched K/V, softmax fused
 //! into the score phase, fewer barriers) and three phase (what every device runs, and the
 //! decode tiles). Every knob of the family is a field of [`WgpuTuning`] (docs/TUNING.md).
+//!
+//! MLA ([`WgslMlaBackend`], [`WgslMlaAttentionImpl`]): the latent decode `mla_decode.wgsl`
+//! with split-KV and `mla_combine.wgsl` (`forward_mqa`), the expanded prefill chunk by chunk
+//! — `mla_gather.wgsl`, the `kv_b_proj` GEMM of `model_ops_linear.wgsl`, `mla_prefill.wgsl`
+//! (`forward_mha`) — and `mla_cache_write.wgsl` (`do_kv_cache_update`), all in f32, on the
+//! GPU MLA builder's metadata ([`crate::backends::mla_batch`]).
 
 mod attention_impl;
 pub mod descriptor;
 pub mod layer_shaders;
 mod metadata_builder;
+mod mla_descriptor;
+mod mla_impl;
+mod mla_recording;
 pub mod tuning;
 
 pub use attention_impl::{WgslAttentionImpl, WgslPlanKernels, WgslRecording, MAX_HEAD_SIZE};
@@ -32,4 +41,6 @@ pub use layer_shaders::{merge_attn_states, prefill_tile_fits, tiles_for, LayerSh
 pub use metadata_builder::{
     plan_lists, Plan, PlanKey, PlanLists, WgslAttentionMetadata, WgslMetadataBuilder, WorkList,
 };
+pub use mla_descriptor::WgslMlaBackend;
+pub use mla_impl::WgslMlaAttentionImpl;
 pub use tuning::{PrefillForm, WgpuTuning};
