@@ -130,6 +130,24 @@ pub trait WgslBackendRuntime: WgslRuntime {
     const PRIORITY: (u32, u32);
     /// The process's device of this runtime (opened once; a failure is cached too).
     fn open() -> Result<Self>;
+
+    /// [`WgslBackendRuntime::PRIORITY`] for the device here, `offset` places later (the MLA
+    /// backend's rank is its standard backend's plus 10).
+    fn rank(offset: u32) -> u32 {
+        match Self::open() {
+            Ok(d) if d.info().is_cpu => Self::PRIORITY.1 + offset,
+            _ => Self::PRIORITY.0 + offset,
+        }
+    }
+
+    /// Whether the device opens (its description), or why not.
+    fn availability() -> Availability {
+        match Self::open() {
+            Ok(d) => Availability::Available(d.device().description()),
+            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
+            Err(e) => Availability::Unavailable(e.to_string()),
+        }
+    }
 }
 
 /// The descriptor of the WGSL family on runtime `R` (`WGPU`, `VULKAN`).
@@ -173,18 +191,11 @@ impl<R: WgslBackendRuntime> AttentionBackend for WgslBackend<R> {
 
     /// [`WgslBackendRuntime::PRIORITY`]: the GPU rank, or the CPU implementation's.
     fn priority(&self) -> u32 {
-        match R::open() {
-            Ok(d) if d.info().is_cpu => R::PRIORITY.1,
-            _ => R::PRIORITY.0,
-        }
+        R::rank(0)
     }
 
     fn availability(&self) -> Availability {
-        match R::open() {
-            Ok(d) => Availability::Available(d.device().description()),
-            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
-            Err(e) => Availability::Unavailable(e.to_string()),
-        }
+        R::availability()
     }
 
     fn capabilities(&self) -> &BackendCapabilities {

@@ -11,7 +11,7 @@ use crate::backend::{
 use crate::backends::mla_batch::MlaBatchBuilder;
 use crate::device::{Device, DeviceKind};
 use crate::dtype::{CacheDType, DType};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::wgsl::MlaDecodeShader;
 use crate::metadata::AttentionMetadataBuilder;
 use crate::mla::{AbsorbedWeights, MlaParams};
@@ -75,18 +75,11 @@ impl<R: WgslBackendRuntime> AttentionBackend for WgslMlaBackend<R> {
     /// 310 / 1060: on a CPU implementation after `CPU_MLA`, which runs natively on the cores
     /// lavapipe emulates a GPU on).
     fn priority(&self) -> u32 {
-        match R::open() {
-            Ok(d) if d.info().is_cpu => R::PRIORITY.1 + 10,
-            _ => R::PRIORITY.0 + 10,
-        }
+        R::rank(10)
     }
 
     fn availability(&self) -> Availability {
-        match R::open() {
-            Ok(d) => Availability::Available(d.device().description()),
-            Err(Error::Device { message, .. }) => Availability::Unavailable(message),
-            Err(e) => Availability::Unavailable(e.to_string()),
-        }
+        R::availability()
     }
 
     fn capabilities(&self) -> &BackendCapabilities {
