@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::device::vulkan::{ComputePipeline, Step, VulkanBuffer};
+use crate::device::vulkan::{Step, VulkanBuffer};
 use crate::device::wgsl::{Words, PARAM_SLOT_BYTES};
 use crate::device::{Device, VulkanDevice};
 use crate::dtype::DType;
@@ -75,24 +75,6 @@ pub fn timer(dev: &VulkanDevice) -> Box<dyn RegionTimer> {
     })
 }
 
-/// A step binding those of `buffers` the module declares (the copy probe has no parameters,
-/// so its module has no binding 0).
-fn declared<'a>(
-    pipeline: &'a ComputePipeline,
-    buffers: Vec<(u32, &'a VulkanBuffer)>,
-    groups: (u32, u32, u32),
-) -> Step<'a> {
-    let buffers = buffers
-        .into_iter()
-        .filter(|(n, _)| pipeline.bindings().iter().any(|b| b.binding == *n))
-        .collect();
-    Step {
-        pipeline,
-        buffers,
-        groups,
-    }
-}
-
 fn no_timestamps() -> Error {
     Error::Device {
         backend: "VULKAN".into(),
@@ -113,7 +95,7 @@ pub fn peaks(dev: &VulkanDevice, dtype: DType, cfg: &ProbeConfig) -> Result<Peak
     let copy = ProbeShader::Copy;
     let pipe = dev.pipeline(&copy.key(), &copy.source())?;
     let (x, z) = info.grid((bytes / 16).div_ceil(256).min(65535 * 4))?;
-    let rec = dev.record(&[declared(
+    let rec = dev.record(&[Step::declared(
         &pipe,
         vec![(0, &params), (1, &src), (2, &dst)],
         (x, 1, z),
@@ -132,7 +114,7 @@ pub fn peaks(dev: &VulkanDevice, dtype: DType, cfg: &ProbeConfig) -> Result<Peak
     let unused = dev.zeros(PARAM_SLOT_BYTES)?;
     let pipe = dev.pipeline(&fma.key(), &fma.source())?;
     let (fx, fz) = info.grid(groups)?;
-    let rec = dev.record(&[declared(
+    let rec = dev.record(&[Step::declared(
         &pipe,
         vec![(0, &params), (1, &unused), (2, &out)],
         (fx, 1, fz),

@@ -601,15 +601,8 @@ impl VulkanDevice {
             )
         }
         .map_err(|e| vk_error("vkGetQueryPoolResults", e))?;
-        let bits = self.inner().timestamp_bits;
-        let mask = if bits >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << bits) - 1
-        };
-        let delta = ticks[1].wrapping_sub(ticks[0]) & mask;
-        let ns = delta as f64 * f64::from(self.inner().limits.timestamp_period);
-        Ok(Some(Duration::from_secs_f64(ns * 1e-9)))
+        let delta = ticks[1].wrapping_sub(ticks[0]);
+        Ok(Some(Duration::from_secs_f64(self.tick_seconds(delta))))
     }
 
     /// Submits `recording` and waits for it to finish.
@@ -633,6 +626,27 @@ pub struct Step<'a> {
     pub buffers: Vec<(u32, &'a VulkanBuffer)>,
     /// Workgroups along x, y, z.
     pub groups: (u32, u32, u32),
+}
+
+impl<'a> Step<'a> {
+    /// A step binding those of `buffers` that `pipeline`'s module declares: a kernel family's
+    /// binding set may list a buffer a specialisation does not use (the copy probe has no
+    /// parameters), and naga's reflection lists only what the module declares.
+    pub fn declared(
+        pipeline: &'a ComputePipeline,
+        buffers: impl IntoIterator<Item = (u32, &'a VulkanBuffer)>,
+        groups: (u32, u32, u32),
+    ) -> Self {
+        let buffers = buffers
+            .into_iter()
+            .filter(|(n, _)| pipeline.bindings.iter().any(|b| b.binding == *n))
+            .collect();
+        Step {
+            pipeline,
+            buffers,
+            groups,
+        }
+    }
 }
 
 /// Dispatches recorded once ([`VulkanDevice::record`]) and submitted many times
@@ -719,12 +733,17 @@ impl VulkanDevice {
             )
         }
         .map_err(|e| vk_error("vkGetQueryPoolResults", e))?;
+        Ok(Some(self.tick_seconds(ticks[0])))
+    }
+
+    /// `ticks` of the compute queue's timestamp clock in seconds (its valid bits only).
+    fn tick_seconds(&self, ticks: u64) -> f64 {
+        let bits = self.inner().timestamp_bits;
         let mask = if bits >= 64 {
             u64::MAX
         } else {
             (1u64 << bits) - 1
         };
-        let ns = (ticks[0] & mask) as f64 * f64::from(self.inner().limits.timestamp_period);
-        Ok(Some(ns * 1e-9))
+        (ticks & mask) as f64 * f64::from(self.inner().limits.timestamp_period) * 1e-9
     }
 }

@@ -5,7 +5,8 @@
 //! dispatches recorded into one command buffer with a barrier between consecutive ones.
 //!
 //! The module's bindings are reflected from its IR, not taken from the kernel's
-//! [`Bindings`] set: a buffer given for a binding the module does not declare is left out.
+//! [`Bindings`] set: a buffer given for a binding the module does not declare is left out
+//! ([`Step::declared`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -91,19 +92,9 @@ impl VulkanDevice {
                     params.slots.len()
                 ))
             })?;
-            let declared = d.pipeline.bindings();
-            let mut buffers = vec![(0, slot)];
-            buffers.extend(
-                d.buffers
-                    .iter()
-                    .filter(|(n, _)| declared.iter().any(|b| b.binding == *n))
-                    .map(|(n, b)| (*n, &**b)),
-            );
-            steps.push(Step {
-                pipeline: &d.pipeline,
-                buffers,
-                groups: d.groups,
-            });
+            let buffers =
+                std::iter::once((0, slot)).chain(d.buffers.iter().map(|(n, b)| (*n, &**b)));
+            steps.push(Step::declared(&d.pipeline, buffers, d.groups));
         }
         self.run(&steps)
     }

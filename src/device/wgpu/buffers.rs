@@ -35,15 +35,7 @@ pub fn storage<'a>(dev: &WgpuDevice, t: &'a Tensor, what: &'static str) -> Resul
 
 /// Errors when a buffer of `bytes` cannot be bound as one storage binding.
 pub fn check_binding(dev: &WgpuDevice, bytes: u64, what: &str) -> Result<()> {
-    let max = dev.max_binding_bytes();
-    if bytes > max {
-        return Err(Error::config(format!(
-            "{what} is {bytes} bytes, more than this adapter's largest storage binding \
-             ({max} bytes on {}); use a smaller KV cache (fewer blocks) or batch",
-            dev.adapter_info().name
-        )));
-    }
-    Ok(())
+    dev.wgsl_info().check_binding(bytes, what)
 }
 
 /// A storage buffer holding `words`.

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 use super::WgpuDevice;
 use crate::device::wgsl::{PARAM_SLOT_BYTES, PARAM_WORDS};
@@ -137,13 +137,5 @@ pub fn dispatch(
 /// Workgroups `(x, z)` for `groups` flat workgroups: x ≤ the per-dimension limit, z the
 /// overflow (shaders recover the flat index as `z·nx + x` and skip indices ≥ `groups`).
 pub fn grid(dev: &WgpuDevice, groups: u64) -> Result<(u32, u32)> {
-    let max = dev.limits().max_compute_workgroups_per_dimension.max(1) as u64;
-    let x = groups.clamp(1, max);
-    let z = groups.div_ceil(x).max(1);
-    if z > max {
-        return Err(Error::config(format!(
-            "{groups} workgroups exceed this adapter's dispatch limit ({max}²)"
-        )));
-    }
-    Ok((x as u32, z as u32))
+    dev.wgsl_info().grid(groups)
 }
