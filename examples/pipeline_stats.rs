@@ -22,7 +22,7 @@ use std::ffi::{c_char, CStr};
 use ash::vk;
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use polyattn::device::wgpu::coop_spirv;
+use polyattn::device::coop_spirv;
 use polyattn::kernels::wgsl::{self, AttentionShader, Tiled2};
 use polyattn::DType;
 

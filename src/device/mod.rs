@@ -9,6 +9,7 @@
 //! their own storage through [`Tensor::storage`] / [`Tensor::storage_mut`].
 
 pub mod choice;
+pub mod coop_spirv;
 mod cpu;
 pub mod cuda;
 mod disk_cache;

@@ -10,7 +10,7 @@
 //! ([`crate::backends::wgsl_family`], generic over the runtime) named for the wgpu runtime
 //! ([`crate::device::wgpu`]); the kernels themselves are [`crate::kernels::wgsl`]. On wgpu the
 //! cooperative-matrix prefill form compiles through the runtime's
-//! [`coop_spirv`](crate::device::wgpu::coop_spirv) and is passed through as SPIR-V (Vulkan
+//! [`coop_spirv`](crate::device::coop_spirv) and is passed through as SPIR-V (Vulkan
 //! adapters that offer 16 × 16 × 16 f16 / f32 matrices).
 
 mod attention_impl;

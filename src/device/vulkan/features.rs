@@ -7,7 +7,12 @@
 //! * the subgroup sizes a compute dispatch may run with (Vulkan 1.3's subgroup-size-control
 //!   range, else the one size of the device);
 //! * f16: `shaderFloat16` with 16-bit storage-buffer and uniform access (naga declares both
-//!   access capabilities for every module that has an f16 type).
+//!   access capabilities for every module that has an f16 type);
+//! * cooperative matrices: `VK_KHR_cooperative_matrix` offering the 16 × 16 × 16 f16 × f16 →
+//!   f32 configuration in subgroup scope (the family's coop prefill form), with Vulkan 1.2's
+//!   memory model at device scope (naga writes a module that uses cooperative matrices under
+//!   `MemoryModel Vulkan`), f16 and subgroups; `POLYATTN_WGPU_COOP=0` turns them off here as
+//!   on the wgpu runtime.
 
 use ash::vk;
 
@@ -19,14 +24,21 @@ pub(crate) struct ShaderFeatures {
     pub subgroups: bool,
     pub subgroup_sizes: (u32, u32),
     pub f16: bool,
+    /// The coop form's cooperative matrices (see the module docs); the extension and
+    /// features are enabled with the device when set.
+    pub coop: bool,
 }
+
+/// The extension of the coop form's cooperative matrices.
+pub(crate) const COOP_EXTENSION: &std::ffi::CStr = ash::khr::cooperative_matrix::NAME;
 
 impl ShaderFeatures {
     /// Reads the features of `physical`.
     ///
     /// # Safety
-    /// `physical` must come from `instance`, created for Vulkan 1.3.
+    /// `physical` must come from `instance` (of `entry`), created for Vulkan 1.3.
     pub(crate) unsafe fn query(
+        entry: &ash::Entry,
         instance: &ash::Instance,
         physical: vk::PhysicalDevice,
         props: &vk::PhysicalDeviceProperties,
@@ -38,6 +50,7 @@ impl ShaderFeatures {
                 subgroups: false,
                 subgroup_sizes: (1, 1),
                 f16: false,
+                coop: false,
             };
         }
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
@@ -63,24 +76,73 @@ impl ShaderFeatures {
         } else {
             (sub.subgroup_size, sub.subgroup_size)
         };
-        let f16 = if api >= vk::API_VERSION_1_2 {
+        let has_coop_extension = instance
+            .enumerate_device_extension_properties(physical)
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e.extension_name_as_c_str().ok() == Some(COOP_EXTENSION));
+        let (f16, memory_model, coop_feature) = if api >= vk::API_VERSION_1_2 {
             let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
             let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+            let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
             let mut features = vk::PhysicalDeviceFeatures2::default()
                 .push_next(&mut f11)
                 .push_next(&mut f12);
+            if has_coop_extension {
+                features = features.push_next(&mut fcoop);
+            }
             instance.get_physical_device_features2(physical, &mut features);
-            f12.shader_float16 == vk::TRUE
-                && f11.storage_buffer16_bit_access == vk::TRUE
-                && f11.uniform_and_storage_buffer16_bit_access == vk::TRUE
+            (
+                f12.shader_float16 == vk::TRUE
+                    && f11.storage_buffer16_bit_access == vk::TRUE
+                    && f11.uniform_and_storage_buffer16_bit_access == vk::TRUE,
+                f12.vulkan_memory_model == vk::TRUE
+                    && f12.vulkan_memory_model_device_scope == vk::TRUE,
+                fcoop.cooperative_matrix == vk::TRUE,
+            )
         } else {
-            false
+            (false, false, false)
         };
+        let wanted = std::env::var(crate::device::wgpu::COOP_ENV).map_or(true, |v| v.trim() != "0");
+        let coop = wanted
+            && has_coop_extension
+            && coop_feature
+            && memory_model
+            && f16
+            && subgroups
+            && coop_configuration(entry, instance, physical);
         ShaderFeatures {
             api,
             subgroups,
             subgroup_sizes,
             f16,
+            coop,
         }
     }
+}
+
+/// Whether `physical` offers the coop form's configuration: 16 × 16 × 16, f16 A / B, f32 C
+/// and result, subgroup scope.
+///
+/// # Safety
+/// `physical` must come from `instance` (of `entry`), which offers `VK_KHR_cooperative_matrix`.
+unsafe fn coop_configuration(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+) -> bool {
+    let coop = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+    coop.get_physical_device_cooperative_matrix_properties(physical)
+        .unwrap_or_default()
+        .iter()
+        .any(|p| {
+            p.m_size == 16
+                && p.n_size == 16
+                && p.k_size == 16
+                && p.a_type == vk::ComponentTypeKHR::FLOAT16
+                && p.b_type == vk::ComponentTypeKHR::FLOAT16
+                && p.c_type == vk::ComponentTypeKHR::FLOAT32
+                && p.result_type == vk::ComponentTypeKHR::FLOAT32
+                && p.scope == vk::ScopeKHR::SUBGROUP
+        })
 }

@@ -343,7 +343,7 @@ impl VulkanDevice {
         };
         let (physical, family, timestamp_bits, props) = chosen;
         // SAFETY: `physical` comes from this instance.
-        let caps = unsafe { ShaderFeatures::query(&instance, physical, &props) };
+        let caps = unsafe { ShaderFeatures::query(&entry, &instance, physical, &props) };
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
@@ -351,10 +351,25 @@ impl VulkanDevice {
         let mut enable11 = vk::PhysicalDeviceVulkan11Features::default()
             .storage_buffer16_bit_access(caps.f16)
             .uniform_and_storage_buffer16_bit_access(caps.f16);
-        let mut enable12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(caps.f16);
-        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        let mut enable12 = vk::PhysicalDeviceVulkan12Features::default()
+            .shader_float16(caps.f16)
+            .vulkan_memory_model(caps.coop)
+            .vulkan_memory_model_device_scope(caps.coop);
+        let mut enable_coop =
+            vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let device_extensions = if caps.coop {
+            vec![features::COOP_EXTENSION.as_ptr()]
+        } else {
+            Vec::new()
+        };
+        let mut info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_extension_names(&device_extensions);
         if caps.api >= vk::API_VERSION_1_2 {
             info = info.push_next(&mut enable11).push_next(&mut enable12);
+        }
+        if caps.coop {
+            info = info.push_next(&mut enable_coop);
         }
         // SAFETY: `physical` comes from this instance; the create info lives across the call.
         let device = match unsafe { instance.create_device(physical, &info, None) } {
@@ -447,7 +462,7 @@ impl VulkanDevice {
             subgroups: caps.subgroups,
             subgroup_sizes: caps.subgroup_sizes,
             f16: caps.f16,
-            coop: false,
+            coop: caps.coop,
             max_workgroup_storage: props.limits.max_compute_shared_memory_size,
             max_invocations: props.limits.max_compute_work_group_invocations,
             max_workgroup_size_x: props.limits.max_compute_work_group_size[0],

@@ -68,6 +68,18 @@ pub fn translate(
     if device.f16 {
         caps |= Capabilities::SHADER_FLOAT16;
     }
+    // The coop prefill form: only where the device enabled cooperative matrices (the layer
+    // picks the form only then), with the workgroup accesses patched as on wgpu.
+    let coop = source.contains("enable wgpu_cooperative_matrix;");
+    if coop {
+        if !device.coop {
+            return Err(compile_error(
+                key,
+                "the module uses cooperative matrices, which this device does not offer".into(),
+            ));
+        }
+        caps |= Capabilities::COOPERATIVE_MATRIX;
+    }
     let mut validator = Validator::new(ValidationFlags::all(), caps);
     if device.subgroups {
         validator
@@ -114,8 +126,12 @@ pub fn translate(
         force_loop_bounding: loops == LoopBounding::Forced,
         ..crate::device::spirv::spirv_options()
     };
-    let words = spv::write_vec(&module, &info, &options, None)
+    let mut words = spv::write_vec(&module, &info, &options, None)
         .map_err(|e| compile_error(key, format!("SPIR-V: {e}")))?;
+    if coop {
+        crate::device::coop_spirv::non_private_workgroup_accesses(&mut words)
+            .map_err(|e| compile_error(key, e))?;
+    }
     Ok((words, bindings))
 }
 

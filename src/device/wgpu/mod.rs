@@ -1,7 +1,7 @@
 //! The wgpu runtime: one adapter, device and queue per process, storage buffers, the
 //! per-device caches (compiled pipelines, placeholder bindings), and what running a WGSL
 //! module takes — compiling it ([`pipeline`], with the SPIR-V patch of the cooperative-matrix
-//! modules in [`coop_spirv`]), recording and dispatching it ([`ParamBlock`], [`bind_group`],
+//! modules in [`coop_spirv`](crate::device::coop_spirv)), recording and dispatching it ([`ParamBlock`], [`bind_group`],
 //! [`dispatch`], [`grid`]) and binding buffers ([`storage`], [`check_binding`],
 //! [`upload_words`]). It runs the WGSL family's modules (`crate::kernels::wgsl`: a key, a
 //! source and a [`Bindings`](crate::kernels::wgsl::Bindings) set) and knows nothing of the
@@ -51,7 +51,6 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 mod buffers;
-pub mod coop_spirv;
 mod dispatch;
 mod pipeline;
 mod runtime;

@@ -4,7 +4,7 @@
 //! specialisation, not a panic. Bind-group layouts are explicit, from the kernel's
 //! [`Bindings`] (not derived from the shader), so every variant of a kernel has the same
 //! bindings. Modules that use cooperative matrices go to the driver as SPIR-V through
-//! [`coop_spirv`](super::coop_spirv); every other module through wgpu's WGSL path.
+//! [`coop_spirv`](crate::device::coop_spirv); every other module through wgpu's WGSL path.
 
 use std::sync::OnceLock;
 
@@ -102,7 +102,7 @@ pub fn pipeline_with(
         let module = if source.contains("enable wgpu_cooperative_matrix;") {
             // Cooperative-matrix shaders: naga's SPIR-V with workgroup accesses marked
             // non-private (see `coop_spirv`), passed through.
-            let words = super::coop_spirv::compile(&source).map_err(|e| Error::Device {
+            let words = crate::device::coop_spirv::compile(&source).map_err(|e| Error::Device {
                 backend: "wgpu".into(),
                 message: format!("compiling {key} failed: {e}"),
             })?;

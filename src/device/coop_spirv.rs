@@ -1,5 +1,7 @@
-//! SPIR-V for the cooperative-matrix shaders, compiled here and handed to the driver as a
-//! passthrough module.
+//! SPIR-V for the WGSL family's cooperative-matrix shaders: the wgpu runtime compiles them
+//! here ([`compile`]) and hands them to the driver as passthrough modules; the native Vulkan
+//! runtime translates them itself and applies the same patch
+//! ([`non_private_workgroup_accesses`]).
 //!
 //! Why not through wgpu's WGSL path: naga switches a module that uses cooperative matrices
 //! to the Vulkan memory model (`MemoryModel Vulkan`, which `SPV_KHR_cooperative_matrix`
