@@ -77,7 +77,7 @@ pub use backend::{
     AttentionBackend, AttentionType, Availability, BackendCapabilities, BackendRef, BlockSize,
     DeviceCapability, GraphCaptureSupport, HeadSizes, KvLayout, Reason, SelectorConfig,
 };
-pub use device::{Device, DeviceKind, Tensor};
+pub use device::{Device, DeviceGraph, DeviceKind, Tensor};
 pub use dtype::{CacheDType, DType};
 pub use error::{Error, Result};
 pub use kv_cache::{BlockPool, KvCache, KvCacheSpec};

@@ -105,6 +105,7 @@ impl Case {
             label: format!("{} (seed {})", self.label, self.seed),
             config: Some(config),
             cascade: self.case.common_prefix_len > 0,
+            graphs: false,
         }
     }
 

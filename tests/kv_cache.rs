@@ -48,6 +48,7 @@ impl Case {
             ),
             config: Some(config),
             cascade: false,
+            graphs: false,
         }
     }
 }

@@ -42,6 +42,7 @@ impl Case {
             ),
             config: Some(config),
             cascade: false,
+            graphs: false,
         }
     }
 }

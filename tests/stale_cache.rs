@@ -160,6 +160,7 @@ impl Case {
                 Some(self.case.block_size as u32),
             )),
             cascade: self.case.common_prefix_len > 0,
+            graphs: false,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod coop_spirv;
 mod cpu;
 pub mod cuda;
 mod disk_cache;
+mod graph;
 pub mod hip;
 mod spirv;
 mod tensor;
@@ -22,9 +23,10 @@ pub mod wgsl;
 
 pub use cpu::{CpuDevice, CpuStorage};
 pub use cuda::{CudaDevice, CudaGraph, CudaStorage};
+pub use graph::DeviceGraph;
 pub use hip::{HipDevice, HipStorage};
 pub use tensor::{Storage, Tensor};
-pub use vulkan::{VulkanDevice, VulkanStorage};
+pub use vulkan::{VulkanDevice, VulkanGraph, VulkanStorage};
 pub use wgpu::{WgpuDevice, WgpuStorage};
 
 use crate::error::Result;

@@ -178,6 +178,43 @@ impl Tensor {
         }
     }
 
+    /// Overwrites this tensor's elements with `src`'s, a copy on the device (ordered after
+    /// the device's earlier work): how a step's inputs go into the tensors a captured graph
+    /// reads ([`Device::capture`]). Errors unless both tensors live on the same device and
+    /// have the same shape and dtype.
+    pub fn copy_from(&mut self, src: &Tensor) -> Result<()> {
+        if self.shape != src.shape || self.dtype != src.dtype {
+            return Err(Error::config(format!(
+                "copy_from: a {:?} {} tensor into a {:?} {} tensor (shape and dtype must match)",
+                src.shape, src.dtype, self.shape, self.dtype
+            )));
+        }
+        if self.device != src.device {
+            return Err(Error::config(format!(
+                "copy_from: the source lives on {}, the destination on {}; move it with \
+                 Tensor::to_device first",
+                src.device.kind().as_str(),
+                self.device.kind().as_str()
+            )));
+        }
+        match (&mut self.storage, &src.storage, &self.device) {
+            (Storage::Cpu(d), Storage::Cpu(s), _) => {
+                d.clone_from(s);
+                Ok(())
+            }
+            (Storage::Cuda(d), Storage::Cuda(s), Device::Cuda(dev)) => dev.copy(s, d),
+            (Storage::Hip(d), Storage::Hip(s), Device::Hip(dev)) => dev.copy(s, d),
+            (Storage::Vulkan(d), Storage::Vulkan(s), Device::Vulkan(dev)) => {
+                dev.copy(s.buffer(), d.buffer())
+            }
+            (Storage::Wgpu(d), Storage::Wgpu(s), Device::Wgpu(dev)) => dev.copy(s, d),
+            _ => Err(Error::Device {
+                backend: self.device.kind().as_str().into(),
+                message: "tensor storage does not belong to its device".into(),
+            }),
+        }
+    }
+
     /// A copy of this tensor on `device`.
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         Self::from_cpu_storage(device, self.to_host()?, &self.shape, self.dtype)

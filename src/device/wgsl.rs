@@ -160,8 +160,17 @@ pub trait WgslRuntime: Clone + Debug + PartialEq + Send + Sync + 'static {
     /// The runtime's name in errors ("wgpu", "VULKAN").
     const NAME: &'static str;
 
+    /// Whether the runtime captures submissions into graphs that replay them (Vulkan's
+    /// [`VulkanDevice::capture`](crate::device::VulkanDevice::capture); wgpu has no
+    /// re-submittable command buffers): the family's graph-mode metadata exists only then.
+    const CAPTURES: bool;
+
     /// What the device offers the kernels.
     fn info(&self) -> &WgslDeviceInfo;
+
+    /// Whether the calling thread is capturing this device's submissions (never, on a
+    /// runtime without captures).
+    fn is_capturing(&self) -> bool;
 
     /// The device as a [`Device`] (where tensors for it are made).
     fn device(&self) -> Device;
@@ -186,6 +195,10 @@ pub trait WgslRuntime: Clone + Debug + PartialEq + Send + Sync + 'static {
 
     /// A storage buffer holding `words`.
     fn upload_words(&self, label: &str, words: &[u32]) -> Result<Self::Buffer>;
+
+    /// Overwrites the first `words.len()` words of `buffer`, ordered after every earlier
+    /// submission and before every later one (graph mode's persistent metadata).
+    fn write_words(&self, buffer: &Self::Buffer, words: &[u32]) -> Result<()>;
 
     /// A storage buffer of at least `bytes` bytes (its contents unspecified).
     fn scratch(&self, label: &str, bytes: u64) -> Result<Self::Buffer>;

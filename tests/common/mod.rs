@@ -46,6 +46,9 @@ pub struct CaseInfo {
     pub config: Option<SelectorConfig>,
     /// The case builds cascade metadata (`common_prefix_len > 0`).
     pub cascade: bool,
+    /// The case captures graphs: it runs only where the backend's graph-capture level is
+    /// `UniformSingleTokenDecode` or above.
+    pub graphs: bool,
 }
 
 impl CaseInfo {
@@ -55,6 +58,7 @@ impl CaseInfo {
             label: label.into(),
             config: None,
             cascade: false,
+            graphs: false,
         }
     }
 }
@@ -197,6 +201,15 @@ impl Coverage {
         }
         if case.cascade && !backend.capabilities().supports_cascade {
             why.push("cascade attention not supported".into());
+        }
+        if case.graphs
+            && backend.capabilities().graph_capture
+                < polyattn::GraphCaptureSupport::UniformSingleTokenDecode
+        {
+            why.push(format!(
+                "graph capture level {:?}: no captured graphs",
+                backend.capabilities().graph_capture
+            ));
         }
         if let Some(r) = expected_failure(self.table, &name, &self.body, case) {
             why.push(format!("known failure: {r}"));

@@ -210,7 +210,21 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
         &self,
         metadata: &'m dyn AttentionMetadata,
     ) -> Result<&'m WgslAttentionMetadata<R>> {
-        metadata.downcast::<WgslAttentionMetadata<R>>("WgslAttentionImpl")
+        let md = metadata.downcast::<WgslAttentionMetadata<R>>("WgslAttentionImpl")?;
+        md.check_current()?;
+        if self.dev.is_capturing() && !md.is_graph_capturable() {
+            return Err(Error::Device {
+                backend: R::NAME.into(),
+                message: format!(
+                    "a forward inside a {} graph capture needs metadata from \
+                     build_for_graph_capture (persistent buffers, fixed work lists); this \
+                     metadata came from build, whose arrays and work lists are per-step \
+                     uploads",
+                    R::NAME
+                ),
+            });
+        }
+        Ok(md)
     }
 
     fn check_cache(&self, cache: &KvCache, _: &WgslAttentionMetadata<R>) -> Result<()> {

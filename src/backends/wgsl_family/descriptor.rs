@@ -167,8 +167,9 @@ impl<R: WgslBackendRuntime> WgslBackend<R> {
     /// The descriptor (touches no device).
     pub fn new() -> Self {
         WgslBackend {
-            // Command buffers are recorded per call on both runtimes; none is re-submitted.
-            caps: wgsl_capabilities(GraphCaptureSupport::Never),
+            // A runtime that captures submissions (Vulkan) replays uniform decode steps from
+            // graph-mode metadata; wgpu records every call anew.
+            caps: wgsl_capabilities(super::metadata_builder::graph_capture_level::<R>()),
             runtime: PhantomData,
         }
     }

@@ -26,19 +26,21 @@ use std::sync::{Arc, Mutex};
 use crate::backend::GraphCaptureSupport;
 use crate::device::wgsl::WgslRuntime;
 use crate::device::Tensor;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv_cache::KvCacheSpec;
 use crate::metadata::{
     AttentionMetadata, AttentionMetadataBuilder, CascadePlan, CommonAttentionMetadata,
     DecodePrefillSplit, PAD_SLOT_ID,
 };
 
+use super::graph_metadata::{GraphBuffers, GraphShape};
 use super::tuning::WgpuTuning;
 use crate::kernels::wgsl::DECODE_MAX_ROWS;
 #[cfg(doc)]
 use crate::plan::WorkItem;
 use crate::plan::{
-    plan_work, ItemOrder, PlanInputs, PlanKey as PlanKey0, SplitGroup, SplitRule, WorkPlan,
+    plan_graph_work, plan_work, ItemOrder, PlanInputs, PlanKey as PlanKey0, SplitGroup, SplitRule,
+    WorkPlan,
 };
 
 /// What a plan depends on besides the batch.
@@ -104,6 +106,8 @@ pub struct WgslAttentionMetadata<R: WgslRuntime> {
     pub(crate) block_table: R::Buffer,
     pub(crate) slots: R::Buffer,
     plans: Mutex<HashMap<PlanKey, Arc<Plan<R>>>>,
+    /// Graph mode: the persistent buffers and the generation of the build that made this.
+    graph: Option<(Arc<GraphBuffers<R>>, u64)>,
 }
 
 impl<R: WgslRuntime> crate::metadata::AttentionMetadata for WgslAttentionMetadata<R> {
@@ -123,8 +127,35 @@ impl<R: WgslRuntime> crate::metadata::BatchMetadata for WgslAttentionMetadata<R>
 }
 
 impl<R: WgslRuntime> WgslAttentionMetadata<R> {
-    /// The plan for `key`, built on first use and shared by every later layer.
+    /// Whether this metadata was built for graph capture
+    /// ([`WgslMetadataBuilder::build_graph`]): its kernels read only persistent buffers, so a
+    /// forward with it can be captured.
+    pub fn is_graph_capturable(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Errors when this is graph metadata and a later build for the same batch shape has
+    /// rewritten the shared buffers (this metadata's host copies no longer match them).
+    pub(crate) fn check_current(&self) -> Result<()> {
+        if let Some((g, generation)) = &self.graph {
+            if g.generation.load(std::sync::atomic::Ordering::SeqCst) != *generation {
+                return Err(Error::metadata(format!(
+                    "stale graph metadata: a later build_for_graph_capture for the same batch \
+                     shape ({} requests) rewrote its persistent buffers; use the latest metadata",
+                    g.shape.num_reqs
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan for `key`, built on first use and shared by every later layer (graph
+    /// metadata: the fixed-layout plan in the persistent buffers).
     pub fn plan(&self, key: PlanKey) -> Result<Arc<Plan<R>>> {
+        if let Some((g, _)) = &self.graph {
+            self.check_current()?;
+            return g.plan(&self.device, &self.common, key);
+        }
         let lock = || self.plans.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = lock().get(&key) {
             return Ok(p.clone());
@@ -168,6 +199,27 @@ impl PlanLists {
 /// rest in prefill tiles. Decode requests split by [`SplitRule::PerRequest`] over both decode
 /// lists; items are in the order of each kernel's dispatch ([`ItemOrder`]).
 pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists {
+    plan_lists_by(common, key, plan_work)
+}
+
+/// [`plan_lists`] with the split decode lists in [`plan_graph_work`]'s fixed layout for
+/// contexts up to `max_seq_len` keys (graph mode: the lists' lengths depend only on the
+/// number of requests and the layer, never on the sequence lengths). The prefill list needs
+/// no change: unsplit, its layout depends only on the query lengths.
+pub fn plan_graph_lists(
+    common: &CommonAttentionMetadata,
+    key: &PlanKey,
+    max_seq_len: usize,
+) -> PlanLists {
+    plan_lists_by(common, key, |inp, k| plan_graph_work(inp, k, max_seq_len))
+}
+
+/// [`plan_lists`] with `decode` planning the two decode lists.
+fn plan_lists_by(
+    common: &CommonAttentionMetadata,
+    key: &PlanKey,
+    decode: impl Fn(PlanInputs<'_>, &PlanKey0) -> WorkPlan,
+) -> PlanLists {
     let g = key.group.max(1) as usize;
     let inp = PlanInputs {
         query_start_loc: common.query_start_loc_cpu(),
@@ -203,7 +255,7 @@ pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists 
             1,
         )
     };
-    let decode_fast = plan_work(
+    let decode_fast = decode(
         inp,
         &PlanKey0 {
             rows: key.fast_decode_rows.max(1) as usize,
@@ -214,7 +266,7 @@ pub fn plan_lists(common: &CommonAttentionMetadata, key: &PlanKey) -> PlanLists 
             ..base
         },
     );
-    let mut decode = plan_work(
+    let mut decode = decode(
         inp,
         &PlanKey0 {
             rows: key.decode_rows.max(1) as usize,
@@ -248,7 +300,11 @@ fn build_plan<R: WgslRuntime>(
     common: &CommonAttentionMetadata,
     key: &PlanKey,
 ) -> Result<Plan<R>> {
-    let lists = plan_lists(common, key);
+    upload_plan(dev, &plan_lists(common, key))
+}
+
+/// A plan's lists in fresh device buffers.
+pub(crate) fn upload_plan<R: WgslRuntime>(dev: &R, lists: &PlanLists) -> Result<Plan<R>> {
     let fast_rows = lists
         .decode_fast
         .items
@@ -290,12 +346,83 @@ fn build_plan<R: WgslRuntime>(
 pub struct WgslMetadataBuilder<R: WgslRuntime> {
     spec: KvCacheSpec,
     device: R,
+    /// Persistent graph buffers per batch shape, shared by the builder's clones.
+    graphs: Arc<Mutex<HashMap<GraphShape, Arc<GraphBuffers<R>>>>>,
 }
 
 impl<R: WgslRuntime> WgslMetadataBuilder<R> {
     /// A builder for one KV-cache group on `device`.
     pub fn new(device: R, spec: KvCacheSpec) -> Self {
-        WgslMetadataBuilder { spec, device }
+        WgslMetadataBuilder {
+            spec,
+            device,
+            graphs: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Metadata whose kernels read only persistent device buffers, for a forward that is
+    /// captured into a graph or that runs a step of one (see [`super::graph_metadata`]).
+    ///
+    /// What is capturable: a forward (cache write and attention, every kernel form) over a
+    /// batch whose requests all have query length 1, after one eager forward of every layer
+    /// with metadata of that batch shape (it plans, uploads and compiles). A replay of a later
+    /// step needs the same number of requests, block-table width and causality (pad the
+    /// batch with dummy requests of query length 1, seq_len 1, block 0 and slot −1, as vLLM
+    /// pads), a new `build_graph` of that step before the replay, and the step's q / k / v
+    /// written into the tensors the graph captured. The latest build defines what a replay
+    /// computes; older metadata of that shape refuse to run ([`Error::Metadata`], stale).
+    ///
+    /// Errors: [`Error::Metadata`] when a request's query length is not 1, the batch is
+    /// empty or the block size is not the builder's; [`Error::Config`] on a runtime without
+    /// captures (wgpu); [`Error::Device`] inside a capture (the build uploads).
+    pub fn build_graph(
+        &self,
+        common: &CommonAttentionMetadata,
+    ) -> Result<WgslAttentionMetadata<R>> {
+        if !R::CAPTURES {
+            return Err(Error::config(format!(
+                "the {} runtime cannot capture submissions: its metadata has no graph mode",
+                R::NAME
+            )));
+        }
+        common.expect_block_size(self.spec.block_size)?;
+        if common.num_reqs() == 0 {
+            return Err(Error::metadata(
+                "a graph-captured batch needs at least one request",
+            ));
+        }
+        if let Some(r) = (0..common.num_reqs()).find(|&r| common.query_len(r) != 1) {
+            return Err(Error::metadata(format!(
+                "{} graphs capture only uniform single-token decode batches \
+                 (GraphCaptureSupport::UniformSingleTokenDecode): request {r} has query \
+                 length {}; run prefills and mixed batches eagerly",
+                R::NAME,
+                common.query_len(r)
+            )));
+        }
+        let shape = GraphShape::of(common);
+        let buffers = {
+            let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+            match graphs.get(&shape) {
+                Some(b) => b.clone(),
+                None => {
+                    let b = Arc::new(GraphBuffers::new(&self.device, shape)?);
+                    graphs.insert(shape, b.clone());
+                    b
+                }
+            }
+        };
+        let generation = buffers.update(&self.device, common, &slot_words(&dedup_slots(common)))?;
+        Ok(WgslAttentionMetadata {
+            split: common.split_decodes_and_prefills(1, false, true),
+            common: common.clone(),
+            cascade: None,
+            device: self.device.clone(),
+            block_table: buffers.block_table.clone(),
+            slots: buffers.slots.clone(),
+            plans: Mutex::new(HashMap::new()),
+            graph: Some((buffers, generation)),
+        })
     }
 
     /// The device buffer of a metadata tensor, or a fresh upload of its host copy when the
@@ -311,8 +438,18 @@ impl<R: WgslRuntime> WgslMetadataBuilder<R> {
 }
 
 impl<R: WgslRuntime> AttentionMetadataBuilder for WgslMetadataBuilder<R> {
+    /// `UniformSingleTokenDecode` on a runtime that captures (Vulkan), else `Never`; see
+    /// [`WgslMetadataBuilder::build_graph`].
     fn graph_capture_support(&self) -> GraphCaptureSupport {
-        GraphCaptureSupport::Never
+        graph_capture_level::<R>()
+    }
+
+    /// [`WgslMetadataBuilder::build_graph`], boxed.
+    fn build_for_graph_capture(
+        &self,
+        common: &CommonAttentionMetadata,
+    ) -> Result<Box<dyn AttentionMetadata>> {
+        Ok(Box::new(self.build_graph(common)?))
     }
 
     fn build(
@@ -326,25 +463,13 @@ impl<R: WgslRuntime> AttentionMetadataBuilder for WgslMetadataBuilder<R> {
         let dm = common.device();
         let bt_host: Vec<u32> = common.block_table_cpu().iter().map(|&b| b as u32).collect();
         let block_table = self.resolve(&dm.block_table, &bt_host, "polyattn block table")?;
-        // Duplicate slots: keep the last write (a sequential reference's result).
         let slots_cpu = common.slot_mapping_cpu();
-        let mut seen = HashSet::new();
-        let mut dedup: Option<Vec<i64>> = None;
-        for (t, &s) in slots_cpu.iter().enumerate().rev() {
-            if s != PAD_SLOT_ID && !seen.insert(s) {
-                dedup.get_or_insert_with(|| slots_cpu.to_vec())[t] = PAD_SLOT_ID;
-            }
-        }
-        let slot_words = |v: &[i64]| -> Vec<u32> {
-            v.iter()
-                .flat_map(|&s| [s as u64 as u32, (s as u64 >> 32) as u32])
-                .collect()
-        };
-        let slots = match dedup {
-            Some(v) => self
-                .device
-                .upload_words("polyattn slots", &slot_words(&v))?,
-            None => self.resolve(&dm.slot_mapping, &slot_words(slots_cpu), "polyattn slots")?,
+        let dedup = dedup_slots(common);
+        let slots = if dedup != slots_cpu {
+            self.device
+                .upload_words("polyattn slots", &slot_words(&dedup))?
+        } else {
+            self.resolve(&dm.slot_mapping, &slot_words(slots_cpu), "polyattn slots")?
         };
         Ok(Box::new(WgslAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),
@@ -354,8 +479,38 @@ impl<R: WgslRuntime> AttentionMetadataBuilder for WgslMetadataBuilder<R> {
             block_table,
             slots,
             plans: Mutex::new(HashMap::new()),
+            graph: None,
         }))
     }
+}
+
+/// The graph-capture level of the WGSL family on runtime `R`.
+pub(crate) fn graph_capture_level<R: WgslRuntime>() -> GraphCaptureSupport {
+    if R::CAPTURES {
+        GraphCaptureSupport::UniformSingleTokenDecode
+    } else {
+        GraphCaptureSupport::Never
+    }
+}
+
+/// `common`'s slot mapping with duplicate slots removed but the last write (a sequential
+/// reference's result).
+fn dedup_slots(common: &CommonAttentionMetadata) -> Vec<i64> {
+    let mut slots = common.slot_mapping_cpu().to_vec();
+    let mut seen = HashSet::new();
+    for s in slots.iter_mut().rev() {
+        if *s != PAD_SLOT_ID && !seen.insert(*s) {
+            *s = PAD_SLOT_ID;
+        }
+    }
+    slots
+}
+
+/// Slots as the kernels read them: each i64 as two u32 words, low first.
+fn slot_words(v: &[i64]) -> Vec<u32> {
+    v.iter()
+        .flat_map(|&s| [s as u64 as u32, (s as u64 >> 32) as u32])
+        .collect()
 }
 
 #[cfg(test)]

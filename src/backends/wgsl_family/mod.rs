@@ -18,6 +18,11 @@
 //! into the score phase, fewer barriers) and three phase (what every device runs, and the
 //! decode tiles). Every knob of the family is a field of [`WgpuTuning`] (docs/TUNING.md).
 //!
+//! Graph capture ([`graph_metadata`]): on a runtime that captures submissions (Vulkan), the
+//! builder's graph mode keeps the metadata in persistent buffers with fixed-layout work
+//! lists, so a captured decode forward replays for every later step of its batch shape; the
+//! level is `UniformSingleTokenDecode` there and `Never` on wgpu.
+//!
 //! MLA ([`WgslMlaBackend`], [`WgslMlaAttentionImpl`]): the latent decode `mla_decode.wgsl`
 //! with split-KV and `mla_combine.wgsl` (`forward_mqa`), the expanded prefill chunk by chunk
 //! — `mla_gather.wgsl`, the `kv_b_proj` GEMM of `model_ops_linear.wgsl`, `mla_prefill.wgsl`
@@ -26,6 +31,7 @@
 
 mod attention_impl;
 pub mod descriptor;
+pub mod graph_metadata;
 pub mod layer_shaders;
 mod metadata_builder;
 mod mla_descriptor;
@@ -39,7 +45,8 @@ pub use descriptor::{
 };
 pub use layer_shaders::{merge_attn_states, prefill_tile_fits, tiles_for, LayerShaders};
 pub use metadata_builder::{
-    plan_lists, Plan, PlanKey, PlanLists, WgslAttentionMetadata, WgslMetadataBuilder, WorkList,
+    plan_graph_lists, plan_lists, Plan, PlanKey, PlanLists, WgslAttentionMetadata,
+    WgslMetadataBuilder, WorkList,
 };
 pub use mla_descriptor::WgslMlaBackend;
 pub use mla_impl::WgslMlaAttentionImpl;

@@ -207,6 +207,28 @@ impl VulkanDevice {
         Ok(dst)
     }
 
+    /// Copies `src` into the start of `dst` (at least as large) on the queue, ordered after
+    /// every earlier submission.
+    pub fn copy(&self, src: &VulkanBuffer, dst: &VulkanBuffer) -> Result<()> {
+        if dst.len < src.len {
+            return Err(Error::config(format!(
+                "a copy of {} bytes into a buffer of {}",
+                src.len, dst.len
+            )));
+        }
+        if src.len == 0 {
+            return Ok(());
+        }
+        let region = vk::BufferCopy::default().size(src.len);
+        self.submit_and_wait(|cmd| {
+            // SAFETY: both buffers live across the wait; the region is inside both.
+            unsafe {
+                self.raw()
+                    .cmd_copy_buffer(cmd, src.raw(), dst.raw(), &[region])
+            };
+        })
+    }
+
     /// Copies `data` into `dst` at byte `offset` (a multiple of 4).
     pub fn write(&self, dst: &VulkanBuffer, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {

@@ -41,6 +41,7 @@
 
 pub mod buffer;
 mod features;
+mod graph;
 pub mod pipeline;
 mod runtime;
 mod storage;
@@ -56,6 +57,7 @@ use features::ShaderFeatures;
 use crate::error::{Error, Result};
 
 pub use buffer::VulkanBuffer;
+pub use graph::VulkanGraph;
 pub use runtime::VulkanParams;
 pub use storage::VulkanStorage;
 
@@ -646,8 +648,12 @@ impl VulkanDevice {
         &self.inner
     }
 
-    /// The queue and what one-time submissions reuse, locked.
+    /// The queue and what one-time submissions reuse, locked; an error inside a capture
+    /// ([`VulkanDevice::capture`]), where nothing may be submitted.
     pub(crate) fn lock_queue(&self) -> Result<std::sync::MutexGuard<'_, QueueState>> {
+        if self.is_capturing() {
+            return Err(self.capture_error("a submission (upload, download, fill or dispatch)"));
+        }
         self.inner
             .queue
             .lock()

@@ -591,10 +591,12 @@ impl VulkanDevice {
             cmd
         };
         Ok(Recording {
-            device: self.clone(),
-            cmd,
-            pools,
-            queries,
+            recorded: Recorded {
+                device: self.clone(),
+                cmd,
+                pools,
+                queries,
+            },
             _borrows: std::marker::PhantomData,
         })
     }
@@ -603,7 +605,7 @@ impl VulkanDevice {
     /// (between its two timestamps); `None` when the compute queue has no timestamps.
     pub fn submit_timed(&self, recording: &Recording<'_>) -> Result<Option<Duration>> {
         self.submit(recording)?;
-        let Some(q) = recording.queries else {
+        let Some(q) = recording.recorded.queries else {
             return Ok(None);
         };
         let mut ticks = [0u64; 2];
@@ -623,12 +625,12 @@ impl VulkanDevice {
 
     /// Submits `recording` and waits for it to finish.
     pub fn submit(&self, recording: &Recording<'_>) -> Result<()> {
-        if !Arc::ptr_eq(self.inner_arc(), recording.device.inner_arc()) {
+        if !Arc::ptr_eq(self.inner_arc(), recording.recorded.device.inner_arc()) {
             return Err(Error::config(
                 "a recording was submitted to a device it was not recorded on",
             ));
         }
-        self.submit_recorded(recording.cmd)
+        self.submit_recorded(recording.recorded.cmd)
     }
 }
 
@@ -669,32 +671,65 @@ impl<'a> Step<'a> {
 /// ([`VulkanDevice::submit`]). It borrows the pipelines and buffers it binds, so none can be
 /// freed while it exists.
 pub struct Recording<'a> {
-    device: VulkanDevice,
-    cmd: vk::CommandBuffer,
-    pools: Vec<vk::DescriptorPool>,
-    /// Two timestamps around the dispatches, where the queue has them.
-    queries: Option<vk::QueryPool>,
+    recorded: Recorded,
     _borrows: std::marker::PhantomData<&'a ()>,
+}
+
+impl Recording<'_> {
+    /// The command buffer and what it owns, without the borrows: for an owner that keeps
+    /// what the recording binds alive itself ([`super::VulkanGraph`]).
+    pub(crate) fn into_recorded(self) -> Recorded {
+        self.recorded
+    }
 }
 
 impl std::fmt::Debug for Recording<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recording")
-            .field("steps", &self.pools.len())
+            .field("steps", &self.recorded.pools.len())
             .finish()
     }
 }
 
-impl Drop for Recording<'_> {
+/// A recorded command buffer with its descriptor pools and timestamp queries, freed when
+/// dropped. Whoever holds it keeps the pipelines and buffers it binds alive.
+pub(crate) struct Recorded {
+    device: VulkanDevice,
+    cmd: vk::CommandBuffer,
+    pools: Vec<vk::DescriptorPool>,
+    /// Two timestamps around the dispatches, where the queue has them.
+    queries: Option<vk::QueryPool>,
+}
+
+impl Recorded {
+    /// No command buffer: a graph of no dispatch.
+    pub(crate) fn empty(device: &VulkanDevice) -> Recorded {
+        Recorded {
+            device: device.clone(),
+            cmd: vk::CommandBuffer::null(),
+            pools: Vec::new(),
+            queries: None,
+        }
+    }
+
+    /// The command buffer (null when empty).
+    pub(crate) fn cmd(&self) -> vk::CommandBuffer {
+        self.cmd
+    }
+}
+
+impl Drop for Recorded {
     fn drop(&mut self) {
         // SAFETY: every submission of the command buffer was waited on (`submit` waits), so
         // neither it nor its descriptor sets are in use; the pool is freed under the queue
         // lock like every other use of it.
         unsafe {
-            if let Ok(_q) = self.device.inner().queue.lock() {
-                self.device
-                    .raw()
-                    .free_command_buffers(self.device.inner().pool, &[self.cmd]);
+            if self.cmd != vk::CommandBuffer::null() {
+                if let Ok(_q) = self.device.inner().queue.lock() {
+                    self.device
+                        .raw()
+                        .free_command_buffers(self.device.inner().pool, &[self.cmd]);
+                }
             }
             for &p in &self.pools {
                 self.device.raw().destroy_descriptor_pool(p, None);

@@ -4,6 +4,9 @@
 //! submission is waited on, so none is read while it is rewritten), and a submission's
 //! dispatches recorded into one command buffer with a barrier between consecutive ones.
 //!
+//! Inside a capture ([`VulkanDevice::capture`]) `submit` and `submit_one` keep their
+//! dispatches for the graph instead of running them.
+//!
 //! The module's bindings are reflected from its IR, not taken from the kernel's
 //! [`Bindings`] set: a buffer given for a binding the module does not declare is left out
 //! ([`Step::declared`]).
@@ -82,6 +85,43 @@ impl VulkanDevice {
         Ok(())
     }
 
+    /// Keeps `dispatches` in this thread's capture of this device, with the words each one's
+    /// slot holds after `slots` are written (see [`VulkanDevice::capture`]); false when not
+    /// capturing.
+    fn keep(
+        &self,
+        params: &VulkanParams,
+        slots: &[Slot],
+        dispatches: &[Dispatch<Self>],
+    ) -> Result<bool> {
+        if !self.is_capturing() {
+            return Ok(false);
+        }
+        let written = params.written.lock().unwrap_or_else(|p| p.into_inner());
+        let words = dispatches
+            .iter()
+            .map(|d| {
+                slots
+                    .get(d.slot)
+                    .copied()
+                    .or_else(|| written.get(d.slot).copied().flatten())
+                    .ok_or_else(|| {
+                        Error::config(format!(
+                            "parameter slot {} of a block of {} was never written",
+                            d.slot,
+                            params.slots.len()
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<Slot>>>()?;
+        Ok(self.keep_if_capturing(
+            dispatches
+                .iter()
+                .zip(words)
+                .map(|(d, w)| (d.pipeline.clone(), w, d.buffers.clone(), d.groups)),
+        ))
+    }
+
     fn run_dispatches(&self, params: &VulkanParams, dispatches: &[Dispatch<Self>]) -> Result<()> {
         let mut steps = Vec::with_capacity(dispatches.len());
         for d in dispatches {
@@ -106,9 +146,14 @@ impl WgslRuntime for VulkanDevice {
     type Params = VulkanParams;
 
     const NAME: &'static str = "VULKAN";
+    const CAPTURES: bool = true;
 
     fn info(&self) -> &WgslDeviceInfo {
         &self.inner().wgsl
+    }
+
+    fn is_capturing(&self) -> bool {
+        VulkanDevice::is_capturing(self)
     }
 
     fn device(&self) -> Device {
@@ -187,6 +232,10 @@ impl WgslRuntime for VulkanDevice {
         Ok(Arc::new(self.upload(bytemuck::cast_slice(words))?))
     }
 
+    fn write_words(&self, buffer: &Arc<VulkanBuffer>, words: &[u32]) -> Result<()> {
+        self.write(buffer, 0, bytemuck::cast_slice(words))
+    }
+
     fn scratch(&self, _: &str, bytes: u64) -> Result<Arc<VulkanBuffer>> {
         Ok(Arc::new(self.zeros(bytes)?))
     }
@@ -216,7 +265,7 @@ impl WgslRuntime for VulkanDevice {
         slots: &[Slot],
         dispatches: &[Dispatch<Self>],
     ) -> Result<()> {
-        if dispatches.is_empty() {
+        if dispatches.is_empty() || self.keep(params, slots, dispatches)? {
             return Ok(());
         }
         self.write_slots(params, slots)?;
@@ -224,6 +273,14 @@ impl WgslRuntime for VulkanDevice {
     }
 
     fn submit_one(&self, words: Slot, dispatch: Dispatch<Self>) -> Result<()> {
+        if self.keep_if_capturing(std::iter::once((
+            dispatch.pipeline.clone(),
+            words,
+            dispatch.buffers.clone(),
+            dispatch.groups,
+        ))) {
+            return Ok(());
+        }
         let mut guard = self.caches.oneoff.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
             *guard = Some(self.params(1)?);

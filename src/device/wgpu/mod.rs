@@ -730,6 +730,29 @@ impl fmt::Debug for WgpuStorage {
     }
 }
 
+impl WgpuDevice {
+    /// Queues a copy of `src` into `dst` (at least as large) on the queue.
+    pub fn copy(&self, src: &WgpuStorage, dst: &mut WgpuStorage) -> Result<()> {
+        if dst.bytes < src.bytes {
+            return Err(Error::config(format!(
+                "a copy of {} bytes into a buffer of {}",
+                src.bytes, dst.bytes
+            )));
+        }
+        // Buffers are padded to 4 bytes; the copy covers the padded source.
+        let bytes = src.buffer.size().min(dst.buffer.size());
+        let mut enc = self
+            .inner
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("polyattn copy"),
+            });
+        enc.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, 0, Some(bytes));
+        self.inner.queue.submit([enc.finish()]);
+        Ok(())
+    }
+}
+
 impl Clone for WgpuStorage {
     /// A device-side copy. An allocation failure here cannot be returned (`Clone` is
     /// infallible): it is recorded and reported by the next synchronize or download.

@@ -5,7 +5,7 @@
 
 use crate::device::wgsl::{Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime};
 use crate::device::{Device, Tensor};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::wgsl::Bindings;
 
 use super::WgpuDevice;
@@ -44,9 +44,14 @@ impl WgslRuntime for WgpuDevice {
     type Params = ParamBlock;
 
     const NAME: &'static str = "wgpu";
+    const CAPTURES: bool = false;
 
     fn info(&self) -> &WgslDeviceInfo {
         self.wgsl_info()
+    }
+
+    fn is_capturing(&self) -> bool {
+        false
     }
 
     fn device(&self) -> Device {
@@ -74,6 +79,19 @@ impl WgslRuntime for WgpuDevice {
 
     fn upload_words(&self, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {
         upload_words(self, label, words)
+    }
+
+    fn write_words(&self, buffer: &wgpu::Buffer, words: &[u32]) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(words);
+        if bytes.len() as u64 > buffer.size() {
+            return Err(Error::config(format!(
+                "a write of {} bytes does not fit a {}-byte buffer",
+                bytes.len(),
+                buffer.size()
+            )));
+        }
+        self.queue().write_buffer(buffer, 0, bytes);
+        Ok(())
     }
 
     fn scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
