@@ -196,6 +196,26 @@ pub fn attention_set(
     })
 }
 
+/// [`attention_set`] with metadata from the builder's `build_for_graph_capture` (a forward on
+/// it can be captured; single-token decode rows on backends with graphs).
+pub fn graph_attention_set(
+    backend: &dyn AttentionBackend,
+    case: &Case,
+    dtype: DType,
+    kv: CacheDType,
+    seed: u64,
+) -> Result<AttentionSet> {
+    let mut set = attention_set(backend, case, dtype, kv, seed)?;
+    let spec = *set.cache.spec();
+    let device = backend.device()?;
+    let desc = attention_description(&case.requests, case.block_size, case.causal, seed);
+    let common = CommonAttentionMetadata::new(&device, desc)?;
+    set.metadata = backend
+        .make_builder(&spec)?
+        .build_for_graph_capture(&common)?;
+    Ok(set)
+}
+
 /// Replaces a cache's contents with random normals in its storage dtype.
 pub fn fill_cache(device: &Device, cache: &mut KvCache, seed: u64) -> Result<()> {
     let dtype = cache.spec().storage_dtype();

@@ -183,6 +183,13 @@ pub struct BenchArgs {
     /// No progress bar on stderr (rows are still printed on stdout as they finish).
     #[arg(long)]
     pub quiet: bool,
+
+    /// Single-token decode rows on backends with graphs (graph-capture level
+    /// `UniformSingleTokenDecode` or above: CUDA, VULKAN) time the replay of a captured
+    /// forward instead of the forward call: the step a runner that captures its decode steps
+    /// pays. Their timer text says so.
+    #[arg(long)]
+    pub graphs: bool,
 }
 
 /// An [`Error::Config`] with `msg`: a bad argument, a malformed input file.
@@ -228,6 +235,7 @@ impl Default for BenchArgs {
             naive_max_gflop: 40.0,
             probe_trials: 5,
             quiet: false,
+            graphs: false,
         }
     }
 }
@@ -836,7 +844,15 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             },
             ..timing_cfg
         };
-        let result = time_job(backend.as_ref(), &device, job, sets, args.seed, &row_cfg);
+        let result = time_job(
+            backend.as_ref(),
+            &device,
+            job,
+            sets,
+            args.seed,
+            &row_cfg,
+            args.graphs,
+        );
         match result {
             Ok((samples, timer)) => {
                 fill_timing(&mut row, &samples, peaks.as_ref());
@@ -901,6 +917,16 @@ fn emit<W: std::io::Write>(
     progress.suspend(|| sink.row(row))
 }
 
+/// Whether a row runs as graph replays: `--graphs`, a single-token decode row, and a backend
+/// whose graphs capture it.
+fn replays_graph(backend: &dyn AttentionBackend, device: &Device, case: &Case) -> bool {
+    case.family == Family::Decode
+        && case.requests.iter().all(|r| r.sq == 1)
+        && device.has_graphs()
+        && backend.capabilities().graph_capture
+            >= polyattn::GraphCaptureSupport::UniformSingleTokenDecode
+}
+
 /// Builds the input sets of one row, times it, and checks the output is finite.
 fn time_job(
     backend: &dyn AttentionBackend,
@@ -909,11 +935,44 @@ fn time_job(
     sets: usize,
     seed: u64,
     cfg: &TimingConfig,
+    graphs: bool,
 ) -> Result<(Samples, String)> {
     let case = &job.case;
     let mut timer = timing::timer_for(device);
     let seed_of = |i: usize| seed ^ ((i as u64 + 1) * 0x9e37_79b9);
     let samples = match case.family {
+        Family::Decode if graphs && replays_graph(backend, device, case) => {
+            let (imp, layer) = inputs::make_impl(backend, case, job.kv)?;
+            let mut v = (0..sets)
+                .map(|i| inputs::graph_attention_set(backend, case, job.dtype, job.kv, seed_of(i)))
+                .collect::<Result<Vec<_>>>()?;
+            // One eager forward per set (it plans, uploads and compiles), then its capture.
+            let mut replays = Vec::with_capacity(v.len());
+            for set in v.iter_mut() {
+                let mut run = || {
+                    imp.forward(
+                        &layer,
+                        &set.query,
+                        None,
+                        None,
+                        &mut set.cache,
+                        set.metadata.as_ref(),
+                        &mut set.output,
+                    )
+                };
+                run()?;
+                replays.push(device.capture(run)?);
+            }
+            let s = timing::measure(timer.as_mut(), cfg, |i| replays[i % replays.len()].replay())?;
+            check_finite(&v[0].output)?;
+            return Ok((
+                s,
+                format!(
+                    "{}; each repetition replays a captured graph of the forward",
+                    timer.method()
+                ),
+            ));
+        }
         Family::Prefill | Family::Decode => {
             let (imp, layer) = inputs::make_impl(backend, case, job.kv)?;
             let mut v = (0..sets)
