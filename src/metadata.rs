@@ -719,3 +719,35 @@ mod tests {
         assert_eq!(m.device().slot_mapping.shape(), &[4]);
     }
 }
+
+/// The build generation of one batch shape's persistent graph buffers (the CUDA and Vulkan
+/// graph modes): each `build_for_graph_capture` of the shape rewrites the buffers and
+/// advances it; metadata remembers the generation it was built at and refuses to run once a
+/// later build has rewritten what it reads.
+#[derive(Debug, Default)]
+pub struct GraphGeneration(std::sync::atomic::AtomicU64);
+
+impl GraphGeneration {
+    /// The current generation.
+    pub fn current(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Advances the generation after a rewrite; returns the new one.
+    pub fn advance(&self) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+    }
+
+    /// Errors ([`Error::Metadata`], "stale") unless `built` is the current generation;
+    /// `num_reqs` names the batch shape.
+    pub fn check(&self, built: u64, num_reqs: usize) -> Result<()> {
+        if self.current() != built {
+            return Err(Error::metadata(format!(
+                "stale graph metadata: a later build_for_graph_capture for the same batch \
+                 shape ({num_reqs} requests) rewrote its persistent buffers; use the latest \
+                 metadata"
+            )));
+        }
+        Ok(())
+    }
+}

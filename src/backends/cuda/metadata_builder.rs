@@ -112,7 +112,7 @@ struct GraphBuffers {
     /// Every split-counter buffer handed out (kept alive for the same reason).
     counters: Mutex<Vec<CudaStorage>>,
     /// Bumped by every build; metadata of an older build is stale.
-    generation: std::sync::atomic::AtomicU64,
+    generation: crate::metadata::GraphGeneration,
 }
 
 fn cuda_storage<'a>(t: &'a Tensor, what: &str) -> Result<&'a CudaStorage> {
@@ -144,7 +144,7 @@ impl GraphBuffers {
             plans: Mutex::new(HashMap::new()),
             scratch: Mutex::new(Vec::new()),
             counters: Mutex::new(Vec::new()),
-            generation: std::sync::atomic::AtomicU64::new(0),
+            generation: Default::default(),
         })
     }
 
@@ -210,8 +210,7 @@ impl GraphBuffers {
             };
             *old = Arc::new(plan);
         }
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.generation.advance();
         Ok(())
     }
 
@@ -314,16 +313,10 @@ impl CudaAttentionMetadata {
     /// Errors when this is graph metadata and a later build for the same batch shape has
     /// rewritten the shared buffers (this metadata's host copies no longer match them).
     pub(crate) fn check_current(&self) -> Result<()> {
-        if let Some((g, generation)) = &self.graph {
-            if g.generation.load(std::sync::atomic::Ordering::SeqCst) != *generation {
-                return Err(Error::metadata(format!(
-                    "stale graph metadata: a later build_for_graph_capture for the same batch \
-                     shape ({} requests) rewrote its persistent buffers; use the latest metadata",
-                    g.shape.num_reqs
-                )));
-            }
+        match &self.graph {
+            Some((g, generation)) => g.generation.check(*generation, g.shape.num_reqs),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The address of a device buffer of at least `bytes` bytes, kept for the life of this
@@ -464,7 +457,7 @@ impl CudaMetadataBuilder {
             }
         };
         buffers.update(&self.device, common)?;
-        let generation = buffers.generation.load(std::sync::atomic::Ordering::SeqCst);
+        let generation = buffers.generation.current();
         Ok(CudaAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),
             common: common.clone(),

@@ -17,12 +17,11 @@
 //! a prefill's lists depend on its query lengths.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::device::wgsl::WgslRuntime;
 use crate::error::{Error, Result};
-use crate::metadata::CommonAttentionMetadata;
+use crate::metadata::{CommonAttentionMetadata, GraphGeneration};
 
 use super::metadata_builder::{plan_graph_lists, upload_plan, Plan, PlanKey, PlanLists, WorkList};
 
@@ -55,8 +54,8 @@ pub(crate) struct GraphBuffers<R: WgslRuntime> {
     pub slots: R::Buffer,
     /// Every layer shape's plan seen so far, rewritten by each build.
     plans: Mutex<HashMap<PlanKey, Arc<Plan<R>>>>,
-    /// Incremented by each build: metadata of an older build is stale.
-    pub generation: AtomicU64,
+    /// Advanced by each build: metadata of an older build is stale.
+    pub generation: GraphGeneration,
 }
 
 impl<R: WgslRuntime> GraphBuffers<R> {
@@ -77,7 +76,7 @@ impl<R: WgslRuntime> GraphBuffers<R> {
             block_table: dev.upload_words("polyattn graph block table", &vec![0; bt_words])?,
             slots: dev.upload_words("polyattn graph slots", &vec![0; slot_words])?,
             plans: Mutex::new(HashMap::new()),
-            generation: AtomicU64::new(0),
+            generation: GraphGeneration::default(),
         })
     }
 
@@ -106,7 +105,7 @@ impl<R: WgslRuntime> GraphBuffers<R> {
             let lists = plan_graph_lists(common, key, self.max_seq_len(common));
             write_plan(dev, plan, &lists)?;
         }
-        Ok(self.generation.fetch_add(1, Ordering::SeqCst) + 1)
+        Ok(self.generation.advance())
     }
 
     /// The plan for `key` in the persistent buffers: the one kept for that layer shape, or,

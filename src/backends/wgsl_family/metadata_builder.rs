@@ -137,16 +137,10 @@ impl<R: WgslRuntime> WgslAttentionMetadata<R> {
     /// Errors when this is graph metadata and a later build for the same batch shape has
     /// rewritten the shared buffers (this metadata's host copies no longer match them).
     pub(crate) fn check_current(&self) -> Result<()> {
-        if let Some((g, generation)) = &self.graph {
-            if g.generation.load(std::sync::atomic::Ordering::SeqCst) != *generation {
-                return Err(Error::metadata(format!(
-                    "stale graph metadata: a later build_for_graph_capture for the same batch \
-                     shape ({} requests) rewrote its persistent buffers; use the latest metadata",
-                    g.shape.num_reqs
-                )));
-            }
+        match &self.graph {
+            Some((g, generation)) => g.generation.check(*generation, g.shape.num_reqs),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The plan for `key`, built on first use and shared by every later layer (graph

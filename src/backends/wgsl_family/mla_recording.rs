@@ -107,7 +107,17 @@ impl<R: WgslRuntime> MlaRecording<R> {
 
     /// Writes every dispatch's parameters into a block of their own and submits the
     /// dispatches in order.
+    /// Inside a capture it refuses: MLA metadata has no graph mode (its level is `Never`), so
+    /// a captured MLA call would replay one step's metadata forever.
     pub(crate) fn submit(self) -> Result<()> {
+        if self.dev.is_capturing() {
+            return Err(crate::error::Error::Device {
+                backend: self.backend.into(),
+                message: "an MLA call inside a graph capture: MLA metadata has no graph mode \
+                          (GraphCaptureSupport::Never); run MLA layers eagerly"
+                    .into(),
+            });
+        }
         if self.dispatches.is_empty() {
             return Ok(());
         }

@@ -172,6 +172,29 @@ pub fn attention_set(
     kv: CacheDType,
     seed: u64,
 ) -> Result<AttentionSet> {
+    build_attention_set(backend, case, dtype, kv, seed, false)
+}
+
+/// [`attention_set`] with metadata from the builder's `build_for_graph_capture` (a forward on
+/// it can be captured; single-token decode rows on backends with graphs).
+pub fn graph_attention_set(
+    backend: &dyn AttentionBackend,
+    case: &Case,
+    dtype: DType,
+    kv: CacheDType,
+    seed: u64,
+) -> Result<AttentionSet> {
+    build_attention_set(backend, case, dtype, kv, seed, true)
+}
+
+fn build_attention_set(
+    backend: &dyn AttentionBackend,
+    case: &Case,
+    dtype: DType,
+    kv: CacheDType,
+    seed: u64,
+    graph: bool,
+) -> Result<AttentionSet> {
     let device = backend.device()?;
     let spec = KvCacheSpec {
         block_size: case.block_size,
@@ -185,7 +208,11 @@ pub fn attention_set(
     fill_cache(&device, &mut cache, seed ^ 0xcac4e)?;
     let common = CommonAttentionMetadata::new(&device, desc)?;
     let builder = backend.make_builder(&spec)?;
-    let metadata = builder.build(0, &common, false)?;
+    let metadata = if graph {
+        builder.build_for_graph_capture(&common)?
+    } else {
+        builder.build(0, &common, false)?
+    };
     let t = case.num_tokens();
     let shape = [t, case.num_heads, case.head_size];
     Ok(AttentionSet {
@@ -194,26 +221,6 @@ pub fn attention_set(
         cache,
         metadata,
     })
-}
-
-/// [`attention_set`] with metadata from the builder's `build_for_graph_capture` (a forward on
-/// it can be captured; single-token decode rows on backends with graphs).
-pub fn graph_attention_set(
-    backend: &dyn AttentionBackend,
-    case: &Case,
-    dtype: DType,
-    kv: CacheDType,
-    seed: u64,
-) -> Result<AttentionSet> {
-    let mut set = attention_set(backend, case, dtype, kv, seed)?;
-    let spec = *set.cache.spec();
-    let device = backend.device()?;
-    let desc = attention_description(&case.requests, case.block_size, case.causal, seed);
-    let common = CommonAttentionMetadata::new(&device, desc)?;
-    set.metadata = backend
-        .make_builder(&spec)?
-        .build_for_graph_capture(&common)?;
-    Ok(set)
 }
 
 /// Replaces a cache's contents with random normals in its storage dtype.

@@ -949,19 +949,8 @@ fn time_job(
             // One eager forward per set (it plans, uploads and compiles), then its capture.
             let mut replays = Vec::with_capacity(v.len());
             for set in v.iter_mut() {
-                let mut run = || {
-                    imp.forward(
-                        &layer,
-                        &set.query,
-                        None,
-                        None,
-                        &mut set.cache,
-                        set.metadata.as_ref(),
-                        &mut set.output,
-                    )
-                };
-                run()?;
-                replays.push(device.capture(run)?);
+                forward_set(imp.as_ref(), &layer, set)?;
+                replays.push(device.capture(|| forward_set(imp.as_ref(), &layer, set))?);
             }
             let s = timing::measure(timer.as_mut(), cfg, |i| replays[i % replays.len()].replay())?;
             check_finite(&v[0].output)?;
@@ -980,16 +969,7 @@ fn time_job(
                 .collect::<Result<Vec<_>>>()?;
             let s = timing::measure(timer.as_mut(), cfg, |i| {
                 let n = v.len();
-                let set = &mut v[i % n];
-                imp.forward(
-                    &layer,
-                    &set.query,
-                    None,
-                    None,
-                    &mut set.cache,
-                    set.metadata.as_ref(),
-                    &mut set.output,
-                )
+                forward_set(imp.as_ref(), &layer, &mut v[i % n])
             })?;
             check_finite(&v[0].output)?;
             s
@@ -1053,6 +1033,23 @@ fn time_job(
         }
     };
     Ok((samples, timer.method().to_string()))
+}
+
+/// One forward of an attention row over input set `set` (its queries, cache and metadata).
+fn forward_set(
+    imp: &dyn polyattn::AttentionImpl,
+    layer: &polyattn::AttentionLayer,
+    set: &mut inputs::AttentionSet,
+) -> Result<()> {
+    imp.forward(
+        layer,
+        &set.query,
+        None,
+        None,
+        &mut set.cache,
+        set.metadata.as_ref(),
+        &mut set.output,
+    )
 }
 
 /// A benchmark of a kernel that writes NaNs (or nothing) measures nothing.
