@@ -30,8 +30,9 @@ impl std::fmt::Debug for VulkanBuffer {
 
 impl Drop for VulkanBuffer {
     fn drop(&mut self) {
-        // SAFETY: the buffer was created on this device; every submission that used it was
-        // waited on (`submit_and_wait`), so the device no longer reads or writes it.
+        // SAFETY: the buffer was created on this device; a pending submission that binds it
+        // holds it (`queue::Keep`), and every other one was waited on, so the device no
+        // longer reads or writes it.
         unsafe { self.device.device.destroy_buffer(self.buffer, None) };
         if let (Some(a), Ok(mut alloc)) = (self.allocation.take(), self.device.allocator.lock()) {
             if let Some(alloc) = alloc.as_mut() {
@@ -155,7 +156,8 @@ impl VulkanDevice {
 
     /// Writes `data` at the start of a host-visible buffer made by
     /// [`VulkanDevice::mapped_buffer`]. The caller makes sure no pending submission reads it
-    /// (every submission of this runtime is waited on); the next submission sees the write.
+    /// (the parameter blocks wait for the last submission that read them); the next
+    /// submission sees the write.
     pub(crate) fn write_mapped(&self, dst: &VulkanBuffer, data: &[u8]) -> Result<()> {
         if data.len() as u64 > dst.len {
             return Err(Error::config(format!(
@@ -184,7 +186,7 @@ impl VulkanDevice {
     }
 
     /// Writes a parameter slot made by [`VulkanDevice::mapped_param_slot`] (no submission
-    /// of this device may be pending: every submission is waited on).
+    /// of this device that reads it may be pending: the probes that use it wait for each).
     pub fn write_param_slot(
         &self,
         slot: &VulkanBuffer,

@@ -77,16 +77,14 @@ impl VulkanGraph {
         self._kept.is_empty()
     }
 
-    /// Submits the captured dispatches and waits for them. Errors inside a capture of the
-    /// same device.
+    /// Submits the captured dispatches, once the graph's previous replay has finished, and
+    /// returns without waiting for them (a download, `synchronize` or the next replay
+    /// waits). Errors inside a capture of the same device.
     pub fn replay(&self) -> Result<()> {
         if self.device.is_capturing() {
             return Err(self.device.capture_error("replaying a Vulkan graph"));
         }
-        if self._kept.is_empty() {
-            return Ok(());
-        }
-        self.device.submit_recorded(self.recorded.cmd())
+        self.recorded.submit().map(|_| ())
     }
 }
 
@@ -197,7 +195,7 @@ impl VulkanDevice {
         let recorded = if steps.is_empty() {
             Recorded::empty(self)
         } else {
-            self.record(&steps)?.into_recorded()
+            self.record_with(&steps, false)?.into_recorded()
         };
         drop(steps);
         Ok(VulkanGraph {

@@ -1,6 +1,7 @@
 //! The native Vulkan runtime (`ash`): one physical device, a compute queue, device-local
 //! buffers through `gpu-allocator`, compute pipelines from the WGSL family's modules
-//! translated to SPIR-V by naga, and dispatches recorded into a command buffer and waited on.
+//! translated to SPIR-V by naga, and dispatches recorded into command buffers that run ahead
+//! of the host.
 //! It knows nothing of the backends that will choose its kernels.
 //!
 //! **Loading.** The Vulkan loader (`libvulkan.so.1`, `vulkan-1.dll`) is opened at run time
@@ -23,10 +24,14 @@
 //! host-visible staging buffer and a copy on the queue, so the same code is right on a
 //! discrete GPU (whose device-local memory the host cannot map) and on lavapipe.
 //!
-//! **Work.** [`VulkanDevice::dispatch`] records one compute dispatch with its descriptor set
-//! (the module's bindings, reflected from naga's IR: uniform or storage buffers of group 0),
-//! submits it and waits on a fence: one submission at a time, in order.
-//! [`VulkanDevice::record`] records several dispatches once (barriers between them) into a
+//! **Work.** Submissions go to one compute queue in order ([`queue`]): the WGSL family's
+//! dispatches (a layer's forward, a model op, a graph replay) return once the queue has them,
+//! holding what they bind until they finish, with at most 16 pending; uploads, fills and
+//! copies wait for their own submission, downloads for theirs (so a download sees every
+//! earlier dispatch), and [`VulkanStorage`]'s `synchronize` waits for all.
+//! [`VulkanDevice::dispatch`] and [`VulkanDevice::run`] record dispatches with their
+//! descriptor sets (the module's bindings, reflected from naga's IR: uniform or storage
+//! buffers of group 0) and wait for them. [`VulkanDevice::record`] records several dispatches once (barriers between them) into a
 //! [`Recording`] that [`VulkanDevice::submit`] re-submits — Vulkan's answer to a captured
 //! graph; where the compute queue has timestamps, a recording brackets its dispatches with two
 //! and [`VulkanDevice::submit_timed`] returns the device time between them (the benchmark's
@@ -43,6 +48,7 @@ pub mod buffer;
 mod features;
 mod graph;
 pub mod pipeline;
+mod queue;
 mod runtime;
 mod storage;
 
@@ -53,6 +59,7 @@ use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 
 use features::ShaderFeatures;
+pub(crate) use queue::QueueState;
 
 use crate::error::{Error, Result};
 
@@ -63,21 +70,6 @@ pub use storage::VulkanStorage;
 
 use crate::device::wgsl::WgslDeviceInfo;
 pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding, Recording, Step};
-
-/// The compute queue and what one-time submissions reuse (each made on first use, then kept:
-/// creating a descriptor pool, fence or query pool per submission cost the NVIDIA driver
-/// more than the dispatches of a small decode), behind the queue lock.
-pub(crate) struct QueueState {
-    pub(crate) queue: vk::Queue,
-    /// The command buffer of one-time submissions, re-recorded each time.
-    cmd: vk::CommandBuffer,
-    /// The fence every submission waits on, reset after each wait.
-    fence: vk::Fence,
-    /// The descriptor sets of one-time submissions, reset after each.
-    pub(crate) transient: vk::DescriptorPool,
-    /// One timestamp query, for [`VulkanDevice::timestamp`].
-    pub(crate) stamps: vk::QueryPool,
-}
 
 /// How [`VulkanDevice::open`] opens the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -157,16 +149,8 @@ impl Drop for Inner {
                     save_cache(path, &data);
                 }
             }
-            if let Ok(q) = self.queue.lock() {
-                if q.fence != vk::Fence::null() {
-                    self.device.destroy_fence(q.fence, None);
-                }
-                if q.transient != vk::DescriptorPool::null() {
-                    self.device.destroy_descriptor_pool(q.transient, None);
-                }
-                if q.stamps != vk::QueryPool::null() {
-                    self.device.destroy_query_pool(q.stamps, None);
-                }
+            if let Ok(mut q) = self.queue.lock() {
+                q.destroy(&self.device);
             }
             self.device
                 .destroy_pipeline_cache(self.pipeline_cache, None);
@@ -474,13 +458,7 @@ impl VulkanDevice {
         };
         let inner = Arc::new(Inner {
             allocator: Mutex::new(Some(allocator)),
-            queue: Mutex::new(QueueState {
-                queue,
-                cmd: vk::CommandBuffer::null(),
-                fence: vk::Fence::null(),
-                transient: vk::DescriptorPool::null(),
-                stamps: vk::QueryPool::null(),
-            }),
+            queue: Mutex::new(QueueState::new(queue)),
             pool,
             pipeline_cache,
             cache_file,
@@ -648,62 +626,46 @@ impl VulkanDevice {
         &self.inner
     }
 
-    /// The queue and what one-time submissions reuse, locked; an error inside a capture
+    /// The queue and its submissions, locked; an error inside a capture
     /// ([`VulkanDevice::capture`]), where nothing may be submitted.
     pub(crate) fn lock_queue(&self) -> Result<std::sync::MutexGuard<'_, QueueState>> {
         if self.is_capturing() {
             return Err(self.capture_error("a submission (upload, download, fill or dispatch)"));
         }
+        self.queue_lock()
+    }
+
+    /// The queue lock, without the capture check (waits need none).
+    pub(crate) fn queue_lock(&self) -> Result<std::sync::MutexGuard<'_, QueueState>> {
         self.inner
             .queue
             .lock()
             .map_err(|_| vk_error("the queue lock", vk::Result::ERROR_UNKNOWN))
     }
 
-    /// Records `record` into a one-time command buffer, submits it on the compute queue and
-    /// waits for it to finish.
+    /// Records `record` into a command buffer, submits it on the compute queue and waits for
+    /// it (and so for every earlier submission) to finish.
     pub(crate) fn submit_and_wait(&self, record: impl FnOnce(vk::CommandBuffer)) -> Result<()> {
-        let mut q = self.lock_queue()?;
-        self.submit_and_wait_locked(&mut q, record)
+        let serial = self.submit_async(queue::Keep::default(), record)?;
+        self.wait_for(serial)
     }
 
-    /// [`VulkanDevice::submit_and_wait`] under a queue lock the caller holds. The command
-    /// buffer is the queue's one, re-recorded each time (its pool resets buffers on begin).
-    pub(crate) fn submit_and_wait_locked(
+    /// Records `record` into a command buffer and submits it without waiting, with `keep`
+    /// alive until it finishes; returns its serial (see [`queue`]).
+    pub(crate) fn submit_async(
         &self,
-        q: &mut QueueState,
+        keep: queue::Keep,
         record: impl FnOnce(vk::CommandBuffer),
-    ) -> Result<()> {
-        let d = &self.inner.device;
-        // SAFETY: the pool belongs to this device and is used under the queue lock only, so
-        // no two threads record from it at once; the command buffer is not pending (every
-        // submission is waited on before the lock is released).
-        unsafe {
-            if q.cmd == vk::CommandBuffer::null() {
-                let alloc = vk::CommandBufferAllocateInfo::default()
-                    .command_pool(self.inner.pool)
-                    .level(vk::CommandBufferLevel::PRIMARY)
-                    .command_buffer_count(1);
-                q.cmd = d
-                    .allocate_command_buffers(&alloc)
-                    .map_err(|e| vk_error("vkAllocateCommandBuffers", e))?[0];
-            }
-            let cmd = q.cmd;
-            let begin = vk::CommandBufferBeginInfo::default()
-                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-            d.begin_command_buffer(cmd, &begin)
-                .map_err(|e| vk_error("vkBeginCommandBuffer", e))?;
-            self.after_earlier_submissions(cmd);
-            record(cmd);
-            d.end_command_buffer(cmd)
-                .map_err(|e| vk_error("vkEndCommandBuffer", e))?;
-            self.submit_locked(q, cmd)
-        }
+    ) -> Result<u64> {
+        let mut q = self.lock_queue()?;
+        let slot = self.begin_slot(&mut q)?;
+        record(slot.cmd);
+        self.launch(&mut q, slot, keep)
     }
 
-    /// Makes the writes of earlier submissions (each was waited on) visible to the commands
-    /// recorded after this into `cmd`: a fence orders execution but makes no device write
-    /// available by itself.
+    /// Makes the writes of earlier submissions visible to the commands recorded after this
+    /// into `cmd`, and orders those commands after them: the barrier's first scope is every
+    /// command submitted to the queue before it.
     pub(crate) fn after_earlier_submissions(&self, cmd: vk::CommandBuffer) {
         let barrier = vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
@@ -722,37 +684,11 @@ impl VulkanDevice {
         }
     }
 
-    /// Submits the recorded `cmd` on the queue (whose lock the caller holds) and waits for
-    /// it, on the queue's fence (reset after the wait).
-    fn submit_locked(&self, q: &mut QueueState, cmd: vk::CommandBuffer) -> Result<()> {
-        let d = &self.inner.device;
-        // SAFETY: `cmd` is fully recorded and not pending (every submission is waited on
-        // before the queue lock is released); the fence is unsignalled when submitted.
-        unsafe {
-            if q.fence == vk::Fence::null() {
-                q.fence = d
-                    .create_fence(&vk::FenceCreateInfo::default(), None)
-                    .map_err(|e| vk_error("vkCreateFence", e))?;
-            }
-            let cmds = [cmd];
-            let submit = vk::SubmitInfo::default().command_buffers(&cmds);
-            let result = d
-                .queue_submit(q.queue, &[submit], q.fence)
-                .and_then(|_| d.wait_for_fences(&[q.fence], true, u64::MAX))
-                .and_then(|_| d.reset_fences(&[q.fence]));
-            if result.is_err() {
-                // Its state is unknown: the next submission makes a new one.
-                d.destroy_fence(q.fence, None);
-                q.fence = vk::Fence::null();
-            }
-            result.map_err(|e| vk_error("vkQueueSubmit / vkWaitForFences", e))
-        }
-    }
-
-    /// Submits a command buffer recorded by [`VulkanDevice::record`] and waits for it.
-    pub(crate) fn submit_recorded(&self, cmd: vk::CommandBuffer) -> Result<()> {
+    /// Submits a command buffer recorded by [`VulkanDevice::record`] without waiting;
+    /// returns its serial. The caller makes sure `cmd` is not pending.
+    pub(crate) fn submit_recorded(&self, cmd: vk::CommandBuffer) -> Result<u64> {
         let mut q = self.lock_queue()?;
-        self.submit_locked(&mut q, cmd)
+        self.launch_recorded(&mut q, cmd, queue::Keep::default())
     }
 
     pub(crate) fn inner_arc(&self) -> &Arc<Inner> {

@@ -16,11 +16,8 @@ use std::time::Duration;
 use crate::device::wgsl::{LoopBounding, WgslDeviceInfo};
 use crate::error::{Error, Result};
 
+use super::queue::Keep;
 use super::{vk_error, Inner, VulkanBuffer, VulkanDevice};
-
-/// Descriptor sets of one submission that the queue's shared pool holds (a submission with
-/// more takes pools of its own for the rest).
-const TRANSIENT_SETS: u32 = 64;
 
 /// What a binding of a module is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,7 +155,8 @@ impl std::fmt::Debug for ComputePipeline {
 impl Drop for ComputePipeline {
     fn drop(&mut self) {
         let d = &self.device.device;
-        // SAFETY: created on this device; every dispatch using them was waited on.
+        // SAFETY: created on this device; a pending submission that runs the pipeline keeps
+        // it alive (`queue::Keep`) or was waited on, so none uses it now.
         unsafe {
             d.destroy_pipeline(self.pipeline, None);
             d.destroy_pipeline_layout(self.layout, None);
@@ -445,56 +443,31 @@ impl VulkanDevice {
     /// one's reads) and waits for them; every step is checked as [`VulkanDevice::dispatch`]
     /// checks.
     pub fn run(&self, steps: &[Step<'_>]) -> Result<()> {
+        let serial = self.run_kept(steps, Keep::default())?;
+        self.wait_for(serial)
+    }
+
+    /// [`VulkanDevice::run`] without waiting: `keep` (which must hold every buffer and
+    /// pipeline the steps bind, or the caller waits before they go) lives until the
+    /// submission finishes; returns its serial.
+    pub(crate) fn run_kept(&self, steps: &[Step<'_>], mut keep: Keep) -> Result<u64> {
         let mut q = self.lock_queue()?;
-        let d = self.raw();
-        if q.transient == vk::DescriptorPool::null() {
-            let sizes = [
-                vk::DescriptorPoolSize {
-                    ty: vk::DescriptorType::UNIFORM_BUFFER,
-                    descriptor_count: TRANSIENT_SETS,
-                },
-                vk::DescriptorPoolSize {
-                    ty: vk::DescriptorType::STORAGE_BUFFER,
-                    descriptor_count: TRANSIENT_SETS * 8,
-                },
-            ];
-            // SAFETY: a valid create info; the pool is destroyed with the device.
-            q.transient = unsafe {
-                d.create_descriptor_pool(
-                    &vk::DescriptorPoolCreateInfo::default()
-                        .max_sets(TRANSIENT_SETS)
-                        .pool_sizes(&sizes),
-                    None,
-                )
-            }
-            .map_err(|e| vk_error("vkCreateDescriptorPool", e))?;
-        }
-        let mut own = Vec::new();
+        let slot = self.begin_slot(&mut q)?;
         let mut pairs = Vec::with_capacity(steps.len());
-        let mut result = Ok(());
         for step in steps {
-            match self.descriptor_set(step.pipeline, &step.buffers, Some(q.transient)) {
+            match self.descriptor_set(step.pipeline, &step.buffers, Some(slot.sets)) {
                 Ok((pool, set)) => {
-                    own.extend(pool);
+                    keep.pools.extend(pool);
                     pairs.push((step, set));
                 }
                 Err(e) => {
-                    result = Err(e);
-                    break;
+                    self.abandon(&mut q, slot, keep);
+                    return Err(e);
                 }
             }
         }
-        if result.is_ok() {
-            result = self.submit_and_wait_locked(&mut q, |cmd| self.record_steps(cmd, &pairs));
-        }
-        // SAFETY: the submission (if any) was waited on; nothing uses the sets any more.
-        unsafe {
-            let _ = d.reset_descriptor_pool(q.transient, vk::DescriptorPoolResetFlags::empty());
-            for pool in own {
-                d.destroy_descriptor_pool(pool, None);
-            }
-        }
-        result
+        self.record_steps(slot.cmd, &pairs);
+        self.launch(&mut q, slot, keep)
     }
 
     /// Records `steps` once into a command buffer that [`VulkanDevice::submit`] runs any
@@ -502,6 +475,16 @@ impl VulkanDevice {
     /// buffers themselves (not their contents), so a later write into a bound buffer is what
     /// the next submission reads. Every step is checked as [`VulkanDevice::dispatch`] checks.
     pub fn record<'a>(&self, steps: &[Step<'a>]) -> Result<Recording<'a>> {
+        self.record_with(steps, true)
+    }
+
+    /// [`VulkanDevice::record`], with the two timestamps only when `timestamps` (a graph's
+    /// replays are not timed by them, and the query reset and writes cost each replay).
+    pub(crate) fn record_with<'a>(
+        &self,
+        steps: &[Step<'a>],
+        timestamps: bool,
+    ) -> Result<Recording<'a>> {
         let mut pools = Vec::with_capacity(steps.len());
         let mut sets = Vec::with_capacity(steps.len());
         let free = |pools: &[vk::DescriptorPool]| {
@@ -526,7 +509,7 @@ impl VulkanDevice {
         }
         let d = self.raw();
         // Two timestamps around the dispatches, where the compute queue has them.
-        let queries = if self.inner().timestamp_bits > 0 {
+        let queries = if timestamps && self.inner().timestamp_bits > 0 {
             let info = vk::QueryPoolCreateInfo::default()
                 .query_type(vk::QueryType::TIMESTAMP)
                 .query_count(2);
@@ -596,6 +579,7 @@ impl VulkanDevice {
                 cmd,
                 pools,
                 queries,
+                last: std::sync::atomic::AtomicU64::new(0),
             },
             _borrows: std::marker::PhantomData,
         })
@@ -630,7 +614,8 @@ impl VulkanDevice {
                 "a recording was submitted to a device it was not recorded on",
             ));
         }
-        self.submit_recorded(recording.recorded.cmd)
+        let serial = recording.recorded.submit()?;
+        self.wait_for(serial)
     }
 }
 
@@ -692,13 +677,16 @@ impl std::fmt::Debug for Recording<'_> {
 }
 
 /// A recorded command buffer with its descriptor pools and timestamp queries, freed when
-/// dropped. Whoever holds it keeps the pipelines and buffers it binds alive.
+/// dropped (after its last submission finishes). Whoever holds it keeps the pipelines and
+/// buffers it binds alive.
 pub(crate) struct Recorded {
     device: VulkanDevice,
     cmd: vk::CommandBuffer,
     pools: Vec<vk::DescriptorPool>,
     /// Two timestamps around the dispatches, where the queue has them.
     queries: Option<vk::QueryPool>,
+    /// The serial of its last submission (0: never submitted).
+    last: std::sync::atomic::AtomicU64,
 }
 
 impl Recorded {
@@ -709,20 +697,38 @@ impl Recorded {
             cmd: vk::CommandBuffer::null(),
             pools: Vec::new(),
             queries: None,
+            last: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    /// The command buffer (null when empty).
-    pub(crate) fn cmd(&self) -> vk::CommandBuffer {
-        self.cmd
+    /// Submits the command buffer without waiting, once its previous submission has
+    /// finished (a command buffer recorded without simultaneous use may be pending once);
+    /// returns the serial. Nothing to submit when empty (the last serial comes back).
+    pub(crate) fn submit(&self) -> Result<u64> {
+        use std::sync::atomic::Ordering;
+        let previous = self.last.load(Ordering::SeqCst);
+        if self.cmd == vk::CommandBuffer::null() {
+            return Ok(previous);
+        }
+        self.device.wait_for(previous)?;
+        let serial = self.device.submit_recorded(self.cmd)?;
+        self.last.store(serial, Ordering::SeqCst);
+        Ok(serial)
     }
 }
 
 impl Drop for Recorded {
     fn drop(&mut self) {
-        // SAFETY: every submission of the command buffer was waited on (`submit` waits), so
-        // neither it nor its descriptor sets are in use; the pool is freed under the queue
-        // lock like every other use of it.
+        // Its last submission must finish before its objects go; if waiting fails (a lost
+        // device), the whole device is waited on.
+        let last = self.last.load(std::sync::atomic::Ordering::SeqCst);
+        if self.device.wait_for(last).is_err() {
+            // SAFETY: a plain wait on the device.
+            let _ = unsafe { self.device.raw().device_wait_idle() };
+        }
+        // SAFETY: the command buffer's submissions have finished, so neither it nor its
+        // descriptor sets are in use; the pool is freed under the queue lock like every
+        // other use of it.
         unsafe {
             if self.cmd != vk::CommandBuffer::null() {
                 if let Ok(_q) = self.device.inner().queue.lock() {
@@ -742,39 +748,49 @@ impl Drop for Recorded {
 }
 
 impl VulkanDevice {
-    /// Reads the device's clock: submits a command buffer that fills `clear` with zeros
-    /// (when given), then writes a timestamp once every earlier command has finished, waits,
-    /// and returns that timestamp in seconds; `None` when the compute queue has no
-    /// timestamps. Two readings bracket a region on the device's own clock (the benchmark's
-    /// timer); the clear before the first evicts the caches.
-    pub fn timestamp(&self, clear: Option<&VulkanBuffer>) -> Result<Option<f64>> {
-        let bits = self.inner().timestamp_bits;
-        if bits == 0 {
-            return Ok(None);
+    /// Starts a timed region on the device's clock: submits, without waiting, a command
+    /// buffer that fills `clear` with zeros (when given: it evicts the caches, and keeps the
+    /// device busy while the host submits the region) and then writes the first timestamp,
+    /// once every earlier command has finished. False when the compute queue has no
+    /// timestamps. [`VulkanDevice::timestamp_elapsed`] ends the region.
+    pub fn timestamp_start(&self, clear: Option<&Arc<VulkanBuffer>>) -> Result<bool> {
+        if self.inner().timestamp_bits == 0 {
+            return Ok(false);
         }
         let d = self.raw();
-        let mut q = self.lock_queue()?;
-        if q.stamps == vk::QueryPool::null() {
-            let info = vk::QueryPoolCreateInfo::default()
-                .query_type(vk::QueryType::TIMESTAMP)
-                .query_count(1);
-            // SAFETY: a valid create info; the pool is destroyed with the device.
-            q.stamps = unsafe { d.create_query_pool(&info, None) }
-                .map_err(|e| vk_error("vkCreateQueryPool", e))?;
-        }
-        let pool = q.stamps;
-        self.submit_and_wait_locked(&mut q, |cmd| {
-            // SAFETY: `cmd` is recording; `clear` lives across the wait.
+        let pool = self.stamp_pool()?;
+        let keep = Keep {
+            buffers: clear.into_iter().cloned().collect(),
+            ..Keep::default()
+        };
+        self.submit_async(keep, |cmd| {
+            // SAFETY: `cmd` is recording; `clear` is kept until the submission finishes.
             unsafe {
                 if let Some(b) = clear {
                     d.cmd_fill_buffer(cmd, b.raw(), 0, b.len_bytes(), 0);
                 }
-                d.cmd_reset_query_pool(cmd, pool, 0, 1);
+                d.cmd_reset_query_pool(cmd, pool, 0, 2);
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 0);
             }
         })?;
-        let mut ticks = [0u64; 1];
-        // SAFETY: the query was written by the submission just waited on.
+        Ok(true)
+    }
+
+    /// Ends the region [`VulkanDevice::timestamp_start`] began: writes the second timestamp
+    /// once everything submitted since has finished, waits, and returns the seconds between
+    /// the two; `None` when the compute queue has no timestamps.
+    pub fn timestamp_elapsed(&self) -> Result<Option<f64>> {
+        if self.inner().timestamp_bits == 0 {
+            return Ok(None);
+        }
+        let d = self.raw();
+        let pool = self.stamp_pool()?;
+        self.submit_and_wait(|cmd| {
+            // SAFETY: `cmd` is recording.
+            unsafe { d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 1) };
+        })?;
+        let mut ticks = [0u64; 2];
+        // SAFETY: both queries were written by submissions that have finished.
         unsafe {
             d.get_query_pool_results(
                 pool,
@@ -784,7 +800,21 @@ impl VulkanDevice {
             )
         }
         .map_err(|e| vk_error("vkGetQueryPoolResults", e))?;
-        Ok(Some(self.tick_seconds(ticks[0])))
+        Ok(Some(self.tick_seconds(ticks[1].wrapping_sub(ticks[0]))))
+    }
+
+    /// The queue's two-query timestamp pool, made on first use.
+    fn stamp_pool(&self) -> Result<vk::QueryPool> {
+        let mut q = self.lock_queue()?;
+        if q.stamps == vk::QueryPool::null() {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(2);
+            // SAFETY: a valid create info; the pool is destroyed with the queue state.
+            q.stamps = unsafe { self.raw().create_query_pool(&info, None) }
+                .map_err(|e| vk_error("vkCreateQueryPool", e))?;
+        }
+        Ok(q.stamps)
     }
 
     /// `ticks` of the compute queue's timestamp clock in seconds (its valid bits only).

@@ -1,8 +1,9 @@
 //! The Vulkan runtime as a [`WgslRuntime`]: pipelines compiled once per device and key
 //! (the driver's pipeline cache saved after each new one, since the process's device is
-//! never dropped), parameter slots in host-visible uniform buffers written in place (every
-//! submission is waited on, so none is read while it is rewritten), and a submission's
-//! dispatches recorded into one command buffer with a barrier between consecutive ones.
+//! never dropped), parameter slots in host-visible uniform buffers written in place (a block
+//! is rewritten only after the last submission that read it has finished), and a
+//! submission's dispatches recorded into one command buffer with a barrier between
+//! consecutive ones, submitted without waiting ([`super::queue`]).
 //!
 //! Inside a capture ([`VulkanDevice::capture`]) `submit` and `submit_one` keep their
 //! dispatches for the graph instead of running them.
@@ -21,16 +22,23 @@ use crate::device::{Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::Bindings;
 
+use super::queue::Keep;
 use super::{ComputePipeline, Step, VulkanBuffer, VulkanDevice};
 
 /// Distinct placeholder buffers per device.
 const PLACEHOLDERS: usize = 4;
 
+/// One-off parameter blocks per device, used in turn: a block is rewritten only once the
+/// submission that read it has finished, so consecutive one-off dispatches need not wait
+/// for each other.
+const ONEOFF_BLOCKS: usize = 32;
+
 /// What a device keeps for its WGSL-family users.
 pub(crate) struct Caches {
     pipelines: Mutex<HashMap<String, Arc<ComputePipeline>>>,
     placeholders: OnceLock<Vec<Arc<VulkanBuffer>>>,
-    oneoff: Mutex<Option<VulkanParams>>,
+    /// The one-off blocks and the index of the next one.
+    oneoff: Mutex<(Vec<VulkanParams>, usize)>,
 }
 
 impl Caches {
@@ -38,16 +46,18 @@ impl Caches {
         Arc::new(Caches {
             pipelines: Mutex::new(HashMap::new()),
             placeholders: OnceLock::new(),
-            oneoff: Mutex::new(None),
+            oneoff: Mutex::new((Vec::new(), 0)),
         })
     }
 }
 
-/// Parameter slots: one host-visible 256-byte uniform buffer each, and what each holds.
+/// Parameter slots: one host-visible 256-byte uniform buffer each, what each holds, and the
+/// serial of the last submission that read them (a slot is rewritten only after it).
 #[derive(Debug)]
 pub struct VulkanParams {
-    slots: Vec<VulkanBuffer>,
+    slots: Vec<Arc<VulkanBuffer>>,
     written: Mutex<Vec<Option<Slot>>>,
+    last_use: std::sync::atomic::AtomicU64,
 }
 
 fn device_error(message: String) -> Error {
@@ -76,6 +86,11 @@ impl VulkanDevice {
             )));
         }
         let mut written = params.written.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = |i: usize, slot: &Slot| written[i].as_ref() != Some(slot);
+        if slots.iter().enumerate().any(|(i, s)| changed(i, s)) {
+            // The submission that last read the block must be done before it is rewritten.
+            self.wait_for(params.last_use.load(std::sync::atomic::Ordering::SeqCst))?;
+        }
         for (i, slot) in slots.iter().enumerate() {
             if written[i].as_ref() != Some(slot) {
                 self.write_mapped(&params.slots[i], bytemuck::cast_slice(slot))?;
@@ -122,8 +137,11 @@ impl VulkanDevice {
         ))
     }
 
+    /// Submits `dispatches` without waiting, keeping their buffers, parameter slots and
+    /// pipelines alive until they finish, and marks `params` as read by the submission.
     fn run_dispatches(&self, params: &VulkanParams, dispatches: &[Dispatch<Self>]) -> Result<()> {
         let mut steps = Vec::with_capacity(dispatches.len());
+        let mut keep = Keep::default();
         for d in dispatches {
             let slot = params.slots.get(d.slot).ok_or_else(|| {
                 Error::config(format!(
@@ -133,10 +151,18 @@ impl VulkanDevice {
                 ))
             })?;
             let buffers =
-                std::iter::once((0, slot)).chain(d.buffers.iter().map(|(n, b)| (*n, &**b)));
+                std::iter::once((0, &**slot)).chain(d.buffers.iter().map(|(n, b)| (*n, &**b)));
             steps.push(Step::declared(&d.pipeline, buffers, d.groups));
+            keep.buffers.push(slot.clone());
+            keep.buffers
+                .extend(d.buffers.iter().map(|(_, b)| b.clone()));
+            keep.pipelines.push(d.pipeline.clone());
         }
-        self.run(&steps)
+        let serial = self.run_kept(&steps, keep)?;
+        params
+            .last_use
+            .fetch_max(serial, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -253,9 +279,10 @@ impl WgslRuntime for VulkanDevice {
     fn params(&self, slots: usize) -> Result<VulkanParams> {
         Ok(VulkanParams {
             slots: (0..slots)
-                .map(|_| self.mapped_buffer(PARAM_SLOT_BYTES))
+                .map(|_| self.mapped_buffer(PARAM_SLOT_BYTES).map(Arc::new))
                 .collect::<Result<_>>()?,
             written: Mutex::new(vec![None; slots]),
+            last_use: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -282,12 +309,13 @@ impl WgslRuntime for VulkanDevice {
             return Ok(());
         }
         let mut guard = self.caches.oneoff.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(self.params(1)?);
+        let (blocks, next) = &mut *guard;
+        if blocks.len() < ONEOFF_BLOCKS {
+            blocks.push(self.params(1)?);
         }
-        let params = guard
-            .as_ref()
-            .ok_or_else(|| device_error("no one-off parameter block".into()))?;
+        let i = *next % blocks.len();
+        *next = (i + 1) % ONEOFF_BLOCKS;
+        let params = &blocks[i];
         self.write_slots(params, &[words])?;
         self.run_dispatches(params, std::slice::from_ref(&dispatch))
     }

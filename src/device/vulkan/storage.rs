@@ -97,17 +97,16 @@ impl VulkanDevice {
         })
     }
 
-    /// Downloads to host storage (every submission was waited on, so it holds the last
-    /// dispatch's results).
+    /// Downloads to host storage (the copy runs after every earlier submission, so it holds
+    /// the last dispatch's results).
     pub fn tensor_download(&self, s: &VulkanStorage, dtype: DType) -> Result<CpuStorage> {
         let bytes = self.download(&s.buffer)?;
         Ok(CpuStorage::from_bytes(&bytes[..s.bytes as usize], dtype))
     }
 
-    /// Waits for queued work: nothing to wait for, since every submission of this runtime
-    /// is waited on before it returns.
+    /// Waits for every submission so far to finish (dispatches return without waiting).
     pub fn synchronize(&self) -> Result<()> {
-        Ok(())
+        self.wait_idle()
     }
 
     /// One-line description: device, type, what the kernels may use.
