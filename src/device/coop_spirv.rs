@@ -96,6 +96,117 @@ pub fn non_private_workgroup_accesses(words: &mut Vec<u32>) -> Result<(), String
     Ok(())
 }
 
+/// `OpTypeFloat`, `OpCapability`, `OpExtension` and the opcodes [`retype_f16_as_bf16`] refuses
+/// on the retyped values: arithmetic and the GLSL extended instructions.
+const OP_EXT_INST: u32 = 12;
+const OP_TYPE_FLOAT: u32 = 22;
+const OP_CAPABILITY: u32 = 17;
+const OP_EXTENSION: u32 = 10;
+/// `OpFNegate`, `OpFAdd`, `OpFSub`, `OpFMul`, `OpFDiv`, `OpFRem`, `OpFMod`,
+/// `OpVectorTimesScalar`, `OpDot`.
+const FLOAT_ARITHMETIC: [u32; 9] = [127, 129, 131, 133, 136, 140, 141, 142, 148];
+/// `Capability BFloat16TypeKHR`, `BFloat16CooperativeMatrixKHR` (SPV_KHR_bfloat16).
+const CAP_BF16_TYPE: u32 = 5116;
+const CAP_BF16_COOP: u32 = 5118;
+/// `FPEncoding BFloat16KHR`.
+const ENCODING_BF16: u32 = 0;
+
+/// Retypes every 16-bit float of a module as bfloat16 (`OpTypeFloat 16` gains the
+/// `BFloat16KHR` encoding) and declares `SPV_KHR_bfloat16` with its type and
+/// cooperative-matrix capabilities: the bf16 coop form, written in WGSL over f16 types
+/// (WGSL has no bfloat16) whose values are bf16 bits throughout.
+///
+/// Sound only for a module that does no arithmetic in that type (bf16 allows loads, stores,
+/// conversions and cooperative-matrix operations): an arithmetic instruction or an extended
+/// instruction whose result type is the retyped float or a vector of it is an error, as is
+/// a module without a 16-bit float. Constants keep their bits, which mean another value in
+/// bf16: the form has none but zero (the test scans for them).
+pub fn retype_f16_as_bf16(words: &mut Vec<u32>) -> Result<(), String> {
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        return Err("not a SPIR-V module".into());
+    }
+    // Pass 1: the 16-bit float type and the vectors of it.
+    let mut halves = std::collections::HashSet::new();
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        let op = words[i] & 0xffff;
+        if count == 0 || i + count > words.len() {
+            return Err(format!("malformed instruction at word {i}"));
+        }
+        let ins = &words[i..i + count];
+        if op == OP_TYPE_FLOAT && count == 3 && ins[2] == 16 {
+            halves.insert(ins[1]);
+        }
+        // OpTypeVector: result, component type, count.
+        if op == 23 && count == 4 && halves.contains(&ins[2]) {
+            halves.insert(ins[1]);
+        }
+        if (op == OP_EXT_INST || FLOAT_ARITHMETIC.contains(&op))
+            && count >= 3
+            && halves.contains(&ins[1])
+        {
+            return Err(format!(
+                "opcode {op} computes in the 16-bit float type, which bfloat16 does not allow"
+            ));
+        }
+        i += count;
+    }
+    if halves.is_empty() {
+        return Err("the module has no 16-bit float type to retype".into());
+    }
+    // Pass 2: the rewrite, with the capabilities after the first one and the extension
+    // first among the extensions (both sections precede every type).
+    let mut out = Vec::with_capacity(words.len() + 16);
+    out.extend_from_slice(&words[..5]);
+    let (mut caps_added, mut ext_added) = (false, false);
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        let op = words[i] & 0xffff;
+        let ins = &words[i..i + count];
+        match op {
+            OP_CAPABILITY if !caps_added => {
+                out.extend_from_slice(ins);
+                out.extend_from_slice(&[(2 << 16) | OP_CAPABILITY, CAP_BF16_TYPE]);
+                out.extend_from_slice(&[(2 << 16) | OP_CAPABILITY, CAP_BF16_COOP]);
+                caps_added = true;
+            }
+            _ if op != OP_CAPABILITY && !ext_added && caps_added => {
+                out.extend(extension_words("SPV_KHR_bfloat16"));
+                ext_added = true;
+                continue;
+            }
+            OP_TYPE_FLOAT if count == 3 && ins[2] == 16 => {
+                out.extend_from_slice(&[(4 << 16) | OP_TYPE_FLOAT, ins[1], 16, ENCODING_BF16]);
+            }
+            _ => out.extend_from_slice(ins),
+        }
+        i += count;
+    }
+    if !ext_added {
+        return Err("the module declares no capability".into());
+    }
+    *words = out;
+    Ok(())
+}
+
+/// `OpExtension "name"` (the literal string nul-terminated and padded to whole words).
+fn extension_words(name: &str) -> Vec<u32> {
+    let mut bytes = name.as_bytes().to_vec();
+    bytes.push(0);
+    while bytes.len() % 4 != 0 {
+        bytes.push(0);
+    }
+    let lit: Vec<u32> = bytes
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let mut out = vec![((lit.len() as u32 + 1) << 16) | OP_EXTENSION];
+    out.extend(lit);
+    out
+}
+
 /// Sets `NonPrivatePointer` in the memory-operand mask at word `at` of `ins`, appending the
 /// mask when the instruction has none.
 fn mark(ins: &mut Vec<u32>, at: usize) {
@@ -189,6 +300,70 @@ mod tests {
             }
             assert!(seen >= 5, "{key}: {seen} workgroup variables");
         }
+    }
+
+    /// The bf16 coop modules retype cleanly: they compute nothing in the 16-bit type, hold
+    /// no 16-bit constant but zero, and come out with the bf16 type, capabilities and
+    /// extension; an f16 module that computes in f16 is refused.
+    #[test]
+    fn bf16_coop_modules_retype_their_halves() {
+        let mut n = 0;
+        for (key, source) in crate::kernels::wgsl::coop_catalog() {
+            if !source.contains(crate::kernels::wgsl::BF16_TILES_MARKER) {
+                continue;
+            }
+            let mut words = compile(&source).unwrap_or_else(|e| panic!("{key}: {e}"));
+            // Constants of the 16-bit type (OpConstant: type, result, value) are all zero.
+            let mut halves = std::collections::HashSet::new();
+            let mut i = 5;
+            while i < words.len() {
+                let count = (words[i] >> 16) as usize;
+                let (op, w) = (words[i] & 0xffff, &words[i..i + count]);
+                if op == OP_TYPE_FLOAT && w[2] == 16 {
+                    halves.insert(w[1]);
+                }
+                if op == 43 && halves.contains(&w[1]) {
+                    assert_eq!(w[3] & 0xffff, 0, "{key}: a nonzero 16-bit constant");
+                }
+                i += count;
+            }
+            retype_f16_as_bf16(&mut words).unwrap_or_else(|e| panic!("{key}: {e}"));
+            let (mut bf16_types, mut caps, mut ext) = (0, 0, false);
+            let mut i = 5;
+            while i < words.len() {
+                let count = (words[i] >> 16) as usize;
+                let (op, w) = (words[i] & 0xffff, &words[i..i + count]);
+                match op {
+                    OP_TYPE_FLOAT if w[2] == 16 => {
+                        assert_eq!(w.get(3), Some(&ENCODING_BF16), "{key}");
+                        bf16_types += 1;
+                    }
+                    OP_CAPABILITY if w[1] == CAP_BF16_TYPE || w[1] == CAP_BF16_COOP => caps += 1,
+                    OP_EXTENSION => {
+                        ext |= w[1..].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>()
+                            .starts_with(b"SPV_KHR_bfloat16\0")
+                    }
+                    _ => {}
+                }
+                i += count;
+            }
+            assert_eq!((bf16_types, caps, ext), (1, 2, true), "{key}");
+            n += 1;
+        }
+        assert!(n >= 4, "{n} bf16 coop modules in the catalogue");
+        // An f16 module with f16 arithmetic (the tiled2h form's packed FMAs) is refused.
+        let tiled2h = crate::kernels::wgsl::catalog()
+            .into_iter()
+            .find(|(k, _, _)| k.contains("tiled2h"))
+            .expect("a tiled2h module in the catalogue");
+        let module = naga::front::wgsl::parse_str(&tiled2h.1).expect("parses");
+        let caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16;
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .expect("validates");
+        let mut words =
+            spv::write_vec(&module, &info, &crate::device::spirv::spirv_options(), None).unwrap();
+        assert!(retype_f16_as_bf16(&mut words).is_err(), "{}", tiled2h.0);
     }
 
     #[test]

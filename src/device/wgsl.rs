@@ -93,6 +93,9 @@ pub struct WgslDeviceInfo {
     pub f16: bool,
     /// The 16 × 16 × 16 f16 / f32 cooperative matrices the family's coop form uses.
     pub coop: bool,
+    /// The same for bf16 inputs (bf16 × bf16 → f32), which the coop form over bf16 needs;
+    /// only the native Vulkan runtime offers them (`VK_KHR_shader_bfloat16`).
+    pub coop_bf16: bool,
     /// Workgroup memory per workgroup, in bytes.
     pub max_workgroup_storage: u32,
     /// Invocations per workgroup.

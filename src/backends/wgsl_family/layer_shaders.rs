@@ -232,8 +232,9 @@ impl LayerShaders {
                 ..t2
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
-            if f16_inputs && form == PrefillForm::CooperativeMatrix {
-                if let Some(s) = self.coop_shader(paged) {
+            let bf16_coop = q_dtype == DType::Bf16 && kv_dtype == DType::Bf16 && self.info.coop_bf16;
+            if (f16_inputs || bf16_coop) && form == PrefillForm::CooperativeMatrix {
+                if let Some(s) = self.coop_shader(paged, q_dtype) {
                     return s;
                 }
             }
@@ -263,13 +264,14 @@ impl LayerShaders {
         })
     }
 
-    /// The cooperative-matrix prefill form ([`Tiled2::coop`]) for an f16 layer with an f16
-    /// cache, where the device has cooperative matrices ([`WgslDeviceInfo::coop`]), every
+    /// The cooperative-matrix prefill form ([`Tiled2::coop`]) for a `dtype` layer with a
+    /// same-dtype cache (f16; bf16 where [`WgslDeviceInfo::coop_bf16`]), where the device
+    /// has cooperative matrices ([`WgslDeviceInfo::coop`]), every
     /// subgroup has 32 lanes (one 16-row tile per subgroup) and the head size is a multiple
     /// of 16 up to 128 (its output tiles stay in registers): 64 rows × 64 keys, or the
     /// tiled2h knobs' rows / keys when they are multiples of 16, else 64 × 32 where the
     /// workgroup memory is short. `None`: the tiled2h form takes the layer.
-    fn coop_shader(&self, paged: bool) -> Option<AttentionShader> {
+    fn coop_shader(&self, paged: bool, dtype: DType) -> Option<AttentionShader> {
         let d = self.head_size as u32;
         let usable = self.info.coop
             && self.tuning.subgroups
@@ -288,7 +290,7 @@ impl LayerShaders {
             .filter(|&(m, n)| m % 16 == 0 && n % 16 == 0 && m > 0 && n > 0)
             .map(|(m, n)| {
                 let split = shaders::coop_split(d, m, n, self.tuning.prefill_coop_split);
-                shaders::coop_shader_split(d, m, n, split, paged)
+                shaders::coop_shader_typed(d, m, n, split, paged, dtype)
             })
             .find(|s| self.runs_here(s))
     }
@@ -352,4 +354,50 @@ pub fn prefill_tile_fits(info: &WgslDeviceInfo, head_size: usize, (m, n): (u32, 
         && tiled2_shared_bytes(d, m, n) <= limit
         && m.div_ceil(b.score_row_groups) * b.keys_per_thread <= 32
         && m.div_ceil(b.out_row_groups) * b.cols_per_thread <= 32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H200-like device (32-lane subgroups, f16, 48 KiB of workgroup memory) with or
+    /// without f16 / bf16 cooperative matrices.
+    fn device(coop: bool, coop_bf16: bool) -> WgslDeviceInfo {
+        WgslDeviceInfo {
+            name: "test GPU".into(),
+            is_cpu: false,
+            subgroups: true,
+            subgroup_sizes: (32, 32),
+            f16: true,
+            coop,
+            coop_bf16,
+            max_workgroup_storage: 48 << 10,
+            max_invocations: 1024,
+            max_workgroup_size_x: 1024,
+            max_workgroups_per_dim: 65535,
+            max_binding_bytes: u64::from(u32::MAX),
+        }
+    }
+
+    fn prefill_is_coop(info: WgslDeviceInfo, dtype: DType) -> bool {
+        let tuning = WgpuTuning::for_device(&info);
+        let shaders = LayerShaders::new(info, 128, tuning).expect("shapes");
+        let s = shaders.tile_shader(true, dtype, dtype, true);
+        s.tiled2.is_some_and(|t| t.coop)
+    }
+
+    /// The coop form takes f16 layers on devices with f16 cooperative matrices, and bf16
+    /// layers only where bf16 ones exist too (its module is retyped to bfloat16 then).
+    #[test]
+    fn the_coop_form_needs_the_layers_matrix_type() {
+        assert!(prefill_is_coop(device(true, false), DType::F16));
+        assert!(!prefill_is_coop(device(true, false), DType::Bf16));
+        assert!(prefill_is_coop(device(true, true), DType::Bf16));
+        assert!(!prefill_is_coop(device(false, false), DType::F16));
+        let tuning = WgpuTuning::for_device(&device(true, true));
+        let s = LayerShaders::new(device(true, true), 128, tuning)
+            .expect("shapes")
+            .tile_shader(true, DType::Bf16, DType::Bf16, true);
+        assert!(s.source().contains(crate::kernels::wgsl::BF16_TILES_MARKER));
+    }
 }

@@ -12,7 +12,10 @@
 //!   f32 configuration in subgroup scope (the family's coop prefill form), with Vulkan 1.2's
 //!   memory model at device scope (naga writes a module that uses cooperative matrices under
 //!   `MemoryModel Vulkan`), f16 and subgroups; `POLYATTN_WGPU_COOP=0` turns them off here as
-//!   on the wgpu runtime.
+//!   on the wgpu runtime;
+//! * bf16 cooperative matrices: the same with `VK_KHR_shader_bfloat16` (the bfloat16 type and
+//!   its cooperative matrices) and the 16 × 16 × 16 bf16 × bf16 → f32 configuration, for the
+//!   coop form over bf16 (ash predates the extension: its feature struct is declared here).
 
 use ash::vk;
 
@@ -27,7 +30,46 @@ pub(crate) struct ShaderFeatures {
     /// The coop form's cooperative matrices (see the module docs); the extension and
     /// features are enabled with the device when set.
     pub coop: bool,
+    /// bf16 cooperative matrices as well (implies `coop`); `VK_KHR_shader_bfloat16` is
+    /// enabled with the device when set.
+    pub coop_bf16: bool,
 }
+
+/// `VK_KHR_shader_bfloat16`.
+pub(crate) const BF16_EXTENSION: &std::ffi::CStr = c"VK_KHR_shader_bfloat16";
+
+/// `VkPhysicalDeviceShaderBfloat16FeaturesKHR` (not in ash 0.38, which predates it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bfloat16Features {
+    s_type: vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    pub shader_bfloat16_type: vk::Bool32,
+    pub shader_bfloat16_dot_product: vk::Bool32,
+    pub shader_bfloat16_cooperative_matrix: vk::Bool32,
+}
+
+impl Default for Bfloat16Features {
+    fn default() -> Self {
+        Bfloat16Features {
+            // VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR.
+            s_type: vk::StructureType::from_raw(1_000_141_000),
+            p_next: std::ptr::null_mut(),
+            shader_bfloat16_type: vk::FALSE,
+            shader_bfloat16_dot_product: vk::FALSE,
+            shader_bfloat16_cooperative_matrix: vk::FALSE,
+        }
+    }
+}
+
+// SAFETY: the struct has the layout Vulkan defines for it (sType and pNext first), and the
+// specification lets it extend both structures.
+unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for Bfloat16Features {}
+// SAFETY: as above.
+unsafe impl vk::ExtendsDeviceCreateInfo for Bfloat16Features {}
+
+/// `VK_COMPONENT_TYPE_BFLOAT16_KHR`.
+const COMPONENT_BF16: vk::ComponentTypeKHR = vk::ComponentTypeKHR::from_raw(1_000_141_000);
 
 /// The extension of the coop form's cooperative matrices.
 pub(crate) const COOP_EXTENSION: &std::ffi::CStr = ash::khr::cooperative_matrix::NAME;
@@ -51,6 +93,7 @@ impl ShaderFeatures {
                 subgroup_sizes: (1, 1),
                 f16: false,
                 coop: false,
+                coop_bf16: false,
             };
         }
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
@@ -76,20 +119,29 @@ impl ShaderFeatures {
         } else {
             (sub.subgroup_size, sub.subgroup_size)
         };
-        let has_coop_extension = instance
+        let extensions = instance
             .enumerate_device_extension_properties(physical)
-            .unwrap_or_default()
-            .iter()
-            .any(|e| e.extension_name_as_c_str().ok() == Some(COOP_EXTENSION));
-        let (f16, memory_model, coop_feature) = if api >= vk::API_VERSION_1_2 {
+            .unwrap_or_default();
+        let has = |name: &std::ffi::CStr| {
+            extensions
+                .iter()
+                .any(|e| e.extension_name_as_c_str().ok() == Some(name))
+        };
+        let has_coop_extension = has(COOP_EXTENSION);
+        let has_bf16_extension = has_coop_extension && has(BF16_EXTENSION);
+        let (f16, memory_model, coop_feature, bf16_feature) = if api >= vk::API_VERSION_1_2 {
             let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
             let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
             let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+            let mut fbf16 = Bfloat16Features::default();
             let mut features = vk::PhysicalDeviceFeatures2::default()
                 .push_next(&mut f11)
                 .push_next(&mut f12);
             if has_coop_extension {
                 features = features.push_next(&mut fcoop);
+            }
+            if has_bf16_extension {
+                features = features.push_next(&mut fbf16);
             }
             instance.get_physical_device_features2(physical, &mut features);
             (
@@ -99,9 +151,11 @@ impl ShaderFeatures {
                 f12.vulkan_memory_model == vk::TRUE
                     && f12.vulkan_memory_model_device_scope == vk::TRUE,
                 fcoop.cooperative_matrix == vk::TRUE,
+                fbf16.shader_bfloat16_type == vk::TRUE
+                    && fbf16.shader_bfloat16_cooperative_matrix == vk::TRUE,
             )
         } else {
-            (false, false, false)
+            (false, false, false, false)
         };
         let wanted = std::env::var(crate::device::wgpu::COOP_ENV).map_or(true, |v| v.trim() != "0");
         let coop = wanted
@@ -110,19 +164,24 @@ impl ShaderFeatures {
             && memory_model
             && f16
             && subgroups
-            && coop_configuration(entry, instance, physical);
+            && coop_configuration(entry, instance, physical, vk::ComponentTypeKHR::FLOAT16);
+        let coop_bf16 = coop
+            && has_bf16_extension
+            && bf16_feature
+            && coop_configuration(entry, instance, physical, COMPONENT_BF16);
         ShaderFeatures {
             api,
             subgroups,
             subgroup_sizes,
             f16,
             coop,
+            coop_bf16,
         }
     }
 }
 
-/// Whether `physical` offers the coop form's configuration: 16 × 16 × 16, f16 A / B, f32 C
-/// and result, subgroup scope.
+/// Whether `physical` offers the coop form's configuration for inputs of `ab`: 16 × 16 × 16,
+/// `ab` A / B, f32 C and result, subgroup scope.
 ///
 /// # Safety
 /// `physical` must come from `instance` (of `entry`), which offers `VK_KHR_cooperative_matrix`.
@@ -130,6 +189,7 @@ unsafe fn coop_configuration(
     entry: &ash::Entry,
     instance: &ash::Instance,
     physical: vk::PhysicalDevice,
+    ab: vk::ComponentTypeKHR,
 ) -> bool {
     let coop = ash::khr::cooperative_matrix::Instance::new(entry, instance);
     coop.get_physical_device_cooperative_matrix_properties(physical)
@@ -139,8 +199,8 @@ unsafe fn coop_configuration(
             p.m_size == 16
                 && p.n_size == 16
                 && p.k_size == 16
-                && p.a_type == vk::ComponentTypeKHR::FLOAT16
-                && p.b_type == vk::ComponentTypeKHR::FLOAT16
+                && p.a_type == ab
+                && p.b_type == ab
                 && p.c_type == vk::ComponentTypeKHR::FLOAT32
                 && p.result_type == vk::ComponentTypeKHR::FLOAT32
                 && p.scope == vk::ScopeKHR::SUBGROUP

@@ -343,11 +343,16 @@ impl VulkanDevice {
             .vulkan_memory_model_device_scope(caps.coop);
         let mut enable_coop =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
-        let device_extensions = if caps.coop {
-            vec![features::COOP_EXTENSION.as_ptr()]
-        } else {
-            Vec::new()
-        };
+        let mut enable_bf16 = features::Bfloat16Features::default();
+        enable_bf16.shader_bfloat16_type = vk::TRUE;
+        enable_bf16.shader_bfloat16_cooperative_matrix = vk::TRUE;
+        let mut device_extensions = Vec::new();
+        if caps.coop {
+            device_extensions.push(features::COOP_EXTENSION.as_ptr());
+        }
+        if caps.coop_bf16 {
+            device_extensions.push(features::BF16_EXTENSION.as_ptr());
+        }
         let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&device_extensions);
@@ -356,6 +361,9 @@ impl VulkanDevice {
         }
         if caps.coop {
             info = info.push_next(&mut enable_coop);
+        }
+        if caps.coop_bf16 {
+            info = info.push_next(&mut enable_bf16);
         }
         // SAFETY: `physical` comes from this instance; the create info lives across the call.
         let device = match unsafe { instance.create_device(physical, &info, None) } {
@@ -449,6 +457,7 @@ impl VulkanDevice {
             subgroup_sizes: caps.subgroup_sizes,
             f16: caps.f16,
             coop: caps.coop,
+            coop_bf16: caps.coop_bf16,
             max_workgroup_storage: props.limits.max_compute_shared_memory_size,
             max_invocations: props.limits.max_compute_work_group_invocations,
             max_workgroup_size_x: props.limits.max_compute_work_group_size[0],

@@ -68,11 +68,15 @@ pub fn translate(
     // The coop prefill form: only where the device enabled cooperative matrices (the layer
     // picks the form only then), with the workgroup accesses patched as on wgpu.
     let coop = source.contains("enable wgpu_cooperative_matrix;");
+    let bf16 = source.contains(crate::kernels::wgsl::BF16_TILES_MARKER);
     if coop {
-        if !device.coop {
+        if !device.coop || (bf16 && !device.coop_bf16) {
             return Err(compile_error(
                 key,
-                "the module uses cooperative matrices, which this device does not offer".into(),
+                format!(
+                    "the module uses {}cooperative matrices, which this device does not offer",
+                    if bf16 { "bf16 " } else { "" }
+                ),
             ));
         }
         caps |= Capabilities::COOPERATIVE_MATRIX;
@@ -128,6 +132,10 @@ pub fn translate(
     if coop {
         crate::device::coop_spirv::non_private_workgroup_accesses(&mut words)
             .map_err(|e| compile_error(key, e))?;
+        if bf16 {
+            crate::device::coop_spirv::retype_f16_as_bf16(&mut words)
+                .map_err(|e| compile_error(key, e))?;
+        }
     }
     Ok((words, bindings))
 }

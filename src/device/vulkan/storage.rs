@@ -122,6 +122,16 @@ impl VulkanDevice {
                 w.subgroup_sizes.0, w.subgroup_sizes.1
             ));
         }
+        if w.coop {
+            extras.push(
+                if w.coop_bf16 {
+                    "coop matrices f16 / bf16"
+                } else {
+                    "coop matrices f16"
+                }
+                .to_string(),
+            );
+        }
         extras.push(format!(
             "{} KiB shared, {} MiB per binding",
             w.max_workgroup_storage / 1024,

@@ -347,6 +347,8 @@ fn open_uncached() -> Result<WgpuDevice> {
         subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
         f16: features.contains(wgpu::Features::SHADER_F16),
         coop: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+        // WGSL has no bfloat16, and wgpu's passthrough gets no bf16 features enabled.
+        coop_bf16: false,
         max_workgroup_storage: limits.max_compute_workgroup_storage_size,
         max_invocations: limits.max_compute_invocations_per_workgroup,
         max_workgroup_size_x: limits.max_compute_workgroup_size_x,

@@ -189,6 +189,16 @@ impl AttentionShader {
             }
         };
         let mut s = format!("// generated: {}\n", self.key());
+        // The bf16 coop form is the f16 one over bf16 bits: its K / V binding and workgroup
+        // tiles are typed f16 here, and the runtime retypes every f16 as bfloat16 in the
+        // SPIR-V (the module does no arithmetic in that type: it loads, stores, converts
+        // from f32 and feeds the matrix products).
+        let bf16_tiles = coop && self.kv_dtype == DType::Bf16;
+        let tile_kv = if bf16_tiles { DType::F16 } else { self.kv_dtype };
+        if bf16_tiles {
+            s += BF16_TILES_MARKER;
+            s += "\n";
+        }
         // `enable f16;` only where f16 is used: adapters without SHADER_F16 reject it.
         if half {
             s += "enable f16;\n";
@@ -298,15 +308,15 @@ impl AttentionShader {
         // type SH4 (tiled2 keeps the raw words in registers while their loads are in flight).
         s += &format!(
             "alias KV_RAW = {};\nfn kv_cvt4(w: KV_RAW) -> SH4 {{\n{}}}\n",
-            kv_storage_type(self.kv_dtype, half),
+            kv_storage_type(tile_kv, half),
             if half {
-                cvt_body_f16(self.kv_dtype)
+                cvt_body_f16(tile_kv)
             } else {
-                cvt_body(self.kv_dtype)
+                cvt_body(tile_kv)
             }
         );
         if self.paged {
-            s += &kv_buffer("kv", 2, self.kv_dtype, half);
+            s += &kv_buffer("kv", 2, tile_kv, half);
             s += "@group(0) @binding(3) var<storage, read> block_table: array<i32>;\n";
             s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
                   \x20   let blk = u32(block_table[kv_row + pos / params.block_size]);\n\
@@ -327,8 +337,8 @@ impl AttentionShader {
                   \x20   let blk = u32(block_table[kv_row + b]);\n\
                   \x20   return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;\n}\n";
         } else {
-            s += &kv_buffer("k", 2, self.kv_dtype, half);
-            s += &kv_buffer("v", 3, self.kv_dtype, half);
+            s += &kv_buffer("k", 2, tile_kv, half);
+            s += &kv_buffer("v", 3, tile_kv, half);
             s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
                   \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n\
                   fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
@@ -368,6 +378,11 @@ pub fn coop_shader(head_size: u32, block_m: u32, block_n: u32, paged: bool) -> A
     coop_shader_split(head_size, block_m, block_n, 1, paged)
 }
 
+/// The first line after the key of a coop module whose f16 types stand for bfloat16: the
+/// runtime retypes them (`SPV_KHR_bfloat16`, [`crate::device::coop_spirv::retype_f16_as_bf16`]);
+/// only a device with bf16 cooperative matrices runs it.
+pub const BF16_TILES_MARKER: &str = "// bf16 tiles: every f16 type of this module is bfloat16";
+
 /// The coop form with `split` subgroups per 16-row tile (see [`coop_split_fits`]): more
 /// subgroups per workgroup, fewer output matrices (registers) per subgroup.
 ///
@@ -379,12 +394,26 @@ pub fn coop_shader_split(
     split: u32,
     paged: bool,
 ) -> AttentionShader {
+    coop_shader_typed(head_size, block_m, block_n, split, paged, DType::F16)
+}
+
+/// The coop form for `dtype` activations with a same-dtype cache: f16, or bf16 on devices
+/// with bf16 cooperative matrices (the module is the f16 one over bf16 bits, marked with
+/// [`BF16_TILES_MARKER`]).
+pub fn coop_shader_typed(
+    head_size: u32,
+    block_m: u32,
+    block_n: u32,
+    split: u32,
+    paged: bool,
+    dtype: DType,
+) -> AttentionShader {
     AttentionShader {
         head_size,
         block_m,
         block_n,
-        q_dtype: DType::F16,
-        kv_dtype: DType::F16,
+        q_dtype: dtype,
+        kv_dtype: dtype,
         paged,
         subgroups: true,
         unrolled: true,

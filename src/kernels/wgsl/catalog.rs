@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 
 use super::attention::{
-    coop_shader_split, AttentionShader, CombineShader, DecodeShader, Tiled2, DECODE_KEYS_PER_STEP,
+    coop_shader_typed, AttentionShader, CombineShader, DecodeShader, Tiled2, DECODE_KEYS_PER_STEP,
     DECODE_WORKGROUP,
 };
 use super::elementwise::{MergeShader, ProbeShader, ReshapeShader};
@@ -40,8 +40,10 @@ pub fn coop_catalog() -> Vec<(String, String)> {
         for paged in [true, false] {
             for split in [1, 2, 4] {
                 if coop_split_fits(d, m, n, split) {
-                    let s = coop_shader_split(d, m, n, split, paged);
-                    out.push((s.key(), s.source()));
+                    for dtype in [DType::F16, DType::Bf16] {
+                        let s = coop_shader_typed(d, m, n, split, paged, dtype);
+                        out.push((s.key(), s.source()));
+                    }
                 }
             }
         }
