@@ -3,6 +3,11 @@
 // cooperative matrices (the header says `enable wgpu_cooperative_matrix;`: tensor cores through Vulkan's
 // VK_KHR_cooperative_matrix), for f16 activations with an f16 cache.
 //
+// Where the softmax scale goes: into the f16 Q tile (q_scale() = params.scale, s_scale() = 1), or,
+// in the bf16 form, onto the f32 scores (q_scale() = 1, s_scale() = params.scale), since a scaled
+// query rounded to bf16's 8 bits moved large logits (soft cap 50) past the bf16 tolerance
+// while the unscaled bf16 query converts exactly.
+//
 // Specialisation (the generated header, src/kernels/wgsl/attention.rs): head size D (a
 // multiple of 16), D4 = D / 4, BM query rows (a multiple of 16: RT = BM / 16 row tiles), BN
 // keys per chunk (a multiple of 16), NQ subgroups per row tile (1, 2 or 4), WG = 32·RT·NQ
@@ -115,7 +120,7 @@ fn coop_softmax_row(r: u32, h: u32, c0: u32, cn: u32, par: u32) -> bool {
         let o = live && j < cn && visible(p, c0 + j);
         var v = NO_MAX;
         if o {
-            v = modify(s_s[r * SS + j], head, p, c0 + j);
+            v = modify(s_s[r * SS + j] * s_scale(), head, p, c0 + j);
             mx = max(mx, v);
             saw = true;
         }
@@ -226,7 +231,7 @@ fn main(inp: Inputs) {
         if r < n_rows {
             let tok = it.q_start + r / hc;
             let head = kv_head * g + it.head_start + r % hc;
-            v = q_load4((tok * H + head) * D + c * 4u) * params.scale;
+            v = q_load4((tok * H + head) * D + c * 4u) * q_scale();
         }
         let e = r * KS + c * 4u;
         kv_s[e] = f16(v.x);

@@ -340,7 +340,10 @@ mod tests {
                     }
                     OP_CAPABILITY if w[1] == CAP_BF16_TYPE || w[1] == CAP_BF16_COOP => caps += 1,
                     OP_EXTENSION => {
-                        ext |= w[1..].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>()
+                        ext |= w[1..]
+                            .iter()
+                            .flat_map(|x| x.to_le_bytes())
+                            .collect::<Vec<_>>()
                             .starts_with(b"SPV_KHR_bfloat16\0")
                     }
                     _ => {}

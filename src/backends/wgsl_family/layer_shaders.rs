@@ -232,7 +232,8 @@ impl LayerShaders {
                 ..t2
             };
             let f16_inputs = q_dtype == DType::F16 && kv_dtype == DType::F16;
-            let bf16_coop = q_dtype == DType::Bf16 && kv_dtype == DType::Bf16 && self.info.coop_bf16;
+            let bf16_coop =
+                q_dtype == DType::Bf16 && kv_dtype == DType::Bf16 && self.info.coop_bf16;
             if (f16_inputs || bf16_coop) && form == PrefillForm::CooperativeMatrix {
                 if let Some(s) = self.coop_shader(paged, q_dtype) {
                     return s;

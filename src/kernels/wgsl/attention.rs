@@ -194,7 +194,11 @@ impl AttentionShader {
         // SPIR-V (the module does no arithmetic in that type: it loads, stores, converts
         // from f32 and feeds the matrix products).
         let bf16_tiles = coop && self.kv_dtype == DType::Bf16;
-        let tile_kv = if bf16_tiles { DType::F16 } else { self.kv_dtype };
+        let tile_kv = if bf16_tiles {
+            DType::F16
+        } else {
+            self.kv_dtype
+        };
         if bf16_tiles {
             s += BF16_TILES_MARKER;
             s += "\n";
@@ -266,6 +270,12 @@ impl AttentionShader {
             s += &consts(&coop_c);
             // The lazy rescale's threshold (see paged_attention_coop.wgsl).
             s += "const COOP_TAU: f32 = 8.0;\n";
+            // Where the softmax scale goes (see paged_attention_coop.wgsl).
+            s += if bf16_tiles {
+                "fn q_scale() -> f32 {\n    return 1.0;\n}\nfn s_scale() -> f32 {\n    return params.scale;\n}\n"
+            } else {
+                "fn q_scale() -> f32 {\n    return params.scale;\n}\nfn s_scale() -> f32 {\n    return 1.0;\n}\n"
+            };
         }
         s += &format!("const TILED2: bool = {t2};\nconst F16: bool = {half};\n");
         // The element type of the query, key / value and probability tiles in workgroup
