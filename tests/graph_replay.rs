@@ -338,6 +338,24 @@ fn graph_replayed_decode_equals_eager() {
     );
 }
 
+/// One forward of `batch` (its layer, query, key, value and cache) with metadata `md`.
+fn forward_batch(
+    imp: &dyn polyattn::AttentionImpl,
+    batch: &mut RandomBatch,
+    md: &dyn polyattn::AttentionMetadata,
+    out: &mut Tensor,
+) -> polyattn::Result<()> {
+    imp.forward(
+        &batch.layer,
+        &batch.query,
+        Some(&batch.key),
+        Some(&batch.value),
+        &mut batch.kv_cache,
+        md,
+        out,
+    )
+}
+
 /// What cannot be captured fails with a typed error, and the device stays usable: graph
 /// metadata of a prefill batch, a forward on plain metadata inside a capture, the closure's
 /// own error, an allocation inside a capture, a layer shape that has not run eagerly, stale
@@ -378,17 +396,7 @@ fn rejects(b: &BackendRef) -> Outcome {
     // 2. Capturing a forward on plain metadata: a device error, nothing captured.
     let md = builder.build(0, &common, false)?;
     let mut out = batch.empty_output()?;
-    let r = device.capture(|| {
-        imp.forward(
-            &batch.layer,
-            &batch.query,
-            Some(&batch.key),
-            Some(&batch.value),
-            &mut batch.kv_cache,
-            md.as_ref(),
-            &mut out,
-        )
-    });
+    let r = device.capture(|| forward_batch(imp.as_ref(), &mut batch, md.as_ref(), &mut out));
     device_error(r, "build_for_graph_capture", "a plain-metadata forward")?;
     // 3. The closure's own error comes back as is.
     match device.capture(|| Err(polyattn::Error::Config("closure failed on purpose".into()))) {
@@ -404,30 +412,12 @@ fn rejects(b: &BackendRef) -> Outcome {
     let dcommon = CommonAttentionMetadata::new(&device, dbatch.desc.clone())?;
     let gmd = builder.build_for_graph_capture(&dcommon)?;
     let mut dout = dbatch.empty_output()?;
-    let r = device.capture(|| {
-        imp.forward(
-            &dbatch.layer,
-            &dbatch.query,
-            Some(&dbatch.key),
-            Some(&dbatch.value),
-            &mut dbatch.kv_cache,
-            gmd.as_ref(),
-            &mut dout,
-        )
-    });
+    let r = device.capture(|| forward_batch(imp.as_ref(), &mut dbatch, gmd.as_ref(), &mut dout));
     // The plan (or, when no earlier test ran it, the kernel module) is missing.
     device_error(r, "graph capture", "a capture before the warm-up")?;
     // 6. Metadata of an older build is stale once a newer build rewrote the buffers.
     let gmd2 = builder.build_for_graph_capture(&dcommon)?;
-    let stale = imp.forward(
-        &dbatch.layer,
-        &dbatch.query,
-        Some(&dbatch.key),
-        Some(&dbatch.value),
-        &mut dbatch.kv_cache,
-        gmd.as_ref(),
-        &mut dout,
-    );
+    let stale = forward_batch(imp.as_ref(), &mut dbatch, gmd.as_ref(), &mut dout);
     ensure(
         matches!(&stale, Err(polyattn::Error::Metadata(m)) if m.contains("stale")),
         || format!("stale graph metadata: {stale:?}"),
@@ -443,15 +433,7 @@ fn rejects(b: &BackendRef) -> Outcome {
         false,
     )?;
     let mut out = batch.empty_output()?;
-    imp.forward(
-        &batch.layer,
-        &batch.query,
-        Some(&batch.key),
-        Some(&batch.value),
-        &mut batch.kv_cache,
-        md.as_ref(),
-        &mut out,
-    )?;
+    forward_batch(imp.as_ref(), &mut batch, md.as_ref(), &mut out)?;
     let cmp = reference::compare(
         &out.to_f32_vec()?,
         &want.out,

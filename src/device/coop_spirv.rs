@@ -55,21 +55,14 @@ pub fn compile(source: &str) -> Result<Vec<u32>, String> {
 /// `OpCooperativeMatrixStoreKHR` whose pointer is in the Workgroup storage class (a
 /// workgroup variable, or an access chain into one). Errors on a malformed module.
 pub fn non_private_workgroup_accesses(words: &mut Vec<u32>) -> Result<(), String> {
-    if words.len() < 5 || words[0] != 0x0723_0203 {
-        return Err("not a SPIR-V module".into());
-    }
     let mut pointer_types = std::collections::HashSet::new();
     let mut pointers = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(words.len() + words.len() / 16);
-    out.extend_from_slice(&words[..5]);
-    let mut i = 5;
-    while i < words.len() {
-        let count = (words[i] >> 16) as usize;
-        let op = words[i] & 0xffff;
-        if count == 0 || i + count > words.len() {
-            return Err(format!("malformed instruction at word {i}"));
-        }
-        let mut ins = words[i..i + count].to_vec();
+    out.extend_from_slice(header(words)?);
+    for ins in instructions(words) {
+        let (op, ins) = ins?;
+        let count = ins.len();
+        let mut ins = ins.to_vec();
         match op {
             OP_TYPE_POINTER if count >= 4 && ins[2] == WORKGROUP => {
                 pointer_types.insert(ins[1]);
@@ -90,10 +83,37 @@ pub fn non_private_workgroup_accesses(words: &mut Vec<u32>) -> Result<(), String
             _ => {}
         }
         out.extend_from_slice(&ins);
-        i += count;
     }
     *words = out;
     Ok(())
+}
+
+/// A module's five header words; an error when `words` is not SPIR-V.
+fn header(words: &[u32]) -> Result<&[u32], String> {
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        return Err("not a SPIR-V module".into());
+    }
+    Ok(&words[..5])
+}
+
+/// The instructions after the header as (opcode, words), or an error for a malformed one
+/// (the walk stops there).
+fn instructions(words: &[u32]) -> impl Iterator<Item = Result<(u32, &[u32]), String>> {
+    let mut i = 5;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || i >= words.len() {
+            return None;
+        }
+        let count = (words[i] >> 16) as usize;
+        if count == 0 || i + count > words.len() {
+            failed = true;
+            return Some(Err(format!("malformed instruction at word {i}")));
+        }
+        let ins = &words[i..i + count];
+        i += count;
+        Some(Ok((ins[0] & 0xffff, ins)))
+    })
 }
 
 /// `OpTypeFloat`, `OpCapability`, `OpExtension` and the opcodes [`retype_f16_as_bf16`] refuses
@@ -122,19 +142,12 @@ const ENCODING_BF16: u32 = 0;
 /// a module without a 16-bit float. Constants keep their bits, which mean another value in
 /// bf16: the form has none but zero (the test scans for them).
 pub fn retype_f16_as_bf16(words: &mut Vec<u32>) -> Result<(), String> {
-    if words.len() < 5 || words[0] != 0x0723_0203 {
-        return Err("not a SPIR-V module".into());
-    }
+    header(words)?;
     // Pass 1: the 16-bit float type and the vectors of it.
     let mut halves = std::collections::HashSet::new();
-    let mut i = 5;
-    while i < words.len() {
-        let count = (words[i] >> 16) as usize;
-        let op = words[i] & 0xffff;
-        if count == 0 || i + count > words.len() {
-            return Err(format!("malformed instruction at word {i}"));
-        }
-        let ins = &words[i..i + count];
+    for ins in instructions(words) {
+        let (op, ins) = ins?;
+        let count = ins.len();
         if op == OP_TYPE_FLOAT && count == 3 && ins[2] == 16 {
             halves.insert(ins[1]);
         }
@@ -150,7 +163,6 @@ pub fn retype_f16_as_bf16(words: &mut Vec<u32>) -> Result<(), String> {
                 "opcode {op} computes in the 16-bit float type, which bfloat16 does not allow"
             ));
         }
-        i += count;
     }
     if halves.is_empty() {
         return Err("the module has no 16-bit float type to retype".into());
@@ -160,11 +172,12 @@ pub fn retype_f16_as_bf16(words: &mut Vec<u32>) -> Result<(), String> {
     let mut out = Vec::with_capacity(words.len() + 16);
     out.extend_from_slice(&words[..5]);
     let (mut caps_added, mut ext_added) = (false, false);
-    let mut i = 5;
-    while i < words.len() {
-        let count = (words[i] >> 16) as usize;
-        let op = words[i] & 0xffff;
-        let ins = &words[i..i + count];
+    for ins in instructions(words) {
+        let (op, ins) = ins?;
+        if op != OP_CAPABILITY && caps_added && !ext_added {
+            out.extend(extension_words("SPV_KHR_bfloat16"));
+            ext_added = true;
+        }
         match op {
             OP_CAPABILITY if !caps_added => {
                 out.extend_from_slice(ins);
@@ -172,17 +185,11 @@ pub fn retype_f16_as_bf16(words: &mut Vec<u32>) -> Result<(), String> {
                 out.extend_from_slice(&[(2 << 16) | OP_CAPABILITY, CAP_BF16_COOP]);
                 caps_added = true;
             }
-            _ if op != OP_CAPABILITY && !ext_added && caps_added => {
-                out.extend(extension_words("SPV_KHR_bfloat16"));
-                ext_added = true;
-                continue;
-            }
-            OP_TYPE_FLOAT if count == 3 && ins[2] == 16 => {
+            OP_TYPE_FLOAT if ins.len() == 3 && ins[2] == 16 => {
                 out.extend_from_slice(&[(4 << 16) | OP_TYPE_FLOAT, ins[1], 16, ENCODING_BF16]);
             }
             _ => out.extend_from_slice(ins),
         }
-        i += count;
     }
     if !ext_added {
         return Err("the module declares no capability".into());
@@ -231,11 +238,8 @@ mod tests {
             let mut wg_types = std::collections::HashSet::new();
             let mut wg_ptrs = std::collections::HashSet::new();
             let (mut marked, mut unmarked) = (0, 0);
-            let mut i = 5;
-            while i < words.len() {
-                let count = (words[i] >> 16) as usize;
-                let op = words[i] & 0xffff;
-                let w = &words[i..i + count];
+            for ins in instructions(&words) {
+                let (op, w) = ins.unwrap_or_else(|e| panic!("{key}: {e}"));
                 match op {
                     OP_TYPE_POINTER if w[2] == WORKGROUP => {
                         wg_types.insert(w[1]);
@@ -263,7 +267,6 @@ mod tests {
                     }
                     _ => {}
                 }
-                i += count;
             }
             assert!(marked > 10, "{key}: only {marked} workgroup accesses");
             assert_eq!(
@@ -315,24 +318,19 @@ mod tests {
             let mut words = compile(&source).unwrap_or_else(|e| panic!("{key}: {e}"));
             // Constants of the 16-bit type (OpConstant: type, result, value) are all zero.
             let mut halves = std::collections::HashSet::new();
-            let mut i = 5;
-            while i < words.len() {
-                let count = (words[i] >> 16) as usize;
-                let (op, w) = (words[i] & 0xffff, &words[i..i + count]);
+            for ins in instructions(&words) {
+                let (op, w) = ins.unwrap_or_else(|e| panic!("{key}: {e}"));
                 if op == OP_TYPE_FLOAT && w[2] == 16 {
                     halves.insert(w[1]);
                 }
                 if op == 43 && halves.contains(&w[1]) {
                     assert_eq!(w[3] & 0xffff, 0, "{key}: a nonzero 16-bit constant");
                 }
-                i += count;
             }
             retype_f16_as_bf16(&mut words).unwrap_or_else(|e| panic!("{key}: {e}"));
             let (mut bf16_types, mut caps, mut ext) = (0, 0, false);
-            let mut i = 5;
-            while i < words.len() {
-                let count = (words[i] >> 16) as usize;
-                let (op, w) = (words[i] & 0xffff, &words[i..i + count]);
+            for ins in instructions(&words) {
+                let (op, w) = ins.unwrap_or_else(|e| panic!("{key}: {e}"));
                 match op {
                     OP_TYPE_FLOAT if w[2] == 16 => {
                         assert_eq!(w.get(3), Some(&ENCODING_BF16), "{key}");
@@ -348,7 +346,6 @@ mod tests {
                     }
                     _ => {}
                 }
-                i += count;
             }
             assert_eq!((bf16_types, caps, ext), (1, 2, true), "{key}");
             n += 1;

@@ -24,7 +24,7 @@
 //! host-visible staging buffer and a copy on the queue, so the same code is right on a
 //! discrete GPU (whose device-local memory the host cannot map) and on lavapipe.
 //!
-//! **Work.** Submissions go to one compute queue in order ([`queue`]): the WGSL family's
+//! **Work.** Submissions go to one compute queue in order (`queue.rs`): the WGSL family's
 //! dispatches (a layer's forward, a model op, a graph replay) return once the queue has them,
 //! holding what they bind until they finish, with at most 16 pending; uploads, fills and
 //! copies wait for their own submission, downloads for theirs (so a download sees every
