@@ -144,10 +144,10 @@ impl<R: WgslRuntime> WgslAttentionMetadata<R> {
     }
 
     /// The plan for `key`, built on first use and shared by every later layer (graph
-    /// metadata: the fixed-layout plan in the persistent buffers).
+    /// metadata: the fixed-layout plan in the persistent buffers; the impl checks that the
+    /// metadata is current before it asks).
     pub fn plan(&self, key: PlanKey) -> Result<Arc<Plan<R>>> {
         if let Some((g, _)) = &self.graph {
-            self.check_current()?;
             return g.plan(&self.device, &self.common, key);
         }
         let lock = || self.plans.lock().unwrap_or_else(|p| p.into_inner());
@@ -406,7 +406,9 @@ impl<R: WgslRuntime> WgslMetadataBuilder<R> {
                 }
             }
         };
-        let generation = buffers.update(&self.device, common, &slot_words(&dedup_slots(common)))?;
+        let slots = dedup_slots(common);
+        let slots = slots.as_deref().unwrap_or(common.slot_mapping_cpu());
+        let generation = buffers.update(&self.device, common, &slot_words(slots))?;
         Ok(WgslAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),
             common: common.clone(),
@@ -458,12 +460,11 @@ impl<R: WgslRuntime> AttentionMetadataBuilder for WgslMetadataBuilder<R> {
         let bt_host: Vec<u32> = common.block_table_cpu().iter().map(|&b| b as u32).collect();
         let block_table = self.resolve(&dm.block_table, &bt_host, "polyattn block table")?;
         let slots_cpu = common.slot_mapping_cpu();
-        let dedup = dedup_slots(common);
-        let slots = if dedup != slots_cpu {
-            self.device
-                .upload_words("polyattn slots", &slot_words(&dedup))?
-        } else {
-            self.resolve(&dm.slot_mapping, &slot_words(slots_cpu), "polyattn slots")?
+        let slots = match dedup_slots(common) {
+            Some(v) => self
+                .device
+                .upload_words("polyattn slots", &slot_words(&v))?,
+            None => self.resolve(&dm.slot_mapping, &slot_words(slots_cpu), "polyattn slots")?,
         };
         Ok(Box::new(WgslAttentionMetadata {
             split: common.split_decodes_and_prefills(1, false, true),
@@ -488,16 +489,17 @@ pub(crate) fn graph_capture_level<R: WgslRuntime>() -> GraphCaptureSupport {
 }
 
 /// `common`'s slot mapping with duplicate slots removed but the last write (a sequential
-/// reference's result).
-fn dedup_slots(common: &CommonAttentionMetadata) -> Vec<i64> {
-    let mut slots = common.slot_mapping_cpu().to_vec();
+/// reference's result); `None` when no slot repeats (the usual batch: no copy made).
+fn dedup_slots(common: &CommonAttentionMetadata) -> Option<Vec<i64>> {
+    let slots = common.slot_mapping_cpu();
     let mut seen = HashSet::new();
-    for s in slots.iter_mut().rev() {
-        if *s != PAD_SLOT_ID && !seen.insert(*s) {
-            *s = PAD_SLOT_ID;
+    let mut dedup: Option<Vec<i64>> = None;
+    for (t, &s) in slots.iter().enumerate().rev() {
+        if s != PAD_SLOT_ID && !seen.insert(s) {
+            dedup.get_or_insert_with(|| slots.to_vec())[t] = PAD_SLOT_ID;
         }
     }
-    slots
+    dedup
 }
 
 /// Slots as the kernels read them: each i64 as two u32 words, low first.

@@ -28,12 +28,13 @@ use crate::error::{Error, Result};
 use super::pipeline::Recorded;
 use super::{ComputePipeline, Step, VulkanBuffer, VulkanDevice};
 
-/// One dispatch kept by a capture.
-struct Kept {
-    pipeline: Arc<ComputePipeline>,
-    words: Slot,
-    buffers: Vec<(u32, Arc<VulkanBuffer>)>,
-    groups: (u32, u32, u32),
+/// One dispatch kept by a capture: its pipeline, parameter words, bound buffers and
+/// workgroups.
+pub(crate) struct Kept {
+    pub(crate) pipeline: Arc<ComputePipeline>,
+    pub(crate) words: Slot,
+    pub(crate) buffers: Vec<(u32, Arc<VulkanBuffer>)>,
+    pub(crate) groups: (u32, u32, u32),
 }
 
 /// The capture of the calling thread: which device (its `Inner`'s address) and what it kept.
@@ -112,27 +113,11 @@ impl VulkanDevice {
 
     /// Keeps the dispatches of one submission when this thread captures this device; returns
     /// whether it did (the caller then runs nothing).
-    pub(crate) fn keep_if_capturing(
-        &self,
-        dispatches: impl Iterator<
-            Item = (
-                Arc<ComputePipeline>,
-                Slot,
-                Vec<(u32, Arc<VulkanBuffer>)>,
-                (u32, u32, u32),
-            ),
-        >,
-    ) -> bool {
+    pub(crate) fn keep_if_capturing(&self, dispatches: impl Iterator<Item = Kept>) -> bool {
         let key = self.key();
         CAPTURE.with(|c| match c.borrow_mut().as_mut() {
             Some(cap) if cap.device == key => {
-                cap.kept
-                    .extend(dispatches.map(|(pipeline, words, buffers, groups)| Kept {
-                        pipeline,
-                        words,
-                        buffers,
-                        groups,
-                    }));
+                cap.kept.extend(dispatches);
                 true
             }
             _ => false,

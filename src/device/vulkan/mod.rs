@@ -31,12 +31,16 @@
 //! earlier dispatch), and [`VulkanStorage`]'s `synchronize` waits for all.
 //! [`VulkanDevice::dispatch`] and [`VulkanDevice::run`] record dispatches with their
 //! descriptor sets (the module's bindings, reflected from naga's IR: uniform or storage
-//! buffers of group 0) and wait for them. [`VulkanDevice::record`] records several dispatches once (barriers between them) into a
-//! [`Recording`] that [`VulkanDevice::submit`] re-submits — Vulkan's answer to a captured
-//! graph; where the compute queue has timestamps, a recording brackets its dispatches with two
-//! and [`VulkanDevice::submit_timed`] returns the device time between them (the benchmark's
-//! timer). The extensions WGSL cannot express are the backend's next layer (see
-//! docs/ARCHITECTURE.md).
+//! buffers of group 0) and wait for them. [`VulkanDevice::record`] records several
+//! dispatches once (barriers between them) into a [`Recording`] that
+//! [`VulkanDevice::submit`] re-submits; where the compute queue has timestamps, a recording
+//! brackets its dispatches with two and [`VulkanDevice::submit_timed`] returns the device
+//! time between them (the benchmark's ceilings). Captured graphs of the WGSL family's
+//! submissions are [`VulkanDevice::capture`]'s ([`VulkanGraph`]).
+//!
+//! **Beyond WGSL.** Where the device offers them, `VK_KHR_cooperative_matrix` (f16) and
+//! `VK_KHR_shader_bfloat16` (bf16) are enabled for the coop prefill form, whose SPIR-V is
+//! patched after naga (`device/coop_spirv.rs`).
 //!
 //! **Pipeline cache.** The driver's compiled pipelines persist across runs in
 //! `<cache dir>/vulkan/<vendor>-<device>-<pipeline cache UUID>.pipelines` (the kernel cache

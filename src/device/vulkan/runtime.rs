@@ -22,6 +22,7 @@ use crate::device::{Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::Bindings;
 
+use super::graph::Kept;
 use super::queue::Keep;
 use super::{ComputePipeline, Step, VulkanBuffer, VulkanDevice};
 
@@ -129,12 +130,14 @@ impl VulkanDevice {
                     })
             })
             .collect::<Result<Vec<Slot>>>()?;
-        Ok(self.keep_if_capturing(
-            dispatches
-                .iter()
-                .zip(words)
-                .map(|(d, w)| (d.pipeline.clone(), w, d.buffers.clone(), d.groups)),
-        ))
+        Ok(
+            self.keep_if_capturing(dispatches.iter().zip(words).map(|(d, words)| Kept {
+                pipeline: d.pipeline.clone(),
+                words,
+                buffers: d.buffers.clone(),
+                groups: d.groups,
+            })),
+        )
     }
 
     /// Submits `dispatches` without waiting, keeping their buffers, parameter slots and
@@ -300,12 +303,12 @@ impl WgslRuntime for VulkanDevice {
     }
 
     fn submit_one(&self, words: Slot, dispatch: Dispatch<Self>) -> Result<()> {
-        if self.keep_if_capturing(std::iter::once((
-            dispatch.pipeline.clone(),
+        if self.keep_if_capturing(std::iter::once(Kept {
+            pipeline: dispatch.pipeline.clone(),
             words,
-            dispatch.buffers.clone(),
-            dispatch.groups,
-        ))) {
+            buffers: dispatch.buffers.clone(),
+            groups: dispatch.groups,
+        })) {
             return Ok(());
         }
         let mut guard = self.caches.oneoff.lock().unwrap_or_else(|p| p.into_inner());
