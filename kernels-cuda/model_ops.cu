@@ -7,6 +7,7 @@
 //   rms_norm   x, y [T][H], weight [H]
 //   rope       x [T][heads][d] (in place), positions [T] i32
 //   silu_mul   gate, up, out [n];  add: x [n] += y [n]
+//   argmax     x [T][V], out [T] i32
 // `vec4` parameters say that the row length (H, K) or element count is a multiple of 4 and
 // the pointers are 16-byte aligned (checked on the host): the kernels then move float4s.
 //
@@ -22,6 +23,12 @@
 //     (Cody–Waite with fmaf, 2π = 6.28125 + 1.9353e-3) before __sinf / __cosf, which are
 //     accurate to ~2^-21 there. Pairs are (2i, 2i+1) (interleaved) or (i, i + d/2).
 //   * model_silu_mul / model_add: grid-stride element-wise; silu(g) = g / (1 + expf(-g)).
+//   * model_argmax: one block per row (grid-stride over rows); each thread keeps the best
+//     (value, index) of a strided slice, then warp shuffles and one warp reduce the block's
+//     candidates. "Better" is a larger value, or an equal value at a lower index; NaN is never
+//     better (every comparison with it is false) and -inf is no candidate, so a row with
+//     nothing above -inf keeps the start candidate (-inf, INT_MAX) and gives 0: the host's
+//     rule (src/compute/cpu.rs argmax_row).
 //
 // Bounds relied on (host checks in src/compute/mod.rs and src/compute/cuda.rs): every size
 // in the parameter block matches the tensors' shapes; element counts fit in i64 and T, H,
@@ -208,5 +215,66 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_add(const Eltwise
         }
     } else {
         for (pa_i64 u = start; u < p.n; u += stride) p.out[u] += p.a[u];
+    }
+}
+
+// ---------------------------------------------------------------- argmax
+
+struct ArgmaxParams {
+    const float* x;
+    int* out;
+    pa_i64 num_rows;
+    int v;
+    int pad_;
+};
+static_assert(sizeof(ArgmaxParams) == 32, "ArgmaxParams must match src/kernels/cuda/model_ops.rs");
+
+__device__ __forceinline__ bool mo_better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+extern "C" __global__ void __launch_bounds__(MO_THREADS) model_argmax(const ArgmaxParams p) {
+    __shared__ float red_v[MO_THREADS / 32];
+    __shared__ int red_i[MO_THREADS / 32];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    for (pa_i64 row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
+        const float* xr = p.x + row * p.v;
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int c = tid; c < p.v; c += MO_THREADS) {
+            const float v = __ldg(xr + c);
+            if (v > -INFINITY && mo_better(v, c, bv, bi)) {
+                bv = v;
+                bi = c;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(PA_FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(PA_FULL_MASK, bi, o);
+            if (mo_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            red_v[warp] = bv;
+            red_i[warp] = bi;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float v = red_v[0];
+            int i = red_i[0];
+            for (int w = 1; w < MO_THREADS / 32; ++w) {
+                if (mo_better(red_v[w], red_i[w], v, i)) {
+                    v = red_v[w];
+                    i = red_i[w];
+                }
+            }
+            p.out[row] = i == 0x7fffffff ? 0 : i;
+        }
+        __syncthreads();  // red_* are rewritten by the next row
     }
 }

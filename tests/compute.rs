@@ -5,7 +5,7 @@
 #[macro_use]
 mod common;
 
-use common::{ensure, for_each_case, CaseInfo, Outcome};
+use common::{ensure, fail, for_each_case, CaseInfo, Outcome};
 use polyattn::compute::{self, Rope, RopeStyle};
 use polyattn::reference;
 use polyattn::testing::{Rng, Tolerance};
@@ -304,6 +304,152 @@ fn out_of_range_indices_are_an_error_or_zeros() {
                 })
                 .collect();
             check("embedding", &r?, &want)
+        },
+    );
+}
+
+/// Rows of logits with what greedy sampling must get right: ties (the lowest index wins),
+/// NaN (never wins), ±inf, rows of only −∞ or only NaN (0), a maximum in the last column,
+/// and widths around the kernels' 256-thread stride (1, 255, 256, 257, SmolLM2's 49152).
+/// (70 000 rows × 3): one workgroup per row, more than one dispatch dimension holds on wgpu.
+#[test]
+fn argmax_follows_the_host_rule() {
+    let shapes: &[(usize, usize)] = &[
+        (1, 1),
+        (9, 255),
+        (9, 256),
+        (9, 257),
+        (4, 49152),
+        (70_000, 3),
+    ];
+    for_each_case(
+        "compute::argmax",
+        shapes,
+        |&(r, v)| CaseInfo::plain(format!("R{r} V{v}")),
+        |b, &(r, v)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((r * 131 + v) as u64);
+            let mut x = rng.normals(r * v);
+            for (row, xs) in x.chunks_mut(v).enumerate() {
+                let c = |k: usize| (row * 7 + k * 13) % v;
+                match row % 9 {
+                    // A tie at two columns: the lower one wins.
+                    1 => {
+                        let (a, bb) = (c(1), c(2));
+                        xs[a] = 9.0;
+                        xs[bb] = 9.0;
+                    }
+                    // NaN everywhere but one column.
+                    2 => {
+                        xs.iter_mut().for_each(|e| *e = f32::NAN);
+                        xs[c(3)] = -1.0;
+                    }
+                    3 => xs.iter_mut().for_each(|e| *e = f32::NEG_INFINITY),
+                    4 => xs.iter_mut().for_each(|e| *e = f32::NAN),
+                    5 => xs[v - 1] = 50.0,
+                    6 => {
+                        xs[c(4)] = f32::INFINITY;
+                        xs[c(5)] = f32::NAN;
+                    }
+                    // −∞ and NaN only.
+                    7 => xs.iter_mut().enumerate().for_each(|(k, e)| {
+                        *e = if k % 2 == 0 {
+                            f32::NAN
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    }),
+                    _ => {}
+                }
+            }
+            let t = Tensor::from_f32(&dev, &x, &[r, v], DType::F32)?;
+            let got = compute::argmax(&t)?.to_i32_vec()?;
+            let want: Vec<i32> = x
+                .chunks(v)
+                .map(|row| polyattn::runner::argmax(row) as i32)
+                .collect();
+            match (0..r).find(|&i| got[i] != want[i]) {
+                None => Ok(()),
+                Some(i) => Err(fail(format!(
+                    "row {i} (kind {}): argmax {} on the device, {} on the host",
+                    i % 9,
+                    got[i],
+                    want[i]
+                ))),
+            }
+        },
+    );
+}
+
+/// The `_into` forms write every element of their output: an output full of NaN before the
+/// call holds exactly what the allocating form returns after it.
+#[test]
+fn into_forms_overwrite_their_output() {
+    for_each_case(
+        "compute::*_into",
+        &[(5usize, 96usize), (1, 576)],
+        |&(t, h)| CaseInfo::plain(format!("T{t} H{h}")),
+        |b, &(t, h)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 5 + h) as u64);
+            let f = |rng: &mut Rng, shape: &[usize]| {
+                Tensor::from_f32(
+                    &dev,
+                    &rng.normals(shape.iter().product()),
+                    shape,
+                    DType::F32,
+                )
+            };
+            let nan = |shape: &[usize]| {
+                Tensor::from_f32(
+                    &dev,
+                    &vec![f32::NAN; shape.iter().product()],
+                    shape,
+                    DType::F32,
+                )
+            };
+            let same = |what: &str, a: &Tensor, b: &Tensor| -> Outcome {
+                let (a, b) = (a.to_f32_vec()?, b.to_f32_vec()?);
+                ensure(
+                    a.iter()
+                        .map(|x| x.to_bits())
+                        .eq(b.iter().map(|x| x.to_bits())),
+                    || format!("{what}: the _into form differs from the allocating form"),
+                )
+            };
+            let x = f(&mut rng, &[t, h])?;
+            let w = f(&mut rng, &[h])?;
+            let wl = f(&mut rng, &[40, h])?;
+            let ids = Tensor::from_i32(&dev, &(0..t as i32).rev().collect::<Vec<_>>(), &[t])?;
+
+            let mut out = nan(&[t, h])?;
+            compute::rms_norm_into(&x, &w, 1e-5, &mut out)?;
+            same("rms_norm", &out, &compute::rms_norm(&x, &w, 1e-5)?)?;
+            let mut out = nan(&[t, 40])?;
+            compute::linear_into(&x, &wl, &mut out)?;
+            same("linear", &out, &compute::linear(&x, &wl)?)?;
+            let up = f(&mut rng, &[t, h])?;
+            let mut out = nan(&[t, h])?;
+            compute::silu_mul_into(&x, &up, &mut out)?;
+            same("silu_mul", &out, &compute::silu_mul(&x, &up)?)?;
+            let mut out = nan(&[t, h])?;
+            compute::embedding_into(&x, &ids, &mut out)?;
+            same("embedding", &out, &compute::embedding(&x, &ids)?)?;
+            let mut out = nan(&[t, h])?;
+            compute::gather_rows_into(&x, &ids, &mut out)?;
+            same("gather_rows", &out, &compute::gather_rows(&x, &ids)?)?;
+            let mut out = Tensor::from_i32(&dev, &vec![-7; t], &[t])?;
+            compute::argmax_into(&x, &mut out)?;
+            ensure(
+                out.to_i32_vec()? == compute::argmax(&x)?.to_i32_vec()?,
+                || "argmax: the _into form differs from the allocating form".into(),
+            )?;
+            // A wrong output shape is a typed error, never a partial write.
+            let mut bad = nan(&[t + 1, h])?;
+            ensure(
+                compute::rms_norm_into(&x, &w, 1e-5, &mut bad).is_err(),
+                || "rms_norm_into accepted an output of the wrong shape".into(),
+            )
         },
     );
 }

@@ -6,7 +6,6 @@ use rayon::prelude::*;
 
 use super::{Rope, RopeStyle};
 use crate::device::{CpuStorage, Tensor};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 fn f32s(t: &Tensor) -> &[f32] {
@@ -30,8 +29,11 @@ fn i32s(t: &Tensor) -> &[i32] {
     }
 }
 
-fn output(like: &Tensor, data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-    Tensor::from_cpu_storage(like.device(), CpuStorage::F32(data), shape, DType::F32)
+fn i32s_mut(t: &mut Tensor) -> &mut [i32] {
+    match t.as_cpu_mut() {
+        Some(CpuStorage::I32(v)) => v,
+        _ => unreachable!("validated: i32 tensor on the CPU"),
+    }
 }
 
 pub(super) fn embedding(
@@ -40,7 +42,8 @@ pub(super) fn embedding(
     v: usize,
     h: usize,
     t: usize,
-) -> Result<Tensor> {
+    out: &mut Tensor,
+) -> Result<()> {
     let table = f32s(table_t);
     let ids = i32s(ids);
     if let Some((i, &id)) = ids
@@ -52,17 +55,24 @@ pub(super) fn embedding(
             "index {id} at position {i} is out of range for a table of {v} rows"
         )));
     }
-    let mut out = vec![0.0f32; t * h];
+    let out = &mut f32s_mut(out)[..t * h];
     for (row, &id) in out.chunks_exact_mut(h.max(1)).zip(ids) {
         let id = id as usize;
         row.copy_from_slice(&table[id * h..(id + 1) * h]);
     }
-    output(table_t, out, &[t, h])
+    Ok(())
 }
 
-pub(super) fn rms_norm(x_t: &Tensor, w: &Tensor, eps: f32, t: usize, h: usize) -> Result<Tensor> {
+pub(super) fn rms_norm(
+    x_t: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    t: usize,
+    h: usize,
+    out: &mut Tensor,
+) -> Result<()> {
     let (x, w) = (f32s(x_t), f32s(w));
-    let mut out = vec![0.0f32; t * h];
+    let out = &mut f32s_mut(out)[..t * h];
     if h > 0 {
         out.par_chunks_mut(h)
             .zip(x.par_chunks(h))
@@ -74,7 +84,7 @@ pub(super) fn rms_norm(x_t: &Tensor, w: &Tensor, eps: f32, t: usize, h: usize) -
                 }
             });
     }
-    output(x_t, out, &[t, h])
+    Ok(())
 }
 
 /// Dot product with eight independent accumulators (vectorises).
@@ -124,10 +134,17 @@ fn has_avx2_fma() -> bool {
     }
 }
 
-pub(super) fn linear(x_t: &Tensor, w: &Tensor, t: usize, k: usize, n: usize) -> Result<Tensor> {
+pub(super) fn linear(
+    x_t: &Tensor,
+    w: &Tensor,
+    t: usize,
+    k: usize,
+    n: usize,
+    out: &mut Tensor,
+) -> Result<()> {
     let (x, w) = (f32s(x_t), f32s(w));
     if t == 0 || n == 0 {
-        return output(x_t, vec![0.0; t * n], &[t, n]);
+        return Ok(());
     }
     // Output features in blocks of 16: each block reads 16 weight rows once for all tokens.
     const BLOCK: usize = 16;
@@ -146,13 +163,13 @@ pub(super) fn linear(x_t: &Tensor, w: &Tensor, t: usize, k: usize, n: usize) -> 
             let _ = avx2;
             linear_block(x, w, k, t, n0, cols);
         });
-    let mut y = vec![0.0f32; t * n];
+    let y = f32s_mut(out);
     for (j, col) in yt.chunks_exact(t).enumerate() {
         for (i, &c) in col.iter().enumerate() {
             y[i * n + j] = c;
         }
     }
-    output(x_t, y, &[t, n])
+    Ok(())
 }
 
 /// `(cos, sin)` of position `pos` for pair `i` of a head of size `d`.
@@ -209,13 +226,12 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-pub(super) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let out: Vec<f32> = f32s(gate)
-        .par_iter()
-        .zip(f32s(up).par_iter())
-        .map(|(&g, &u)| silu(g) * u)
-        .collect();
-    output(gate, out, gate.shape())
+pub(super) fn silu_mul(gate: &Tensor, up: &Tensor, out: &mut Tensor) -> Result<()> {
+    f32s_mut(out)
+        .par_iter_mut()
+        .zip(f32s(gate).par_iter().zip(f32s(up).par_iter()))
+        .for_each(|(o, (&g, &u))| *o = silu(g) * u);
+    Ok(())
 }
 
 pub(super) fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
@@ -225,4 +241,28 @@ pub(super) fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
         .zip(y.par_iter())
         .for_each(|(a, &b)| *a += b);
     Ok(())
+}
+
+pub(super) fn argmax(logits: &Tensor, r: usize, v: usize, out: &mut Tensor) -> Result<()> {
+    let x = f32s(logits);
+    i32s_mut(out)
+        .par_iter_mut()
+        .zip(x.par_chunks(v).take(r))
+        .for_each(|(o, row)| *o = argmax_row(row) as i32);
+    Ok(())
+}
+
+/// Index of the largest element of `row` (the lowest index among equal maxima; NaN never
+/// wins; 0 when nothing exceeds −∞): the one greedy rule of the host sampler and of every
+/// device's argmax kernel.
+pub(crate) fn argmax_row(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
 }

@@ -8,6 +8,7 @@
 //!   float4 weight loads, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared
 //!   memory tiles, 4×4 register blocks).
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
+//! * `argmax`: `model_argmax`, one block per row.
 //!
 //! Shapes and dtypes were validated by `crate::compute`; this file checks that the tensors
 //! live on this device, picks the float4 variants (row length a multiple of 4 and 16-byte
@@ -18,11 +19,10 @@ use cudarc::driver::LaunchConfig;
 use super::{Rope, RopeStyle};
 use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams, GEMV_MAX_TOKENS,
-    GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
+    ArgmaxParams, EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams,
+    GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -49,11 +49,6 @@ fn i64_of(what: &str, v: usize) -> Result<i64> {
 /// Whether `len` elements per row and every address allow float4 accesses.
 fn vec4_ok(len: usize, ptrs: &[u64]) -> i32 {
     i32::from(len % 4 == 0 && ptrs.iter().all(|p| p % 16 == 0))
-}
-
-/// A zeroed f32 output of `shape` on `dev`.
-fn output(dev: &CudaDevice, shape: &[usize]) -> Result<Tensor> {
-    Tensor::zeros(&Device::Cuda(dev.clone()), shape, DType::F32)
 }
 
 /// Launches entry point `name` of model_ops.cu with `params`.
@@ -93,14 +88,14 @@ pub(super) fn embedding(
     v: usize,
     h: usize,
     t: usize,
-) -> Result<Tensor> {
-    let out = output(dev, &[t, h])?;
+    out: &mut Tensor,
+) -> Result<()> {
     if t == 0 || h == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let tp = ptr(dev, table, "embedding table / gather_rows input")?;
     let ip = ptr(dev, ids, "indices")?;
-    let op = ptr(dev, &out, "output")?;
+    let op = ptr(dev, out, "output")?;
     let vec4 = vec4_ok(h, &[tp, op]);
     let params = GatherParams {
         table: tp,
@@ -118,8 +113,7 @@ pub(super) fn embedding(
         (stride_blocks(dev, units), 1, 1),
         MODEL_THREADS,
         &params,
-    )?;
-    Ok(out)
+    )
 }
 
 pub(super) fn rms_norm(
@@ -129,14 +123,14 @@ pub(super) fn rms_norm(
     eps: f32,
     t: usize,
     h: usize,
-) -> Result<Tensor> {
-    let out = output(dev, &[t, h])?;
+    out: &mut Tensor,
+) -> Result<()> {
     if t == 0 || h == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let xp = ptr(dev, x, "rms_norm input")?;
     let wp = ptr(dev, weight, "rms_norm weight")?;
-    let yp = ptr(dev, &out, "output")?;
+    let yp = ptr(dev, out, "output")?;
     let params = RmsNormParams {
         x: xp,
         weight: wp,
@@ -155,8 +149,7 @@ pub(super) fn rms_norm(
         (blocks, 1, 1),
         MODEL_THREADS,
         &params,
-    )?;
-    Ok(out)
+    )
 }
 
 pub(super) fn linear(
@@ -166,14 +159,14 @@ pub(super) fn linear(
     t: usize,
     k: usize,
     n: usize,
-) -> Result<Tensor> {
-    let out = output(dev, &[t, n])?;
+    out: &mut Tensor,
+) -> Result<()> {
     if t == 0 || n == 0 || k == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let xp = ptr(dev, x, "linear input")?;
     let wp = ptr(dev, weight, "linear weight")?;
-    let yp = ptr(dev, &out, "output")?;
+    let yp = ptr(dev, out, "output")?;
     let params = LinearParams {
         x: xp,
         w: wp,
@@ -209,7 +202,7 @@ pub(super) fn linear(
             &params,
         )?;
     }
-    Ok(out)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -244,16 +237,20 @@ pub(super) fn rope(
     )
 }
 
-pub(super) fn silu_mul(dev: &CudaDevice, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let out = output(dev, gate.shape())?;
+pub(super) fn silu_mul(
+    dev: &CudaDevice,
+    gate: &Tensor,
+    up: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
     let n = gate.numel();
     if n == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let (a, b, o) = (
         ptr(dev, gate, "silu_mul gate")?,
         ptr(dev, up, "silu_mul up")?,
-        ptr(dev, &out, "output")?,
+        ptr(dev, out, "output")?,
     );
     let vec4 = vec4_ok(n, &[a, b, o]);
     let params = EltwiseParams {
@@ -271,8 +268,7 @@ pub(super) fn silu_mul(dev: &CudaDevice, gate: &Tensor, up: &Tensor) -> Result<T
         (stride_blocks(dev, units), 1, 1),
         MODEL_THREADS,
         &params,
-    )?;
-    Ok(out)
+    )
 }
 
 pub(super) fn add_assign(dev: &CudaDevice, x: &mut Tensor, y: &Tensor) -> Result<()> {
@@ -301,4 +297,26 @@ pub(super) fn add_assign(dev: &CudaDevice, x: &mut Tensor, y: &Tensor) -> Result
         MODEL_THREADS,
         &params,
     )
+}
+
+pub(super) fn argmax(
+    dev: &CudaDevice,
+    logits: &Tensor,
+    r: usize,
+    v: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    if r == 0 {
+        return Ok(());
+    }
+    let params = ArgmaxParams {
+        x: ptr(dev, logits, "argmax input")?,
+        out: ptr(dev, out, "argmax output")?,
+        num_rows: i64_of("rows", r)?,
+        v: i32_of("vocab", v)?,
+        pad: 0,
+    };
+    // One block per row (the kernel strides over rows past the grid's limit).
+    let blocks = r.min(i32::MAX as usize) as u32;
+    launch(dev, "model_argmax", (blocks, 1, 1), MODEL_THREADS, &params)
 }

@@ -11,13 +11,18 @@ pub(super) fn host(t: &Tensor) -> Result<Tensor> {
     t.to_device(&Device::cpu())
 }
 
-/// Runs `op` on host copies of `a` and `b` and puts its result on `a`'s device.
-pub(super) fn via_host2(
+/// Runs `op` on host copies of `a` and `b` into a host tensor of `out`'s shape, then
+/// replaces `out` with the result on its device.
+pub(super) fn via_host(
     a: &Tensor,
     b: &Tensor,
-    op: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
-) -> Result<Tensor> {
-    op(&host(a)?, &host(b)?)?.to_device(a.device())
+    out: &mut Tensor,
+    op: impl FnOnce(&Tensor, &Tensor, &mut Tensor) -> Result<()>,
+) -> Result<()> {
+    let mut host_out = Tensor::zeros(&Device::cpu(), out.shape(), out.dtype())?;
+    op(&host(a)?, &host(b)?, &mut host_out)?;
+    *out = host_out.to_device(out.device())?;
+    Ok(())
 }
 
 /// Runs the in-place `op` on a host copy of `x` (and of `y`), then replaces `x` with the

@@ -4,7 +4,13 @@
 //! A model written once against these functions and [`crate::Attention`] runs on every
 //! backend: each function validates its arguments here (shapes, dtypes, one device), then
 //! dispatches on the [`Device`] to the backend's kernel (`cpu.rs`, `cuda.rs`, `wgsl.rs` (wgpu and Vulkan), one
-//! file per device family with the same functions). Activations and weights are f32: the
+//! file per device family with the same functions).
+//!
+//! Every operation that produces a tensor has two forms: `op(..) -> Tensor` allocates its
+//! result, `op_into(.., out)` writes into a tensor the caller owns (every element of it:
+//! what `out` held before never shows through). The `_into` forms allocate nothing on the
+//! device, so a step built from them can be captured as a graph ([`Device::capture`]) and
+//! replayed with the same buffers. Activations and weights are f32: the
 //! point of these operations is to keep a model's whole step on the attention's device, and
 //! f32 everywhere makes greedy decoding agree across backends (only summation order differs).
 //!
@@ -16,7 +22,7 @@
 //! returns an error for one out of range, GPU kernels write zeros for it (they never read
 //! outside a buffer, and checking on the host would cost a download per step).
 
-mod cpu;
+pub(crate) mod cpu;
 mod cuda;
 mod hip;
 mod wgsl;
@@ -68,25 +74,79 @@ fn rank1(what: &'static str, t: &Tensor, expected: &str) -> Result<usize> {
     }
 }
 
-/// Rows of `table [V, H]` picked by `ids [T]` (i32): the token embedding. Returns `[T, H]`.
-pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
-    let (v, h) = rank2("embedding table", table, "[vocab, hidden]")?;
-    let t = rank1("token ids", ids, "[num_tokens]")?;
-    table.expect_dtype("embedding table", DType::F32)?;
-    ids.expect_dtype("token ids", DType::I32)?;
-    same_device("embedding", table, ids)?;
+/// `out` must be an f32 tensor of `shape` on `like`'s device.
+fn check_out(what: &'static str, out: &Tensor, shape: &[usize], like: &Tensor) -> Result<()> {
+    out.expect_shape(what, shape)?;
+    out.expect_dtype(what, DType::F32)?;
+    same_device(what, like, out)
+}
+
+/// A zeroed f32 result of `shape` on `like`'s device, for the allocating forms.
+fn output(like: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    Tensor::zeros(like.device(), shape, DType::F32)
+}
+
+/// Checks of a gather (`embedding`, `gather_rows`): `(rows of the table, row width, picks)`.
+fn gather_dims(
+    table_what: &'static str,
+    table: &Tensor,
+    ids_what: &'static str,
+    ids: &Tensor,
+) -> Result<(usize, usize, usize)> {
+    let (v, h) = rank2(table_what, table, "[rows, hidden]")?;
+    let t = rank1(ids_what, ids, "[num_selected]")?;
+    table.expect_dtype(table_what, DType::F32)?;
+    ids.expect_dtype(ids_what, DType::I32)?;
+    same_device(table_what, table, ids)?;
+    Ok((v, h, t))
+}
+
+/// Rows of `table` picked by `ids` into `out`; the kernel both gathers share.
+fn gather_into(table: &Tensor, ids: &Tensor, out: &mut Tensor, v: usize, h: usize) -> Result<()> {
+    let t = ids.numel();
+    check_out("gather output", out, &[t, h], table)?;
     match table.device() {
-        Device::Cpu(_) => cpu::embedding(table, ids, v, h, t),
-        Device::Cuda(d) => cuda::embedding(d, table, ids, v, h, t),
-        Device::Hip(_) => hip::via_host2(table, ids, |a, b| cpu::embedding(a, b, v, h, t)),
-        Device::Vulkan(d) => wgsl::embedding(d, table, ids, v, h, t),
-        Device::Wgpu(d) => wgsl::embedding(d, table, ids, v, h, t),
+        Device::Cpu(_) => cpu::embedding(table, ids, v, h, t, out),
+        Device::Cuda(d) => cuda::embedding(d, table, ids, v, h, t, out),
+        Device::Hip(_) => {
+            hip::via_host(table, ids, out, |a, b, o| cpu::embedding(a, b, v, h, t, o))
+        }
+        Device::Vulkan(d) => wgsl::embedding(d, table, ids, v, h, t, out),
+        Device::Wgpu(d) => wgsl::embedding(d, table, ids, v, h, t, out),
     }
 }
 
-/// RMSNorm over the last axis: `y = x / sqrt(mean(x²) + eps) · weight`, `x [T, H]`,
-/// `weight [H]`. Returns `[T, H]`.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+/// Rows of `table [V, H]` picked by `ids [T]` (i32): the token embedding. Returns `[T, H]`.
+pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (_, h, t) = gather_dims("embedding table", table, "token ids", ids)?;
+    let mut out = output(table, &[t, h])?;
+    embedding_into(table, ids, &mut out)?;
+    Ok(out)
+}
+
+/// [`embedding`] into `out [T, H]`.
+pub fn embedding_into(table: &Tensor, ids: &Tensor, out: &mut Tensor) -> Result<()> {
+    let (v, h, _) = gather_dims("embedding table", table, "token ids", ids)?;
+    gather_into(table, ids, out, v, h)
+}
+
+/// Rows of `x [T, H]` picked by `rows [R]` (i32): e.g. each request's last token before the
+/// output head. Returns `[R, H]`.
+pub fn gather_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
+    let (_, h, r) = gather_dims("gather_rows input", x, "gather_rows indices", rows)?;
+    let mut out = output(x, &[r, h])?;
+    gather_rows_into(x, rows, &mut out)?;
+    Ok(out)
+}
+
+/// [`gather_rows`] into `out [R, H]`.
+pub fn gather_rows_into(x: &Tensor, rows: &Tensor, out: &mut Tensor) -> Result<()> {
+    // The same kernel as the embedding: x plays the table.
+    let (t, h, _) = gather_dims("gather_rows input", x, "gather_rows indices", rows)?;
+    gather_into(x, rows, out, t, h)
+}
+
+fn rms_norm_dims(x: &Tensor, weight: &Tensor, eps: f32) -> Result<(usize, usize)> {
     let (t, h) = rank2("rms_norm input", x, "[num_tokens, hidden]")?;
     weight.expect_shape("rms_norm weight", &[h])?;
     x.expect_dtype("rms_norm input", DType::F32)?;
@@ -97,17 +157,34 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
             "rms_norm eps must be finite and >= 0, got {eps}"
         )));
     }
+    Ok((t, h))
+}
+
+/// RMSNorm over the last axis: `y = x / sqrt(mean(x²) + eps) · weight`, `x [T, H]`,
+/// `weight [H]`. Returns `[T, H]`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let (t, h) = rms_norm_dims(x, weight, eps)?;
+    let mut out = output(x, &[t, h])?;
+    rms_norm_into(x, weight, eps, &mut out)?;
+    Ok(out)
+}
+
+/// [`rms_norm`] into `out [T, H]`.
+pub fn rms_norm_into(x: &Tensor, weight: &Tensor, eps: f32, out: &mut Tensor) -> Result<()> {
+    let (t, h) = rms_norm_dims(x, weight, eps)?;
+    check_out("rms_norm output", out, &[t, h], x)?;
     match x.device() {
-        Device::Cpu(_) => cpu::rms_norm(x, weight, eps, t, h),
-        Device::Cuda(d) => cuda::rms_norm(d, x, weight, eps, t, h),
-        Device::Hip(_) => hip::via_host2(x, weight, |a, b| cpu::rms_norm(a, b, eps, t, h)),
-        Device::Vulkan(d) => wgsl::rms_norm(d, x, weight, eps, t, h),
-        Device::Wgpu(d) => wgsl::rms_norm(d, x, weight, eps, t, h),
+        Device::Cpu(_) => cpu::rms_norm(x, weight, eps, t, h, out),
+        Device::Cuda(d) => cuda::rms_norm(d, x, weight, eps, t, h, out),
+        Device::Hip(_) => {
+            hip::via_host(x, weight, out, |a, b, o| cpu::rms_norm(a, b, eps, t, h, o))
+        }
+        Device::Vulkan(d) => wgsl::rms_norm(d, x, weight, eps, t, h, out),
+        Device::Wgpu(d) => wgsl::rms_norm(d, x, weight, eps, t, h, out),
     }
 }
 
-/// A linear layer without bias: `y = x·Wᵀ`, `x [T, K]`, `weight [N, K]`. Returns `[T, N]`.
-pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+fn linear_dims(x: &Tensor, weight: &Tensor) -> Result<(usize, usize, usize)> {
     let (t, k) = rank2("linear input", x, "[num_tokens, in_features]")?;
     let (n, k2) = rank2("linear weight", weight, "[out_features, in_features]")?;
     if k != k2 {
@@ -120,12 +197,36 @@ pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     x.expect_dtype("linear input", DType::F32)?;
     weight.expect_dtype("linear weight", DType::F32)?;
     same_device("linear", x, weight)?;
+    Ok((t, k, n))
+}
+
+/// A linear layer without bias: `y = x·Wᵀ`, `x [T, K]`, `weight [N, K]`. Returns `[T, N]`
+/// (zeros when K = 0).
+pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let (t, k, n) = linear_dims(x, weight)?;
+    let mut out = output(x, &[t, n])?;
+    if k > 0 {
+        linear_into(x, weight, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// [`linear`] into `out [T, N]`. K = 0 is an error here (there is no product to write; the
+/// allocating form returns zeros).
+pub fn linear_into(x: &Tensor, weight: &Tensor, out: &mut Tensor) -> Result<()> {
+    let (t, k, n) = linear_dims(x, weight)?;
+    check_out("linear output", out, &[t, n], x)?;
+    if k == 0 {
+        return Err(Error::config(
+            "linear_into with in_features 0: the output would be all zeros; use linear",
+        ));
+    }
     match x.device() {
-        Device::Cpu(_) => cpu::linear(x, weight, t, k, n),
-        Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n),
-        Device::Hip(_) => hip::via_host2(x, weight, |a, b| cpu::linear(a, b, t, k, n)),
-        Device::Vulkan(d) => wgsl::linear(d, x, weight, t, k, n),
-        Device::Wgpu(d) => wgsl::linear(d, x, weight, t, k, n),
+        Device::Cpu(_) => cpu::linear(x, weight, t, k, n, out),
+        Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n, out),
+        Device::Hip(_) => hip::via_host(x, weight, out, |a, b, o| cpu::linear(a, b, t, k, n, o)),
+        Device::Vulkan(d) => wgsl::linear(d, x, weight, t, k, n, out),
+        Device::Wgpu(d) => wgsl::linear(d, x, weight, t, k, n, out),
     }
 }
 
@@ -166,19 +267,32 @@ pub fn rope(x: &mut Tensor, positions: &Tensor, rope: Rope) -> Result<()> {
     }
 }
 
-/// SwiGLU's activation: `silu(gate) · up`, elementwise on two `[T, I]` tensors.
-pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+fn silu_mul_check(gate: &Tensor, up: &Tensor) -> Result<()> {
     rank2("silu_mul gate", gate, "[num_tokens, intermediate]")?;
     up.expect_shape("silu_mul up", gate.shape())?;
     gate.expect_dtype("silu_mul gate", DType::F32)?;
     up.expect_dtype("silu_mul up", DType::F32)?;
-    same_device("silu_mul", gate, up)?;
+    same_device("silu_mul", gate, up)
+}
+
+/// SwiGLU's activation: `silu(gate) · up`, elementwise on two `[T, I]` tensors.
+pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    silu_mul_check(gate, up)?;
+    let mut out = output(gate, gate.shape())?;
+    silu_mul_into(gate, up, &mut out)?;
+    Ok(out)
+}
+
+/// [`silu_mul`] into `out [T, I]`.
+pub fn silu_mul_into(gate: &Tensor, up: &Tensor, out: &mut Tensor) -> Result<()> {
+    silu_mul_check(gate, up)?;
+    check_out("silu_mul output", out, gate.shape(), gate)?;
     match gate.device() {
-        Device::Cpu(_) => cpu::silu_mul(gate, up),
-        Device::Cuda(d) => cuda::silu_mul(d, gate, up),
-        Device::Hip(_) => hip::via_host2(gate, up, cpu::silu_mul),
-        Device::Vulkan(d) => wgsl::silu_mul(d, gate, up),
-        Device::Wgpu(d) => wgsl::silu_mul(d, gate, up),
+        Device::Cpu(_) => cpu::silu_mul(gate, up, out),
+        Device::Cuda(d) => cuda::silu_mul(d, gate, up, out),
+        Device::Hip(_) => hip::via_host(gate, up, out, cpu::silu_mul),
+        Device::Vulkan(d) => wgsl::silu_mul(d, gate, up, out),
+        Device::Wgpu(d) => wgsl::silu_mul(d, gate, up, out),
     }
 }
 
@@ -197,20 +311,46 @@ pub fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
     }
 }
 
-/// Rows of `x [T, H]` picked by `rows [R]` (i32): e.g. each request's last token before the
-/// output head. Returns `[R, H]`.
-pub fn gather_rows(x: &Tensor, rows: &Tensor) -> Result<Tensor> {
-    let (t, h) = rank2("gather_rows input", x, "[num_rows, hidden]")?;
-    let r = rank1("gather_rows indices", rows, "[num_selected]")?;
-    x.expect_dtype("gather_rows input", DType::F32)?;
-    rows.expect_dtype("gather_rows indices", DType::I32)?;
-    same_device("gather_rows", x, rows)?;
-    // The same kernel as the embedding: x plays the table.
-    match x.device() {
-        Device::Cpu(_) => cpu::embedding(x, rows, t, h, r),
-        Device::Cuda(d) => cuda::embedding(d, x, rows, t, h, r),
-        Device::Hip(_) => hip::via_host2(x, rows, |a, b| cpu::embedding(a, b, t, h, r)),
-        Device::Vulkan(d) => wgsl::embedding(d, x, rows, t, h, r),
-        Device::Wgpu(d) => wgsl::embedding(d, x, rows, t, h, r),
+fn argmax_dims(logits: &Tensor) -> Result<(usize, usize)> {
+    let (r, v) = rank2("argmax input", logits, "[num_rows, vocab]")?;
+    logits.expect_dtype("argmax input", DType::F32)?;
+    if v == 0 || v > i32::MAX as usize {
+        return Err(Error::shape(
+            "argmax input",
+            logits.shape(),
+            "rows of 1..=i32::MAX elements",
+        ));
+    }
+    Ok((r, v))
+}
+
+/// Greedy sampling on the device: the index of each row's largest element, `logits [R, V]`
+/// → `[R]` i32. The lowest index wins among equal maxima, NaN never wins, and a row with no
+/// element above −∞ gives 0: the host sampler's rule (`runner::argmax`), so host and device
+/// agree on every input.
+pub fn argmax(logits: &Tensor) -> Result<Tensor> {
+    let (r, _) = argmax_dims(logits)?;
+    let mut out = Tensor::zeros(logits.device(), &[r], DType::I32)?;
+    argmax_into(logits, &mut out)?;
+    Ok(out)
+}
+
+/// [`argmax`] into `out [R]` (i32).
+pub fn argmax_into(logits: &Tensor, out: &mut Tensor) -> Result<()> {
+    let (r, v) = argmax_dims(logits)?;
+    out.expect_shape("argmax output", &[r])?;
+    out.expect_dtype("argmax output", DType::I32)?;
+    same_device("argmax", logits, out)?;
+    match logits.device() {
+        Device::Cpu(_) => cpu::argmax(logits, r, v, out),
+        Device::Cuda(d) => cuda::argmax(d, logits, r, v, out),
+        Device::Hip(_) => {
+            let mut host_out = Tensor::zeros(&Device::cpu(), &[r], DType::I32)?;
+            cpu::argmax(&hip::host(logits)?, r, v, &mut host_out)?;
+            *out = host_out.to_device(logits.device())?;
+            Ok(())
+        }
+        Device::Vulkan(d) => wgsl::argmax(d, logits, r, v, out),
+        Device::Wgpu(d) => wgsl::argmax(d, logits, r, v, out),
     }
 }

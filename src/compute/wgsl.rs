@@ -10,6 +10,7 @@
 //!   larger T the tiled GEMM (64×64 output tiles, 4×4 outputs per thread).
 //! * `rope`: one thread per (token, head, pair), angles in f32.
 //! * `silu_mul`, `add_assign`: one thread per element (vec4 when the count allows).
+//! * `argmax`: one workgroup per row, tree reduction of (value, index) candidates.
 //!
 //! Every tensor must fit one storage binding ([`WgslDeviceInfo::check_binding`]: lavapipe
 //! allows 128 MiB, enough for SmolLM2's 49152×576 f32 embedding table); a larger one is an
@@ -21,7 +22,6 @@ use super::{Rope, RopeStyle};
 use crate::device::wgsl::WgslDeviceInfo;
 use crate::device::wgsl::{Dispatch, LoopBounding, WgslRuntime, Words};
 use crate::device::Tensor;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{
     Bindings, ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
@@ -31,13 +31,6 @@ use crate::kernels::wgsl::{
 fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v)
         .map_err(|_| Error::config(format!("{what} = {v} exceeds the WGSL kernels' u32 range")))
-}
-
-/// A zeroed f32 output tensor of `shape` on `dev`, checked to fit one storage binding.
-fn output<R: WgslRuntime>(dev: &R, shape: &[usize], what: &str) -> Result<Tensor> {
-    let bytes = shape.iter().product::<usize>() as u64 * 4;
-    dev.info().check_binding(bytes, what)?;
-    Tensor::zeros(&dev.device(), shape, DType::F32)
 }
 
 /// Submits one dispatch of `shader`: `words` as its parameters (binding 0), `bufs` at
@@ -83,14 +76,14 @@ pub(super) fn embedding<R: WgslRuntime>(
     v: usize,
     h: usize,
     t: usize,
-) -> Result<Tensor> {
-    let out = output(dev, &[t, h], "embedding / gather_rows output")?;
+    out: &mut Tensor,
+) -> Result<()> {
     if t == 0 || h == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let tb = dev.tensor_buffer(table, "embedding table / gather_rows input")?;
     let ib = dev.tensor_buffer(ids, "indices")?;
-    let ob = dev.tensor_buffer(&out, "embedding / gather_rows output")?;
+    let ob = dev.tensor_buffer(out, "embedding / gather_rows output")?;
     let vec4 = h % 4 == 0;
     let hv = if vec4 { h / 4 } else { h };
     let words = Words::new()
@@ -103,8 +96,7 @@ pub(super) fn embedding<R: WgslRuntime>(
         words,
         [tb, ib, ob],
         flat(dev, t * hv)?,
-    )?;
-    Ok(out)
+    )
 }
 
 pub(super) fn rms_norm<R: WgslRuntime>(
@@ -114,14 +106,14 @@ pub(super) fn rms_norm<R: WgslRuntime>(
     eps: f32,
     t: usize,
     h: usize,
-) -> Result<Tensor> {
-    let out = output(dev, &[t, h], "rms_norm output")?;
+    out: &mut Tensor,
+) -> Result<()> {
     if t == 0 || h == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let xb = dev.tensor_buffer(x, "rms_norm input")?;
     let wb = dev.tensor_buffer(weight, "rms_norm weight")?;
-    let ob = dev.tensor_buffer(&out, "rms_norm output")?;
+    let ob = dev.tensor_buffer(out, "rms_norm output")?;
     let vec4 = h % 4 == 0;
     let hv = if vec4 { h / 4 } else { h };
     let words = Words::new()
@@ -136,8 +128,7 @@ pub(super) fn rms_norm<R: WgslRuntime>(
         words,
         [xb, wb, ob],
         (gx, 1, gz),
-    )?;
-    Ok(out)
+    )
 }
 
 pub(super) fn linear<R: WgslRuntime>(
@@ -147,14 +138,14 @@ pub(super) fn linear<R: WgslRuntime>(
     t: usize,
     k: usize,
     n: usize,
-) -> Result<Tensor> {
-    let out = output(dev, &[t, n], "linear output")?;
+    out: &mut Tensor,
+) -> Result<()> {
     if t == 0 || n == 0 || k == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let xb = dev.tensor_buffer(x, "linear input")?;
     let wb = dev.tensor_buffer(weight, "linear weight")?;
-    let ob = dev.tensor_buffer(&out, "linear output")?;
+    let ob = dev.tensor_buffer(out, "linear output")?;
     let vec4 = k % 4 == 0;
     let kv = if vec4 { k / 4 } else { k };
     let words = Words::new()
@@ -190,7 +181,7 @@ pub(super) fn linear<R: WgslRuntime>(
             (gx as u32, gy as u32, 1),
         )?;
     }
-    Ok(out)
+    Ok(())
 }
 
 pub(super) fn rope<R: WgslRuntime>(
@@ -231,15 +222,19 @@ fn elementwise_units(numel: usize) -> (bool, usize) {
     (vec4, if vec4 { numel / 4 } else { numel })
 }
 
-pub(super) fn silu_mul<R: WgslRuntime>(dev: &R, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let out = output(dev, gate.shape(), "silu_mul output")?;
+pub(super) fn silu_mul<R: WgslRuntime>(
+    dev: &R,
+    gate: &Tensor,
+    up: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
     let (vec4, units) = elementwise_units(gate.numel());
     if units == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let gb = dev.tensor_buffer(gate, "silu_mul gate")?;
     let ub = dev.tensor_buffer(up, "silu_mul up")?;
-    let ob = dev.tensor_buffer(&out, "silu_mul output")?;
+    let ob = dev.tensor_buffer(out, "silu_mul output")?;
     let words = Words::new().u(u32_of("elements", units)?);
     run(
         dev,
@@ -247,8 +242,7 @@ pub(super) fn silu_mul<R: WgslRuntime>(dev: &R, gate: &Tensor, up: &Tensor) -> R
         words,
         [gb, ub, ob],
         flat(dev, units)?,
-    )?;
-    Ok(out)
+    )
 }
 
 pub(super) fn add_assign<R: WgslRuntime>(dev: &R, x: &mut Tensor, y: &Tensor) -> Result<()> {
@@ -265,5 +259,28 @@ pub(super) fn add_assign<R: WgslRuntime>(dev: &R, x: &mut Tensor, y: &Tensor) ->
         words,
         [yb, dev.placeholder(0)?, xb],
         flat(dev, units)?,
+    )
+}
+
+pub(super) fn argmax<R: WgslRuntime>(
+    dev: &R,
+    logits: &Tensor,
+    r: usize,
+    v: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    if r == 0 {
+        return Ok(());
+    }
+    let xb = dev.tensor_buffer(logits, "argmax input")?;
+    let ob = dev.tensor_buffer(out, "argmax output")?;
+    let words = Words::new().u(u32_of("rows", r)?).u(u32_of("vocab", v)?);
+    let (gx, gz) = dev.info().grid(r as u64)?;
+    run(
+        dev,
+        ModelShader::Argmax,
+        words,
+        [xb, dev.placeholder(0)?, ob],
+        (gx, 1, gz),
     )
 }

@@ -5,16 +5,9 @@ use super::request::SamplingParams;
 use crate::rng::Rng;
 
 /// Index of the largest logit (the lowest index among equal maxima; NaN never wins).
+/// The same rule as the device kernels of [`crate::compute::argmax`].
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
-        }
-    }
-    best as u32
+    crate::compute::cpu::argmax_row(logits)
 }
 
 /// Samples a token: greedy when `params.temperature == 0`, else softmax(logits / T) cut to

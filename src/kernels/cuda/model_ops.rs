@@ -113,6 +113,23 @@ pub struct EltwiseParams {
     pub pad: i32,
 }
 
+/// `ArgmaxParams` of model_ops.cu (`model_argmax`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ArgmaxParams {
+    /// Logits `[num_rows, v]` f32.
+    pub x: u64,
+    /// Result `[num_rows]` i32.
+    pub out: u64,
+    /// Rows.
+    pub num_rows: i64,
+    /// Row length (vocabulary).
+    pub v: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<ArgmaxParams>() == 32);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
 const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
 const _: () = assert!(std::mem::size_of::<LinearParams>() == 40);

@@ -134,6 +134,7 @@ pub const MODEL_OPS: KernelSource = KernelSource {
         "model_rope",
         "model_silu_mul",
         "model_add",
+        "model_argmax",
     ],
 };
 

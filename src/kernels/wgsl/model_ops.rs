@@ -1,11 +1,11 @@
 //! The model operations' specialisations ([`ModelShader`]: embedding / gather, RMSNorm, the
-//! linear GEMV and tiled GEMM, RoPE, SiLU·mul, add), used by `crate::compute` on wgpu, and
+//! linear GEMV and tiled GEMM, RoPE, SiLU·mul, add, argmax), used by `crate::compute` on wgpu, and
 //! their launch-shape constants.
 
 use super::preprocess::consts;
 use super::sources::{
-    MODEL_OPS_COMMON, MODEL_OPS_ELEMENTWISE, MODEL_OPS_GATHER, MODEL_OPS_GEMV, MODEL_OPS_LINEAR,
-    MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE,
+    MODEL_OPS_ARGMAX, MODEL_OPS_COMMON, MODEL_OPS_ELEMENTWISE, MODEL_OPS_GATHER, MODEL_OPS_GEMV,
+    MODEL_OPS_LINEAR, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE,
 };
 
 /// Threads per workgroup of the model operations' kernels (`model_ops_*.wgsl`).
@@ -78,6 +78,8 @@ pub enum ModelShader {
         /// vec4 elements (element count % 4 == 0).
         vec4: bool,
     },
+    /// `argmax` (`model_ops_argmax.wgsl`), scalar loads.
+    Argmax,
 }
 
 impl ModelShader {
@@ -97,6 +99,7 @@ impl ModelShader {
         v.extend([
             ModelShader::Rope { interleaved: true },
             ModelShader::Rope { interleaved: false },
+            ModelShader::Argmax,
         ]);
         v
     }
@@ -109,7 +112,7 @@ impl ModelShader {
             | ModelShader::Gather { vec4 }
             | ModelShader::SiluMul { vec4 }
             | ModelShader::Add { vec4 } => vec4,
-            ModelShader::Rope { .. } => false,
+            ModelShader::Rope { .. } | ModelShader::Argmax => false,
         }
     }
 
@@ -123,6 +126,7 @@ impl ModelShader {
             ModelShader::Gather { .. } => format!("model gather {v}"),
             ModelShader::SiluMul { .. } => format!("model silu_mul {v}"),
             ModelShader::Add { .. } => format!("model add {v}"),
+            ModelShader::Argmax => "model argmax".into(),
             ModelShader::Rope { interleaved } => format!(
                 "model rope {}",
                 if *interleaved {
@@ -174,6 +178,7 @@ impl ModelShader {
                 s += &format!("const INTERLEAVED: bool = {interleaved};\n");
                 MODEL_OPS_ROPE
             }
+            ModelShader::Argmax => MODEL_OPS_ARGMAX,
         };
         s += MODEL_OPS_COMMON;
         s += body;

@@ -23,6 +23,7 @@ pub(super) const MODEL_OPS_RMS_NORM: &str =
     include_str!("../../../shaders/model_ops_rms_norm.wgsl");
 pub(super) const MODEL_OPS_GATHER: &str = include_str!("../../../shaders/model_ops_gather.wgsl");
 pub(super) const MODEL_OPS_ROPE: &str = include_str!("../../../shaders/model_ops_rope.wgsl");
+pub(super) const MODEL_OPS_ARGMAX: &str = include_str!("../../../shaders/model_ops_argmax.wgsl");
 pub(super) const MODEL_OPS_ELEMENTWISE: &str =
     include_str!("../../../shaders/model_ops_elementwise.wgsl");
 pub(super) const MLA_CACHE_WRITE: &str = include_str!("../../../shaders/mla_cache_write.wgsl");
