@@ -178,6 +178,43 @@ impl Tensor {
         }
     }
 
+    /// Overwrites this i32 tensor's elements with `data` (one per element), in place: the
+    /// buffer stays where it is, so a captured graph that reads it sees the new values on
+    /// its next replay. Ordered after the work already submitted to the device. An error
+    /// inside a graph capture (writes from the host happen between replays).
+    pub fn write_i32(&mut self, data: &[i32]) -> Result<()> {
+        self.expect_dtype("write_i32 target", DType::I32)?;
+        if data.len() != self.numel() {
+            return Err(Error::shape(
+                "write_i32 data",
+                &[data.len()],
+                format!("{} elements ({:?})", self.numel(), self.shape),
+            ));
+        }
+        match (&mut self.storage, &self.device) {
+            (Storage::Cpu(CpuStorage::I32(v)), _) => {
+                v.copy_from_slice(data);
+                Ok(())
+            }
+            (Storage::Cuda(s), Device::Cuda(dev)) => dev.write_pod(s, 0, data),
+            (Storage::Hip(s), Device::Hip(dev)) => dev.write_pod(s, 0, data),
+            (Storage::Vulkan(s), Device::Vulkan(dev)) => {
+                dev.write(s.buffer(), 0, bytemuck::cast_slice(data))
+            }
+            (Storage::Wgpu(s), Device::Wgpu(dev)) => {
+                if !data.is_empty() {
+                    dev.queue()
+                        .write_buffer(s.buffer(), 0, bytemuck::cast_slice(data));
+                }
+                Ok(())
+            }
+            _ => Err(Error::Device {
+                backend: self.device.kind().as_str().into(),
+                message: "tensor storage does not belong to its device".into(),
+            }),
+        }
+    }
+
     /// Overwrites this tensor's elements with `src`'s, a copy on the device (ordered after
     /// the device's earlier work): how a step's inputs go into the tensors a captured graph
     /// reads ([`Device::capture`]). Errors unless both tensors live on the same device and
@@ -266,6 +303,14 @@ impl Tensor {
 
     /// The same elements viewed with another shape of the same element count (no copy).
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
+        self.reshape_in_place(shape)?;
+        Ok(self)
+    }
+
+    /// [`Tensor::reshape`] of a tensor the caller keeps (a persistent buffer seen with
+    /// another shape by the next operation: e.g. a projection's `[T, heads · d]` output as
+    /// attention's `[T, heads, d]` query).
+    pub fn reshape_in_place(&mut self, shape: &[usize]) -> Result<()> {
         let n = checked_numel("reshape", shape, self.dtype)?;
         if n != self.numel() {
             return Err(Error::shape(
@@ -275,7 +320,7 @@ impl Tensor {
             ));
         }
         self.shape = shape.to_vec();
-        Ok(self)
+        Ok(())
     }
 
     /// The dtype.

@@ -16,6 +16,7 @@
 //! backend (and with it the device) is the selector's choice, so `POLYATTN_BACKEND` alone
 //! moves the whole model.
 
+mod decode_graphs;
 mod model_runner;
 mod request;
 mod sampler;

@@ -3,10 +3,12 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::decode_graphs::{DecodeGraphs, DecodeRow, StepOutput};
 use super::request::{FinishReason, RequestId, SamplingParams, TokenOutput};
 use super::sampler::sample;
 use super::scheduler::{Scheduler, Sequence};
-use crate::backend::BackendRef;
+use crate::backend::{BackendRef, GraphCaptureSupport};
+use crate::compute;
 use crate::device::{Device, Tensor};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
@@ -58,6 +60,29 @@ pub trait CausalLm {
     /// Runs all layers for the batch and returns f32 logits `[num_logits, vocab_size]` for the
     /// rows in `batch.logits_indices`. `kv_caches[l]` is layer `l`'s cache.
     fn forward(&self, batch: &StepBatch<'_>, kv_caches: &mut [KvCache]) -> Result<Tensor>;
+
+    /// Whether [`CausalLm::forward_into`] may be captured as a graph: once it has run for a
+    /// token count, later calls for that count only queue device work on buffers that
+    /// already exist (no allocation, upload, download or synchronisation), and it reads the
+    /// batch only through `input_ids`, `positions`, `logits_indices` and `attn_metadata`
+    /// (not `common`'s per-step arrays). The runner then captures pure decode steps where
+    /// the backend's graph level allows ([`RunnerConfig::graph_capture_sizes`]).
+    fn capturable(&self) -> bool {
+        false
+    }
+
+    /// [`CausalLm::forward`] with the logits written into `logits [num_logits, vocab_size]`.
+    /// The default runs `forward` and copies; a [`CausalLm::capturable`] model keeps its
+    /// activations in buffers of its own per token count, made on the first call.
+    fn forward_into(
+        &self,
+        batch: &StepBatch<'_>,
+        kv_caches: &mut [KvCache],
+        logits: &mut Tensor,
+    ) -> Result<()> {
+        let out = self.forward(batch, kv_caches)?;
+        logits.copy_from(&out)
+    }
 }
 
 /// Sizes of the runner's cache and batches.
@@ -74,6 +99,13 @@ pub struct RunnerConfig {
     pub max_num_batched_tokens: usize,
     /// Longest sequence allowed; `None`: the model's own.
     pub max_model_len: Option<usize>,
+    /// Batch sizes whose pure decode steps (one new token per request) run as captured
+    /// graphs (vLLM's `cudagraph_capture_sizes`): a decode step of `n` requests runs padded
+    /// to the smallest size ≥ `n`, captured on its first use and replayed after. Used where
+    /// the model is [`CausalLm::capturable`] and the backend's graph-capture level is
+    /// `UniformSingleTokenDecode` or above (CUDA; the native Vulkan runtime); other steps,
+    /// and every step elsewhere, run eagerly. Empty: every step eager.
+    pub graph_capture_sizes: Vec<usize>,
 }
 
 impl Default for RunnerConfig {
@@ -84,6 +116,7 @@ impl Default for RunnerConfig {
             max_num_seqs: 16,
             max_num_batched_tokens: 512,
             max_model_len: None,
+            graph_capture_sizes: vec![1, 2, 4, 8, 16],
         }
     }
 }
@@ -103,6 +136,8 @@ pub struct RunnerStats {
     pub decode_time: Duration,
     /// Requests preempted for lack of cache blocks.
     pub preemptions: usize,
+    /// Decode steps that replayed (or first ran and captured) a graph.
+    pub graph_steps: usize,
 }
 
 impl RunnerStats {
@@ -126,6 +161,8 @@ pub struct ModelRunner<M: CausalLm> {
     device: Device,
     caches: Vec<KvCache>,
     builder: Box<dyn AttentionMetadataBuilder>,
+    /// `Some` where decode steps run as graphs (see [`RunnerConfig::graph_capture_sizes`]).
+    graphs: Option<DecodeGraphs>,
     scheduler: Scheduler,
     next_id: RequestId,
     stats: RunnerStats,
@@ -171,6 +208,18 @@ impl<M: CausalLm> ModelRunner<M> {
             .map(|_| KvCache::new(backend.as_ref(), spec, num_blocks))
             .collect::<Result<Vec<_>>>()?;
         let builder = backend.make_builder(&spec)?;
+        let graphs = (!runner.graph_capture_sizes.is_empty()
+            && model.capturable()
+            && device.has_graphs()
+            && builder.graph_capture_support() >= GraphCaptureSupport::UniformSingleTokenDecode)
+            .then(|| {
+                DecodeGraphs::new(
+                    runner.graph_capture_sizes.clone(),
+                    max_model_len,
+                    runner.block_size,
+                    config.vocab_size,
+                )
+            });
         let scheduler = Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -188,6 +237,7 @@ impl<M: CausalLm> ModelRunner<M> {
             device,
             caches,
             builder,
+            graphs,
             scheduler,
             next_id: 0,
             stats: RunnerStats::default(),
@@ -207,6 +257,16 @@ impl<M: CausalLm> ModelRunner<M> {
     /// The longest sequence a request may reach.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
+    }
+
+    /// Whether pure decode steps run as captured graphs on this runner's model and backend.
+    pub fn uses_graphs(&self) -> bool {
+        self.graphs.is_some()
+    }
+
+    /// Padded decode sizes captured so far.
+    pub fn graphs_captured(&self) -> usize {
+        self.graphs.as_ref().map_or(0, DecodeGraphs::captured)
     }
 
     /// Counters and timings so far.
@@ -285,43 +345,12 @@ impl<M: CausalLm> ModelRunner<M> {
             return Ok(Vec::new());
         }
         let bs = self.runner.block_size;
-        let width = plan
-            .iter()
-            .map(|s| self.scheduler.running[s.index].blocks.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut desc = BatchDescription {
-            query_start_loc: vec![0],
-            causal: true,
-            block_size: bs,
-            max_blocks_per_req: width,
-            ..Default::default()
-        };
-        let mut ids: Vec<i32> = Vec::new();
-        let mut positions: Vec<i32> = Vec::new();
-        let mut logits_rows: Vec<i32> = Vec::new();
-        let mut sampled: Vec<usize> = Vec::new(); // plan entries that sample
         let (mut prefill_tokens, mut decode_tokens) = (0, 0);
+        let mut sampled: Vec<usize> = Vec::new(); // plan entries that sample
         for (k, s) in plan.iter().enumerate() {
             let seq = &self.scheduler.running[s.index];
             let start = seq.num_computed;
-            let end = start + s.num_tokens;
-            for pos in start..end {
-                ids.push(seq.tokens[pos] as i32);
-                positions.push(pos as i32);
-                let block = seq.blocks[pos / bs] as i64;
-                desc.slot_mapping
-                    .push(block * bs as i64 + (pos % bs) as i64);
-            }
-            let mut row = seq.blocks.clone();
-            row.resize(width, 0);
-            desc.block_table.extend(row);
-            desc.seq_lens.push(end as i32);
-            let q_end = desc.query_start_loc.last().copied().unwrap_or(0) + s.num_tokens as i32;
-            desc.query_start_loc.push(q_end);
-            if end == seq.tokens.len() {
-                logits_rows.push(q_end - 1);
+            if start + s.num_tokens == seq.tokens.len() {
                 sampled.push(k);
             }
             // A request whose prompt is fully computed adds one decode token per step.
@@ -332,35 +361,43 @@ impl<M: CausalLm> ModelRunner<M> {
                 prefill_tokens += s.num_tokens;
             }
         }
-        let n = ids.len();
-        let common = CommonAttentionMetadata::new(&self.device, desc)?;
-        let attn_metadata = self.builder.build(0, &common, false)?;
-        let input_ids = Tensor::from_i32(&self.device, &ids, &[n])?;
-        let positions = Tensor::from_i32(&self.device, &positions, &[n])?;
-        let logits_indices = Tensor::from_i32(&self.device, &logits_rows, &[logits_rows.len()])?;
-        let batch = StepBatch {
-            input_ids: &input_ids,
-            positions: &positions,
-            logits_indices: &logits_indices,
-            attn_metadata: attn_metadata.as_ref(),
-            common: &common,
+        let greedy = sampled
+            .iter()
+            .all(|&k| self.scheduler.running[plan[k].index].params.temperature == 0.0);
+        // A graph step: one new token per request, every request sampled.
+        let graph_size = self
+            .graphs
+            .as_ref()
+            .filter(|_| sampled.len() == plan.len() && plan.iter().all(|s| s.num_tokens == 1))
+            .and_then(|g| g.size_for(plan.len()));
+        let output = match (graph_size, self.graphs.as_mut()) {
+            (Some(size), Some(graphs)) => {
+                let rows: Vec<DecodeRow<'_>> = plan
+                    .iter()
+                    .map(|s| {
+                        let seq = &self.scheduler.running[s.index];
+                        let pos = seq.num_computed;
+                        DecodeRow {
+                            token: seq.tokens[pos] as i32,
+                            position: pos as i32,
+                            slot: seq.blocks[pos / bs] as i64 * bs as i64 + (pos % bs) as i64,
+                            blocks: &seq.blocks,
+                        }
+                    })
+                    .collect();
+                self.stats.graph_steps += 1;
+                Some(graphs.run(
+                    size,
+                    &rows,
+                    greedy,
+                    &self.model,
+                    &mut self.caches,
+                    self.builder.as_ref(),
+                    &self.device,
+                )?)
+            }
+            _ => self.eager_step(&plan, sampled.len(), greedy)?,
         };
-        let logits = if sampled.is_empty() {
-            // Only prompt chunks that do not finish their prompt: the model still runs (it
-            // fills the cache) but nothing is sampled.
-            self.model.forward(&batch, &mut self.caches)?;
-            Vec::new()
-        } else {
-            self.model.forward(&batch, &mut self.caches)?.to_f32_vec()?
-        };
-        if !sampled.is_empty() && logits.len() != sampled.len() * self.config.vocab_size {
-            return Err(Error::config(format!(
-                "the model returned {} logits, expected {} rows of {}",
-                logits.len(),
-                sampled.len(),
-                self.config.vocab_size
-            )));
-        }
         self.device.synchronize()?;
 
         // Advance every scheduled request; sample for those at the end of their tokens.
@@ -373,7 +410,17 @@ impl<M: CausalLm> ModelRunner<M> {
         for (row, &k) in sampled.iter().enumerate() {
             let index = plan[k].index;
             let seq = &mut self.scheduler.running[index];
-            let token = sample(&logits[row * v..(row + 1) * v], &seq.params, &mut seq.rng);
+            let token = match &output {
+                Some(StepOutput::Tokens(t)) => t[row] as u32,
+                Some(StepOutput::Logits(l)) => {
+                    sample(&l[row * v..(row + 1) * v], &seq.params, &mut seq.rng)
+                }
+                None => {
+                    return Err(Error::config(
+                        "the step sampled a request but produced no logits",
+                    ))
+                }
+            };
             seq.tokens.push(token);
             seq.generated += 1;
             let reason = if seq.params.stop_token_ids.contains(&token) {
@@ -406,6 +453,85 @@ impl<M: CausalLm> ModelRunner<M> {
             self.stats.decode_time += elapsed;
         }
         Ok(outputs)
+    }
+
+    /// Runs the step's batch through [`CausalLm::forward`]; the sampler's input when
+    /// `sampled` rows sample (token ids chosen on the device when every one is greedy).
+    fn eager_step(
+        &mut self,
+        plan: &[super::scheduler::Scheduled],
+        sampled: usize,
+        greedy: bool,
+    ) -> Result<Option<StepOutput>> {
+        let bs = self.runner.block_size;
+        let width = plan
+            .iter()
+            .map(|s| self.scheduler.running[s.index].blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut desc = BatchDescription {
+            query_start_loc: vec![0],
+            causal: true,
+            block_size: bs,
+            max_blocks_per_req: width,
+            ..Default::default()
+        };
+        let mut ids: Vec<i32> = Vec::new();
+        let mut positions: Vec<i32> = Vec::new();
+        let mut logits_rows: Vec<i32> = Vec::new();
+        for s in plan {
+            let seq = &self.scheduler.running[s.index];
+            let start = seq.num_computed;
+            let end = start + s.num_tokens;
+            for pos in start..end {
+                ids.push(seq.tokens[pos] as i32);
+                positions.push(pos as i32);
+                let block = seq.blocks[pos / bs] as i64;
+                desc.slot_mapping
+                    .push(block * bs as i64 + (pos % bs) as i64);
+            }
+            let mut row = seq.blocks.clone();
+            row.resize(width, 0);
+            desc.block_table.extend(row);
+            desc.seq_lens.push(end as i32);
+            let q_end = desc.query_start_loc.last().copied().unwrap_or(0) + s.num_tokens as i32;
+            desc.query_start_loc.push(q_end);
+            if end == seq.tokens.len() {
+                logits_rows.push(q_end - 1);
+            }
+        }
+        let n = ids.len();
+        let common = CommonAttentionMetadata::new(&self.device, desc)?;
+        let attn_metadata = self.builder.build(0, &common, false)?;
+        let input_ids = Tensor::from_i32(&self.device, &ids, &[n])?;
+        let positions = Tensor::from_i32(&self.device, &positions, &[n])?;
+        let logits_indices = Tensor::from_i32(&self.device, &logits_rows, &[logits_rows.len()])?;
+        let batch = StepBatch {
+            input_ids: &input_ids,
+            positions: &positions,
+            logits_indices: &logits_indices,
+            attn_metadata: attn_metadata.as_ref(),
+            common: &common,
+        };
+        // Only prompt chunks that do not finish their prompt: the model still runs (it fills
+        // the cache) but nothing is sampled.
+        let logits = self.model.forward(&batch, &mut self.caches)?;
+        if sampled == 0 {
+            return Ok(None);
+        }
+        let v = self.config.vocab_size;
+        if logits.shape() != [sampled, v] {
+            return Err(Error::config(format!(
+                "the model returned logits of shape {:?}, expected [{sampled}, {v}]",
+                logits.shape()
+            )));
+        }
+        Ok(Some(if greedy {
+            StepOutput::Tokens(compute::argmax(&logits)?.to_i32_vec()?)
+        } else {
+            StepOutput::Logits(logits.to_f32_vec()?)
+        }))
     }
 
     /// Runs `prompts` to completion with the same sampling parameters and returns each

@@ -30,6 +30,8 @@ pub struct Run {
     pub prefill_tokens_per_s: f64,
     /// Generated tokens per second of decode steps.
     pub decode_tokens_per_s: f64,
+    /// Whether decode steps replayed captured graphs.
+    pub graphs: bool,
 }
 
 /// The backends `spec` names: `all` (every registered backend that is not an MLA one,
@@ -121,6 +123,7 @@ fn run_one(
         tokens,
         prefill_tokens_per_s: stats.prefill_tokens_per_s(),
         decode_tokens_per_s: stats.decode_tokens_per_s(),
+        graphs: runner.uses_graphs(),
     })
 }
 
@@ -146,8 +149,8 @@ pub fn table(rows: &[Comparison]) -> String {
             .map(|run| (r.backend.as_str(), &run.tokens))
     });
     let mut lines = vec![format!(
-        "{:<10} {:>14} {:>14}  {:<28} {}",
-        "backend", "prefill tok/s", "decode tok/s", "tokens", "device"
+        "{:<10} {:>14} {:>14} {:>7}  {:<28} {}",
+        "backend", "prefill tok/s", "decode tok/s", "steps", "tokens", "device"
     )];
     for r in rows {
         match &r.outcome {
@@ -161,11 +164,19 @@ pub fn table(rows: &[Comparison]) -> String {
                     None => String::new(),
                 };
                 lines.push(format!(
-                    "{:<10} {:>14.1} {:>14.1}  {:<28} {}",
-                    r.backend, run.prefill_tokens_per_s, run.decode_tokens_per_s, same, run.device
+                    "{:<10} {:>14.1} {:>14.1} {:>7}  {:<28} {}",
+                    r.backend,
+                    run.prefill_tokens_per_s,
+                    run.decode_tokens_per_s,
+                    if run.graphs { "graphs" } else { "eager" },
+                    same,
+                    run.device
                 ));
             }
-            Err(why) => lines.push(format!("{:<10} {:>14} {:>14}  {why}", r.backend, "-", "-")),
+            Err(why) => lines.push(format!(
+                "{:<10} {:>14} {:>14} {:>7}  {why}",
+                r.backend, "-", "-", "-"
+            )),
         }
     }
     lines.join("\n")

@@ -86,6 +86,10 @@ struct Args {
     /// by commas (`CUDA,WGPU,CPU`).
     #[arg(long)]
     backends: Option<String>,
+    /// Run every step eagerly: no decode step is captured as a graph (by default, on CUDA and
+    /// the native Vulkan runtime, pure decode steps of up to 16 requests replay graphs).
+    #[arg(long)]
+    eager: bool,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -177,6 +181,19 @@ fn load(model: &str) -> Result<Loaded, String> {
     }
 }
 
+/// The runner's sizes for `prompts` prompts of up to `max_len` tokens each.
+fn runner_config(args: &Args, max_len: usize, prompts: usize) -> RunnerConfig {
+    let mut config = RunnerConfig {
+        max_model_len: Some(max_len),
+        kv_cache_tokens: (max_len * prompts.min(16)).max(256),
+        ..Default::default()
+    };
+    if args.eager {
+        config.graph_capture_sizes.clear();
+    }
+    config
+}
+
 fn run(args: Args) -> Result<(), String> {
     let loaded = load(&args.model)?;
     let prompts = if args.prompts.is_empty() {
@@ -193,11 +210,7 @@ fn run(args: Args) -> Result<(), String> {
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
     let max_len = args.max_model_len.unwrap_or(config.max_model_len);
-    let runner_config = RunnerConfig {
-        max_model_len: Some(max_len),
-        kv_cache_tokens: (max_len * prompts.len().min(16)).max(256),
-        ..Default::default()
-    };
+    let runner_config = runner_config(&args, max_len, prompts.len());
     let mut runner = ModelRunner::new(model, runner_config).map_err(|e| e.to_string())?;
     let params = SamplingParams {
         temperature: args.temperature,
@@ -302,6 +315,7 @@ fn run(args: Args) -> Result<(), String> {
             steps: stats.steps,
             prefill_tokens_per_s: stats.prefill_tokens_per_s(),
             decode_tokens_per_s: stats.decode_tokens_per_s(),
+            graphs: runner.uses_graphs(),
             machine,
         };
         record.append_to(path).map_err(|e| e.to_string())?;
@@ -313,11 +327,21 @@ fn run(args: Args) -> Result<(), String> {
     );
     eprintln!(
         "[polyattn] {} prompt(s): {prompt_tokens} prompt tokens, {total_generated} generated in {} steps; \
-         prefill {:.1} tok/s, decode {:.1} tok/s{}",
+         prefill {:.1} tok/s, decode {:.1} tok/s ({}){}",
         prompts.len(),
         stats.steps,
         stats.prefill_tokens_per_s(),
         stats.decode_tokens_per_s(),
+        if runner.uses_graphs() {
+            format!(
+                "{} of {} steps replayed graphs, {} sizes captured",
+                stats.graph_steps,
+                stats.steps,
+                runner.graphs_captured()
+            )
+        } else {
+            "eager steps".to_string()
+        },
         if stats.preemptions > 0 {
             format!(", {} preemptions", stats.preemptions)
         } else {
@@ -341,11 +365,7 @@ fn run_comparison(
     }
     let max_len = args.max_model_len.unwrap_or(config.max_model_len);
     loaded.config = config;
-    let runner = RunnerConfig {
-        max_model_len: Some(max_len),
-        kv_cache_tokens: (max_len * prompts.len().min(16)).max(256),
-        ..Default::default()
-    };
+    let runner = runner_config(args, max_len, prompts.len());
     let params = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -404,5 +424,7 @@ fn main() -> ExitCode {
     }
 }
 
+#[cfg(test)]
+mod graph_tests;
 #[cfg(test)]
 mod tests;

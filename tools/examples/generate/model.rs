@@ -6,6 +6,14 @@
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
 //! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32:
 //! both example models are small, and f32 makes greedy decoding agree across backends.
+//!
+//! One body ([`Llama::run`]) writes every activation into a [`Scratch`] through the
+//! operations' `_into` forms. `forward` gives it a fresh scratch; `forward_into` keeps one
+//! per token count, so after its first call for a count it allocates nothing on the device
+//! and the runner can capture it as a graph ([`CausalLm::capturable`]).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use polyattn::compute::{self, Rope, RopeStyle};
 use polyattn::runner::{CausalLm, ModelConfig, StepBatch};
@@ -89,6 +97,56 @@ struct Layer {
     w_down: Tensor,
 }
 
+/// One step's activations for `t` tokens and `r` logits rows.
+struct Scratch {
+    /// The residual stream `[t, hidden]`.
+    x: Tensor,
+    /// A normed copy of it `[t, hidden]`.
+    h: Tensor,
+    /// Projections `[t, heads · d]` / `[t, kv_heads · d]` (viewed `[t, heads, d]` for RoPE and
+    /// attention).
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    /// Attention output `[t, heads, d]` (viewed `[t, heads · d]` for the output projection).
+    o: Tensor,
+    /// An output projection, added to the residual stream `[t, hidden]`.
+    proj: Tensor,
+    /// The MLP's `[t, intermediate]` gate, up projection and activation.
+    gate: Tensor,
+    up: Tensor,
+    act: Tensor,
+    /// The rows whose logits are wanted `[r, hidden]`, and their final norm.
+    last: Tensor,
+    last_norm: Tensor,
+}
+
+impl Scratch {
+    fn new(c: &LlamaConfig, device: &Device, t: usize, r: usize) -> polyattn::Result<Self> {
+        let z = |shape: &[usize]| Tensor::zeros(device, shape, DType::F32);
+        let (h, q, kv, i) = (
+            c.hidden,
+            c.num_heads * c.head_size,
+            c.num_kv_heads * c.head_size,
+            c.intermediate,
+        );
+        Ok(Scratch {
+            x: z(&[t, h])?,
+            h: z(&[t, h])?,
+            q: z(&[t, q])?,
+            k: z(&[t, kv])?,
+            v: z(&[t, kv])?,
+            o: z(&[t, c.num_heads, c.head_size])?,
+            proj: z(&[t, h])?,
+            gate: z(&[t, i])?,
+            up: z(&[t, i])?,
+            act: z(&[t, i])?,
+            last: z(&[r, h])?,
+            last_norm: z(&[r, h])?,
+        })
+    }
+}
+
 /// The model on one backend's device.
 pub struct Llama {
     config: LlamaConfig,
@@ -98,6 +156,9 @@ pub struct Llama {
     layers: Vec<Layer>,
     final_norm: Tensor,
     lm_head: Option<Tensor>,
+    /// `forward_into`'s activations per (tokens, logits rows), kept so that a captured step
+    /// finds them where it recorded them.
+    scratch: Mutex<HashMap<(usize, usize), Scratch>>,
 }
 
 impl Llama {
@@ -173,6 +234,7 @@ impl Llama {
             backend,
             device,
             config,
+            scratch: Mutex::new(HashMap::new()),
         })
     }
 
@@ -208,6 +270,47 @@ impl CausalLm for Llama {
         batch: &StepBatch<'_>,
         kv_caches: &mut [KvCache],
     ) -> polyattn::Result<Tensor> {
+        let (t, r) = (batch.input_ids.numel(), batch.logits_indices.numel());
+        let mut scratch = Scratch::new(&self.config, &self.device, t, r)?;
+        let mut logits = Tensor::zeros(&self.device, &[r, self.config.vocab_size], DType::F32)?;
+        self.run(batch, kv_caches, &mut scratch, &mut logits)?;
+        Ok(logits)
+    }
+
+    fn capturable(&self) -> bool {
+        true
+    }
+
+    fn forward_into(
+        &self,
+        batch: &StepBatch<'_>,
+        kv_caches: &mut [KvCache],
+        logits: &mut Tensor,
+    ) -> polyattn::Result<()> {
+        let key = (batch.input_ids.numel(), batch.logits_indices.numel());
+        let mut map = self.scratch.lock().map_err(|_| {
+            polyattn::Error::Config("a step panicked while holding the scratch".into())
+        })?;
+        let scratch = match map.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Scratch::new(&self.config, &self.device, key.0, key.1)?)
+            }
+        };
+        self.run(batch, kv_caches, scratch, logits)
+    }
+}
+
+impl Llama {
+    /// The decoder over `batch`, every activation in `s`, the logits into `logits`: device
+    /// work only (no allocation, upload or download).
+    fn run(
+        &self,
+        batch: &StepBatch<'_>,
+        kv_caches: &mut [KvCache],
+        s: &mut Scratch,
+        logits: &mut Tensor,
+    ) -> polyattn::Result<()> {
         let c = &self.config;
         let t = batch.input_ids.numel();
         let rope = Rope {
@@ -215,28 +318,45 @@ impl CausalLm for Llama {
             style: c.rope_style,
         };
         let (nh, nkv, d) = (c.num_heads, c.num_kv_heads, c.head_size);
-        let mut x = compute::embedding(&self.embedding, batch.input_ids)?;
+        compute::embedding_into(&self.embedding, batch.input_ids, &mut s.x)?;
         for (layer, cache) in self.layers.iter().zip(kv_caches.iter_mut()) {
-            let h = compute::rms_norm(&x, &layer.attn_norm, c.rms_eps)?;
-            let mut q = compute::linear(&h, &layer.wq)?.reshape(&[t, nh, d])?;
-            let mut k = compute::linear(&h, &layer.wk)?.reshape(&[t, nkv, d])?;
-            let v = compute::linear(&h, &layer.wv)?.reshape(&[t, nkv, d])?;
-            compute::rope(&mut q, batch.positions, rope)?;
-            compute::rope(&mut k, batch.positions, rope)?;
-            let mut o = Tensor::zeros(&self.device, &[t, nh, d], DType::F32)?;
-            layer
-                .attn
-                .forward(&q, Some(&k), Some(&v), cache, batch.attn_metadata, &mut o)?;
-            let o = compute::linear(&o.reshape(&[t, nh * d])?, &layer.wo)?;
-            compute::add_assign(&mut x, &o)?;
-            let h = compute::rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
-            let gate = compute::linear(&h, &layer.w_gate)?;
-            let up = compute::linear(&h, &layer.w_up)?;
-            let down = compute::linear(&compute::silu_mul(&gate, &up)?, &layer.w_down)?;
-            compute::add_assign(&mut x, &down)?;
+            compute::rms_norm_into(&s.x, &layer.attn_norm, c.rms_eps, &mut s.h)?;
+            compute::linear_into(&s.h, &layer.wq, &mut s.q)?;
+            compute::linear_into(&s.h, &layer.wk, &mut s.k)?;
+            compute::linear_into(&s.h, &layer.wv, &mut s.v)?;
+            s.q.reshape_in_place(&[t, nh, d])?;
+            s.k.reshape_in_place(&[t, nkv, d])?;
+            s.v.reshape_in_place(&[t, nkv, d])?;
+            compute::rope(&mut s.q, batch.positions, rope)?;
+            compute::rope(&mut s.k, batch.positions, rope)?;
+            layer.attn.forward(
+                &s.q,
+                Some(&s.k),
+                Some(&s.v),
+                cache,
+                batch.attn_metadata,
+                &mut s.o,
+            )?;
+            s.q.reshape_in_place(&[t, nh * d])?;
+            s.k.reshape_in_place(&[t, nkv * d])?;
+            s.v.reshape_in_place(&[t, nkv * d])?;
+            s.o.reshape_in_place(&[t, nh * d])?;
+            compute::linear_into(&s.o, &layer.wo, &mut s.proj)?;
+            s.o.reshape_in_place(&[t, nh, d])?;
+            compute::add_assign(&mut s.x, &s.proj)?;
+            compute::rms_norm_into(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.h)?;
+            compute::linear_into(&s.h, &layer.w_gate, &mut s.gate)?;
+            compute::linear_into(&s.h, &layer.w_up, &mut s.up)?;
+            compute::silu_mul_into(&s.gate, &s.up, &mut s.act)?;
+            compute::linear_into(&s.act, &layer.w_down, &mut s.proj)?;
+            compute::add_assign(&mut s.x, &s.proj)?;
         }
-        let last = compute::gather_rows(&x, batch.logits_indices)?;
-        let h = compute::rms_norm(&last, &self.final_norm, c.rms_eps)?;
-        compute::linear(&h, self.lm_head.as_ref().unwrap_or(&self.embedding))
+        compute::gather_rows_into(&s.x, batch.logits_indices, &mut s.last)?;
+        compute::rms_norm_into(&s.last, &self.final_norm, c.rms_eps, &mut s.last_norm)?;
+        compute::linear_into(
+            &s.last_norm,
+            self.lm_head.as_ref().unwrap_or(&self.embedding),
+            logits,
+        )
     }
 }

@@ -34,6 +34,10 @@ pub struct GenerationRecord {
     pub prefill_tokens_per_s: f64,
     /// Decode tokens per second (all requests together) over pure-decode steps.
     pub decode_tokens_per_s: f64,
+    /// Whether pure-decode steps replayed captured graphs (records without the field ran
+    /// every step eagerly).
+    #[serde(default)]
+    pub graphs: bool,
     /// The machine.
     pub machine: Machine,
 }
@@ -76,9 +80,11 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
          PROMPT…` through the model runner (continuous batching, f32 weights and activations, \
          every operation on the backend's device), from {}. *prefill*: prompt tokens per \
          second over the steps that computed prompt tokens; *decode*: generated tokens per \
-         second over pure-decode steps, all requests of the batch together. Wall clock, \
-         including the per-step host work (scheduling, metadata, sampling, the logits \
-         download).\n",
+         second over pure-decode steps, all requests of the batch together; *decode steps*: \
+         replayed graphs (captured once per padded batch size) or eager launches. Wall \
+         clock, including the per-step host work (scheduling, metadata, sampling, the \
+         download of the logits, or of the token ids when every request is greedy: the \
+         argmax runs on the device).\n",
         sources
             .iter()
             .map(|s| format!("`{s}`"))
@@ -87,9 +93,9 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
     );
     let _ = writeln!(
         out,
-        "| model | backend | device | prompts | prompt tok | generated | prefill tok/s | decode tok/s | machine | date |"
+        "| model | backend | device | prompts | prompt tok | generated | prefill tok/s | decode tok/s | decode steps | machine | date |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in records {
         let m = &r.machine;
         let machine = match &m.gpu {
@@ -106,7 +112,7 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
             r.model,
             r.backend,
             r.device.replace('|', "/"),
@@ -115,6 +121,7 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
             r.generated_tokens,
             r.prefill_tokens_per_s,
             r.decode_tokens_per_s,
+            if r.graphs { "graphs" } else { "eager" },
             machine.replace('|', "/"),
             m.date
         );

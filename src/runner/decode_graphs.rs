@@ -1,0 +1,218 @@
+//! Decode steps as captured graphs (vLLM's CUDA-graph mode, on every device that captures:
+//! CUDA graphs, the Vulkan runtime's recorded command buffers).
+//!
+//! A graph bakes in every device address and launch shape of the step it recorded, so what
+//! changes between steps must change *inside* buffers that stay put. Per padded batch size B
+//! ([`crate::runner::RunnerConfig::graph_capture_sizes`]) this module keeps the step's inputs
+//! (token ids, positions, the logits rows `0..B`), its outputs (logits `[B, vocab]` and the
+//! greedy token ids `[B]`) and the attention metadata of the builder's graph mode
+//! (`AttentionMetadataBuilder::build_for_graph_capture`: the block table, slot mapping and
+//! work lists in persistent buffers, rewritten by each build). The batch always has B
+//! requests and a block table of `width` columns (the longest context), so the shape the
+//! builder plans for never changes; requests past the real ones are padding: one token at
+//! position 0, block row all 0 (the null block), slot −1 (no cache write). Their logits are
+//! computed and ignored.
+//!
+//! The first step of a size runs eagerly through [`CausalLm::forward_into`] (that allocates
+//! the model's buffers for B tokens, compiles its kernels and *is* this step's result), then
+//! the same calls are captured; later steps write the inputs, rebuild the metadata and
+//! replay. The greedy argmax is part of the graph, so a greedy step downloads B token ids.
+
+use std::collections::HashMap;
+
+use super::model_runner::{CausalLm, StepBatch};
+use crate::compute;
+use crate::device::{Device, DeviceGraph, Tensor};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::metadata::{
+    AttentionMetadata, AttentionMetadataBuilder, BatchDescription, CommonAttentionMetadata,
+};
+
+/// One request of a graph decode step.
+pub(super) struct DecodeRow<'a> {
+    /// Its newest token (the step's input).
+    pub token: i32,
+    /// That token's position.
+    pub position: i32,
+    /// Where its key and value go in the cache.
+    pub slot: i64,
+    /// Its cache blocks.
+    pub blocks: &'a [i32],
+}
+
+/// What a step gives the sampler: token ids (every request greedy) or the logits rows.
+pub(super) enum StepOutput {
+    /// One greedy token per sampled row, chosen on the device.
+    Tokens(Vec<i32>),
+    /// `[rows, vocab]` logits, row-major.
+    Logits(Vec<f32>),
+}
+
+/// The persistent buffers and the graph of one padded batch size.
+struct DecodeGraph {
+    input_ids: Tensor,
+    positions: Tensor,
+    logits_indices: Tensor,
+    logits: Tensor,
+    tokens: Tensor,
+    /// Captured after the size's first (eager) step.
+    graph: Option<DeviceGraph>,
+    /// The latest build's metadata, whose buffers the graph reads.
+    metadata: Option<Box<dyn AttentionMetadata>>,
+}
+
+/// Every captured decode size of a runner.
+pub(super) struct DecodeGraphs {
+    /// Ascending padded batch sizes.
+    sizes: Vec<usize>,
+    /// Block-table columns of every captured step (the longest context's blocks).
+    width: usize,
+    block_size: usize,
+    vocab: usize,
+    graphs: HashMap<usize, DecodeGraph>,
+}
+
+impl DecodeGraphs {
+    /// Graphs for the padded sizes `sizes` (sorted and deduplicated here; zeros dropped).
+    pub(super) fn new(
+        mut sizes: Vec<usize>,
+        max_model_len: usize,
+        block_size: usize,
+        vocab: usize,
+    ) -> Self {
+        sizes.retain(|&s| s > 0);
+        sizes.sort_unstable();
+        sizes.dedup();
+        DecodeGraphs {
+            sizes,
+            width: max_model_len.div_ceil(block_size).max(1),
+            block_size,
+            vocab,
+            graphs: HashMap::new(),
+        }
+    }
+
+    /// The padded size a decode step of `n` requests runs at, if one is captured for it.
+    pub(super) fn size_for(&self, n: usize) -> Option<usize> {
+        self.sizes.iter().copied().find(|&s| s >= n)
+    }
+
+    /// Sizes captured so far.
+    pub(super) fn captured(&self) -> usize {
+        self.graphs.values().filter(|g| g.graph.is_some()).count()
+    }
+
+    /// Runs one decode step of `rows` at padded size `size` (from [`DecodeGraphs::size_for`]):
+    /// eagerly then captured the first time, replayed after. `greedy`: download token ids,
+    /// else the logits of the real rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run<M: CausalLm>(
+        &mut self,
+        size: usize,
+        rows: &[DecodeRow<'_>],
+        greedy: bool,
+        model: &M,
+        caches: &mut [KvCache],
+        builder: &dyn AttentionMetadataBuilder,
+        device: &Device,
+    ) -> Result<StepOutput> {
+        let n = rows.len();
+        if n == 0 || n > size {
+            return Err(Error::config(format!(
+                "a graph decode step of {n} requests at padded size {size}"
+            )));
+        }
+        let (bs, width) = (self.block_size, self.width);
+        let mut desc = BatchDescription {
+            query_start_loc: (0..=size as i32).collect(),
+            causal: true,
+            block_size: bs,
+            max_blocks_per_req: width,
+            block_table: vec![0; size * width],
+            ..Default::default()
+        };
+        let mut ids = vec![0i32; size];
+        let mut positions = vec![0i32; size];
+        for (r, row) in rows.iter().enumerate() {
+            if row.blocks.len() > width {
+                return Err(Error::config(format!(
+                    "a request holds {} blocks; captured decode steps have {width}",
+                    row.blocks.len()
+                )));
+            }
+            desc.block_table[r * width..][..row.blocks.len()].copy_from_slice(row.blocks);
+            desc.slot_mapping.push(row.slot);
+            desc.seq_lens.push(row.position + 1);
+            ids[r] = row.token;
+            positions[r] = row.position;
+        }
+        desc.slot_mapping.resize(size, -1);
+        desc.seq_lens.resize(size, 1);
+        let common = CommonAttentionMetadata::new(device, desc)?;
+        let metadata = builder.build_for_graph_capture(&common)?;
+
+        let entry = match self.graphs.entry(size) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let rows: Vec<i32> = (0..size as i32).collect();
+                e.insert(DecodeGraph {
+                    input_ids: Tensor::zeros(device, &[size], DType::I32)?,
+                    positions: Tensor::zeros(device, &[size], DType::I32)?,
+                    logits_indices: Tensor::from_i32(device, &rows, &[size])?,
+                    logits: Tensor::zeros(device, &[size, self.vocab], DType::F32)?,
+                    tokens: Tensor::zeros(device, &[size], DType::I32)?,
+                    graph: None,
+                    metadata: None,
+                })
+            }
+        };
+        entry.input_ids.write_i32(&ids)?;
+        entry.positions.write_i32(&positions)?;
+        let DecodeGraph {
+            input_ids,
+            positions,
+            logits_indices,
+            logits,
+            tokens,
+            graph,
+            ..
+        } = entry;
+        match graph {
+            Some(g) => g.replay()?,
+            None => {
+                let mut step = || -> Result<()> {
+                    let batch = StepBatch {
+                        input_ids,
+                        positions,
+                        logits_indices,
+                        attn_metadata: metadata.as_ref(),
+                        common: &common,
+                    };
+                    model.forward_into(&batch, caches, logits)?;
+                    compute::argmax_into(logits, tokens)
+                };
+                step()?;
+                let captured = device.capture(step).map_err(|e| {
+                    Error::config(format!(
+                        "capturing the decode step of {size} requests failed: {e} (a model \
+                         whose forward_into allocates or synchronises cannot be captured; \
+                         RunnerConfig::graph_capture_sizes empty runs every step eagerly)"
+                    ))
+                })?;
+                *graph = Some(captured);
+            }
+        }
+        entry.metadata = Some(metadata);
+        Ok(if greedy {
+            let mut t = entry.tokens.to_i32_vec()?;
+            t.truncate(n);
+            StepOutput::Tokens(t)
+        } else {
+            let mut l = entry.logits.to_f32_vec()?;
+            l.truncate(n * self.vocab);
+            StepOutput::Logits(l)
+        })
+    }
+}
