@@ -241,11 +241,11 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_argmax(const Argm
     const int warp = tid >> 5;
     for (pa_i64 row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
         const float* xr = p.x + row * p.v;
-        float bv = -INFINITY;
+        float bv = -PA_INF;
         int bi = 0x7fffffff;
         for (int c = tid; c < p.v; c += MO_THREADS) {
             const float v = __ldg(xr + c);
-            if (v > -INFINITY && mo_better(v, c, bv, bi)) {
+            if (v > -PA_INF && mo_better(v, c, bv, bi)) {
                 bv = v;
                 bi = c;
             }
