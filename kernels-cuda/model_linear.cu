@@ -4,24 +4,27 @@
 //
 // Layout (row-major, dense, 256-byte aligned allocations): x [T][K], W [N][K] (PyTorch's
 // [out_features][in_features]), y [T][N]. `vec4` says that K is a multiple of 4 and x, W are
-// 16-byte aligned (checked on the host): the kernels then move float4s.
+// 16-byte aligned (checked on the host): the kernels then move float4s. `accumulate` = 1
+// computes y += x · Wᵀ instead (a projection added into the residual stream: y is read once,
+// by the thread that writes it).
 //
 // Algorithms:
-//   * model_linear_tiled (T > 4): 64×64 output tile per 256-thread block, K in steps of 16.
+//   * model_linear_tiled (T > GEMV_MAX_T): 64×64 output tile per 256-thread block, K in steps of 16.
 //     The step's x and W rows are read with coalesced (float4) loads and stored transposed
 //     in shared memory ([16][64 + 4]: the padding keeps the float4 reads aligned and spreads
 //     the transposing stores); each thread then keeps a 4×4 register block (rows ty·4..
 //     features tx·4..) and does 16 FMAs per two float4 shared loads. Loads outside the
 //     matrices read zeros and stores outside y are skipped, so any T, K, N work.
-//   * model_linear_gemv (T ≤ 4, memory-bound): one warp / wavefront (PA_WAVE lanes) per
-//     output feature, 4 per block; lane l reads float4s l, l + PA_WAVE, ... of the weight
-//     row (through the read-only path where there is one) and of the T ≤ 4 input rows, keeps
-//     one partial sum per token, and the warp reduces them with shuffles; lane 0 writes
-//     y[t][f].
+//   * model_linear_gemv (T ≤ GEMV_MAX_T = 16, memory-bound: every weight element is read
+//     once for all T tokens): one warp / wavefront (PA_WAVE lanes) per output feature, 4 per
+//     block; lane l reads float4s l, l + PA_WAVE, ... of the weight row (through the
+//     read-only path where there is one) and of the T input rows (small: they stay in L1 /
+//     L2), keeps one partial sum per token in registers, and the warp reduces them with
+//     shuffles; lane 0 writes y[t][f].
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
-// ceil(T / 64) ≤ 65535.
+// ceil(T / 64) ≤ 65535; the GEMV runs only for 1 ≤ T ≤ GEMV_MAX_T.
 
 #include "common.cuh"
 
@@ -31,6 +34,7 @@
 #define LIN_BK 16
 #define LIN_PAD 4
 #define GEMV_WARPS 4
+#define GEMV_MAX_T 16
 
 struct LinearParams {
     const float* x;
@@ -40,8 +44,10 @@ struct LinearParams {
     int k;
     int n;
     int vec4;
+    int accumulate;
+    int pad_;
 };
-static_assert(sizeof(LinearParams) == 40, "LinearParams must match src/kernels/cuda/model_ops.rs");
+static_assert(sizeof(LinearParams) == 48, "LinearParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(const LinearParams p) {
     __shared__ __attribute__((aligned(16))) float as[LIN_BK][LIN_BM + LIN_PAD];
@@ -109,11 +115,16 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
         if (m >= p.t) break;
         float* yr = p.y + m * p.n;
         if (p.n % 4 == 0 && nb + 3 < p.n) {
-            *(float4*)(yr + nb) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+            float4 v = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+            if (p.accumulate) {
+                const float4 o = *(const float4*)(yr + nb);
+                v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+            }
+            *(float4*)(yr + nb) = v;
         } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (nb + j < p.n) yr[nb + j] = acc[i][j];
+                if (nb + j < p.n) yr[nb + j] = p.accumulate ? yr[nb + j] + acc[i][j] : acc[i][j];
         }
     }
 }
@@ -123,7 +134,9 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linea
     const pa_i64 f = (pa_i64)blockIdx.x * GEMV_WARPS + (threadIdx.x >> PA_WAVE_LOG2);
     if (f >= p.n) return;  // the whole warp: no block-level synchronisation follows
     const int t = p.t;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[GEMV_MAX_T];
+#pragma unroll
+    for (int tt = 0; tt < GEMV_MAX_T; ++tt) acc[tt] = 0.0f;
     if (p.vec4) {
         const int kv = p.k / 4;
         const float4* wr = (const float4*)(p.w + f * p.k);
@@ -132,7 +145,7 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linea
         for (int c = lane; c < kv; c += PA_WAVE) {
             const float4 wv = pa_ldg(wr + c);
 #pragma unroll
-            for (int tt = 0; tt < 4; ++tt) {
+            for (int tt = 0; tt < GEMV_MAX_T; ++tt) {
                 if (tt < t) {
                     const float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
                     float s = acc[tt];
@@ -150,15 +163,20 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linea
         for (int c = lane; c < p.k; c += PA_WAVE) {
             const float wv = pa_ldg(wr + c);
 #pragma unroll
-            for (int tt = 0; tt < 4; ++tt)
+            for (int tt = 0; tt < GEMV_MAX_T; ++tt)
                 if (tt < t) acc[tt] = fmaf(wv, pa_ldg(p.x + (pa_i64)tt * p.k + c), acc[tt]);
         }
     }
 #pragma unroll
-    for (int tt = 0; tt < 4; ++tt) acc[tt] = pa_warp_sum(acc[tt]);
+    for (int tt = 0; tt < GEMV_MAX_T; ++tt)
+        if (tt < t) acc[tt] = pa_warp_sum(acc[tt]);
     if (lane == 0) {
 #pragma unroll
-        for (int tt = 0; tt < 4; ++tt)
-            if (tt < t) p.y[(pa_i64)tt * p.n + f] = acc[tt];
+        for (int tt = 0; tt < GEMV_MAX_T; ++tt) {
+            if (tt < t) {
+                float* y = p.y + (pa_i64)tt * p.n + f;
+                *y = p.accumulate ? *y + acc[tt] : acc[tt];
+            }
+        }
     }
 }

@@ -8,6 +8,9 @@
 //   rope       x [T][heads][d] (in place), positions [T] i32
 //   silu_mul   gate, up, out [n];  add: x [n] += y [n]
 //   argmax     x [T][V], out [T] i32
+//   swiglu     gate_up [T][2I] (gate columns, then up columns), out [T][I]
+//   rope_split qkv [T][H + 2Hk][d] (query, key, value heads), positions [T] i32,
+//              q [T][H][d], k, v [T][Hk][d]
 // `vec4` parameters say that the row length (H, K) or element count is a multiple of 4 and
 // the pointers are 16-byte aligned (checked on the host): the kernels then move float4s.
 //
@@ -23,6 +26,12 @@
 //     (Cody–Waite with fmaf, 2π = 6.28125 + 1.9353e-3) before __sinf / __cosf, which are
 //     accurate to ~2^-21 there. Pairs are (2i, 2i+1) (interleaved) or (i, i + d/2).
 //   * model_silu_mul / model_add: grid-stride element-wise; silu(g) = g / (1 + expf(-g)).
+//   * model_swiglu: model_silu_mul over the two halves of each row of a fused gate/up
+//     projection (one thread per output element, or float4 when I % 4 == 0).
+//   * model_rope_split: one thread per (token, head of the fused row, pair i); query and key
+//     heads are rotated exactly as model_rope rotates them (the same angle arithmetic) and
+//     written to q / k, value heads copied to v: the three projections' split and both
+//     rotations in one launch.
 //   * model_argmax: one block per row (grid-stride over rows); each thread keeps the best
 //     (value, index) of a strided slice, then warp shuffles and one warp reduce the block's
 //     candidates. "Better" is a larger value, or an equal value at a lower index; NaN is never
@@ -215,6 +224,100 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_add(const Eltwise
         }
     } else {
         for (pa_i64 u = start; u < p.n; u += stride) p.out[u] += p.a[u];
+    }
+}
+
+// ---------------------------------------------------------------- swiglu
+
+struct SwigluParams {
+    const float* gate_up;
+    float* out;
+    pa_i64 rows;  // T
+    int width;    // I
+    int vec4;
+};
+static_assert(sizeof(SwigluParams) == 32, "SwigluParams must match src/kernels/cuda/model_ops.rs");
+
+extern "C" __global__ void __launch_bounds__(MO_THREADS) model_swiglu(const SwigluParams p) {
+    const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
+    const pa_i64 start = (pa_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p.vec4) {
+        const pa_i64 wv = p.width / 4;
+        for (pa_i64 u = start; u < p.rows * wv; u += stride) {
+            const pa_i64 r = u / wv;
+            const pa_i64 c = u - r * wv;
+            const float4* row = (const float4*)p.gate_up + r * 2 * wv;
+            const float4 g = __ldg(row + c);
+            const float4 v = __ldg(row + wv + c);
+            ((float4*)p.out)[u] = make_float4(mo_silu(g.x) * v.x, mo_silu(g.y) * v.y,
+                                              mo_silu(g.z) * v.z, mo_silu(g.w) * v.w);
+        }
+    } else {
+        for (pa_i64 u = start; u < p.rows * p.width; u += stride) {
+            const pa_i64 r = u / p.width;
+            const pa_i64 c = u - r * p.width;
+            const float* row = p.gate_up + r * 2 * p.width;
+            p.out[u] = mo_silu(row[c]) * row[p.width + c];
+        }
+    }
+}
+
+// ---------------------------------------------------------------- rope_split
+
+struct RopeSplitParams {
+    const float* qkv;
+    const int* positions;
+    float* q;
+    float* k;
+    float* v;
+    pa_i64 num_tokens;
+    int num_heads;     // H
+    int num_kv_heads;  // Hk
+    int half;          // d / 2
+    float base;
+    int interleaved;
+    int pad_;
+};
+static_assert(sizeof(RopeSplitParams) == 72, "RopeSplitParams must match src/kernels/cuda/model_ops.rs");
+
+extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope_split(const RopeSplitParams p) {
+    const int row_heads = p.num_heads + 2 * p.num_kv_heads;
+    const pa_i64 total = p.num_tokens * row_heads * p.half;
+    const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
+    const int d = 2 * p.half;
+    for (pa_i64 u = (pa_i64)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += stride) {
+        const pa_i64 th = u / p.half;
+        const int i = (int)(u - th * p.half);
+        const pa_i64 tok = th / row_heads;
+        const int head = (int)(th - tok * row_heads);
+        const float* src = p.qkv + th * d;
+        float* dst;
+        bool rotate = true;
+        if (head < p.num_heads) {
+            dst = p.q + (tok * p.num_heads + head) * d;
+        } else if (head < p.num_heads + p.num_kv_heads) {
+            dst = p.k + (tok * p.num_kv_heads + head - p.num_heads) * d;
+        } else {
+            dst = p.v + (tok * p.num_kv_heads + head - p.num_heads - p.num_kv_heads) * d;
+            rotate = false;
+        }
+        const int ia = p.interleaved ? 2 * i : i;
+        const int ib = p.interleaved ? ia + 1 : ia + p.half;
+        const float x0 = src[ia];
+        const float x1 = src[ib];
+        if (rotate) {
+            const float inv_freq = powf(p.base, -(float)(2 * i) / (float)d);
+            const float a = (float)p.positions[tok] * inv_freq;
+            const float kq = rintf(a * 0.15915494309189535f);
+            const float r = fmaf(-kq, 0.0019353071795864769f, fmaf(-kq, 6.28125f, a));
+            const float c = __cosf(r);
+            const float s = __sinf(r);
+            dst[ia] = x0 * c - x1 * s;
+            dst[ib] = x0 * s + x1 * c;
+        } else {
+            dst[ia] = x0;
+            dst[ib] = x1;
+        }
     }
 }
 

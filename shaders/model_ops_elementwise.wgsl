@@ -1,5 +1,6 @@
-// model_ops_elementwise.wgsl — SwiGLU's activation out = silu(gate) · up (OP = 0) and the
-// residual add x += y in place (OP = 1).
+// model_ops_elementwise.wgsl — SwiGLU's activation out = silu(gate) · up (OP = 0), the
+// residual add x += y in place (OP = 1), and SwiGLU over a fused gate/up projection (OP = 2:
+// out[r, c] = silu(a[r, c]) · a[r, W + c], rows of 2W in a, of W in out).
 //
 // Algorithm: one thread per VT; silu(g) = g / (1 + exp(−g)) (the CPU kernel's formula: for
 // g → −∞, exp(−g) overflows to +inf and the quotient is −0, no NaN). f32 throughout.
@@ -8,13 +9,14 @@
 // multiple of 4), OP.
 //
 // Layout: all operands dense with the same shape. OP 0: a = gate, b = up, out = result.
-// OP 1: a = y, out = x (read and written); b is unused (a placeholder is bound).
+// OP 1: a = y, out = x (read and written); b is unused (a placeholder is bound). OP 2: a =
+// gate_up [T, 2W], out [T, W], Params.width = W / V; b is unused.
 // Bounds relied on (host checks): count = elements / V < 2^32 (the tensors fit one binding);
 // workgroups spread over x and z, threads past count return.
 
 struct Params {
     count: u32,
-    pad0: u32,
+    width: u32,
     pad1: u32,
     pad2: u32,
 }
@@ -37,7 +39,13 @@ fn main(
     if OP == 0u {
         let g = a[u];
         out[u] = g / (1.0 + exp(-g)) * b[u];
-    } else {
+    } else if OP == 1u {
         out[u] = out[u] + a[u];
+    } else {
+        let w = params.width;
+        let r = u / w;
+        let at = u + r * w;
+        let g = a[at];
+        out[u] = g / (1.0 + exp(-g)) * a[at + w];
     }
 }

@@ -1,4 +1,4 @@
-// model_ops_gemv.wgsl — y = x·Wᵀ for decode row counts (T ≤ 4): memory-bound, so the
+// model_ops_gemv.wgsl — y = x·Wᵀ (or y += x·Wᵀ) for decode row counts (T ≤ 4): memory-bound, so the
 // weight is read exactly once, coalesced.
 //
 // Algorithm: the workgroup's WG threads form GROUPS = WG / LANES groups of LANES
@@ -22,7 +22,8 @@ struct Params {
     num_tokens: u32,
     n: u32,
     kv: u32,
-    pad0: u32,
+    // 1: y += x·Wᵀ (each output read once, by the thread that writes it); 0: y = x·Wᵀ.
+    accumulate: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -31,6 +32,15 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 const GROUPS: u32 = WG / LANES;
+
+// Writes (or, with params.accumulate, adds) one output element.
+fn put(at: u32, v: f32) {
+    if params.accumulate != 0u {
+        y[at] = y[at] + v;
+    } else {
+        y[at] = v;
+    }
+}
 
 var<workgroup> red: array<vec4<f32>, WG>;
 
@@ -73,15 +83,15 @@ fn main(
     }
     if l == 0u && f < params.n {
         let s = red[lid];
-        y[f] = s.x;
+        put(f, s.x);
         if t > 1u {
-            y[params.n + f] = s.y;
+            put(params.n + f, s.y);
         }
         if t > 2u {
-            y[2u * params.n + f] = s.z;
+            put(2u * params.n + f, s.z);
         }
         if t > 3u {
-            y[3u * params.n + f] = s.w;
+            put(3u * params.n + f, s.w);
         }
     }
 }

@@ -1,4 +1,4 @@
-// model_ops_linear.wgsl — y = x·Wᵀ for prefill row counts (T > GEMV_MAX_TOKENS): a tiled
+// model_ops_linear.wgsl — y = x·Wᵀ (or y += x·Wᵀ) for prefill row counts (T > GEMV_MAX_TOKENS): a tiled
 // GEMM in workgroup memory with register blocking.
 //
 // Algorithm: workgroup (x, y) computes the BM×BN output tile of rows [y·BM, +BM) and
@@ -25,7 +25,8 @@ struct Params {
     num_tokens: u32,
     n: u32,
     kv: u32,
-    pad0: u32,
+    // 1: y += x·Wᵀ (each output read once, by the thread that writes it); 0: y = x·Wᵀ.
+    accumulate: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -106,7 +107,12 @@ fn main(
         for (var j = 0u; j < 4u; j++) {
             let n = n0 + tx + j * TX;
             if n < params.n {
-                y[m * params.n + n] = acc[i][j];
+                let at = m * params.n + n;
+                if params.accumulate != 0u {
+                    y[at] = y[at] + acc[i][j];
+                } else {
+                    y[at] = acc[i][j];
+                }
             }
         }
     }

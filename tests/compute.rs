@@ -26,8 +26,8 @@ fn check(what: &str, got: &Tensor, want: &[f64]) -> Outcome {
 
 /// (tokens, in_features, out_features): decode and prefill row counts, the example models'
 /// widths (32, 128, 341, 576, 1536) and sizes that are not multiples of any tile.
-/// T = 4 and T = 5 sit either side of the GPU kernels' GEMV / tiled switch, with K a
-/// multiple of 4 (vector loads) and not; N = 600 000 at T = 1 needs 75 000 GEMV workgroups
+/// T = 4 and T = 5 sit either side of the WGSL kernels' GEMV / tiled switch, T = 16 and
+/// T = 17 either side of CUDA's, with K a multiple of 4 (vector loads) and not; N = 600 000 at T = 1 needs 75 000 GEMV workgroups
 /// of 8 features on wgpu, more than one dispatch dimension holds (65 535).
 const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (1, 128, 64),
@@ -38,7 +38,10 @@ const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (5, 576, 100),
     (5, 35, 67),
     (7, 33, 5),
+    (16, 576, 100),
+    (16, 35, 67),
     (17, 128, 1024),
+    (17, 35, 67),
     (64, 576, 192),
     (65, 64, 65),
     (130, 96, 257),
@@ -450,6 +453,112 @@ fn into_forms_overwrite_their_output() {
                 compute::rms_norm_into(&x, &w, 1e-5, &mut bad).is_err(),
                 || "rms_norm_into accepted an output of the wrong shape".into(),
             )
+        },
+    );
+}
+
+/// The fused forms a model uses to launch fewer kernels compute exactly what their parts
+/// compute: `linear_accumulate` = `add_assign` of `linear` (T on both sides of every GEMV /
+/// tiled switch), `swiglu_into` of a stacked gate/up row = `silu_mul` of the halves, and
+/// `rope_split_qkv_into` = copies of the heads rotated in place by `rope` (both pairings,
+/// SmolLM2's 9 / 3 heads of 64 and a GQA-free 4 / 4 of 32).
+#[test]
+fn fused_ops_equal_their_parts() {
+    let cases: &[(usize, usize, usize, usize, usize)] = &[
+        // (tokens, query heads, kv heads, head size, intermediate)
+        (1, 9, 3, 64, 96),
+        (5, 4, 4, 32, 37),
+        (16, 9, 3, 64, 96),
+        (17, 4, 4, 32, 37),
+    ];
+    for_each_case(
+        "compute fused ops",
+        cases,
+        |&(t, h, hk, d, i)| CaseInfo::plain(format!("T{t} H{h}/{hk} d{d} I{i}")),
+        |b, &(t, h, hk, d, i)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 7 + h * 3 + i) as u64);
+            let same = |what: &str, a: &Tensor, b: &Tensor| -> Outcome {
+                let (a, b) = (a.to_f32_vec()?, b.to_f32_vec()?);
+                ensure(
+                    a.len() == b.len()
+                        && a.iter()
+                            .map(|x| x.to_bits())
+                            .eq(b.iter().map(|x| x.to_bits())),
+                    || format!("{what}: the fused form differs from its parts"),
+                )
+            };
+            let up = |rng: &mut Rng, shape: &[usize]| {
+                Tensor::from_f32(
+                    &dev,
+                    &rng.normals(shape.iter().product()),
+                    shape,
+                    DType::F32,
+                )
+            };
+
+            // linear_accumulate
+            let k = 96;
+            let x = up(&mut rng, &[t, k])?;
+            let w = up(&mut rng, &[40, k])?;
+            let mut y = up(&mut rng, &[t, 40])?;
+            let mut want = y.clone();
+            compute::add_assign(&mut want, &compute::linear(&x, &w)?)?;
+            compute::linear_accumulate(&x, &w, &mut y)?;
+            same("linear_accumulate", &y, &want)?;
+
+            // swiglu_into
+            let g = rng.normals(t * i);
+            let u = rng.normals(t * i);
+            let gu: Vec<f32> = (0..t)
+                .flat_map(|r| g[r * i..(r + 1) * i].iter().chain(&u[r * i..(r + 1) * i]))
+                .copied()
+                .collect();
+            let gut = Tensor::from_f32(&dev, &gu, &[t, 2 * i], DType::F32)?;
+            let mut out = Tensor::from_f32(&dev, &vec![f32::NAN; t * i], &[t, i], DType::F32)?;
+            compute::swiglu_into(&gut, &mut out)?;
+            let want = compute::silu_mul(
+                &Tensor::from_f32(&dev, &g, &[t, i], DType::F32)?,
+                &Tensor::from_f32(&dev, &u, &[t, i], DType::F32)?,
+            )?;
+            same("swiglu_into", &out, &want)?;
+
+            // rope_split_qkv_into
+            let row = (h + 2 * hk) * d;
+            let qkv = rng.normals(t * row);
+            let qkvt = Tensor::from_f32(&dev, &qkv, &[t, row], DType::F32)?;
+            let pos: Vec<i32> = (0..t).map(|j| (j * 37 + 1000 * (t % 3)) as i32).collect();
+            let post = Tensor::from_i32(&dev, &pos, &[t])?;
+            let part = |first: usize, heads: usize| -> Vec<f32> {
+                (0..t)
+                    .flat_map(|r| qkv[r * row + first * d..][..heads * d].to_vec())
+                    .collect()
+            };
+            for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+                let rope = Rope {
+                    base: 10000.0,
+                    style,
+                };
+                let nan = |heads: usize| {
+                    Tensor::from_f32(
+                        &dev,
+                        &vec![f32::NAN; t * heads * d],
+                        &[t, heads, d],
+                        DType::F32,
+                    )
+                };
+                let (mut q, mut kk, mut v) = (nan(h)?, nan(hk)?, nan(hk)?);
+                compute::rope_split_qkv_into(&qkvt, &post, rope, &mut q, &mut kk, &mut v)?;
+                let mut wq = Tensor::from_f32(&dev, &part(0, h), &[t, h, d], DType::F32)?;
+                let mut wk = Tensor::from_f32(&dev, &part(h, hk), &[t, hk, d], DType::F32)?;
+                let wv = Tensor::from_f32(&dev, &part(h + hk, hk), &[t, hk, d], DType::F32)?;
+                compute::rope(&mut wq, &post, rope)?;
+                compute::rope(&mut wk, &post, rope)?;
+                same("rope_split_qkv q", &q, &wq)?;
+                same("rope_split_qkv k", &kk, &wk)?;
+                same("rope_split_qkv v", &v, &wv)?;
+            }
+            Ok(())
         },
     );
 }

@@ -540,6 +540,8 @@ impl<R: MlaRuntime> MlaAttentionImpl for CudaFamilyMlaImpl<R> {
                 k: l as i32,
                 n: i32_of("kv_b_proj outputs", kvw)?,
                 vec4: 1,
+                accumulate: 0,
+                pad: 0,
             };
             self.launch_linear(&linear)?;
             let attn = MlaPrefillParams {

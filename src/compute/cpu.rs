@@ -141,6 +141,7 @@ pub(super) fn linear(
     k: usize,
     n: usize,
     out: &mut Tensor,
+    accumulate: bool,
 ) -> Result<()> {
     let (x, w) = (f32s(x_t), f32s(w));
     if t == 0 || n == 0 {
@@ -166,7 +167,11 @@ pub(super) fn linear(
     let y = f32s_mut(out);
     for (j, col) in yt.chunks_exact(t).enumerate() {
         for (i, &c) in col.iter().enumerate() {
-            y[i * n + j] = c;
+            if accumulate {
+                y[i * n + j] += c;
+            } else {
+                y[i * n + j] = c;
+            }
         }
     }
     Ok(())
@@ -232,6 +237,48 @@ pub(super) fn silu_mul(gate: &Tensor, up: &Tensor, out: &mut Tensor) -> Result<(
         .zip(f32s(gate).par_iter().zip(f32s(up).par_iter()))
         .for_each(|(o, (&g, &u))| *o = silu(g) * u);
     Ok(())
+}
+
+pub(super) fn swiglu(gate_up: &Tensor, out: &mut Tensor, i: usize) -> Result<()> {
+    if i == 0 {
+        return Ok(());
+    }
+    f32s_mut(out)
+        .par_chunks_mut(i)
+        .zip(f32s(gate_up).par_chunks(2 * i))
+        .for_each(|(o, gu)| {
+            let (g, u) = gu.split_at(i);
+            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                *o = silu(g) * u;
+            }
+        });
+    Ok(())
+}
+
+/// Query and key heads of `qkv` rotated into `q` / `k` (the arithmetic of [`rope`]), value
+/// heads copied into `v`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rope_split(
+    qkv: &Tensor,
+    positions: &Tensor,
+    rope_cfg: Rope,
+    (h, hk, d): (usize, usize, usize),
+    t: usize,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    v: &mut Tensor,
+) -> Result<()> {
+    let src = f32s(qkv);
+    let row = (h + 2 * hk) * d;
+    for (dst, first, heads) in [(&mut *q, 0, h), (&mut *k, h, hk), (&mut *v, h + hk, hk)] {
+        let out = f32s_mut(dst);
+        for tok in 0..t {
+            let from = &src[tok * row + first * d..][..heads * d];
+            out[tok * heads * d..][..heads * d].copy_from_slice(from);
+        }
+    }
+    rope(q, positions, rope_cfg, t, h, d)?;
+    rope(k, positions, rope_cfg, t, hk, d)
 }
 
 pub(super) fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {

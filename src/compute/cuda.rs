@@ -4,10 +4,13 @@
 //!
 //! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
 //! * `rms_norm`: `model_rms_norm`, one block per row.
-//! * `linear`: T ≤ [`GEMV_MAX_TOKENS`] → `model_linear_gemv` (a warp per output feature,
-//!   float4 weight loads, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared
-//!   memory tiles, 4×4 register blocks).
+//! * `linear` / `linear_accumulate`: T ≤ [`GEMV_MAX_TOKENS`] → `model_linear_gemv` (a warp
+//!   per output feature, float4 weight loads, shuffle reduction); larger T →
+//!   `model_linear_tiled` (64×64 shared memory tiles, 4×4 register blocks); `accumulate`
+//!   adds the product into the output.
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
+//! * `swiglu`: `model_swiglu`; `rope_split_qkv`: `model_rope_split` (all three outputs in one
+//!   launch).
 //! * `argmax`: `model_argmax`, one block per row.
 //!
 //! Shapes and dtypes were validated by `crate::compute`; this file checks that the tensors
@@ -22,7 +25,8 @@ use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     ArgmaxParams, EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams,
-    GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
+    RopeSplitParams, SwigluParams, GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR,
+    MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -160,6 +164,7 @@ pub(super) fn linear(
     k: usize,
     n: usize,
     out: &mut Tensor,
+    accumulate: bool,
 ) -> Result<()> {
     if t == 0 || n == 0 || k == 0 {
         return Ok(());
@@ -175,6 +180,8 @@ pub(super) fn linear(
         k: i32_of("in_features", k)?,
         n: i32_of("out_features", n)?,
         vec4: vec4_ok(k, &[xp, wp]),
+        accumulate: i32::from(accumulate),
+        pad: 0,
     };
     if t <= GEMV_MAX_TOKENS {
         let blocks = i32_of("GEMV blocks", n.div_ceil(GEMV_WARPS))? as u32;
@@ -319,4 +326,76 @@ pub(super) fn argmax(
     // One block per row (the kernel strides over rows past the grid's limit).
     let blocks = r.min(i32::MAX as usize) as u32;
     launch(dev, "model_argmax", (blocks, 1, 1), MODEL_THREADS, &params)
+}
+
+pub(super) fn swiglu(
+    dev: &CudaDevice,
+    gate_up: &Tensor,
+    out: &mut Tensor,
+    t: usize,
+    i: usize,
+) -> Result<()> {
+    if t * i == 0 {
+        return Ok(());
+    }
+    let (g, o) = (
+        ptr(dev, gate_up, "swiglu input")?,
+        ptr(dev, out, "swiglu output")?,
+    );
+    let vec4 = vec4_ok(i, &[g, o]);
+    let params = SwigluParams {
+        gate_up: g,
+        out: o,
+        rows: i64_of("rows", t)?,
+        width: i32_of("intermediate", i)?,
+        vec4,
+    };
+    let units = if vec4 == 1 { t * i / 4 } else { t * i };
+    launch(
+        dev,
+        "model_swiglu",
+        (stride_blocks(dev, units), 1, 1),
+        MODEL_THREADS,
+        &params,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rope_split(
+    dev: &CudaDevice,
+    qkv: &Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    heads: (usize, usize, usize),
+    t: usize,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    v: &mut Tensor,
+) -> Result<()> {
+    let (h, hk, d) = heads;
+    let pairs = t * (h + 2 * hk) * (d / 2);
+    if pairs == 0 {
+        return Ok(());
+    }
+    let params = RopeSplitParams {
+        qkv: ptr(dev, qkv, "rope_split_qkv input")?,
+        positions: ptr(dev, positions, "rope positions")?,
+        q: ptr(dev, q, "rope_split_qkv q")?,
+        k: ptr(dev, k, "rope_split_qkv k")?,
+        v: ptr(dev, v, "rope_split_qkv v")?,
+        num_tokens: i64_of("tokens", t)?,
+        num_heads: i32_of("heads", h)?,
+        num_kv_heads: i32_of("kv heads", hk)?,
+        half: i32_of("head_size / 2", d / 2)?,
+        base: rope.base,
+        interleaved: i32::from(rope.style == RopeStyle::Interleaved),
+        pad: 0,
+    };
+    launch(
+        dev,
+        "model_rope_split",
+        (stride_blocks(dev, pairs), 1, 1),
+        MODEL_THREADS,
+        &params,
+    )
 }

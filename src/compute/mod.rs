@@ -1,5 +1,7 @@
-//! The model operations around attention — embedding gather, RMSNorm, linear layers, RoPE,
-//! SiLU·mul, residual add, row gather — on the device the tensors live on.
+//! The model operations around attention — embedding gather, RMSNorm, linear layers (and
+//! ones that add into their output), RoPE (and the split of a fused Q/K/V projection with
+//! it), SiLU·mul (and SwiGLU over a fused gate/up projection), residual add, row gather,
+//! greedy argmax — on the device the tensors live on.
 //!
 //! A model written once against these functions and [`crate::Attention`] runs on every
 //! backend: each function validates its arguments here (shapes, dtypes, one device), then
@@ -221,12 +223,48 @@ pub fn linear_into(x: &Tensor, weight: &Tensor, out: &mut Tensor) -> Result<()> 
             "linear_into with in_features 0: the output would be all zeros; use linear",
         ));
     }
+    linear_dispatch(x, weight, out, t, k, n, false)
+}
+
+/// `y += x·Wᵀ`: a linear layer whose result adds into `y [T, N]` (the output projections of
+/// a residual block, without a separate add).
+pub fn linear_accumulate(x: &Tensor, weight: &Tensor, y: &mut Tensor) -> Result<()> {
+    let (t, k, n) = linear_dims(x, weight)?;
+    check_out("linear_accumulate target", y, &[t, n], x)?;
+    if k == 0 {
+        return Ok(());
+    }
+    linear_dispatch(x, weight, y, t, k, n, true)
+}
+
+fn linear_dispatch(
+    x: &Tensor,
+    weight: &Tensor,
+    out: &mut Tensor,
+    t: usize,
+    k: usize,
+    n: usize,
+    acc: bool,
+) -> Result<()> {
     match x.device() {
-        Device::Cpu(_) => cpu::linear(x, weight, t, k, n, out),
-        Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n, out),
-        Device::Hip(_) => hip::via_host(x, weight, out, |a, b, o| cpu::linear(a, b, t, k, n, o)),
-        Device::Vulkan(d) => wgsl::linear(d, x, weight, t, k, n, out),
-        Device::Wgpu(d) => wgsl::linear(d, x, weight, t, k, n, out),
+        Device::Cpu(_) => cpu::linear(x, weight, t, k, n, out, acc),
+        Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n, out, acc),
+        Device::Hip(_) => {
+            let mut host_out = hip::host(out)?;
+            cpu::linear(
+                &hip::host(x)?,
+                &hip::host(weight)?,
+                t,
+                k,
+                n,
+                &mut host_out,
+                acc,
+            )?;
+            *out = host_out.to_device(x.device())?;
+            Ok(())
+        }
+        Device::Vulkan(d) => wgsl::linear(d, x, weight, t, k, n, out, acc),
+        Device::Wgpu(d) => wgsl::linear(d, x, weight, t, k, n, out, acc),
     }
 }
 
@@ -293,6 +331,120 @@ pub fn silu_mul_into(gate: &Tensor, up: &Tensor, out: &mut Tensor) -> Result<()>
         Device::Hip(_) => hip::via_host(gate, up, out, cpu::silu_mul),
         Device::Vulkan(d) => wgsl::silu_mul(d, gate, up, out),
         Device::Wgpu(d) => wgsl::silu_mul(d, gate, up, out),
+    }
+}
+
+/// SwiGLU over a fused gate/up projection: `out[t, i] = silu(gate_up[t, i]) · gate_up[t, I + i]`,
+/// `gate_up [T, 2I]` (the gate and up projections as one linear layer whose weight stacks
+/// the gate's rows on the up's) → `out [T, I]`. The same numbers as [`silu_mul`] of the
+/// halves.
+pub fn swiglu_into(gate_up: &Tensor, out: &mut Tensor) -> Result<()> {
+    let (t, w) = rank2("swiglu input", gate_up, "[num_tokens, 2 * intermediate]")?;
+    if w % 2 != 0 {
+        return Err(Error::shape(
+            "swiglu input",
+            gate_up.shape(),
+            "an even width (gate and up halves)",
+        ));
+    }
+    gate_up.expect_dtype("swiglu input", DType::F32)?;
+    let i = w / 2;
+    check_out("swiglu output", out, &[t, i], gate_up)?;
+    match gate_up.device() {
+        Device::Cpu(_) => cpu::swiglu(gate_up, out, i),
+        Device::Cuda(d) => cuda::swiglu(d, gate_up, out, t, i),
+        Device::Hip(_) => {
+            let mut host_out = hip::host(out)?;
+            cpu::swiglu(&hip::host(gate_up)?, &mut host_out, i)?;
+            *out = host_out.to_device(gate_up.device())?;
+            Ok(())
+        }
+        Device::Vulkan(d) => wgsl::swiglu(d, gate_up, out, t, i),
+        Device::Wgpu(d) => wgsl::swiglu(d, gate_up, out, t, i),
+    }
+}
+
+/// Splits a fused Q/K/V projection and applies RoPE: `qkv [T, (H + 2·Hk)·d]` (each token's
+/// H query heads, then Hk key heads, then Hk value heads: the output of one linear layer
+/// whose weight stacks W_q, W_k, W_v) into `q [T, H, d]` and `k [T, Hk, d]`, rotated by the
+/// angles of `positions [T]` exactly as [`rope`] rotates them, and `v [T, Hk, d]`, copied.
+pub fn rope_split_qkv_into(
+    qkv: &Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    v: &mut Tensor,
+) -> Result<()> {
+    let (t, h, d) = match q.shape() {
+        [a, b, c] => (*a, *b, *c),
+        s => {
+            return Err(Error::shape(
+                "rope_split_qkv q",
+                s,
+                "[num_tokens, num_heads, head_size]",
+            ))
+        }
+    };
+    let hk = match k.shape() {
+        [_, b, _] => *b,
+        s => {
+            return Err(Error::shape(
+                "rope_split_qkv k",
+                s,
+                "[num_tokens, num_kv_heads, head_size]",
+            ))
+        }
+    };
+    if d % 2 != 0 {
+        return Err(Error::shape(
+            "rope_split_qkv q",
+            q.shape(),
+            "an even head_size",
+        ));
+    }
+    let width = (h + 2 * hk) * d;
+    qkv.expect_shape("rope_split_qkv input", &[t, width])?;
+    qkv.expect_dtype("rope_split_qkv input", DType::F32)?;
+    for (what, o) in [
+        ("rope_split_qkv q", &*q),
+        ("rope_split_qkv k", &*k),
+        ("rope_split_qkv v", &*v),
+    ] {
+        o.expect_dtype(what, DType::F32)?;
+        same_device(what, qkv, o)?;
+    }
+    k.expect_shape("rope_split_qkv k", &[t, hk, d])?;
+    v.expect_shape("rope_split_qkv v", &[t, hk, d])?;
+    positions.expect_shape("rope positions", &[t])?;
+    positions.expect_dtype("rope positions", DType::I32)?;
+    same_device("rope_split_qkv", qkv, positions)?;
+    if !(rope.base > 0.0 && rope.base.is_finite()) {
+        return Err(Error::Config(format!(
+            "rope base must be finite and > 0, got {}",
+            rope.base
+        )));
+    }
+    let heads = (h, hk, d);
+    match qkv.device() {
+        Device::Cpu(_) => cpu::rope_split(qkv, positions, rope, heads, t, q, k, v),
+        Device::Cuda(dev) => cuda::rope_split(dev, qkv, positions, rope, heads, t, q, k, v),
+        Device::Hip(_) => {
+            let cpu = Device::cpu();
+            let (mut hq, mut hkt, mut hv) = (
+                Tensor::zeros(&cpu, q.shape(), DType::F32)?,
+                Tensor::zeros(&cpu, k.shape(), DType::F32)?,
+                Tensor::zeros(&cpu, v.shape(), DType::F32)?,
+            );
+            let (hqkv, hp) = (hip::host(qkv)?, hip::host(positions)?);
+            cpu::rope_split(&hqkv, &hp, rope, heads, t, &mut hq, &mut hkt, &mut hv)?;
+            *q = hq.to_device(qkv.device())?;
+            *k = hkt.to_device(qkv.device())?;
+            *v = hv.to_device(qkv.device())?;
+            Ok(())
+        }
+        Device::Vulkan(dev) => wgsl::rope_split(dev, qkv, positions, rope, heads, t, q, k, v),
+        Device::Wgpu(dev) => wgsl::rope_split(dev, qkv, positions, rope, heads, t, q, k, v),
     }
 }
 

@@ -7,9 +7,12 @@
 //! * `rms_norm`: one workgroup per row, tree reduction in workgroup memory.
 //! * `linear`: T ≤ [`GEMV_MAX_TOKENS`] runs the GEMV kernel (a group of 32 threads per output
 //!   feature, coalesced weight reads, every weight element read once for all T tokens);
-//!   larger T the tiled GEMM (64×64 output tiles, 4×4 outputs per thread).
+//!   larger T the tiled GEMM (64×64 output tiles, 4×4 outputs per thread); `accumulate`
+//!   (`linear_accumulate`) adds the product into the output.
 //! * `rope`: one thread per (token, head, pair), angles in f32.
 //! * `silu_mul`, `add_assign`: one thread per element (vec4 when the count allows).
+//! * `swiglu`: one thread per output element (vec4 when the width allows); `rope_split_qkv`:
+//!   one dispatch per output (q, k rotated; v copied), one thread per (token, head, pair).
 //! * `argmax`: one workgroup per row, tree reduction of (value, index) candidates.
 //!
 //! Every tensor must fit one storage binding ([`WgslDeviceInfo::check_binding`]: lavapipe
@@ -139,6 +142,7 @@ pub(super) fn linear<R: WgslRuntime>(
     k: usize,
     n: usize,
     out: &mut Tensor,
+    accumulate: bool,
 ) -> Result<()> {
     if t == 0 || n == 0 || k == 0 {
         return Ok(());
@@ -151,7 +155,8 @@ pub(super) fn linear<R: WgslRuntime>(
     let words = Words::new()
         .u(u32_of("tokens", t)?)
         .u(u32_of("out_features", n)?)
-        .u(u32_of("in_features", kv)?);
+        .u(u32_of("in_features", kv)?)
+        .u(u32::from(accumulate));
     if t <= GEMV_MAX_TOKENS {
         let (gx, gz) = dev
             .info()
@@ -283,4 +288,82 @@ pub(super) fn argmax<R: WgslRuntime>(
         [xb, dev.placeholder(0)?, ob],
         (gx, 1, gz),
     )
+}
+
+pub(super) fn swiglu<R: WgslRuntime>(
+    dev: &R,
+    gate_up: &Tensor,
+    out: &mut Tensor,
+    t: usize,
+    i: usize,
+) -> Result<()> {
+    let vec4 = i % 4 == 0;
+    let wv = if vec4 { i / 4 } else { i };
+    let units = t * wv;
+    if units == 0 {
+        return Ok(());
+    }
+    let gb = dev.tensor_buffer(gate_up, "swiglu input")?;
+    let ob = dev.tensor_buffer(out, "swiglu output")?;
+    let words = Words::new()
+        .u(u32_of("elements", units)?)
+        .u(u32_of("intermediate", wv)?);
+    run(
+        dev,
+        ModelShader::Swiglu { vec4 },
+        words,
+        [gb, dev.placeholder(0)?, ob],
+        flat(dev, units)?,
+    )
+}
+
+/// Three dispatches of `model_ops_rope_split.wgsl`, one per output (a binding set holds one
+/// writable buffer).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rope_split<R: WgslRuntime>(
+    dev: &R,
+    qkv: &Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    (h, hk, d): (usize, usize, usize),
+    t: usize,
+    q: &mut Tensor,
+    k: &mut Tensor,
+    v: &mut Tensor,
+) -> Result<()> {
+    if t * d == 0 {
+        return Ok(());
+    }
+    let qb = dev.tensor_buffer(qkv, "rope_split_qkv input")?;
+    let pb = dev.tensor_buffer(positions, "rope positions")?;
+    let interleaved = rope.style == RopeStyle::Interleaved;
+    for (out, first, heads, rotate, what) in [
+        (&*q, 0, h, true, "rope_split_qkv q"),
+        (&*k, h, hk, true, "rope_split_qkv k"),
+        (&*v, h + hk, hk, false, "rope_split_qkv v"),
+    ] {
+        let pairs = t * heads * (d / 2);
+        if pairs == 0 {
+            continue;
+        }
+        let ob = dev.tensor_buffer(out, what)?;
+        let words = Words::new()
+            .u(u32_of("tokens", t)?)
+            .u(u32_of("heads", heads)?)
+            .u(u32_of("head_size / 2", d / 2)?)
+            .f(rope.base)
+            .u(u32_of("first head", first)?)
+            .u(u32_of("heads per row", h + 2 * hk)?);
+        run(
+            dev,
+            ModelShader::RopeSplit {
+                interleaved,
+                rotate,
+            },
+            words,
+            [qb.clone(), pb.clone(), ob],
+            flat(dev, pairs)?,
+        )?;
+    }
+    Ok(())
 }

@@ -8,10 +8,15 @@
 //! greedy token ids `[B]`) and the attention metadata of the builder's graph mode
 //! (`AttentionMetadataBuilder::build_for_graph_capture`: the block table, slot mapping and
 //! work lists in persistent buffers, rewritten by each build). The batch always has B
-//! requests and a block table of `width` columns (the longest context), so the shape the
-//! builder plans for never changes; requests past the real ones are padding: one token at
-//! position 0, block row all 0 (the null block), slot −1 (no cache write). Their logits are
-//! computed and ignored.
+//! requests and a block table of a fixed width, so the shape the builder plans for never
+//! changes; requests past the real ones are padding: one token at position 0, block row all
+//! 0 (the null block), slot −1 (no cache write). Their logits are computed and ignored.
+//!
+//! The width is a power of two of blocks (at least [`MIN_WIDTH`], at most the longest
+//! context's), the smallest that holds every request of the step, and each (B, width) pair
+//! has its own graph: the builder's fixed-layout work lists are planned for the longest
+//! context the width holds, so a step of short requests does not launch the splits a
+//! full-length context would need. Contexts grow through at most log2 of the widths.
 //!
 //! The first step of a size runs eagerly through [`CausalLm::forward_into`] (that allocates
 //! the model's buffers for B tokens, compiles its kernels and *is* this step's result), then
@@ -63,15 +68,19 @@ struct DecodeGraph {
     metadata: Option<Box<dyn AttentionMetadata>>,
 }
 
+/// The narrowest block table a captured step has, in blocks.
+pub(super) const MIN_WIDTH: usize = 16;
+
 /// Every captured decode size of a runner.
 pub(super) struct DecodeGraphs {
     /// Ascending padded batch sizes.
     sizes: Vec<usize>,
-    /// Block-table columns of every captured step (the longest context's blocks).
-    width: usize,
+    /// Block-table columns of the widest captured step (the longest context's blocks).
+    max_width: usize,
     block_size: usize,
     vocab: usize,
-    graphs: HashMap<usize, DecodeGraph>,
+    /// By (padded batch size, block-table width).
+    graphs: HashMap<(usize, usize), DecodeGraph>,
 }
 
 impl DecodeGraphs {
@@ -87,7 +96,7 @@ impl DecodeGraphs {
         sizes.dedup();
         DecodeGraphs {
             sizes,
-            width: max_model_len.div_ceil(block_size).max(1),
+            max_width: max_model_len.div_ceil(block_size).max(1),
             block_size,
             vocab,
             graphs: HashMap::new(),
@@ -99,7 +108,16 @@ impl DecodeGraphs {
         self.sizes.iter().copied().find(|&s| s >= n)
     }
 
-    /// Sizes captured so far.
+    /// Block-table width of a step whose longest request holds `blocks` blocks.
+    fn width_for(&self, blocks: usize) -> usize {
+        blocks
+            .max(MIN_WIDTH)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .min(self.max_width)
+    }
+
+    /// (batch size, width) graphs captured so far.
     pub(super) fn captured(&self) -> usize {
         self.graphs.values().filter(|g| g.graph.is_some()).count()
     }
@@ -124,7 +142,8 @@ impl DecodeGraphs {
                 "a graph decode step of {n} requests at padded size {size}"
             )));
         }
-        let (bs, width) = (self.block_size, self.width);
+        let longest = rows.iter().map(|r| r.blocks.len()).max().unwrap_or(0);
+        let (bs, width) = (self.block_size, self.width_for(longest));
         let mut desc = BatchDescription {
             query_start_loc: (0..=size as i32).collect(),
             causal: true,
@@ -138,7 +157,7 @@ impl DecodeGraphs {
         for (r, row) in rows.iter().enumerate() {
             if row.blocks.len() > width {
                 return Err(Error::config(format!(
-                    "a request holds {} blocks; captured decode steps have {width}",
+                    "a request holds {} blocks; captured decode steps have at most {width}",
                     row.blocks.len()
                 )));
             }
@@ -153,7 +172,7 @@ impl DecodeGraphs {
         let common = CommonAttentionMetadata::new(device, desc)?;
         let metadata = builder.build_for_graph_capture(&common)?;
 
-        let entry = match self.graphs.entry(size) {
+        let entry = match self.graphs.entry((size, width)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let rows: Vec<i32> = (0..size as i32).collect();

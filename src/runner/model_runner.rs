@@ -264,7 +264,7 @@ impl<M: CausalLm> ModelRunner<M> {
         self.graphs.is_some()
     }
 
-    /// Padded decode sizes captured so far.
+    /// Decode graphs captured so far (one per padded batch size and block-table width).
     pub fn graphs_captured(&self) -> usize {
         self.graphs.as_ref().map_or(0, DecodeGraphs::captured)
     }

@@ -3,9 +3,9 @@
 //! `model_ops.cu` (sizes asserted here and by `static_assert` there; `bytemuck::Pod`, as
 //! every parameter block of the family).
 
-/// Largest token count `linear` runs as a GEMV (the kernel keeps one partial sum per token
-/// in registers); more tokens take the tiled kernel.
-pub const GEMV_MAX_TOKENS: usize = 4;
+/// Largest token count `linear` runs as a GEMV (`GEMV_MAX_T`: the kernel keeps one partial
+/// sum per token in registers); more tokens take the tiled kernel.
+pub const GEMV_MAX_TOKENS: usize = 16;
 /// Threads per block of every kernel but the GEMV (`MO_THREADS`).
 pub const MODEL_THREADS: u32 = 256;
 /// Output tile edge of the tiled linear kernel (`LIN_BM` = `LIN_BN`).
@@ -73,6 +73,10 @@ pub struct LinearParams {
     pub n: i32,
     /// 1: float4 accesses.
     pub vec4: i32,
+    /// 1: `y += x · Wᵀ`; 0: `y = x · Wᵀ`.
+    pub accumulate: i32,
+    /// Padding.
+    pub pad: i32,
 }
 
 /// `RopeParams` of model_ops.cu (`model_rope`, in place).
@@ -129,9 +133,57 @@ pub struct ArgmaxParams {
     pub pad: i32,
 }
 
+/// `SwigluParams` of model_ops.cu (`model_swiglu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SwigluParams {
+    /// Fused gate/up projection `[rows, 2 · width]` f32.
+    pub gate_up: u64,
+    /// Result `[rows, width]` f32.
+    pub out: u64,
+    /// Rows (tokens).
+    pub rows: i64,
+    /// Output width (the MLP's intermediate size).
+    pub width: i32,
+    /// 1: float4 accesses.
+    pub vec4: i32,
+}
+
+/// `RopeSplitParams` of model_ops.cu (`model_rope_split`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RopeSplitParams {
+    /// Fused projection `[T, H + 2·Hk, d]` f32.
+    pub qkv: u64,
+    /// `[T]` i32.
+    pub positions: u64,
+    /// `[T, H, d]` rotated queries.
+    pub q: u64,
+    /// `[T, Hk, d]` rotated keys.
+    pub k: u64,
+    /// `[T, Hk, d]` values.
+    pub v: u64,
+    /// Tokens.
+    pub num_tokens: i64,
+    /// Query heads H.
+    pub num_heads: i32,
+    /// Key / value heads Hk.
+    pub num_kv_heads: i32,
+    /// d / 2.
+    pub half: i32,
+    /// RoPE base θ.
+    pub base: f32,
+    /// 1: pairs (2i, 2i+1); 0: (i, i + d/2).
+    pub interleaved: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
 const _: () = assert!(std::mem::size_of::<ArgmaxParams>() == 32);
+const _: () = assert!(std::mem::size_of::<SwigluParams>() == 32);
+const _: () = assert!(std::mem::size_of::<RopeSplitParams>() == 72);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
 const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
-const _: () = assert!(std::mem::size_of::<LinearParams>() == 40);
+const _: () = assert!(std::mem::size_of::<LinearParams>() == 48);
 const _: () = assert!(std::mem::size_of::<RopeParams>() == 40);
 const _: () = assert!(std::mem::size_of::<EltwiseParams>() == 40);

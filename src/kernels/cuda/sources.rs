@@ -135,6 +135,8 @@ pub const MODEL_OPS: KernelSource = KernelSource {
         "model_silu_mul",
         "model_add",
         "model_argmax",
+        "model_swiglu",
+        "model_rope_split",
     ],
 };
 

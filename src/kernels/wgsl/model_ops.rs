@@ -1,11 +1,12 @@
 //! The model operations' specialisations ([`ModelShader`]: embedding / gather, RMSNorm, the
-//! linear GEMV and tiled GEMM, RoPE, SiLU·mul, add, argmax), used by `crate::compute` on wgpu, and
+//! linear GEMV and tiled GEMM, RoPE, the fused Q/K/V split with RoPE, SiLU·mul, SwiGLU over a
+//! fused gate/up projection, add, argmax), used by `crate::compute` on wgpu, and
 //! their launch-shape constants.
 
 use super::preprocess::consts;
 use super::sources::{
     MODEL_OPS_ARGMAX, MODEL_OPS_COMMON, MODEL_OPS_ELEMENTWISE, MODEL_OPS_GATHER, MODEL_OPS_GEMV,
-    MODEL_OPS_LINEAR, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE,
+    MODEL_OPS_LINEAR, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE, MODEL_OPS_ROPE_SPLIT,
 };
 
 /// Threads per workgroup of the model operations' kernels (`model_ops_*.wgsl`).
@@ -78,6 +79,18 @@ pub enum ModelShader {
         /// vec4 elements (element count % 4 == 0).
         vec4: bool,
     },
+    /// `swiglu` over a fused gate/up projection (`model_ops_elementwise.wgsl`, OP 2).
+    Swiglu {
+        /// vec4 elements (the intermediate size % 4 == 0).
+        vec4: bool,
+    },
+    /// One output of `rope_split_qkv` (`model_ops_rope_split.wgsl`).
+    RopeSplit {
+        /// Pairs (2i, 2i+1) when true, (i, i + d/2) when false.
+        interleaved: bool,
+        /// Rotate (query and key heads) or copy (value heads).
+        rotate: bool,
+    },
     /// `argmax` (`model_ops_argmax.wgsl`), scalar loads.
     Argmax,
 }
@@ -94,7 +107,16 @@ impl ModelShader {
                 ModelShader::Gather { vec4 },
                 ModelShader::SiluMul { vec4 },
                 ModelShader::Add { vec4 },
+                ModelShader::Swiglu { vec4 },
             ]);
+        }
+        for interleaved in [true, false] {
+            for rotate in [true, false] {
+                v.push(ModelShader::RopeSplit {
+                    interleaved,
+                    rotate,
+                });
+            }
         }
         v.extend([
             ModelShader::Rope { interleaved: true },
@@ -111,8 +133,9 @@ impl ModelShader {
             | ModelShader::RmsNorm { vec4 }
             | ModelShader::Gather { vec4 }
             | ModelShader::SiluMul { vec4 }
-            | ModelShader::Add { vec4 } => vec4,
-            ModelShader::Rope { .. } | ModelShader::Argmax => false,
+            | ModelShader::Add { vec4 }
+            | ModelShader::Swiglu { vec4 } => vec4,
+            ModelShader::Rope { .. } | ModelShader::RopeSplit { .. } | ModelShader::Argmax => false,
         }
     }
 
@@ -126,6 +149,19 @@ impl ModelShader {
             ModelShader::Gather { .. } => format!("model gather {v}"),
             ModelShader::SiluMul { .. } => format!("model silu_mul {v}"),
             ModelShader::Add { .. } => format!("model add {v}"),
+            ModelShader::Swiglu { .. } => format!("model swiglu {v}"),
+            ModelShader::RopeSplit {
+                interleaved,
+                rotate,
+            } => format!(
+                "model rope_split {} {}",
+                if *interleaved {
+                    "interleaved"
+                } else {
+                    "half-split"
+                },
+                if *rotate { "rotate" } else { "copy" }
+            ),
             ModelShader::Argmax => "model argmax".into(),
             ModelShader::Rope { interleaved } => format!(
                 "model rope {}",
@@ -177,6 +213,19 @@ impl ModelShader {
             ModelShader::Rope { interleaved } => {
                 s += &format!("const INTERLEAVED: bool = {interleaved};\n");
                 MODEL_OPS_ROPE
+            }
+            ModelShader::Swiglu { .. } => {
+                s += &consts(&[("OP", 2)]);
+                MODEL_OPS_ELEMENTWISE
+            }
+            ModelShader::RopeSplit {
+                interleaved,
+                rotate,
+            } => {
+                s += &format!(
+                    "const INTERLEAVED: bool = {interleaved};\nconst ROTATE: bool = {rotate};\n"
+                );
+                MODEL_OPS_ROPE_SPLIT
             }
             ModelShader::Argmax => MODEL_OPS_ARGMAX,
         };

@@ -23,6 +23,8 @@ pub(super) const MODEL_OPS_RMS_NORM: &str =
     include_str!("../../../shaders/model_ops_rms_norm.wgsl");
 pub(super) const MODEL_OPS_GATHER: &str = include_str!("../../../shaders/model_ops_gather.wgsl");
 pub(super) const MODEL_OPS_ROPE: &str = include_str!("../../../shaders/model_ops_rope.wgsl");
+pub(super) const MODEL_OPS_ROPE_SPLIT: &str =
+    include_str!("../../../shaders/model_ops_rope_split.wgsl");
 pub(super) const MODEL_OPS_ARGMAX: &str = include_str!("../../../shaders/model_ops_argmax.wgsl");
 pub(super) const MODEL_OPS_ELEMENTWISE: &str =
     include_str!("../../../shaders/model_ops_elementwise.wgsl");

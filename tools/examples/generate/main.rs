@@ -334,7 +334,7 @@ fn run(args: Args) -> Result<(), String> {
         stats.decode_tokens_per_s(),
         if runner.uses_graphs() {
             format!(
-                "{} of {} steps replayed graphs, {} sizes captured",
+                "{} of {} steps replayed graphs, {} graphs captured",
                 stats.graph_steps,
                 stats.steps,
                 runner.graphs_captured()

@@ -1,7 +1,10 @@
-//! A Llama-family decoder written once against polyattn: token embedding, per layer RMSNorm →
-//! Q/K/V projections → RoPE → paged attention through [`polyattn::Attention`] → output
-//! projection → residual, RMSNorm → SwiGLU MLP → residual; a final RMSNorm and the output
-//! head (tied to the embedding or separate).
+//! A Llama-family decoder written once against polyattn: token embedding; per layer RMSNorm →
+//! the Q/K/V projections as one linear layer → their split with RoPE → paged attention
+//! through [`polyattn::Attention`] → the output projection added into the residual stream →
+//! RMSNorm → gate and up as one linear layer → SwiGLU → the down projection added into the
+//! residual stream; a final RMSNorm and the output head (tied to the embedding or separate).
+//! Eight launches per layer besides attention's own (ten on the WGSL runtimes, whose split
+//! takes one dispatch per output).
 //!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
 //! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32:
@@ -84,16 +87,17 @@ pub struct HostWeights {
     pub lm_head: Option<Vec<f32>>,
 }
 
+/// One layer on the device. The projections that read the same input are fused into one
+/// weight each (fewer, larger launches; every output feature is computed as before).
 struct Layer {
     attn: Attention,
     attn_norm: Tensor,
-    wq: Tensor,
-    wk: Tensor,
-    wv: Tensor,
+    /// W_q, W_k, W_v stacked: `[(heads + 2·kv_heads)·d, hidden]`.
+    wqkv: Tensor,
     wo: Tensor,
     ffn_norm: Tensor,
-    w_gate: Tensor,
-    w_up: Tensor,
+    /// W_gate and W_up stacked: `[2·intermediate, hidden]`.
+    w_gate_up: Tensor,
     w_down: Tensor,
 }
 
@@ -103,18 +107,17 @@ struct Scratch {
     x: Tensor,
     /// A normed copy of it `[t, hidden]`.
     h: Tensor,
-    /// Projections `[t, heads · d]` / `[t, kv_heads · d]` (viewed `[t, heads, d]` for RoPE and
-    /// attention).
+    /// The fused Q/K/V projection `[t, (heads + 2·kv_heads)·d]`.
+    qkv: Tensor,
+    /// Its rotated queries and keys and its values `[t, heads | kv_heads, d]`.
     q: Tensor,
     k: Tensor,
     v: Tensor,
     /// Attention output `[t, heads, d]` (viewed `[t, heads · d]` for the output projection).
     o: Tensor,
-    /// An output projection, added to the residual stream `[t, hidden]`.
-    proj: Tensor,
-    /// The MLP's `[t, intermediate]` gate, up projection and activation.
-    gate: Tensor,
-    up: Tensor,
+    /// The fused gate/up projection `[t, 2·intermediate]` and the MLP's activation
+    /// `[t, intermediate]`.
+    gate_up: Tensor,
     act: Tensor,
     /// The rows whose logits are wanted `[r, hidden]`, and their final norm.
     last: Tensor,
@@ -130,16 +133,16 @@ impl Scratch {
             c.num_kv_heads * c.head_size,
             c.intermediate,
         );
+        let d = c.head_size;
         Ok(Scratch {
             x: z(&[t, h])?,
             h: z(&[t, h])?,
-            q: z(&[t, q])?,
-            k: z(&[t, kv])?,
-            v: z(&[t, kv])?,
-            o: z(&[t, c.num_heads, c.head_size])?,
-            proj: z(&[t, h])?,
-            gate: z(&[t, i])?,
-            up: z(&[t, i])?,
+            qkv: z(&[t, q + 2 * kv])?,
+            q: z(&[t, c.num_heads, d])?,
+            k: z(&[t, c.num_kv_heads, d])?,
+            v: z(&[t, c.num_kv_heads, d])?,
+            o: z(&[t, c.num_heads, d])?,
+            gate_up: z(&[t, 2 * i])?,
             act: z(&[t, i])?,
             last: z(&[r, h])?,
             last_norm: z(&[r, h])?,
@@ -210,16 +213,27 @@ impl Llama {
                     backend.clone(),
                 )?,
             };
+            let sizes = [
+                ("wq", w.wq.len(), q * h),
+                ("wk", w.wk.len(), kv * h),
+                ("wv", w.wv.len(), kv * h),
+                ("w_gate", w.w_gate.len(), i * h),
+                ("w_up", w.w_up.len(), i * h),
+            ];
+            if let Some((name, got, want)) = sizes.iter().find(|(_, got, want)| got != want) {
+                return Err(polyattn::Error::Config(format!(
+                    "layer {l}: {name} has {got} elements, the config needs {want}"
+                )));
+            }
+            let wqkv = [w.wq.as_slice(), &w.wk, &w.wv].concat();
+            let w_gate_up = [w.w_gate.as_slice(), &w.w_up].concat();
             layers.push(Layer {
                 attn,
                 attn_norm: up(&w.attn_norm, &[h])?,
-                wq: up(&w.wq, &[q, h])?,
-                wk: up(&w.wk, &[kv, h])?,
-                wv: up(&w.wv, &[kv, h])?,
+                wqkv: up(&wqkv, &[q + 2 * kv, h])?,
                 wo: up(&w.wo, &[h, q])?,
                 ffn_norm: up(&w.ffn_norm, &[h])?,
-                w_gate: up(&w.w_gate, &[i, h])?,
-                w_up: up(&w.w_up, &[i, h])?,
+                w_gate_up: up(&w_gate_up, &[2 * i, h])?,
                 w_down: up(&w.w_down, &[h, i])?,
             });
         }
@@ -317,18 +331,19 @@ impl Llama {
             base: c.rope_base,
             style: c.rope_style,
         };
-        let (nh, nkv, d) = (c.num_heads, c.num_kv_heads, c.head_size);
+        let (nh, d) = (c.num_heads, c.head_size);
         compute::embedding_into(&self.embedding, batch.input_ids, &mut s.x)?;
         for (layer, cache) in self.layers.iter().zip(kv_caches.iter_mut()) {
             compute::rms_norm_into(&s.x, &layer.attn_norm, c.rms_eps, &mut s.h)?;
-            compute::linear_into(&s.h, &layer.wq, &mut s.q)?;
-            compute::linear_into(&s.h, &layer.wk, &mut s.k)?;
-            compute::linear_into(&s.h, &layer.wv, &mut s.v)?;
-            s.q.reshape_in_place(&[t, nh, d])?;
-            s.k.reshape_in_place(&[t, nkv, d])?;
-            s.v.reshape_in_place(&[t, nkv, d])?;
-            compute::rope(&mut s.q, batch.positions, rope)?;
-            compute::rope(&mut s.k, batch.positions, rope)?;
+            compute::linear_into(&s.h, &layer.wqkv, &mut s.qkv)?;
+            compute::rope_split_qkv_into(
+                &s.qkv,
+                batch.positions,
+                rope,
+                &mut s.q,
+                &mut s.k,
+                &mut s.v,
+            )?;
             layer.attn.forward(
                 &s.q,
                 Some(&s.k),
@@ -337,19 +352,14 @@ impl Llama {
                 batch.attn_metadata,
                 &mut s.o,
             )?;
-            s.q.reshape_in_place(&[t, nh * d])?;
-            s.k.reshape_in_place(&[t, nkv * d])?;
-            s.v.reshape_in_place(&[t, nkv * d])?;
+            // The output projection adds into the residual stream.
             s.o.reshape_in_place(&[t, nh * d])?;
-            compute::linear_into(&s.o, &layer.wo, &mut s.proj)?;
+            compute::linear_accumulate(&s.o, &layer.wo, &mut s.x)?;
             s.o.reshape_in_place(&[t, nh, d])?;
-            compute::add_assign(&mut s.x, &s.proj)?;
             compute::rms_norm_into(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.h)?;
-            compute::linear_into(&s.h, &layer.w_gate, &mut s.gate)?;
-            compute::linear_into(&s.h, &layer.w_up, &mut s.up)?;
-            compute::silu_mul_into(&s.gate, &s.up, &mut s.act)?;
-            compute::linear_into(&s.act, &layer.w_down, &mut s.proj)?;
-            compute::add_assign(&mut s.x, &s.proj)?;
+            compute::linear_into(&s.h, &layer.w_gate_up, &mut s.gate_up)?;
+            compute::swiglu_into(&s.gate_up, &mut s.act)?;
+            compute::linear_accumulate(&s.act, &layer.w_down, &mut s.x)?;
         }
         compute::gather_rows_into(&s.x, batch.logits_indices, &mut s.last)?;
         compute::rms_norm_into(&s.last, &self.final_norm, c.rms_eps, &mut s.last_norm)?;
