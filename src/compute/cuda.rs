@@ -156,6 +156,7 @@ pub(super) fn rms_norm(
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn linear(
     dev: &CudaDevice,
     x: &Tensor,

@@ -134,6 +134,7 @@ pub(super) fn rms_norm<R: WgslRuntime>(
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn linear<R: WgslRuntime>(
     dev: &R,
     x: &Tensor,
