@@ -9,14 +9,14 @@
 // by the thread that writes it).
 //
 // Algorithms:
-//   * model_linear_tiled (T > GEMV_MAX_T): 64×64 output tile per 256-thread block, K in steps of 16.
+//   * model_linear_tiled (T > 16): 64×64 output tile per 256-thread block, K in steps of 16.
 //     The step's x and W rows are read with coalesced (float4) loads and stored transposed
 //     in shared memory ([16][64 + 4]: the padding keeps the float4 reads aligned and spreads
 //     the transposing stores); each thread then keeps a 4×4 register block (rows ty·4..
 //     features tx·4..) and does 16 FMAs per two float4 shared loads. Loads outside the
 //     matrices read zeros and stores outside y are skipped, so any T, K, N work.
-//   * model_linear_gemv (T ≤ GEMV_MAX_T = 16, memory-bound: every weight element is read
-//     once for all T tokens): one warp / wavefront (PA_WAVE lanes) per output feature, 4 per
+//   * model_linear_gemv / _gemv8 / _gemv16 (T ≤ 4 / 8 / 16, memory-bound: every weight
+//     element is read once for all T tokens): one warp / wavefront (PA_WAVE lanes) per output feature, 4 per
 //     block; lane l reads float4s l, l + PA_WAVE, ... of the weight row (through the
 //     read-only path where there is one) and of the T input rows (small: they stay in L1 /
 //     L2), keeps one partial sum per token in registers, and the warp reduces them with
@@ -24,7 +24,7 @@
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
-// ceil(T / 64) ≤ 65535; the GEMV runs only for 1 ≤ T ≤ GEMV_MAX_T.
+// ceil(T / 64) ≤ 65535; a GEMV runs only for 1 ≤ T ≤ its width.
 
 #include "common.cuh"
 
@@ -34,7 +34,6 @@
 #define LIN_BK 16
 #define LIN_PAD 4
 #define GEMV_WARPS 4
-#define GEMV_MAX_T 16
 
 struct LinearParams {
     const float* x;
@@ -129,14 +128,17 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
     }
 }
 
-extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv(const LinearParams p) {
+// The GEMV for T ≤ MAXT tokens: MAXT partial sums in registers, so each width is its own
+// entry point (a 16-wide body for one token keeps fewer weight loads in flight).
+template <int MAXT>
+__device__ __forceinline__ void linear_gemv(const LinearParams& p) {
     const int lane = threadIdx.x & (PA_WAVE - 1);
     const pa_i64 f = (pa_i64)blockIdx.x * GEMV_WARPS + (threadIdx.x >> PA_WAVE_LOG2);
     if (f >= p.n) return;  // the whole warp: no block-level synchronisation follows
     const int t = p.t;
-    float acc[GEMV_MAX_T];
+    float acc[MAXT];
 #pragma unroll
-    for (int tt = 0; tt < GEMV_MAX_T; ++tt) acc[tt] = 0.0f;
+    for (int tt = 0; tt < MAXT; ++tt) acc[tt] = 0.0f;
     if (p.vec4) {
         const int kv = p.k / 4;
         const float4* wr = (const float4*)(p.w + f * p.k);
@@ -145,7 +147,7 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linea
         for (int c = lane; c < kv; c += PA_WAVE) {
             const float4 wv = pa_ldg(wr + c);
 #pragma unroll
-            for (int tt = 0; tt < GEMV_MAX_T; ++tt) {
+            for (int tt = 0; tt < MAXT; ++tt) {
                 if (tt < t) {
                     const float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
                     float s = acc[tt];
@@ -163,20 +165,32 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linea
         for (int c = lane; c < p.k; c += PA_WAVE) {
             const float wv = pa_ldg(wr + c);
 #pragma unroll
-            for (int tt = 0; tt < GEMV_MAX_T; ++tt)
+            for (int tt = 0; tt < MAXT; ++tt)
                 if (tt < t) acc[tt] = fmaf(wv, pa_ldg(p.x + (pa_i64)tt * p.k + c), acc[tt]);
         }
     }
 #pragma unroll
-    for (int tt = 0; tt < GEMV_MAX_T; ++tt)
+    for (int tt = 0; tt < MAXT; ++tt)
         if (tt < t) acc[tt] = pa_warp_sum(acc[tt]);
     if (lane == 0) {
 #pragma unroll
-        for (int tt = 0; tt < GEMV_MAX_T; ++tt) {
+        for (int tt = 0; tt < MAXT; ++tt) {
             if (tt < t) {
                 float* y = p.y + (pa_i64)tt * p.n + f;
                 *y = p.accumulate ? *y + acc[tt] : acc[tt];
             }
         }
     }
+}
+
+extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv(const LinearParams p) {
+    linear_gemv<4>(p);
+}
+
+extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv8(const LinearParams p) {
+    linear_gemv<8>(p);
+}
+
+extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv16(const LinearParams p) {
+    linear_gemv<16>(p);
 }

@@ -27,7 +27,8 @@
 //     accurate to ~2^-21 there. Pairs are (2i, 2i+1) (interleaved) or (i, i + d/2).
 //   * model_silu_mul / model_add: grid-stride element-wise; silu(g) = g / (1 + expf(-g)).
 //   * model_swiglu: model_silu_mul over the two halves of each row of a fused gate/up
-//     projection (one thread per output element, or float4 when I % 4 == 0).
+//     projection: a block per row (grid-stride over rows), threads over its columns (float4
+//     when I % 4 == 0).
 //   * model_rope_split: one thread per (token, head of the fused row, pair i); query and key
 //     heads are rotated exactly as model_rope rotates them (the same angle arithmetic) and
 //     written to q / k, value heads copied to v: the three projections' split and both
@@ -156,6 +157,24 @@ struct RopeParams {
 };
 static_assert(sizeof(RopeParams) == 40, "RopeParams must match src/kernels/cuda/model_ops.rs");
 
+// Pair i of a head of size d at position pos, rotated: (x0, x1) -> (*y0, *y1). Every product
+// and sum is written out (fmaf with a separate product), so that model_rope and
+// model_rope_split, which both call this, round identically whatever the compiler would
+// contract.
+__device__ __forceinline__ void mo_rotate(float x0, float x1, int pos, int i, int d, float base,
+                                          float* y0, float* y1) {
+    const float inv_freq = powf(base, -(float)(2 * i) / (float)d);
+    const float a = (float)pos * inv_freq;
+    const float kq = rintf(a * 0.15915494309189535f);
+    const float r = fmaf(-kq, 0.0019353071795864769f, fmaf(-kq, 6.28125f, a));
+    const float c = __cosf(r);
+    const float s = __sinf(r);
+    const float x1s = x1 * s;
+    const float x1c = x1 * c;
+    *y0 = fmaf(x0, c, -x1s);
+    *y1 = fmaf(x0, s, x1c);
+}
+
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope(const RopeParams p) {
     const pa_i64 total = p.num_tokens * p.num_heads * p.half;
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
@@ -164,19 +183,10 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope(const RopePa
         const pa_i64 th = u / p.half;
         const int i = (int)(u - th * p.half);
         const pa_i64 tok = th / p.num_heads;
-        const float inv_freq = powf(p.base, -(float)(2 * i) / (float)d);
-        const float a = (float)p.positions[tok] * inv_freq;
-        const float kq = rintf(a * 0.15915494309189535f);
-        const float r = fmaf(-kq, 0.0019353071795864769f, fmaf(-kq, 6.28125f, a));
-        const float c = __cosf(r);
-        const float s = __sinf(r);
         const pa_i64 e = th * d;
         const pa_i64 ia = p.interleaved ? e + 2 * i : e + i;
         const pa_i64 ib = p.interleaved ? ia + 1 : ia + p.half;
-        const float x0 = p.x[ia];
-        const float x1 = p.x[ib];
-        p.x[ia] = x0 * c - x1 * s;
-        p.x[ib] = x0 * s + x1 * c;
+        mo_rotate(p.x[ia], p.x[ib], p.positions[tok], i, d, p.base, p.x + ia, p.x + ib);
     }
 }
 
@@ -239,25 +249,24 @@ struct SwigluParams {
 static_assert(sizeof(SwigluParams) == 32, "SwigluParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_swiglu(const SwigluParams p) {
-    const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
-    const pa_i64 start = (pa_i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p.vec4) {
-        const pa_i64 wv = p.width / 4;
-        for (pa_i64 u = start; u < p.rows * wv; u += stride) {
-            const pa_i64 r = u / wv;
-            const pa_i64 c = u - r * wv;
+    // A block per row (grid-stride over rows), its threads over the row's columns: no 64-bit
+    // division per element.
+    for (pa_i64 r = blockIdx.x; r < p.rows; r += gridDim.x) {
+        if (p.vec4) {
+            const int wv = p.width / 4;
             const float4* row = (const float4*)p.gate_up + r * 2 * wv;
-            const float4 g = __ldg(row + c);
-            const float4 v = __ldg(row + wv + c);
-            ((float4*)p.out)[u] = make_float4(mo_silu(g.x) * v.x, mo_silu(g.y) * v.y,
-                                              mo_silu(g.z) * v.z, mo_silu(g.w) * v.w);
-        }
-    } else {
-        for (pa_i64 u = start; u < p.rows * p.width; u += stride) {
-            const pa_i64 r = u / p.width;
-            const pa_i64 c = u - r * p.width;
+            float4* out = (float4*)p.out + r * wv;
+            for (int c = threadIdx.x; c < wv; c += blockDim.x) {
+                const float4 g = __ldg(row + c);
+                const float4 v = __ldg(row + wv + c);
+                out[c] = make_float4(mo_silu(g.x) * v.x, mo_silu(g.y) * v.y, mo_silu(g.z) * v.z,
+                                     mo_silu(g.w) * v.w);
+            }
+        } else {
             const float* row = p.gate_up + r * 2 * p.width;
-            p.out[u] = mo_silu(row[c]) * row[p.width + c];
+            float* out = p.out + r * p.width;
+            for (int c = threadIdx.x; c < p.width; c += blockDim.x)
+                out[c] = mo_silu(row[c]) * row[p.width + c];
         }
     }
 }
@@ -306,14 +315,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope_split(const 
         const float x0 = src[ia];
         const float x1 = src[ib];
         if (rotate) {
-            const float inv_freq = powf(p.base, -(float)(2 * i) / (float)d);
-            const float a = (float)p.positions[tok] * inv_freq;
-            const float kq = rintf(a * 0.15915494309189535f);
-            const float r = fmaf(-kq, 0.0019353071795864769f, fmaf(-kq, 6.28125f, a));
-            const float c = __cosf(r);
-            const float s = __sinf(r);
-            dst[ia] = x0 * c - x1 * s;
-            dst[ib] = x0 * s + x1 * c;
+            mo_rotate(x0, x1, p.positions[tok], i, d, p.base, dst + ia, dst + ib);
         } else {
             dst[ia] = x0;
             dst[ib] = x1;

@@ -1,22 +1,24 @@
-// model_ops_gemv.wgsl — y = x·Wᵀ (or y += x·Wᵀ) for decode row counts (T ≤ 4): memory-bound, so the
-// weight is read exactly once, coalesced.
+// model_ops_gemv.wgsl — y = x·Wᵀ (or y += x·Wᵀ) for decode row counts (T ≤ 4·TOK4 ≤ 16):
+// memory-bound, so the weight is read exactly once, coalesced.
 //
 // Algorithm: the workgroup's WG threads form GROUPS = WG / LANES groups of LANES
 // consecutive threads (a hardware warp / subgroup on the GPUs we target, without relying on
 // subgroup operations); group g reduces output feature f = flat_group·GROUPS + g over K:
 // lane l reads the VT columns l, l + LANES, ... of W's row f (LANES consecutive vectors per
-// step: one coalesced 512-byte read when V = 4) and the same columns of the T ≤ 4 rows of x
+// step: one coalesced 512-byte read when V = 4) and the same columns of the T rows of x
 // (shared by every group: they stay in cache), and accumulates one partial dot product per
-// token in a vec4. The LANES partials of a group are then added by a tree reduction in
-// workgroup memory (log2 LANES halving steps) and lane 0 writes y[t][f] for t < T.
+// token: token 4j + q in component q of acc[j]. The LANES partials of a group are then added
+// by a tree reduction in workgroup memory (log2 LANES halving steps, TOK4 vectors per lane)
+// and lane 0 writes y[t][f] for t < T.
 //
 // Specialisation (generated header): WG, LANES (a power of two dividing WG), V / VT (V = 4
-// needs K % 4 == 0).
+// needs K % 4 == 0), TOK4 (1, 2 or 4: the narrowest that holds T; a wider one keeps more
+// accumulators live for nothing).
 //
 // Layout: x [T, K], W [N, K], y [T, N], f32 row-major; Params.kv = K / V.
-// Bounds relied on (host checks): 1 ≤ T ≤ 4; N·K, T·N < 2^32 elements (each tensor fits one
-// binding); workgroups spread over x and z, features ≥ N read and write nothing (their
-// threads still take part in the barriers).
+// Bounds relied on (host checks): 1 ≤ T ≤ 4·TOK4; N·K, T·N < 2^32 elements (each tensor
+// fits one binding); workgroups spread over x and z, features ≥ N read and write nothing
+// (their threads still take part in the barriers).
 
 struct Params {
     num_tokens: u32,
@@ -42,7 +44,7 @@ fn put(at: u32, v: f32) {
     }
 }
 
-var<workgroup> red: array<vec4<f32>, WG>;
+var<workgroup> red: array<vec4<f32>, WG * TOK4>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -55,43 +57,60 @@ fn main(
     let f = flat_group(wid, nwg) * GROUPS + g;
     let kv = params.kv;
     let t = params.num_tokens;
-    // acc[t]: token t's partial dot product.
-    var acc = vec4<f32>(0.0);
+    // acc[j][q]: token 4j + q's partial dot product.
+    var acc: array<vec4<f32>, TOK4>;
+    for (var j = 0u; j < TOK4; j++) {
+        acc[j] = vec4<f32>(0.0);
+    }
     if f < params.n {
         let row = f * kv;
         for (var c = l; c < kv; c += LANES) {
             let wv = w[row + c];
-            acc.x += vdot(x[c], wv);
-            if t > 1u {
-                acc.y += vdot(x[kv + c], wv);
-            }
-            if t > 2u {
-                acc.z += vdot(x[2u * kv + c], wv);
-            }
-            if t > 3u {
-                acc.w += vdot(x[3u * kv + c], wv);
+            for (var j = 0u; j < TOK4; j++) {
+                let t0 = 4u * j;
+                if t0 < t {
+                    acc[j].x += vdot(x[t0 * kv + c], wv);
+                }
+                if t0 + 1u < t {
+                    acc[j].y += vdot(x[(t0 + 1u) * kv + c], wv);
+                }
+                if t0 + 2u < t {
+                    acc[j].z += vdot(x[(t0 + 2u) * kv + c], wv);
+                }
+                if t0 + 3u < t {
+                    acc[j].w += vdot(x[(t0 + 3u) * kv + c], wv);
+                }
             }
         }
     }
-    red[lid] = acc;
+    for (var j = 0u; j < TOK4; j++) {
+        red[lid * TOK4 + j] = acc[j];
+    }
     workgroupBarrier();
     for (var stride = LANES / 2u; stride > 0u; stride = stride >> 1u) {
         if l < stride {
-            red[lid] = red[lid] + red[lid + stride];
+            for (var j = 0u; j < TOK4; j++) {
+                red[lid * TOK4 + j] = red[lid * TOK4 + j] + red[(lid + stride) * TOK4 + j];
+            }
         }
         workgroupBarrier();
     }
     if l == 0u && f < params.n {
-        let s = red[lid];
-        put(f, s.x);
-        if t > 1u {
-            put(params.n + f, s.y);
-        }
-        if t > 2u {
-            put(2u * params.n + f, s.z);
-        }
-        if t > 3u {
-            put(3u * params.n + f, s.w);
+        for (var j = 0u; j < TOK4; j++) {
+            let s = red[lid * TOK4 + j];
+            let t0 = 4u * j;
+            if t0 < t {
+                put(t0 * params.n + f, s.x);
+            }
+            if t0 + 1u < t {
+                put((t0 + 1u) * params.n + f, s.y);
+            }
+            if t0 + 2u < t {
+                put((t0 + 2u) * params.n + f, s.z);
+            }
+            if t0 + 3u < t {
+                put((t0 + 3u) * params.n + f, s.w);
+            }
         }
     }
 }

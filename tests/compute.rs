@@ -26,8 +26,9 @@ fn check(what: &str, got: &Tensor, want: &[f64]) -> Outcome {
 
 /// (tokens, in_features, out_features): decode and prefill row counts, the example models'
 /// widths (32, 128, 341, 576, 1536) and sizes that are not multiples of any tile.
-/// T = 4 and T = 5 sit either side of the WGSL kernels' GEMV / tiled switch, T = 16 and
-/// T = 17 either side of CUDA's, with K a multiple of 4 (vector loads) and not; N = 600 000 at T = 1 needs 75 000 GEMV workgroups
+/// T = 16 and T = 17 sit either side of the GPU kernels' GEMV / tiled switch, 4 / 5 and 8 / 9
+/// either side of the GEMV's accumulator widths, with K a multiple of 4 (vector loads) and
+/// not; N = 600 000 at T = 1 needs 75 000 GEMV workgroups
 /// of 8 features on wgpu, more than one dispatch dimension holds (65 535).
 const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (1, 128, 64),
@@ -38,6 +39,8 @@ const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (5, 576, 100),
     (5, 35, 67),
     (7, 33, 5),
+    (8, 576, 100),
+    (9, 35, 67),
     (16, 576, 100),
     (16, 35, 67),
     (17, 128, 1024),

@@ -4,8 +4,8 @@
 //!
 //! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
 //! * `rms_norm`: `model_rms_norm`, one block per row.
-//! * `linear` / `linear_accumulate`: T ≤ [`GEMV_MAX_TOKENS`] → `model_linear_gemv` (a warp
-//!   per output feature, float4 weight loads, shuffle reduction); larger T →
+//! * `linear` / `linear_accumulate`: T ≤ [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a
+//!   warp per output feature, float4 weight loads, shuffle reduction); larger T →
 //!   `model_linear_tiled` (64×64 shared memory tiles, 4×4 register blocks); `accumulate`
 //!   adds the product into the output.
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
@@ -24,7 +24,7 @@ use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    ArgmaxParams, EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams,
+    gemv_entry, ArgmaxParams, EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams,
     RopeSplitParams, SwigluParams, GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR,
     MODEL_OPS, MODEL_THREADS,
 };
@@ -188,7 +188,7 @@ pub(super) fn linear(
         let blocks = i32_of("GEMV blocks", n.div_ceil(GEMV_WARPS))? as u32;
         launch(
             dev,
-            "model_linear_gemv",
+            gemv_entry(t),
             (blocks, 1, 1),
             (GEMV_WARPS * 32) as u32,
             &params,
@@ -351,14 +351,9 @@ pub(super) fn swiglu(
         width: i32_of("intermediate", i)?,
         vec4,
     };
-    let units = if vec4 == 1 { t * i / 4 } else { t * i };
-    launch(
-        dev,
-        "model_swiglu",
-        (stride_blocks(dev, units), 1, 1),
-        MODEL_THREADS,
-        &params,
-    )
+    // A block per row; the kernel strides over rows past the grid's limit.
+    let blocks = t.min(i32::MAX as usize) as u32;
+    launch(dev, "model_swiglu", (blocks, 1, 1), MODEL_THREADS, &params)
 }
 
 #[allow(clippy::too_many_arguments)]

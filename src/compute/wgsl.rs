@@ -164,7 +164,7 @@ pub(super) fn linear<R: WgslRuntime>(
             .grid(n.div_ceil(GEMV_FEATURES_PER_GROUP as usize) as u64)?;
         run(
             dev,
-            ModelShader::LinearGemv { vec4 },
+            ModelShader::gemv(vec4, t),
             words,
             [xb, wb, ob],
             (gx, 1, gz),

@@ -3,9 +3,20 @@
 //! `model_ops.cu` (sizes asserted here and by `static_assert` there; `bytemuck::Pod`, as
 //! every parameter block of the family).
 
-/// Largest token count `linear` runs as a GEMV (`GEMV_MAX_T`: the kernel keeps one partial
-/// sum per token in registers); more tokens take the tiled kernel.
+/// Largest token count `linear` runs as a GEMV (the kernel keeps one partial sum per token
+/// in registers); more tokens take the tiled kernel.
 pub const GEMV_MAX_TOKENS: usize = 16;
+
+/// The GEMV entry point of `model_linear.cu` for `t` ≤ [`GEMV_MAX_TOKENS`] tokens: the
+/// narrowest of the 4-, 8- and 16-token bodies that holds them (a wider body than the tokens
+/// need keeps fewer weight loads in flight).
+pub fn gemv_entry(t: usize) -> &'static str {
+    match t {
+        0..=4 => "model_linear_gemv",
+        5..=8 => "model_linear_gemv8",
+        _ => "model_linear_gemv16",
+    }
+}
 /// Threads per block of every kernel but the GEMV (`MO_THREADS`).
 pub const MODEL_THREADS: u32 = 256;
 /// Output tile edge of the tiled linear kernel (`LIN_BM` = `LIN_BN`).

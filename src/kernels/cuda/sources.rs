@@ -145,7 +145,12 @@ pub const MODEL_OPS: KernelSource = KernelSource {
 pub const MODEL_LINEAR: KernelSource = KernelSource {
     name: "model_linear",
     source: include_str!("../../../kernels-cuda/model_linear.cu"),
-    functions: &["model_linear_tiled", "model_linear_gemv"],
+    functions: &[
+        "model_linear_tiled",
+        "model_linear_gemv",
+        "model_linear_gemv8",
+        "model_linear_gemv16",
+    ],
 };
 
 /// `mla_decode.cu`: MLA's latent-space decode on the vector ALUs, for every compiler of the

@@ -25,8 +25,8 @@ pub const GEMV_LANES: u32 = 32;
 pub const GEMV_FEATURES_PER_GROUP: u32 = MODEL_WORKGROUP / GEMV_LANES;
 
 /// Largest token count `linear` runs as a GEMV (`model_ops_gemv.wgsl` keeps one partial
-/// sum per token in a vec4); more tokens take the tiled kernel.
-pub const GEMV_MAX_TOKENS: usize = 4;
+/// sum per token, four tokens per vec4); more tokens take the tiled kernel.
+pub const GEMV_MAX_TOKENS: usize = 16;
 
 // model_ops_linear.wgsl: one thread per 4×4 outputs of the tile, and whole loads per thread
 // (BM·BK / V a multiple of WG for V = 4, hence for V = 1); model_ops_gemv.wgsl: whole
@@ -53,6 +53,9 @@ pub enum ModelShader {
     LinearGemv {
         /// vec4 loads (K % 4 == 0).
         vec4: bool,
+        /// vec4 accumulators per thread (1, 2 or 4: up to 4, 8 or 16 tokens); see
+        /// [`ModelShader::gemv`].
+        tok4: u32,
     },
     /// `rms_norm` (`model_ops_rms_norm.wgsl`).
     RmsNorm {
@@ -96,13 +99,26 @@ pub enum ModelShader {
 }
 
 impl ModelShader {
+    /// The GEMV for `t` (1 ≤ t ≤ [`GEMV_MAX_TOKENS`]) tokens: the narrowest accumulator
+    /// width that holds them.
+    pub fn gemv(vec4: bool, t: usize) -> ModelShader {
+        let tok4 = match t {
+            0..=4 => 1,
+            5..=8 => 2,
+            _ => 4,
+        };
+        ModelShader::LinearGemv { vec4, tok4 }
+    }
+
     /// Every specialisation (for the catalog).
     pub fn all() -> Vec<ModelShader> {
         let mut v = Vec::new();
         for vec4 in [true, false] {
             v.extend([
                 ModelShader::LinearTiled { vec4 },
-                ModelShader::LinearGemv { vec4 },
+                ModelShader::LinearGemv { vec4, tok4: 1 },
+                ModelShader::LinearGemv { vec4, tok4: 2 },
+                ModelShader::LinearGemv { vec4, tok4: 4 },
                 ModelShader::RmsNorm { vec4 },
                 ModelShader::Gather { vec4 },
                 ModelShader::SiluMul { vec4 },
@@ -129,7 +145,7 @@ impl ModelShader {
     fn vec4(&self) -> bool {
         match *self {
             ModelShader::LinearTiled { vec4 }
-            | ModelShader::LinearGemv { vec4 }
+            | ModelShader::LinearGemv { vec4, .. }
             | ModelShader::RmsNorm { vec4 }
             | ModelShader::Gather { vec4 }
             | ModelShader::SiluMul { vec4 }
@@ -144,7 +160,9 @@ impl ModelShader {
         let v = if self.vec4() { "vec4" } else { "f32" };
         match self {
             ModelShader::LinearTiled { .. } => format!("model linear tiled {v}"),
-            ModelShader::LinearGemv { .. } => format!("model linear gemv {v}"),
+            ModelShader::LinearGemv { tok4, .. } => {
+                format!("model linear gemv {v} t{}", 4 * tok4)
+            }
             ModelShader::RmsNorm { .. } => format!("model rms_norm {v}"),
             ModelShader::Gather { .. } => format!("model gather {v}"),
             ModelShader::SiluMul { .. } => format!("model silu_mul {v}"),
@@ -196,8 +214,8 @@ impl ModelShader {
                 ]);
                 MODEL_OPS_LINEAR
             }
-            ModelShader::LinearGemv { .. } => {
-                s += &consts(&[("LANES", GEMV_LANES)]);
+            ModelShader::LinearGemv { tok4, .. } => {
+                s += &consts(&[("LANES", GEMV_LANES), ("TOK4", *tok4)]);
                 MODEL_OPS_GEMV
             }
             ModelShader::RmsNorm { .. } => MODEL_OPS_RMS_NORM,
