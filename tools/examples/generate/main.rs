@@ -35,6 +35,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
+use polyattn::DType;
 
 use crate::glass::GlassTokenizer;
 use crate::model::{HostWeights, Llama, LlamaConfig};
@@ -90,6 +91,10 @@ struct Args {
     /// the native Vulkan runtime, pure decode steps of up to 16 requests replay graphs).
     #[arg(long)]
     eager: bool,
+    /// After the run, measure the device's streaming bandwidth and report the decode rate as
+    /// a fraction of the weight-streaming limit (weights read once per step).
+    #[arg(long)]
+    roofline: bool,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -299,6 +304,19 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     let stats = runner.stats();
+    let weight_bytes = runner.model().weight_bytes();
+    let stream_gbps = if args.roofline {
+        let cfg = polyattn::probe::ProbeConfig {
+            trials: 3,
+            fma_seconds: 0.05,
+            ..Default::default()
+        };
+        let peaks = polyattn_tools::bench::peaks::measure(runner.device(), DType::F32, &cfg)
+            .map_err(|e| format!("measuring the device's bandwidth: {e}"))?;
+        Some(peaks.read_gbps.unwrap_or(peaks.mem_gbps))
+    } else {
+        None
+    };
     if let Some(path) = &args.json {
         let mut machine = polyattn_tools::bench::machine::Machine::collect(
             backend.device_kind() != polyattn::DeviceKind::Cpu,
@@ -316,6 +334,8 @@ fn run(args: Args) -> Result<(), String> {
             prefill_tokens_per_s: stats.prefill_tokens_per_s(),
             decode_tokens_per_s: stats.decode_tokens_per_s(),
             graphs: runner.uses_graphs(),
+            weight_bytes: Some(weight_bytes as u64),
+            stream_gbps,
             machine,
         };
         record.append_to(path).map_err(|e| e.to_string())?;
@@ -348,6 +368,16 @@ fn run(args: Args) -> Result<(), String> {
             String::new()
         }
     );
+    if let Some(gbps) = stream_gbps {
+        let limit = prompts.len() as f64 * gbps * 1e9 / weight_bytes.max(1) as f64;
+        eprintln!(
+            "[polyattn] weight-streaming limit: {:.1} MB of weights per step at {gbps:.1} GB/s \
+             = {limit:.1} tok/s for {} prompt(s); decode at {:.2}× of it",
+            weight_bytes as f64 / 1e6,
+            prompts.len(),
+            stats.decode_tokens_per_s() / limit.max(1e-9)
+        );
+    }
     Ok(())
 }
 

@@ -257,6 +257,36 @@ impl Llama {
         &self.config
     }
 
+    /// Bytes of every weight a decode step reads (each layer's, the final norm, the output
+    /// head; of the embedding only the rows of the step's tokens, counted as none unless it
+    /// is the tied head).
+    pub fn weight_bytes(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [
+                    &l.attn_norm,
+                    &l.wqkv,
+                    &l.wo,
+                    &l.ffn_norm,
+                    &l.w_gate_up,
+                    &l.w_down,
+                ]
+                .iter()
+                .map(|t| t.size_in_bytes())
+                .sum::<usize>()
+            })
+            .sum();
+        layer
+            + self.final_norm.size_in_bytes()
+            + self
+                .lm_head
+                .as_ref()
+                .unwrap_or(&self.embedding)
+                .size_in_bytes()
+    }
+
     /// The device holding the weights.
     pub fn device(&self) -> &Device {
         &self.device

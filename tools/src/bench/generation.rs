@@ -38,11 +38,27 @@ pub struct GenerationRecord {
     /// every step eagerly).
     #[serde(default)]
     pub graphs: bool,
+    /// Bytes of weights one decode step reads (`--roofline`).
+    #[serde(default)]
+    pub weight_bytes: Option<u64>,
+    /// The device's measured streaming bandwidth, GB/s (`--roofline`: the CPU's parallel
+    /// read, a GPU's device copy).
+    #[serde(default)]
+    pub stream_gbps: Option<f64>,
     /// The machine.
     pub machine: Machine,
 }
 
 impl GenerationRecord {
+    /// Decode tokens/s if every step only streamed the weights once at the measured
+    /// bandwidth, with all the run's prompts in every step: `prompts · GB/s / weight bytes`.
+    pub fn stream_limit(&self) -> Option<f64> {
+        match (self.weight_bytes, self.stream_gbps) {
+            (Some(b), Some(g)) if b > 0 => Some(self.prompts as f64 * g * 1e9 / b as f64),
+            _ => None,
+        }
+    }
+
     /// Appends the record to `path` as one JSON line.
     pub fn append_to(&self, path: &Path) -> Result<()> {
         use std::io::Write;
@@ -84,7 +100,10 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
          replayed graphs (captured once per padded batch size) or eager launches. Wall \
          clock, including the per-step host work (scheduling, metadata, sampling, the \
          download of the logits, or of the token ids when every request is greedy: the \
-         argmax runs on the device).\n",
+         argmax runs on the device). *weight-streaming limit* (`--roofline`): the decode \
+         rate if each step only read the weights once at the bandwidth measured right after \
+         the run (the CPU's parallel read, a GPU's device copy), all prompts in every step, \
+         and the measured decode rate as a fraction of it.\n",
         sources
             .iter()
             .map(|s| format!("`{s}`"))
@@ -93,9 +112,9 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
     );
     let _ = writeln!(
         out,
-        "| model | backend | device | prompts | prompt tok | generated | prefill tok/s | decode tok/s | decode steps | machine | date |"
+        "| model | backend | device | prompts | prompt tok | generated | prefill tok/s | decode tok/s | decode steps | weight-streaming limit | machine | date |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in records {
         let m = &r.machine;
         let machine = match &m.gpu {
@@ -112,7 +131,7 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
             r.model,
             r.backend,
             r.device.replace('|', "/"),
@@ -122,6 +141,9 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
             r.prefill_tokens_per_s,
             r.decode_tokens_per_s,
             if r.graphs { "graphs" } else { "eager" },
+            r.stream_limit()
+                .map(|l| format!("{l:.0} tok/s ({:.2}×)", r.decode_tokens_per_s / l.max(1e-9)))
+                .unwrap_or_else(|| "-".into()),
             machine.replace('|', "/"),
             m.date
         );
