@@ -33,9 +33,10 @@
 //     heads are rotated exactly as model_rope rotates them (the same angle arithmetic) and
 //     written to q / k, value heads copied to v: the three projections' split and both
 //     rotations in one launch.
-//   * model_argmax: one block per row (grid-stride over rows); each thread keeps the best
-//     (value, index) of a strided slice, then warp shuffles and one warp reduce the block's
-//     candidates. "Better" is a larger value, or an equal value at a lower index; NaN is never
+//   * model_argmax: one block of 1024 threads per row (grid-stride over rows); each thread
+//     keeps the best (value, index) of a strided slice, then warp shuffles and thread 0
+//     reduce the block's candidates. "Better" is a larger value, or an equal value at a
+//     lower index; NaN is never
 //     better (every comparison with it is false) and -inf is no candidate, so a row with
 //     nothing above -inf keeps the start candidate (-inf, INT_MAX) and gives 0: the host's
 //     rule (src/compute/cpu.rs argmax_row).
@@ -338,9 +339,13 @@ __device__ __forceinline__ bool mo_better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
-extern "C" __global__ void __launch_bounds__(MO_THREADS) model_argmax(const ArgmaxParams p) {
-    __shared__ float red_v[MO_THREADS / 32];
-    __shared__ int red_i[MO_THREADS / 32];
+// One row is a whole vocabulary (49152 for SmolLM2) and a decode step has few rows: a wide
+// block, so one row takes few rounds of loads.
+#define ARGMAX_THREADS 1024
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_argmax(const ArgmaxParams p) {
+    __shared__ float red_v[ARGMAX_THREADS / 32];
+    __shared__ int red_i[ARGMAX_THREADS / 32];
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -348,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_argmax(const Argm
         const float* xr = p.x + row * p.v;
         float bv = -PA_INF;
         int bi = 0x7fffffff;
-        for (int c = tid; c < p.v; c += MO_THREADS) {
+        for (int c = tid; c < p.v; c += ARGMAX_THREADS) {
             const float v = __ldg(xr + c);
             if (v > -PA_INF && mo_better(v, c, bv, bi)) {
                 bv = v;
@@ -372,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_argmax(const Argm
         if (tid == 0) {
             float v = red_v[0];
             int i = red_i[0];
-            for (int w = 1; w < MO_THREADS / 32; ++w) {
+            for (int w = 1; w < ARGMAX_THREADS / 32; ++w) {
                 if (mo_better(red_v[w], red_i[w], v, i)) {
                     v = red_v[w];
                     i = red_i[w];

@@ -88,7 +88,9 @@ pub struct CommonAttentionMetadata {
     max_query_len: usize,
     max_seq_len: usize,
     min_cache_blocks: usize,
-    device: DeviceMetadata,
+    /// Shared, not copied, by clones (builders keep a clone in their metadata: cloning the
+    /// tensors would copy four arrays on the device every step).
+    device: std::sync::Arc<DeviceMetadata>,
 }
 
 /// How a reordered batch splits into decodes (first) and prefills (after).
@@ -135,7 +137,7 @@ impl CommonAttentionMetadata {
             max_query_len,
             max_seq_len,
             min_cache_blocks: v.min_cache_blocks,
-            device: dev,
+            device: std::sync::Arc::new(dev),
         })
     }
 

@@ -11,7 +11,7 @@
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
 //! * `swiglu`: `model_swiglu`; `rope_split_qkv`: `model_rope_split` (all three outputs in one
 //!   launch).
-//! * `argmax`: `model_argmax`, one block per row.
+//! * `argmax`: `model_argmax`, one block of [`ARGMAX_THREADS`] per row.
 //!
 //! Shapes and dtypes were validated by `crate::compute`; this file checks that the tensors
 //! live on this device, picks the float4 variants (row length a multiple of 4 and 16-byte
@@ -25,8 +25,8 @@ use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     gemv_entry, ArgmaxParams, EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams,
-    RopeSplitParams, SwigluParams, GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR,
-    MODEL_OPS, MODEL_THREADS,
+    RopeSplitParams, SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE,
+    MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -326,7 +326,7 @@ pub(super) fn argmax(
     };
     // One block per row (the kernel strides over rows past the grid's limit).
     let blocks = r.min(i32::MAX as usize) as u32;
-    launch(dev, "model_argmax", (blocks, 1, 1), MODEL_THREADS, &params)
+    launch(dev, "model_argmax", (blocks, 1, 1), ARGMAX_THREADS, &params)
 }
 
 pub(super) fn swiglu(

@@ -21,6 +21,8 @@ pub fn gemv_entry(t: usize) -> &'static str {
 pub const MODEL_THREADS: u32 = 256;
 /// Output tile edge of the tiled linear kernel (`LIN_BM` = `LIN_BN`).
 pub const LINEAR_TILE: usize = 64;
+/// Threads per block of the argmax kernel (`ARGMAX_THREADS`: a row is a whole vocabulary).
+pub const ARGMAX_THREADS: u32 = 1024;
 /// Warps (output features) per GEMV block (`GEMV_WARPS`).
 pub const GEMV_WARPS: usize = 4;
 
