@@ -7,7 +7,9 @@
 # "Model generation" section of benches/RESULTS.md).
 # SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
 # (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
-# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, tiny, smollm2, speed)
+# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, tiny, smollm2, speed,
+# profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 OUT=${OUT:-/tmp/h200}
 B=${B:-.devlead}
@@ -40,10 +42,21 @@ for p in "$@"; do
     speed)
       P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
          "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
-      for be in cuda wgpu cpu; do
-        run "tiny-$be" 60 env POLYATTN_BACKEND=$be $B/example-generate --max-tokens 64 --json "$OUT/generate-h200.jsonl"
-        run "smollm2-$be-1" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --json "$OUT/generate-h200.jsonl" "${P[0]}"
-        run "smollm2-$be-8" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --json "$OUT/generate-h200.jsonl" "${P[@]}"
+      # CUDA and VULKAN capture decode steps by default; their eager rows come with --eager.
+      for run_as in cuda cuda:--eager vulkan vulkan:--eager wgpu cpu; do
+        be=${run_as%%:*}; flag=${run_as#$be}; flag=${flag#:}; tag=$be${flag:+-eager}
+        run "smollm2-$tag-1" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --roofline $flag --json "$OUT/generate-h200.jsonl" "${P[0]}"
+        run "smollm2-$tag-8" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --roofline $flag --json "$OUT/generate-h200.jsonl" "${P[@]}"
+      done ;;
+    profile)
+      for n in 1 8; do
+        PR=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+            "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+        say "ncu smollm2 $n"
+        POLYATTN_BACKEND=cuda timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
+          --csv --print-units base $B/example-generate --model smollm2 --eager --no-warmup --max-tokens 4 \
+          "${PR[@]:0:$n}" >"$OUT/ncu-smollm2-$n.csv" 2>"$OUT/ncu-smollm2-$n.log"
+        echo "-- rc=$? $(wc -l <"$OUT/ncu-smollm2-$n.csv") lines"
       done ;;
   esac
 done

@@ -124,7 +124,8 @@ impl DecodeGraphs {
 
     /// Runs one decode step of `rows` at padded size `size` (from [`DecodeGraphs::size_for`]):
     /// eagerly then captured the first time, replayed after. `greedy`: download token ids,
-    /// else the logits of the real rows.
+    /// else the logits of the real rows. `wait` gains the time spent waiting for the device
+    /// before the download.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run<M: CausalLm>(
         &mut self,
@@ -135,6 +136,7 @@ impl DecodeGraphs {
         caches: &mut [KvCache],
         builder: &dyn AttentionMetadataBuilder,
         device: &Device,
+        wait: &mut std::time::Duration,
     ) -> Result<StepOutput> {
         let n = rows.len();
         if n == 0 || n > size {
@@ -224,6 +226,9 @@ impl DecodeGraphs {
             }
         }
         entry.metadata = Some(metadata);
+        let synced = std::time::Instant::now();
+        device.synchronize()?;
+        *wait += synced.elapsed();
         Ok(if greedy {
             let mut t = entry.tokens.to_i32_vec()?;
             t.truncate(n);

@@ -134,10 +134,17 @@ pub struct RunnerStats {
     pub prefill_time: Duration,
     /// Wall time of steps that computed only decode tokens.
     pub decode_time: Duration,
+    /// Steps that computed only decode tokens.
+    pub decode_steps: usize,
     /// Requests preempted for lack of cache blocks.
     pub preemptions: usize,
     /// Decode steps that replayed (or first ran and captured) a graph.
     pub graph_steps: usize,
+    /// Of `decode_time`, the time spent waiting for the device to finish the step's work
+    /// (the synchronisation before the step's outputs are read). The rest is host work:
+    /// scheduling, metadata, uploads and launches. A step whose wait is small is bound by
+    /// the host; one whose wait is most of it, by the device.
+    pub decode_wait: Duration,
 }
 
 impl RunnerStats {
@@ -370,6 +377,7 @@ impl<M: CausalLm> ModelRunner<M> {
             .as_ref()
             .filter(|_| sampled.len() == plan.len() && plan.iter().all(|s| s.num_tokens == 1))
             .and_then(|g| g.size_for(plan.len()));
+        let mut wait = Duration::ZERO;
         let output = match (graph_size, self.graphs.as_mut()) {
             (Some(size), Some(graphs)) => {
                 let rows: Vec<DecodeRow<'_>> = plan
@@ -394,11 +402,14 @@ impl<M: CausalLm> ModelRunner<M> {
                     &mut self.caches,
                     self.builder.as_ref(),
                     &self.device,
+                    &mut wait,
                 )?)
             }
-            _ => self.eager_step(&plan, sampled.len(), greedy)?,
+            _ => self.eager_step(&plan, sampled.len(), greedy, &mut wait)?,
         };
+        let synced = Instant::now();
         self.device.synchronize()?;
+        wait += synced.elapsed();
 
         // Advance every scheduled request; sample for those at the end of their tokens.
         for s in &plan {
@@ -451,17 +462,21 @@ impl<M: CausalLm> ModelRunner<M> {
             self.stats.prefill_time += elapsed;
         } else {
             self.stats.decode_time += elapsed;
+            self.stats.decode_steps += 1;
+            self.stats.decode_wait += wait;
         }
         Ok(outputs)
     }
 
     /// Runs the step's batch through [`CausalLm::forward`]; the sampler's input when
     /// `sampled` rows sample (token ids chosen on the device when every one is greedy).
+    /// `wait` gains the time spent waiting for the device before the download.
     fn eager_step(
         &mut self,
         plan: &[super::scheduler::Scheduled],
         sampled: usize,
         greedy: bool,
+        wait: &mut Duration,
     ) -> Result<Option<StepOutput>> {
         let bs = self.runner.block_size;
         let width = plan
@@ -527,10 +542,17 @@ impl<M: CausalLm> ModelRunner<M> {
                 logits.shape()
             )));
         }
-        Ok(Some(if greedy {
-            StepOutput::Tokens(compute::argmax(&logits)?.to_i32_vec()?)
+        let tokens = if greedy {
+            Some(compute::argmax(&logits)?)
         } else {
-            StepOutput::Logits(logits.to_f32_vec()?)
+            None
+        };
+        let synced = Instant::now();
+        self.device.synchronize()?;
+        *wait += synced.elapsed();
+        Ok(Some(match tokens {
+            Some(t) => StepOutput::Tokens(t.to_i32_vec()?),
+            None => StepOutput::Logits(logits.to_f32_vec()?),
         }))
     }
 

@@ -304,6 +304,9 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     let stats = runner.stats();
+    let per_step = |d: std::time::Duration| {
+        (stats.decode_steps > 0).then(|| d.as_secs_f64() * 1e6 / stats.decode_steps as f64)
+    };
     let weight_bytes = runner.model().weight_bytes();
     let stream_gbps = if args.roofline {
         let cfg = polyattn::probe::ProbeConfig {
@@ -336,6 +339,8 @@ fn run(args: Args) -> Result<(), String> {
             graphs: runner.uses_graphs(),
             weight_bytes: Some(weight_bytes as u64),
             stream_gbps,
+            decode_step_us: per_step(stats.decode_time),
+            decode_wait_us: per_step(stats.decode_wait),
             machine,
         };
         record.append_to(path).map_err(|e| e.to_string())?;
@@ -368,6 +373,13 @@ fn run(args: Args) -> Result<(), String> {
             String::new()
         }
     );
+    if let (Some(step), Some(wait)) = (per_step(stats.decode_time), per_step(stats.decode_wait)) {
+        eprintln!(
+            "[polyattn] a decode step: {step:.1} µs, of which {wait:.1} µs waiting for the \
+             device and {:.1} µs of host work (scheduling, metadata, uploads, launches)",
+            step - wait
+        );
+    }
     if let Some(gbps) = stream_gbps {
         let limit = prompts.len() as f64 * gbps * 1e9 / weight_bytes.max(1) as f64;
         eprintln!(

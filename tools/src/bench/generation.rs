@@ -45,6 +45,13 @@ pub struct GenerationRecord {
     /// read, a GPU's device copy).
     #[serde(default)]
     pub stream_gbps: Option<f64>,
+    /// Mean wall time of a pure-decode step, µs (records without it did not report it).
+    #[serde(default)]
+    pub decode_step_us: Option<f64>,
+    /// Of it, the mean time spent waiting for the device, µs (the rest is host work:
+    /// scheduling, metadata, uploads, launches).
+    #[serde(default)]
+    pub decode_wait_us: Option<f64>,
     /// The machine.
     pub machine: Machine,
 }
