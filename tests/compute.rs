@@ -566,6 +566,173 @@ fn fused_ops_equal_their_parts() {
     );
 }
 
+/// (tokens, in_features, query heads, kv heads, head size, intermediate) of
+/// `linear_fused_matches_reference`: T either side of the GPU kernels' GEMV widths (4 / 5,
+/// 8 / 9, 16 / 17) and well into the tiled form; K = SmolLM2's 576 (vector loads) and odd
+/// widths (scalar loads); head layouts of SmolLM2 (9 / 3 of 64) and small GQA ones.
+const FUSED_SHAPES: &[(usize, usize, usize, usize, usize, usize)] = &[
+    (1, 576, 9, 3, 64, 1536),
+    (4, 35, 4, 2, 8, 37),
+    (5, 576, 9, 3, 64, 96),
+    (8, 35, 4, 2, 8, 37),
+    (9, 576, 4, 4, 32, 40),
+    (16, 35, 9, 3, 64, 37),
+    (17, 576, 9, 3, 64, 96),
+    (64, 35, 4, 2, 8, 37),
+    (130, 96, 2, 1, 16, 200),
+];
+
+/// `x / sqrt(mean(x²) + eps) · g` per row, in f64, or `x` itself without a norm.
+fn normed_rows(x: &[f32], g: Option<(&[f32], f32)>, t: usize, k: usize) -> Vec<f64> {
+    let mut h: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    if let Some((g, eps)) = g {
+        for row in h.chunks_mut(k).take(t) {
+            let ms = row.iter().map(|a| a * a).sum::<f64>() / k as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            for (v, &gi) in row.iter_mut().zip(g) {
+                *v *= inv * gi as f64;
+            }
+        }
+    }
+    h
+}
+
+/// `h [T, K] · w [N, K]ᵀ` in f64.
+fn product(h: &[f64], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut p = vec![0.0f64; t * n];
+    for i in 0..t {
+        for j in 0..n {
+            p[i * n + j] = (0..k).map(|c| h[i * k + c] * w[j * k + c] as f64).sum();
+        }
+    }
+    p
+}
+
+/// `compute::linear_fused` in every output form, with and without the input norm, against
+/// f64 references of the separate operations; every output starts as NaN, so an element
+/// left unwritten fails.
+#[test]
+fn linear_fused_matches_reference() {
+    for_each_case(
+        "compute::linear_fused",
+        FUSED_SHAPES,
+        |&(t, k, h, hk, d, i)| CaseInfo::plain(format!("T{t} K{k} H{h}/{hk} d{d} I{i}")),
+        |b, &(t, k, h, hk, d, i)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 1009 + k * 13 + i) as u64);
+            let tensor = |v: &[f32], shape: &[usize]| Tensor::from_f32(&dev, v, shape, DType::F32);
+            let nan = |shape: &[usize]| tensor(&vec![f32::NAN; shape.iter().product()], shape);
+            let weight = |rng: &mut Rng, n: usize| -> Vec<f32> {
+                let s = 1.0 / (k as f32).sqrt();
+                rng.normals(n * k).iter().map(|v| v * s).collect()
+            };
+            let x: Vec<f32> = rng.normals(t * k).iter().map(|v| 3.0 * v + 0.5).collect();
+            let g: Vec<f32> = rng.normals(k).iter().map(|v| 1.0 + 0.5 * v).collect();
+            let (xt, gt) = (tensor(&x, &[t, k])?, tensor(&g, &[k])?);
+            let eps = 1e-5f32;
+            let pos: Vec<i32> = (0..t).map(|_| rng.below(3000) as i32).collect();
+            let post = Tensor::from_i32(&dev, &pos, &[t])?;
+            for with_norm in [false, true] {
+                let norm = with_norm.then_some(compute::InputNorm {
+                    weight: &gt,
+                    eps,
+                });
+                let hx = normed_rows(&x, with_norm.then_some((g.as_slice(), eps)), t, k);
+                let label = if with_norm { "norm + " } else { "" };
+
+                // Store, into an odd width.
+                let n = 67;
+                let w = weight(&mut rng, n);
+                let mut out = nan(&[t, n])?;
+                compute::linear_fused(&xt, norm, &tensor(&w, &[n, k])?, compute::LinearOutput::Store(&mut out))?;
+                check(&format!("{label}linear"), &out, &product(&hx, &w, t, k, n))?;
+
+                // Accumulate onto random values.
+                let y0 = rng.normals(t * n);
+                let mut y = tensor(&y0, &[t, n])?;
+                compute::linear_fused(&xt, norm, &tensor(&w, &[n, k])?, compute::LinearOutput::Accumulate(&mut y))?;
+                let want: Vec<f64> = product(&hx, &w, t, k, n)
+                    .iter()
+                    .zip(&y0)
+                    .map(|(p, &y)| p + y as f64)
+                    .collect();
+                check(&format!("{label}linear accumulate"), &y, &want)?;
+
+                // SwiGLU of a stacked gate / up weight.
+                let w = weight(&mut rng, 2 * i);
+                let mut out = nan(&[t, i])?;
+                compute::linear_fused(&xt, norm, &tensor(&w, &[2 * i, k])?, compute::LinearOutput::SwiGlu(&mut out))?;
+                let p = product(&hx, &w, t, k, 2 * i);
+                let want: Vec<f64> = (0..t * i)
+                    .map(|e| {
+                        let (r, c) = (e / i, e % i);
+                        let (gv, uv) = (p[r * 2 * i + c], p[r * 2 * i + i + c]);
+                        gv / (1.0 + (-gv).exp()) * uv
+                    })
+                    .collect();
+                check(&format!("{label}swiglu"), &out, &want)?;
+
+                // The split of a fused Q/K/V projection, rotated, in both pairings.
+                let row = (h + 2 * hk) * d;
+                let w = weight(&mut rng, row);
+                let wt = tensor(&w, &[row, k])?;
+                let p = product(&hx, &w, t, k, row);
+                for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+                    let rope = Rope { base: 10000.0, style };
+                    let (mut q, mut kk, mut v) = (nan(&[t, h, d])?, nan(&[t, hk, d])?, nan(&[t, hk, d])?);
+                    compute::linear_fused(
+                        &xt,
+                        norm,
+                        &wt,
+                        compute::LinearOutput::RopeSplitQkv {
+                            positions: &post,
+                            rope,
+                            q: &mut q,
+                            k: &mut kk,
+                            v: &mut v,
+                        },
+                    )?;
+                    let half = d / 2;
+                    let heads = |first: usize, count: usize, rotate: bool| -> Vec<f64> {
+                        let mut out = Vec::with_capacity(t * count * d);
+                        for (r, &ps) in pos.iter().enumerate() {
+                            for hh in first..first + count {
+                                let src = &p[r * row + hh * d..][..d];
+                                let mut dst = src.to_vec();
+                                if rotate {
+                                    for pi in 0..half {
+                                        let a = ps as f64 * 10000f64.powf(-2.0 * pi as f64 / d as f64);
+                                        let (ia, ib) = match style {
+                                            RopeStyle::Interleaved => (2 * pi, 2 * pi + 1),
+                                            RopeStyle::HalfSplit => (pi, pi + half),
+                                        };
+                                        dst[ia] = src[ia] * a.cos() - src[ib] * a.sin();
+                                        dst[ib] = src[ia] * a.sin() + src[ib] * a.cos();
+                                    }
+                                }
+                                out.extend(dst);
+                            }
+                        }
+                        out
+                    };
+                    // Angles of positions in the thousands carry ~1e-4 rad of f32 rounding on
+                    // a GPU: the rotated heads get rope_matches_reference's tolerance.
+                    let rot = Tolerance { atol: 2e-3, rtol: 1e-3 };
+                    for (what, got, want, tolerance) in [
+                        ("q", &q, heads(0, h, true), rot),
+                        ("k", &kk, heads(h, hk, true), rot),
+                        ("v", &v, heads(h + hk, hk, false), tol()),
+                    ] {
+                        let cmp = reference::compare(&got.to_f32_vec()?, &want, tolerance);
+                        ensure(cmp.pass, || format!("{label}rope split {style:?} {what}: {cmp}"))?;
+                    }
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
 #[test]
 fn bad_arguments_are_typed_errors() {
     let dev = polyattn::Device::cpu();
@@ -591,4 +758,45 @@ fn bad_arguments_are_typed_errors() {
     assert!(e.contains("even head_size"), "{e}");
     let e = x.clone().reshape(&[5, 2]).unwrap_err().to_string();
     assert!(e.contains("10 elements"), "{e}");
+
+    // linear_fused: an odd gate/up weight, a Q/K/V weight of the wrong height, a norm
+    // weight of the wrong width; nothing is written.
+    let w3 = Tensor::from_f32(&dev, &[1.0; 12], &[3, 4], DType::F32).unwrap();
+    let mut o = Tensor::from_f32(&dev, &[7.0; 3], &[3, 1], DType::F32).unwrap();
+    let e = compute::linear_fused(&x, None, &w3, compute::LinearOutput::SwiGlu(&mut o))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("even number of rows"), "{e}");
+    let (mut qh, mut kh, mut vh) = (
+        Tensor::from_f32(&dev, &[0.0; 6], &[3, 1, 2], DType::F32).unwrap(),
+        Tensor::from_f32(&dev, &[0.0; 6], &[3, 1, 2], DType::F32).unwrap(),
+        Tensor::from_f32(&dev, &[0.0; 6], &[3, 1, 2], DType::F32).unwrap(),
+    );
+    let p3 = Tensor::from_i32(&dev, &[0, 1, 2], &[3]).unwrap();
+    let e = compute::linear_fused(
+        &x,
+        None,
+        &w3,
+        compute::LinearOutput::RopeSplitQkv {
+            positions: &p3,
+            rope,
+            q: &mut qh,
+            k: &mut kh,
+            v: &mut vh,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("(H + 2·Hk)·d = 6"), "{e}");
+    let g5 = Tensor::from_f32(&dev, &[1.0; 5], &[5], DType::F32).unwrap();
+    let mut o2 = Tensor::from_f32(&dev, &[7.0; 9], &[3, 3], DType::F32).unwrap();
+    let norm = Some(compute::InputNorm {
+        weight: &g5,
+        eps: 1e-5,
+    });
+    let e = compute::linear_fused(&x, norm, &w3, compute::LinearOutput::Store(&mut o2))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rms_norm weight"), "{e}");
+    assert_eq!(o2.to_f32_vec().unwrap(), vec![7.0; 9]);
 }

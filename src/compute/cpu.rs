@@ -4,8 +4,10 @@
 
 use rayon::prelude::*;
 
-use super::{Rope, RopeStyle};
-use crate::device::{CpuStorage, Tensor};
+use super::fused_linear::FusedLinear;
+use super::{LinearOutput, Rope, RopeStyle};
+use crate::device::{CpuStorage, Device, Tensor};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 fn f32s(t: &Tensor) -> &[f32] {
@@ -76,15 +78,18 @@ pub(super) fn rms_norm(
     if h > 0 {
         out.par_chunks_mut(h)
             .zip(x.par_chunks(h))
-            .for_each(|(o, xr)| {
-                let ms = xr.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / h as f64;
-                let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
-                for ((oi, &xi), &wi) in o.iter_mut().zip(xr).zip(w) {
-                    *oi = xi * inv * wi;
-                }
-            });
+            .for_each(|(o, xr)| norm_row(xr, w, eps, o));
     }
     Ok(())
+}
+
+/// One row of RMSNorm: `o = x / sqrt(mean(x²) + eps) · w` (the mean square in f64).
+fn norm_row(xr: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+    let ms = xr.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / xr.len() as f64;
+    let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+    for ((oi, &xi), &wi) in o.iter_mut().zip(xr).zip(w) {
+        *oi = xi * inv * wi;
+    }
 }
 
 /// Dot product with eight independent accumulators (vectorises).
@@ -143,13 +148,19 @@ pub(super) fn linear(
     out: &mut Tensor,
     accumulate: bool,
 ) -> Result<()> {
-    let (x, w) = (f32s(x_t), f32s(w));
     if t == 0 || n == 0 {
         return Ok(());
     }
-    // Output features in blocks of 16: each block reads 16 weight rows once for all tokens.
+    let yt = product_t(f32s(x_t), f32s(w), t, k, n);
+    store_t(&yt, t, n, f32s_mut(out), accumulate);
+    Ok(())
+}
+
+/// `y = x·Wᵀ` transposed: `[N][T]` (`yt[j * t + i] = y[i][j]`), so that each weight row is
+/// read once for all tokens. Output features in blocks of 16, one rayon task each.
+fn product_t(x: &[f32], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
     const BLOCK: usize = 16;
-    let mut yt = vec![0.0f32; n * t]; // transposed: [N, T]
+    let mut yt = vec![0.0f32; n * t];
     let avx2 = has_avx2_fma();
     yt.par_chunks_mut(BLOCK * t)
         .enumerate()
@@ -164,7 +175,11 @@ pub(super) fn linear(
             let _ = avx2;
             linear_block(x, w, k, t, n0, cols);
         });
-    let y = f32s_mut(out);
+    yt
+}
+
+/// Writes (or adds) the transposed product `yt [N][T]` into `y [T][N]`.
+fn store_t(yt: &[f32], t: usize, n: usize, y: &mut [f32], accumulate: bool) {
     for (j, col) in yt.chunks_exact(t).enumerate() {
         for (i, &c) in col.iter().enumerate() {
             if accumulate {
@@ -172,6 +187,51 @@ pub(super) fn linear(
             } else {
                 y[i * n + j] = c;
             }
+        }
+    }
+}
+
+/// [`super::linear_fused`] on the CPU: the norm, the product and the output step one after
+/// the other (the host has no launches to save; the numbers are the separate operations').
+pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<()> {
+    let (t, k, n) = (a.t, a.k, a.n);
+    let normed;
+    let x: &[f32] = match a.norm {
+        Some(nm) => {
+            let w = f32s(nm.weight);
+            let mut h = vec![0.0f32; t * k];
+            h.par_chunks_mut(k)
+                .zip(f32s(a.x).par_chunks(k))
+                .for_each(|(o, xr)| norm_row(xr, w, nm.eps, o));
+            normed = h;
+            &normed
+        }
+        None => &f32s(a.x)[..t * k],
+    };
+    let yt = product_t(x, f32s(a.w), t, k, n);
+    match out {
+        LinearOutput::Store(o) => store_t(&yt, t, n, f32s_mut(o), false),
+        LinearOutput::Accumulate(o) => store_t(&yt, t, n, f32s_mut(o), true),
+        LinearOutput::SwiGlu(o) => {
+            let i = n / 2;
+            let o = f32s_mut(o);
+            for r in 0..t {
+                for c in 0..i {
+                    o[r * i + c] = silu(yt[c * t + r]) * yt[(i + c) * t + r];
+                }
+            }
+        }
+        LinearOutput::RopeSplitQkv {
+            positions,
+            rope,
+            q,
+            k: kt,
+            v,
+        } => {
+            let mut p = Tensor::zeros(&Device::cpu(), &[t, n], DType::F32)?;
+            store_t(&yt, t, n, f32s_mut(&mut p), false);
+            let heads = (q.shape()[1], kt.shape()[1], q.shape()[2]);
+            rope_split(&p, positions, rope, heads, t, q, kt, v)?;
         }
     }
     Ok(())

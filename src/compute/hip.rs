@@ -3,6 +3,9 @@
 //! downloads its operands, runs the CPU kernel and uploads the result: the same numbers as
 //! the CPU backend, so model code runs unchanged on an AMD GPU, at the host's speed.
 
+use super::cpu;
+use super::fused_linear::FusedLinear;
+use super::{InputNorm, LinearOutput};
 use crate::device::{Device, Tensor};
 use crate::error::Result;
 
@@ -36,4 +39,64 @@ pub(super) fn via_host_in_place(
     op(&mut hx, &host(y)?)?;
     *x = hx.to_device(x.device())?;
     Ok(())
+}
+
+/// [`super::linear_fused`] through the host: every operand copied down, the CPU's form run,
+/// the outputs copied back.
+pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<()> {
+    let (x, w) = (host(a.x)?, host(a.w)?);
+    let norm_weight = a.norm.map(|nm| host(nm.weight)).transpose()?;
+    let norm = a.norm.zip(norm_weight.as_ref()).map(|(nm, weight)| InputNorm {
+        weight,
+        eps: nm.eps,
+    });
+    let on_host = FusedLinear {
+        x: &x,
+        w: &w,
+        norm,
+        ..*a
+    };
+    let back = |h: Tensor, o: &mut Tensor| -> Result<()> {
+        *o = h.to_device(o.device())?;
+        Ok(())
+    };
+    match out {
+        LinearOutput::Store(o) => {
+            let mut h = host(o)?;
+            cpu::linear_fused(&on_host, LinearOutput::Store(&mut h))?;
+            back(h, o)
+        }
+        LinearOutput::Accumulate(o) => {
+            let mut h = host(o)?;
+            cpu::linear_fused(&on_host, LinearOutput::Accumulate(&mut h))?;
+            back(h, o)
+        }
+        LinearOutput::SwiGlu(o) => {
+            let mut h = host(o)?;
+            cpu::linear_fused(&on_host, LinearOutput::SwiGlu(&mut h))?;
+            back(h, o)
+        }
+        LinearOutput::RopeSplitQkv {
+            positions,
+            rope,
+            q,
+            k,
+            v,
+        } => {
+            let (mut hq, mut hk, mut hv) = (host(q)?, host(k)?, host(v)?);
+            cpu::linear_fused(
+                &on_host,
+                LinearOutput::RopeSplitQkv {
+                    positions: &host(positions)?,
+                    rope,
+                    q: &mut hq,
+                    k: &mut hk,
+                    v: &mut hv,
+                },
+            )?;
+            back(hq, q)?;
+            back(hk, k)?;
+            back(hv, v)
+        }
+    }
 }

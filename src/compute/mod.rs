@@ -26,8 +26,11 @@
 
 pub(crate) mod cpu;
 mod cuda;
+mod fused_linear;
 mod hip;
 mod wgsl;
+
+pub use fused_linear::{linear_fused, InputNorm, LinearOutput};
 
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;
@@ -150,15 +153,8 @@ pub fn gather_rows_into(x: &Tensor, rows: &Tensor, out: &mut Tensor) -> Result<(
 
 fn rms_norm_dims(x: &Tensor, weight: &Tensor, eps: f32) -> Result<(usize, usize)> {
     let (t, h) = rank2("rms_norm input", x, "[num_tokens, hidden]")?;
-    weight.expect_shape("rms_norm weight", &[h])?;
     x.expect_dtype("rms_norm input", DType::F32)?;
-    weight.expect_dtype("rms_norm weight", DType::F32)?;
-    same_device("rms_norm", x, weight)?;
-    if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(Error::Config(format!(
-            "rms_norm eps must be finite and >= 0, got {eps}"
-        )));
-    }
+    fused_linear::norm_check(x, weight, eps, h)?;
     Ok((t, h))
 }
 
@@ -376,55 +372,9 @@ pub fn rope_split_qkv_into(
     k: &mut Tensor,
     v: &mut Tensor,
 ) -> Result<()> {
-    let (t, h, d) = match q.shape() {
-        [a, b, c] => (*a, *b, *c),
-        s => {
-            return Err(Error::shape(
-                "rope_split_qkv q",
-                s,
-                "[num_tokens, num_heads, head_size]",
-            ))
-        }
-    };
-    let hk = match k.shape() {
-        [_, b, _] => *b,
-        s => {
-            return Err(Error::shape(
-                "rope_split_qkv k",
-                s,
-                "[num_tokens, num_kv_heads, head_size]",
-            ))
-        }
-    };
-    if d % 2 != 0 {
-        return Err(Error::shape(
-            "rope_split_qkv q",
-            q.shape(),
-            "an even head_size",
-        ));
-    }
-    let width = (h + 2 * hk) * d;
-    qkv.expect_shape("rope_split_qkv input", &[t, width])?;
+    let (t, (h, hk, d)) = fused_linear::rope_split_dims(qkv, positions, rope, q, k, v)?;
+    qkv.expect_shape("rope_split_qkv input", &[t, (h + 2 * hk) * d])?;
     qkv.expect_dtype("rope_split_qkv input", DType::F32)?;
-    for (what, o) in [
-        ("rope_split_qkv q", &*q),
-        ("rope_split_qkv k", &*k),
-        ("rope_split_qkv v", &*v),
-    ] {
-        o.expect_dtype(what, DType::F32)?;
-        same_device(what, qkv, o)?;
-    }
-    k.expect_shape("rope_split_qkv k", &[t, hk, d])?;
-    v.expect_shape("rope_split_qkv v", &[t, hk, d])?;
-    positions.expect_shape("rope positions", &[t])?;
-    positions.expect_dtype("rope positions", DType::I32)?;
-    same_device("rope_split_qkv", qkv, positions)?;
-    if !(rope.base > 0.0 && rope.base.is_finite()) {
-        return Err(Error::Config(format!(
-            "rope base must be finite and > 0, got {}",
-            rope.base
-        )));
-    }
     let heads = (h, hk, d);
     match qkv.device() {
         Device::Cpu(_) => cpu::rope_split(qkv, positions, rope, heads, t, q, k, v),

@@ -368,3 +368,11 @@ pub(super) fn rope_split<R: WgslRuntime>(
     }
     Ok(())
 }
+
+pub(super) fn linear_fused<R: WgslRuntime>(
+    _dev: &R,
+    _a: &super::fused_linear::FusedLinear<'_>,
+    _out: super::LinearOutput<'_>,
+) -> Result<()> {
+    Err(Error::config("linear_fused: the WGSL family's kernels are being written"))
+}
