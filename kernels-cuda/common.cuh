@@ -303,6 +303,28 @@ __device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_
     *hi = max(a, b);
 }
 
+// ---------------------------------------------------------------- RoPE
+
+// Pair i of a head of size d at position pos, rotated: (x0, x1) -> (*y0, *y1).
+// inv_freq = powf(base, -2i/d) and angle = float(pos) · inv_freq in f32, reduced to [-π, π]
+// (Cody–Waite with fmaf, 2π = 6.28125 + 1.9353e-3) before __sinf / __cosf, which are
+// accurate to ~2^-21 there. Every product and sum is written out (fmaf with a separate
+// product), so that every kernel that rotates (model_rope, model_rope_split, the linear
+// layers' RoPE output) rounds identically whatever the compiler would contract.
+__device__ __forceinline__ void pa_rope_rotate(float x0, float x1, int pos, int i, int d,
+                                               float base, float* y0, float* y1) {
+    const float inv_freq = powf(base, -(float)(2 * i) / (float)d);
+    const float a = (float)pos * inv_freq;
+    const float kq = rintf(a * 0.15915494309189535f);
+    const float r = fmaf(-kq, 0.0019353071795864769f, fmaf(-kq, 6.28125f, a));
+    const float c = __cosf(r);
+    const float s = __sinf(r);
+    const float x1s = x1 * s;
+    const float x1c = x1 * c;
+    *y0 = fmaf(x0, c, -x1s);
+    *y1 = fmaf(x0, s, x1c);
+}
+
 #endif  // POLYATTN_COMMON_CUH
 
 #if PA_NVIDIA

@@ -1,30 +1,53 @@
 // The linear layers of the model runner and of the MLA prefill's kv_b_proj expansion, for
-// every compiler of the family (parameter block: src/kernels/cuda/model_ops.rs): y = x · Wᵀ
-// in f32, a tiled SGEMM for many rows and a GEMV for a few.
+// every compiler of the family (parameter block: src/kernels/cuda/model_ops.rs): p = x · Wᵀ
+// in f32, a tiled SGEMM for many rows and a GEMV for a few, each with an optional RMSNorm of
+// the input rows before the product and an output step after it (src/compute/fused_linear.rs
+// says what each computes):
+//   epilogue 0  store        y [T][N] = p
+//   epilogue 1  accumulate   y [T][N] += p (y is read once, by the thread that writes it)
+//   epilogue 2  swiglu       y [T][I] = silu(p[:, i]) · p[:, I + i], N = 2I
+//   epilogue 3  rope split   p is a fused Q/K/V projection, N = (H + 2Hk)·d: query heads
+//                            rotated into y = q [T][H][d], key heads into y2 = k [T][Hk][d],
+//                            value heads copied into y3 = v [T][Hk][d] (pa_rope_rotate, the
+//                            arithmetic of model_ops.cu's model_rope)
+// norm != null: each input row is used as h = x · inv · g with inv = 1 / sqrtf(mean(x²) + eps)
+// and g = norm [K] (model_rms_norm's expression; the squares are summed in this kernel's
+// own order).
+//
+// Pairs. The swiglu and rope outputs combine two products per output element (gate and up;
+// the two coordinates of a rotated pair), so those forms compute weight rows in *pairs*:
+// pair u is rows (u, I + u) for swiglu and, for rope, head = u / half, i = u % half, rows
+// head·d + ia and head·d + ib with (ia, ib) = (2i, 2i + 1) interleaved or (i, i + half).
+// The GEMV computes two rows per warp in every form (store / accumulate: rows 2u and 2u + 1,
+// the second dropped past N), so every x element it loads feeds two rows.
 //
 // Layout (row-major, dense, 256-byte aligned allocations): x [T][K], W [N][K] (PyTorch's
-// [out_features][in_features]), y [T][N]. `vec4` says that K is a multiple of 4 and x, W are
-// 16-byte aligned (checked on the host): the kernels then move float4s. `accumulate` = 1
-// computes y += x · Wᵀ instead (a projection added into the residual stream: y is read once,
-// by the thread that writes it).
+// [out_features][in_features]), outputs as above. `vec4` says that K is a multiple of 4 and
+// x, W, norm are 16-byte aligned (checked on the host): the kernels then move float4s.
 //
 // Algorithms:
 //   * model_linear_tiled (T > 16): 64×64 output tile per 256-thread block, K in steps of 16.
 //     The step's x and W rows are read with coalesced (float4) loads and stored transposed
 //     in shared memory ([16][64 + 4]: the padding keeps the float4 reads aligned and spreads
-//     the transposing stores); each thread then keeps a 4×4 register block (rows ty·4..
-//     features tx·4..) and does 16 FMAs per two float4 shared loads. Loads outside the
-//     matrices read zeros and stores outside y are skipped, so any T, K, N work.
-//   * model_linear_gemv / _gemv8 / _gemv16 (T ≤ 4 / 8 / 16, memory-bound: every weight
-//     element is read once for all T tokens): one warp / wavefront (PA_WAVE lanes) per output feature, 4 per
-//     block; lane l reads float4s l, l + PA_WAVE, ... of the weight row (through the
+//     the transposing stores); each thread then keeps a 4×4 register block (rows ty·4..,
+//     columns tx·4..) and does 16 FMAs per two float4 shared loads. Loads outside the
+//     matrices read zeros and stores outside the outputs are skipped, so any T, K, N work.
+//     With a norm, the block first sums the squares of its 64 rows (4 threads a row) into
+//     inv_sh and scales x as it loads it. In the pair forms the tile's 64 columns are 32
+//     pairs: column c is member (c >> 1) & 1 of pair (c >> 2)·2 + (c & 1), so a thread's four
+//     columns are both members of two pairs (acc[.][j] with acc[.][j + 2]).
+//   * model_linear_gemv{,8,16}{,_norm} (T ≤ 4 / 8 / 16; memory-bound: every weight element
+//     is read once for all T tokens): one warp / wavefront (PA_WAVE lanes) per row pair, 4
+//     per block; lane l reads float4s l, l + PA_WAVE, ... of both weight rows (through the
 //     read-only path where there is one) and of the T input rows (small: they stay in L1 /
-//     L2), keeps one partial sum per token in registers, and the warp reduces them with
-//     shuffles; lane 0 writes y[t][f].
+//     L2), keeps two partial sums per token in registers, and the warp reduces them with
+//     shuffles; lane tt writes token tt's outputs. The _norm forms first reduce each token
+//     row's sum of squares the same way.
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
-// ceil(T / 64) ≤ 65535; a GEMV runs only for 1 ≤ T ≤ its width.
+// ceil(T / 64) ≤ 65535; a GEMV runs only for 1 ≤ T ≤ its width; positions only feed
+// arithmetic.
 
 #include "common.cuh"
 
@@ -35,32 +58,172 @@
 #define LIN_PAD 4
 #define GEMV_WARPS 4
 
+#define LIN_STORE 0
+#define LIN_ACCUMULATE 1
+#define LIN_SWIGLU 2
+#define LIN_ROPE 3
+
 struct LinearParams {
     const float* x;
     const float* w;
-    float* y;
+    float* y;                // store / accumulate / swiglu output; rope: q
+    float* y2;               // rope: k
+    float* y3;               // rope: v
+    const float* norm;       // [K] RMSNorm weight, or null
+    const int* positions;    // rope: [T]
     int t;
     int k;
-    int n;
+    int n;                   // weight rows
     int vec4;
-    int accumulate;
+    int epilogue;            // LIN_*
+    float eps;
+    int num_heads;           // rope: H
+    int num_kv_heads;        // rope: Hk
+    int half;                // rope: d / 2
+    float rope_base;
+    int interleaved;         // rope: 1 = pairs (2i, 2i+1)
     int pad_;
 };
-static_assert(sizeof(LinearParams) == 48, "LinearParams must match src/kernels/cuda/model_ops.rs");
+static_assert(sizeof(LinearParams) == 104, "LinearParams must match src/kernels/cuda/model_ops.rs");
+
+// Row pairs of a pair form (and of the GEMV's store / accumulate): how many there are.
+__device__ __forceinline__ int lin_units(const LinearParams& p) {
+    return p.epilogue <= LIN_ACCUMULATE ? (p.n + 1) / 2 : p.n / 2;
+}
+
+// The two weight rows of pair u (the second equals the first where a store / accumulate
+// pair runs past N: it is then computed and dropped).
+__device__ __forceinline__ void lin_pair_rows(const LinearParams& p, int u, int* r0, int* r1) {
+    if (p.epilogue == LIN_SWIGLU) {
+        *r0 = u;
+        *r1 = p.n / 2 + u;
+    } else if (p.epilogue == LIN_ROPE) {
+        const int head = u / p.half;
+        const int i = u - head * p.half;
+        const int ia = p.interleaved ? 2 * i : i;
+        const int ib = p.interleaved ? ia + 1 : ia + p.half;
+        *r0 = head * 2 * p.half + ia;
+        *r1 = head * 2 * p.half + ib;
+    } else {
+        *r0 = 2 * u;
+        *r1 = min(2 * u + 1, p.n - 1);
+    }
+}
+
+__device__ __forceinline__ float lin_silu(float g) { return g / (1.0f + expf(-g)); }
+
+// Token tok's products a0, a1 of pair u, written as the epilogue says.
+__device__ __forceinline__ void lin_put_pair(const LinearParams& p, pa_i64 tok, int u, float a0,
+                                             float a1) {
+    if (p.epilogue == LIN_SWIGLU) {
+        p.y[tok * (p.n / 2) + u] = lin_silu(a0) * a1;
+    } else if (p.epilogue == LIN_ROPE) {
+        const int d = 2 * p.half;
+        const int head = u / p.half;
+        const int i = u - head * p.half;
+        const int ia = p.interleaved ? 2 * i : i;
+        const int ib = p.interleaved ? ia + 1 : ia + p.half;
+        float* dst;
+        bool rotate = true;
+        if (head < p.num_heads) {
+            dst = p.y + (tok * p.num_heads + head) * d;
+        } else if (head < p.num_heads + p.num_kv_heads) {
+            dst = p.y2 + (tok * p.num_kv_heads + head - p.num_heads) * d;
+        } else {
+            dst = p.y3 + (tok * p.num_kv_heads + head - p.num_heads - p.num_kv_heads) * d;
+            rotate = false;
+        }
+        if (rotate) {
+            pa_rope_rotate(a0, a1, p.positions[tok], i, d, p.rope_base, dst + ia, dst + ib);
+        } else {
+            dst[ia] = a0;
+            dst[ib] = a1;
+        }
+    } else {
+        float* yr = p.y + tok * p.n;
+        const int r0 = 2 * u;
+        const bool acc = p.epilogue == LIN_ACCUMULATE;
+        yr[r0] = acc ? yr[r0] + a0 : a0;
+        if (r0 + 1 < p.n) yr[r0 + 1] = acc ? yr[r0 + 1] + a1 : a1;
+    }
+}
+
+__device__ __forceinline__ float lin_sq4(float4 v, float s) {
+    s = fmaf(v.x, v.x, s);
+    s = fmaf(v.y, v.y, s);
+    s = fmaf(v.z, v.z, s);
+    return fmaf(v.w, v.w, s);
+}
+
+// x · inv · g per component (model_rms_norm's expression).
+__device__ __forceinline__ float4 lin_scale4(float4 v, float inv, float4 g) {
+    return make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+}
+
+__device__ __forceinline__ float lin_dot4(float4 w, float4 x, float s) {
+    s = fmaf(w.x, x.x, s);
+    s = fmaf(w.y, x.y, s);
+    s = fmaf(w.z, x.z, s);
+    return fmaf(w.w, x.w, s);
+}
 
 extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(const LinearParams p) {
     __shared__ __attribute__((aligned(16))) float as[LIN_BK][LIN_BM + LIN_PAD];
     __shared__ __attribute__((aligned(16))) float bs[LIN_BK][LIN_BN + LIN_PAD];
+    __shared__ float inv_sh[LIN_BM];
     const int tid = threadIdx.x;
     const int tx = tid % (LIN_BN / 4);
     const int ty = tid / (LIN_BN / 4);
     const pa_i64 m0 = (pa_i64)blockIdx.y * LIN_BM;
+    const bool pairs = p.epilogue >= LIN_SWIGLU;
+    // Plain forms: columns n0.. are rows n0..; pair forms: pairs u0.. (32 per tile).
     const pa_i64 n0 = (pa_i64)blockIdx.x * LIN_BN;
+    const int u0 = blockIdx.x * (LIN_BN / 2);
+    const int units = lin_units(p);
+
+    if (p.norm) {
+        // 4 threads per row: strided partial sums of squares, combined by two shuffles.
+        const int r = tid / 4;
+        const int q = tid % 4;
+        float s = 0.0f;
+        if (m0 + r < p.t) {
+            const float* xr = p.x + (m0 + r) * p.k;
+            if (p.vec4) {
+                for (int c = q; c < p.k / 4; c += 4) s = lin_sq4(pa_ldg((const float4*)xr + c), s);
+            } else {
+                for (int c = q; c < p.k; c += 4) {
+                    const float v = pa_ldg(xr + c);
+                    s = fmaf(v, v, s);
+                }
+            }
+        }
+        s += pa_shfl_xor(s, 1);
+        s += pa_shfl_xor(s, 2);
+        if (q == 0) inv_sh[r] = 1.0f / sqrtf(s / (float)p.k + p.eps);
+        __syncthreads();
+    }
+
+    // The weight row behind tile column r, or -1 past the matrix (each thread loads the same
+    // columns at every K step: looked up once).
+    auto wrow = [&](int r) -> pa_i64 {
+        if (!pairs) return n0 + r < p.n ? n0 + r : -1;
+        const int u = u0 + (r >> 2) * 2 + (r & 1);
+        if (u >= units) return -1;
+        int r0, r1;
+        lin_pair_rows(p, u, &r0, &r1);
+        return ((r >> 1) & 1) ? r1 : r0;
+    };
+
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    const pa_i64 wr_vec = wrow(tid / 4);
+    pa_i64 wr_scalar[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wr_scalar[i] = wrow((tid + i * MO_THREADS) / LIN_BK);
 
     for (int k0 = 0; k0 < p.k; k0 += LIN_BK) {
         if (p.vec4) {
@@ -68,10 +231,14 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
             const int r = tid / 4;
             const int c = (tid % 4) * 4;
             const bool kin = k0 + c < p.k;
+            const pa_i64 wr = wr_vec;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float4 b = a;
-            if (m0 + r < p.t && kin) a = pa_ldg((const float4*)(p.x + (m0 + r) * p.k + k0 + c));
-            if (n0 + r < p.n && kin) b = pa_ldg((const float4*)(p.w + (n0 + r) * p.k + k0 + c));
+            if (m0 + r < p.t && kin) {
+                a = pa_ldg((const float4*)(p.x + (m0 + r) * p.k + k0 + c));
+                if (p.norm) a = lin_scale4(a, inv_sh[r], pa_ldg((const float4*)(p.norm + k0 + c)));
+            }
+            if (wr >= 0 && kin) b = pa_ldg((const float4*)(p.w + wr * p.k + k0 + c));
             as[c + 0][r] = a.x;
             as[c + 1][r] = a.y;
             as[c + 2][r] = a.z;
@@ -88,8 +255,14 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
                 const int r = e / LIN_BK;
                 const int c = e % LIN_BK;
                 const bool kin = k0 + c < p.k;
-                as[c][r] = (m0 + r < p.t && kin) ? pa_ldg(p.x + (m0 + r) * p.k + k0 + c) : 0.0f;
-                bs[c][r] = (n0 + r < p.n && kin) ? pa_ldg(p.w + (n0 + r) * p.k + k0 + c) : 0.0f;
+                const pa_i64 wr = wr_scalar[i];
+                float a = 0.0f;
+                if (m0 + r < p.t && kin) {
+                    a = pa_ldg(p.x + (m0 + r) * p.k + k0 + c);
+                    if (p.norm) a = a * inv_sh[r] * pa_ldg(p.norm + k0 + c);
+                }
+                as[c][r] = a;
+                bs[c][r] = (wr >= 0 && kin) ? pa_ldg(p.w + wr * p.k + k0 + c) : 0.0f;
             }
         }
         __syncthreads();
@@ -107,7 +280,21 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
         __syncthreads();
     }
 
+    if (pairs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const pa_i64 m = m0 + ty * 4 + i;
+            if (m >= p.t) break;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int u = u0 + tx * 2 + j;
+                if (u < units) lin_put_pair(p, m, u, acc[i][j], acc[i][j + 2]);
+            }
+        }
+        return;
+    }
     const pa_i64 nb = n0 + tx * 4;
+    const bool accumulate = p.epilogue == LIN_ACCUMULATE;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const pa_i64 m = m0 + ty * 4 + i;
@@ -115,7 +302,7 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
         float* yr = p.y + m * p.n;
         if (p.n % 4 == 0 && nb + 3 < p.n) {
             float4 v = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-            if (p.accumulate) {
+            if (accumulate) {
                 const float4 o = *(const float4*)(yr + nb);
                 v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
             }
@@ -123,74 +310,109 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
         } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (nb + j < p.n) yr[nb + j] = p.accumulate ? yr[nb + j] + acc[i][j] : acc[i][j];
+                if (nb + j < p.n) yr[nb + j] = accumulate ? yr[nb + j] + acc[i][j] : acc[i][j];
         }
     }
 }
 
-// The GEMV for T ≤ MAXT tokens: MAXT partial sums in registers, so each width is its own
-// entry point (a 16-wide body for one token keeps fewer weight loads in flight).
-template <int MAXT>
+// The GEMV for T ≤ MAXT tokens: 2·MAXT partial sums in registers, so each width is its own
+// entry point (a 16-wide body for one token keeps fewer weight loads in flight); NORM: the
+// input rows are RMS-normed first.
+template <int MAXT, bool NORM>
 __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
     const int lane = threadIdx.x & (PA_WAVE - 1);
-    const pa_i64 f = (pa_i64)blockIdx.x * GEMV_WARPS + (threadIdx.x >> PA_WAVE_LOG2);
-    if (f >= p.n) return;  // the whole warp: no block-level synchronisation follows
+    const int u = blockIdx.x * GEMV_WARPS + (threadIdx.x >> PA_WAVE_LOG2);
+    if (u >= lin_units(p)) return;  // the whole warp: no block-level synchronisation follows
+    int r0, r1;
+    lin_pair_rows(p, u, &r0, &r1);
     const int t = p.t;
-    float acc[MAXT];
+    float inv[MAXT];
+    if (NORM) {
 #pragma unroll
-    for (int tt = 0; tt < MAXT; ++tt) acc[tt] = 0.0f;
+        for (int tt = 0; tt < MAXT; ++tt) {
+            float s = 0.0f;
+            if (tt < t) {
+                const float* xr = p.x + (pa_i64)tt * p.k;
+                if (p.vec4) {
+                    for (int c = lane; c < p.k / 4; c += PA_WAVE)
+                        s = lin_sq4(pa_ldg((const float4*)xr + c), s);
+                } else {
+                    for (int c = lane; c < p.k; c += PA_WAVE) {
+                        const float v = pa_ldg(xr + c);
+                        s = fmaf(v, v, s);
+                    }
+                }
+            }
+            s = pa_warp_sum(s);
+            inv[tt] = 1.0f / sqrtf(s / (float)p.k + p.eps);
+        }
+    }
+    float acc0[MAXT];
+    float acc1[MAXT];
+#pragma unroll
+    for (int tt = 0; tt < MAXT; ++tt) {
+        acc0[tt] = 0.0f;
+        acc1[tt] = 0.0f;
+    }
     if (p.vec4) {
         const int kv = p.k / 4;
-        const float4* wr = (const float4*)(p.w + f * p.k);
+        const float4* w0 = (const float4*)(p.w + (pa_i64)r0 * p.k);
+        const float4* w1 = (const float4*)(p.w + (pa_i64)r1 * p.k);
         const float4* xr = (const float4*)p.x;
-#pragma unroll 4
+#pragma unroll 2
         for (int c = lane; c < kv; c += PA_WAVE) {
-            const float4 wv = pa_ldg(wr + c);
+            const float4 a = pa_ldg(w0 + c);
+            const float4 b = pa_ldg(w1 + c);
+            float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (NORM) g = pa_ldg((const float4*)p.norm + c);
 #pragma unroll
             for (int tt = 0; tt < MAXT; ++tt) {
                 if (tt < t) {
-                    const float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
-                    float s = acc[tt];
-                    s = fmaf(wv.x, xv.x, s);
-                    s = fmaf(wv.y, xv.y, s);
-                    s = fmaf(wv.z, xv.z, s);
-                    s = fmaf(wv.w, xv.w, s);
-                    acc[tt] = s;
+                    float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
+                    if (NORM) xv = lin_scale4(xv, inv[tt], g);
+                    acc0[tt] = lin_dot4(a, xv, acc0[tt]);
+                    acc1[tt] = lin_dot4(b, xv, acc1[tt]);
                 }
             }
         }
     } else {
-        const float* wr = p.w + f * p.k;
-#pragma unroll 4
+        const float* w0 = p.w + (pa_i64)r0 * p.k;
+        const float* w1 = p.w + (pa_i64)r1 * p.k;
+#pragma unroll 2
         for (int c = lane; c < p.k; c += PA_WAVE) {
-            const float wv = pa_ldg(wr + c);
+            const float a = pa_ldg(w0 + c);
+            const float b = pa_ldg(w1 + c);
+            const float g = NORM ? pa_ldg(p.norm + c) : 0.0f;
 #pragma unroll
-            for (int tt = 0; tt < MAXT; ++tt)
-                if (tt < t) acc[tt] = fmaf(wv, pa_ldg(p.x + (pa_i64)tt * p.k + c), acc[tt]);
-        }
-    }
-#pragma unroll
-    for (int tt = 0; tt < MAXT; ++tt)
-        if (tt < t) acc[tt] = pa_warp_sum(acc[tt]);
-    if (lane == 0) {
-#pragma unroll
-        for (int tt = 0; tt < MAXT; ++tt) {
-            if (tt < t) {
-                float* y = p.y + (pa_i64)tt * p.n + f;
-                *y = p.accumulate ? *y + acc[tt] : acc[tt];
+            for (int tt = 0; tt < MAXT; ++tt) {
+                if (tt < t) {
+                    float xv = pa_ldg(p.x + (pa_i64)tt * p.k + c);
+                    if (NORM) xv = xv * inv[tt] * g;
+                    acc0[tt] = fmaf(a, xv, acc0[tt]);
+                    acc1[tt] = fmaf(b, xv, acc1[tt]);
+                }
             }
         }
     }
+#pragma unroll
+    for (int tt = 0; tt < MAXT; ++tt) {
+        if (tt < t) {
+            // Every lane holds the totals after the butterfly; lane tt writes token tt.
+            const float a0 = pa_warp_sum(acc0[tt]);
+            const float a1 = pa_warp_sum(acc1[tt]);
+            if (lane == tt) lin_put_pair(p, tt, u, a0, a1);
+        }
+    }
 }
 
-extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv(const LinearParams p) {
-    linear_gemv<4>(p);
-}
+#define LIN_GEMV_ENTRY(NAME, MAXT, NORM)                                                       \
+    extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) NAME(const LinearParams p) { \
+        linear_gemv<MAXT, NORM>(p);                                                            \
+    }
 
-extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv8(const LinearParams p) {
-    linear_gemv<8>(p);
-}
-
-extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) model_linear_gemv16(const LinearParams p) {
-    linear_gemv<16>(p);
-}
+LIN_GEMV_ENTRY(model_linear_gemv, 4, false)
+LIN_GEMV_ENTRY(model_linear_gemv8, 8, false)
+LIN_GEMV_ENTRY(model_linear_gemv16, 16, false)
+LIN_GEMV_ENTRY(model_linear_gemv_norm, 4, true)
+LIN_GEMV_ENTRY(model_linear_gemv8_norm, 8, true)
+LIN_GEMV_ENTRY(model_linear_gemv16_norm, 16, true)

@@ -20,11 +20,10 @@
 //   * model_rms_norm: one block per row (grid-stride over rows); each thread sums squares
 //     over a strided slice, warp shuffles then one warp reduce the block's partials, then
 //     y = x · (1 / sqrtf(sum / H + eps)) · w (IEEE sqrt and division: NVRTC's defaults).
-//   * model_rope: one thread per (token, head, pair i); inv_freq = powf(base, -2i/d) and
-//     angle = float(pos) · inv_freq in f32 (positions in the thousands differ from the f64
-//     CPU reference by ~1e-4 rad from the product's rounding), reduced to [-π, π]
-//     (Cody–Waite with fmaf, 2π = 6.28125 + 1.9353e-3) before __sinf / __cosf, which are
-//     accurate to ~2^-21 there. Pairs are (2i, 2i+1) (interleaved) or (i, i + d/2).
+//   * model_rope: one thread per (token, head, pair i), rotated by common.cuh's
+//     pa_rope_rotate (angles in f32: positions in the thousands differ from the f64 CPU
+//     reference by ~1e-4 rad from the product's rounding). Pairs are (2i, 2i+1)
+//     (interleaved) or (i, i + d/2).
 //   * model_silu_mul / model_add: grid-stride element-wise; silu(g) = g / (1 + expf(-g)).
 //   * model_swiglu: model_silu_mul over the two halves of each row of a fused gate/up
 //     projection: a block per row (grid-stride over rows), threads over its columns (float4
@@ -158,24 +157,6 @@ struct RopeParams {
 };
 static_assert(sizeof(RopeParams) == 40, "RopeParams must match src/kernels/cuda/model_ops.rs");
 
-// Pair i of a head of size d at position pos, rotated: (x0, x1) -> (*y0, *y1). Every product
-// and sum is written out (fmaf with a separate product), so that model_rope and
-// model_rope_split, which both call this, round identically whatever the compiler would
-// contract.
-__device__ __forceinline__ void mo_rotate(float x0, float x1, int pos, int i, int d, float base,
-                                          float* y0, float* y1) {
-    const float inv_freq = powf(base, -(float)(2 * i) / (float)d);
-    const float a = (float)pos * inv_freq;
-    const float kq = rintf(a * 0.15915494309189535f);
-    const float r = fmaf(-kq, 0.0019353071795864769f, fmaf(-kq, 6.28125f, a));
-    const float c = __cosf(r);
-    const float s = __sinf(r);
-    const float x1s = x1 * s;
-    const float x1c = x1 * c;
-    *y0 = fmaf(x0, c, -x1s);
-    *y1 = fmaf(x0, s, x1c);
-}
-
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope(const RopeParams p) {
     const pa_i64 total = p.num_tokens * p.num_heads * p.half;
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
@@ -187,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope(const RopePa
         const pa_i64 e = th * d;
         const pa_i64 ia = p.interleaved ? e + 2 * i : e + i;
         const pa_i64 ib = p.interleaved ? ia + 1 : ia + p.half;
-        mo_rotate(p.x[ia], p.x[ib], p.positions[tok], i, d, p.base, p.x + ia, p.x + ib);
+        pa_rope_rotate(p.x[ia], p.x[ib], p.positions[tok], i, d, p.base, p.x + ia, p.x + ib);
     }
 }
 
@@ -316,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope_split(const 
         const float x0 = src[ia];
         const float x1 = src[ib];
         if (rotate) {
-            mo_rotate(x0, x1, p.positions[tok], i, d, p.base, dst + ia, dst + ib);
+            pa_rope_rotate(x0, x1, p.positions[tok], i, d, p.base, dst + ia, dst + ib);
         } else {
             dst[ia] = x0;
             dst[ib] = x1;

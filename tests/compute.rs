@@ -633,10 +633,7 @@ fn linear_fused_matches_reference() {
             let pos: Vec<i32> = (0..t).map(|_| rng.below(3000) as i32).collect();
             let post = Tensor::from_i32(&dev, &pos, &[t])?;
             for with_norm in [false, true] {
-                let norm = with_norm.then_some(compute::InputNorm {
-                    weight: &gt,
-                    eps,
-                });
+                let norm = with_norm.then_some(compute::InputNorm { weight: &gt, eps });
                 let hx = normed_rows(&x, with_norm.then_some((g.as_slice(), eps)), t, k);
                 let label = if with_norm { "norm + " } else { "" };
 
@@ -644,13 +641,23 @@ fn linear_fused_matches_reference() {
                 let n = 67;
                 let w = weight(&mut rng, n);
                 let mut out = nan(&[t, n])?;
-                compute::linear_fused(&xt, norm, &tensor(&w, &[n, k])?, compute::LinearOutput::Store(&mut out))?;
+                compute::linear_fused(
+                    &xt,
+                    norm,
+                    &tensor(&w, &[n, k])?,
+                    compute::LinearOutput::Store(&mut out),
+                )?;
                 check(&format!("{label}linear"), &out, &product(&hx, &w, t, k, n))?;
 
                 // Accumulate onto random values.
                 let y0 = rng.normals(t * n);
                 let mut y = tensor(&y0, &[t, n])?;
-                compute::linear_fused(&xt, norm, &tensor(&w, &[n, k])?, compute::LinearOutput::Accumulate(&mut y))?;
+                compute::linear_fused(
+                    &xt,
+                    norm,
+                    &tensor(&w, &[n, k])?,
+                    compute::LinearOutput::Accumulate(&mut y),
+                )?;
                 let want: Vec<f64> = product(&hx, &w, t, k, n)
                     .iter()
                     .zip(&y0)
@@ -661,7 +668,12 @@ fn linear_fused_matches_reference() {
                 // SwiGLU of a stacked gate / up weight.
                 let w = weight(&mut rng, 2 * i);
                 let mut out = nan(&[t, i])?;
-                compute::linear_fused(&xt, norm, &tensor(&w, &[2 * i, k])?, compute::LinearOutput::SwiGlu(&mut out))?;
+                compute::linear_fused(
+                    &xt,
+                    norm,
+                    &tensor(&w, &[2 * i, k])?,
+                    compute::LinearOutput::SwiGlu(&mut out),
+                )?;
                 let p = product(&hx, &w, t, k, 2 * i);
                 let want: Vec<f64> = (0..t * i)
                     .map(|e| {
@@ -678,8 +690,12 @@ fn linear_fused_matches_reference() {
                 let wt = tensor(&w, &[row, k])?;
                 let p = product(&hx, &w, t, k, row);
                 for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
-                    let rope = Rope { base: 10000.0, style };
-                    let (mut q, mut kk, mut v) = (nan(&[t, h, d])?, nan(&[t, hk, d])?, nan(&[t, hk, d])?);
+                    let rope = Rope {
+                        base: 10000.0,
+                        style,
+                    };
+                    let (mut q, mut kk, mut v) =
+                        (nan(&[t, h, d])?, nan(&[t, hk, d])?, nan(&[t, hk, d])?);
                     compute::linear_fused(
                         &xt,
                         norm,
@@ -701,7 +717,8 @@ fn linear_fused_matches_reference() {
                                 let mut dst = src.to_vec();
                                 if rotate {
                                     for pi in 0..half {
-                                        let a = ps as f64 * 10000f64.powf(-2.0 * pi as f64 / d as f64);
+                                        let a =
+                                            ps as f64 * 10000f64.powf(-2.0 * pi as f64 / d as f64);
                                         let (ia, ib) = match style {
                                             RopeStyle::Interleaved => (2 * pi, 2 * pi + 1),
                                             RopeStyle::HalfSplit => (pi, pi + half),
@@ -717,14 +734,19 @@ fn linear_fused_matches_reference() {
                     };
                     // Angles of positions in the thousands carry ~1e-4 rad of f32 rounding on
                     // a GPU: the rotated heads get rope_matches_reference's tolerance.
-                    let rot = Tolerance { atol: 2e-3, rtol: 1e-3 };
+                    let rot = Tolerance {
+                        atol: 2e-3,
+                        rtol: 1e-3,
+                    };
                     for (what, got, want, tolerance) in [
                         ("q", &q, heads(0, h, true), rot),
                         ("k", &kk, heads(h, hk, true), rot),
                         ("v", &v, heads(h + hk, hk, false), tol()),
                     ] {
                         let cmp = reference::compare(&got.to_f32_vec()?, &want, tolerance);
-                        ensure(cmp.pass, || format!("{label}rope split {style:?} {what}: {cmp}"))?;
+                        ensure(cmp.pass, || {
+                            format!("{label}rope split {style:?} {what}: {cmp}")
+                        })?;
                     }
                 }
             }

@@ -532,17 +532,16 @@ impl<R: MlaRuntime> MlaAttentionImpl for CudaFamilyMlaImpl<R> {
                 ),
                 &gather,
             )?;
-            let linear = LinearParams {
-                x: offs[1],
-                w: R::buffer_ptr(&self.kv_b_proj),
-                y: offs[3],
-                t: i32_of("chunk rows", rows)?,
-                k: l as i32,
-                n: i32_of("kv_b_proj outputs", kvw)?,
-                vec4: 1,
-                accumulate: 0,
-                pad: 0,
-            };
+            let linear = LinearParams::product(
+                offs[1],
+                R::buffer_ptr(&self.kv_b_proj),
+                offs[3],
+                i32_of("chunk rows", rows)?,
+                l as i32,
+                i32_of("kv_b_proj outputs", kvw)?,
+                true,
+                false,
+            );
             self.launch_linear(&linear)?;
             let attn = MlaPrefillParams {
                 q: self.rt.ptr(q, "q")?,

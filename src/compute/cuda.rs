@@ -4,10 +4,11 @@
 //!
 //! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
 //! * `rms_norm`: `model_rms_norm`, one block per row.
-//! * `linear` / `linear_accumulate`: T ≤ [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a
-//!   warp per output feature, float4 weight loads, shuffle reduction); larger T →
-//!   `model_linear_tiled` (64×64 shared memory tiles, 4×4 register blocks); `accumulate`
-//!   adds the product into the output.
+//! * `linear` / `linear_accumulate` / `linear_fused` (`kernels-cuda/model_linear.cu`): T ≤
+//!   [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a warp per pair of weight rows, float4
+//!   weight loads, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared memory
+//!   tiles, 4×4 register blocks). One launch for every form: the input RMSNorm inside the
+//!   kernel, the product stored, accumulated, SwiGLU'd or split and rotated on its way out.
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
 //! * `swiglu`: `model_swiglu`; `rope_split_qkv`: `model_rope_split` (all three outputs in one
 //!   launch).
@@ -19,14 +20,15 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{Rope, RopeStyle};
+use super::fused_linear::FusedLinear;
+use super::{LinearOutput, Rope, RopeStyle};
 use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    gemv_entry, ArgmaxParams, EltwiseParams, GatherParams, LinearParams, RmsNormParams, RopeParams,
-    RopeSplitParams, SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_WARPS, LINEAR_TILE,
-    MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
+    gemv_entry, ArgmaxParams, EltwiseParams, GatherParams, LinearEpilogue, LinearParams,
+    RmsNormParams, RopeParams, RopeSplitParams, SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS,
+    GEMV_WARPS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -173,44 +175,118 @@ pub(super) fn linear(
     let xp = ptr(dev, x, "linear input")?;
     let wp = ptr(dev, weight, "linear weight")?;
     let yp = ptr(dev, out, "output")?;
-    let params = LinearParams {
-        x: xp,
-        w: wp,
-        y: yp,
-        t: i32_of("tokens", t)?,
-        k: i32_of("in_features", k)?,
-        n: i32_of("out_features", n)?,
-        vec4: vec4_ok(k, &[xp, wp]),
-        accumulate: i32::from(accumulate),
-        pad: 0,
-    };
+    let params = LinearParams::product(
+        xp,
+        wp,
+        yp,
+        i32_of("tokens", t)?,
+        i32_of("in_features", k)?,
+        i32_of("out_features", n)?,
+        vec4_ok(k, &[xp, wp]) == 1,
+        accumulate,
+    );
+    launch_linear(dev, &params)
+}
+
+/// Launches `model_linear.cu` for `params`: a GEMV up to [`GEMV_MAX_TOKENS`] tokens (a warp
+/// per pair of weight rows), the tiled kernel above (64 rows, or 32 pairs, per tile column).
+fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
+    let (t, n) = (params.t as usize, params.n as usize);
+    let pairs = params.epilogue == LinearEpilogue::SwiGlu as i32
+        || params.epilogue == LinearEpilogue::RopeSplit as i32;
+    let units = if pairs { n / 2 } else { n.div_ceil(2) };
+    if units == 0 {
+        return Ok(());
+    }
     if t <= GEMV_MAX_TOKENS {
-        let blocks = i32_of("GEMV blocks", n.div_ceil(GEMV_WARPS))? as u32;
+        let blocks = i32_of("GEMV blocks", units.div_ceil(GEMV_WARPS))? as u32;
         launch(
             dev,
-            gemv_entry(t),
+            gemv_entry(t, params.norm != 0),
             (blocks, 1, 1),
             (GEMV_WARPS * 32) as u32,
-            &params,
-        )?;
+            params,
+        )
     } else {
-        let (gx, gy) = (n.div_ceil(LINEAR_TILE), t.div_ceil(LINEAR_TILE));
+        let cols = if pairs {
+            units.div_ceil(LINEAR_TILE / 2)
+        } else {
+            n.div_ceil(LINEAR_TILE)
+        };
+        let gy = t.div_ceil(LINEAR_TILE);
         if gy > 65535 {
             return Err(Error::config(format!(
                 "linear of {t} tokens exceeds the tiled kernel's grid ({} tokens at most)",
                 65535 * LINEAR_TILE
             )));
         }
-        let gx = i32_of("linear tiles", gx)? as u32;
+        let gx = i32_of("linear tiles", cols)? as u32;
         launch(
             dev,
             "model_linear_tiled",
             (gx, gy as u32, 1),
             MODEL_THREADS,
-            &params,
-        )?;
+            params,
+        )
     }
-    Ok(())
+}
+
+/// [`super::linear_fused`]: one launch of `model_linear.cu` with the norm and output step.
+pub(super) fn linear_fused(
+    dev: &CudaDevice,
+    a: &FusedLinear<'_>,
+    out: LinearOutput<'_>,
+) -> Result<()> {
+    let xp = ptr(dev, a.x, "linear input")?;
+    let wp = ptr(dev, a.w, "linear weight")?;
+    let (norm, eps) = match a.norm {
+        Some(nm) => (ptr(dev, nm.weight, "rms_norm weight")?, nm.eps),
+        None => (0, 0.0),
+    };
+    let mut params = LinearParams {
+        norm,
+        eps,
+        ..LinearParams::product(
+            xp,
+            wp,
+            0,
+            i32_of("tokens", a.t)?,
+            i32_of("in_features", a.k)?,
+            i32_of("out_features", a.n)?,
+            vec4_ok(a.k, &[xp, wp, norm]) == 1,
+            false,
+        )
+    };
+    match out {
+        LinearOutput::Store(o) => params.y = ptr(dev, o, "linear output")?,
+        LinearOutput::Accumulate(o) => {
+            params.y = ptr(dev, o, "linear_accumulate target")?;
+            params.epilogue = LinearEpilogue::Accumulate as i32;
+        }
+        LinearOutput::SwiGlu(o) => {
+            params.y = ptr(dev, o, "swiglu output")?;
+            params.epilogue = LinearEpilogue::SwiGlu as i32;
+        }
+        LinearOutput::RopeSplitQkv {
+            positions,
+            rope,
+            q,
+            k,
+            v,
+        } => {
+            params.y = ptr(dev, q, "q")?;
+            params.y2 = ptr(dev, k, "k")?;
+            params.y3 = ptr(dev, v, "v")?;
+            params.positions = ptr(dev, positions, "positions")?;
+            params.epilogue = LinearEpilogue::RopeSplit as i32;
+            params.num_heads = i32_of("query heads", q.shape()[1])?;
+            params.num_kv_heads = i32_of("kv heads", k.shape()[1])?;
+            params.half = i32_of("head_size / 2", q.shape()[2] / 2)?;
+            params.rope_base = rope.base;
+            params.interleaved = i32::from(rope.style == RopeStyle::Interleaved);
+        }
+    }
+    launch_linear(dev, &params)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -394,12 +470,4 @@ pub(super) fn rope_split(
         MODEL_THREADS,
         &params,
     )
-}
-
-pub(super) fn linear_fused(
-    _dev: &CudaDevice,
-    _a: &super::fused_linear::FusedLinear<'_>,
-    _out: super::LinearOutput<'_>,
-) -> Result<()> {
-    Err(Error::config("linear_fused: the CUDA kernels are being written"))
 }

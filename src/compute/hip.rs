@@ -46,10 +46,13 @@ pub(super) fn via_host_in_place(
 pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<()> {
     let (x, w) = (host(a.x)?, host(a.w)?);
     let norm_weight = a.norm.map(|nm| host(nm.weight)).transpose()?;
-    let norm = a.norm.zip(norm_weight.as_ref()).map(|(nm, weight)| InputNorm {
-        weight,
-        eps: nm.eps,
-    });
+    let norm = a
+        .norm
+        .zip(norm_weight.as_ref())
+        .map(|(nm, weight)| InputNorm {
+            weight,
+            eps: nm.eps,
+        });
     let on_host = FusedLinear {
         x: &x,
         w: &w,

@@ -9,21 +9,40 @@ pub const GEMV_MAX_TOKENS: usize = 16;
 
 /// The GEMV entry point of `model_linear.cu` for `t` ≤ [`GEMV_MAX_TOKENS`] tokens: the
 /// narrowest of the 4-, 8- and 16-token bodies that holds them (a wider body than the tokens
-/// need keeps fewer weight loads in flight).
-pub fn gemv_entry(t: usize) -> &'static str {
-    match t {
-        0..=4 => "model_linear_gemv",
-        5..=8 => "model_linear_gemv8",
-        _ => "model_linear_gemv16",
+/// need keeps fewer weight loads in flight), with the input norm (`norm`) or without.
+pub fn gemv_entry(t: usize, norm: bool) -> &'static str {
+    match (t, norm) {
+        (0..=4, false) => "model_linear_gemv",
+        (5..=8, false) => "model_linear_gemv8",
+        (_, false) => "model_linear_gemv16",
+        (0..=4, true) => "model_linear_gemv_norm",
+        (5..=8, true) => "model_linear_gemv8_norm",
+        (_, true) => "model_linear_gemv16_norm",
     }
 }
+
+/// What `model_linear.cu` does with its product (`LinearParams::epilogue`, the `LIN_*`
+/// codes there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum LinearEpilogue {
+    /// `y = p`.
+    Store = 0,
+    /// `y += p`.
+    Accumulate = 1,
+    /// `y = silu(p[.., ..I]) · p[.., I..]`.
+    SwiGlu = 2,
+    /// Split into q / k / v, query and key heads rotated.
+    RopeSplit = 3,
+}
+
 /// Threads per block of every kernel but the GEMV (`MO_THREADS`).
 pub const MODEL_THREADS: u32 = 256;
 /// Output tile edge of the tiled linear kernel (`LIN_BM` = `LIN_BN`).
 pub const LINEAR_TILE: usize = 64;
 /// Threads per block of the argmax kernel (`ARGMAX_THREADS`: a row is a whole vocabulary).
 pub const ARGMAX_THREADS: u32 = 1024;
-/// Warps (output features) per GEMV block (`GEMV_WARPS`).
+/// Warps per GEMV block (`GEMV_WARPS`); each computes a pair of weight rows.
 pub const GEMV_WARPS: usize = 4;
 
 /// `GatherParams` of model_ops.cu (`model_gather`: embedding and gather_rows).
@@ -68,7 +87,8 @@ pub struct RmsNormParams {
     pub pad: i32,
 }
 
-/// `LinearParams` of model_linear.cu (`model_linear_tiled`, `model_linear_gemv`).
+/// `LinearParams` of model_linear.cu (`model_linear_tiled`, the `model_linear_gemv*` entry
+/// points).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct LinearParams {
@@ -76,20 +96,72 @@ pub struct LinearParams {
     pub x: u64,
     /// `[n][k]` f32 weight.
     pub w: u64,
-    /// `[t][n]` f32 output.
+    /// The output (`[t][n]`; `[t][n / 2]` for SwiGLU; `q` for the RoPE split).
     pub y: u64,
+    /// The RoPE split's `k` (else 0).
+    pub y2: u64,
+    /// The RoPE split's `v` (else 0).
+    pub y3: u64,
+    /// `[k]` RMSNorm weight applied to the input rows, or 0 for none.
+    pub norm: u64,
+    /// The RoPE split's `[t]` i32 positions (else 0).
+    pub positions: u64,
     /// Tokens.
     pub t: i32,
     /// Input features.
     pub k: i32,
-    /// Output features.
+    /// Weight rows.
     pub n: i32,
     /// 1: float4 accesses.
     pub vec4: i32,
-    /// 1: `y += x · Wᵀ`; 0: `y = x · Wᵀ`.
-    pub accumulate: i32,
+    /// A [`LinearEpilogue`] code.
+    pub epilogue: i32,
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// The RoPE split's query heads.
+    pub num_heads: i32,
+    /// The RoPE split's key / value heads.
+    pub num_kv_heads: i32,
+    /// The RoPE split's d / 2.
+    pub half: i32,
+    /// The RoPE split's base θ.
+    pub rope_base: f32,
+    /// The RoPE split's pairing: 1 = (2i, 2i+1), 0 = (i, i + d/2).
+    pub interleaved: i32,
     /// Padding.
     pub pad: i32,
+}
+
+impl LinearParams {
+    /// `y [t][n] = x [t][k] · w [n][k]ᵀ` (or `+=` with `accumulate`), no norm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product(
+        x: u64,
+        w: u64,
+        y: u64,
+        t: i32,
+        k: i32,
+        n: i32,
+        vec4: bool,
+        accumulate: bool,
+    ) -> Self {
+        let epilogue = if accumulate {
+            LinearEpilogue::Accumulate
+        } else {
+            LinearEpilogue::Store
+        };
+        LinearParams {
+            x,
+            w,
+            y,
+            t,
+            k,
+            n,
+            vec4: i32::from(vec4),
+            epilogue: epilogue as i32,
+            ..bytemuck::Zeroable::zeroed()
+        }
+    }
 }
 
 /// `RopeParams` of model_ops.cu (`model_rope`, in place).
@@ -197,6 +269,6 @@ const _: () = assert!(std::mem::size_of::<SwigluParams>() == 32);
 const _: () = assert!(std::mem::size_of::<RopeSplitParams>() == 72);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
 const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
-const _: () = assert!(std::mem::size_of::<LinearParams>() == 48);
+const _: () = assert!(std::mem::size_of::<LinearParams>() == 104);
 const _: () = assert!(std::mem::size_of::<RopeParams>() == 40);
 const _: () = assert!(std::mem::size_of::<EltwiseParams>() == 40);

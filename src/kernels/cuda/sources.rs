@@ -141,7 +141,8 @@ pub const MODEL_OPS: KernelSource = KernelSource {
 };
 
 /// `model_linear.cu`: the model runner's and the MLA prefill's linear layers (a tiled
-/// SGEMM, a GEMV), for every compiler of the family.
+/// SGEMM, GEMVs; an optional input RMSNorm, SwiGLU and RoPE-split outputs), for every
+/// compiler of the family.
 pub const MODEL_LINEAR: KernelSource = KernelSource {
     name: "model_linear",
     source: include_str!("../../../kernels-cuda/model_linear.cu"),
@@ -150,6 +151,9 @@ pub const MODEL_LINEAR: KernelSource = KernelSource {
         "model_linear_gemv",
         "model_linear_gemv8",
         "model_linear_gemv16",
+        "model_linear_gemv_norm",
+        "model_linear_gemv8_norm",
+        "model_linear_gemv16_norm",
     ],
 };
 
