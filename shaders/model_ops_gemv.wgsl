@@ -1,48 +1,38 @@
-// model_ops_gemv.wgsl — y = x·Wᵀ (or y += x·Wᵀ) for decode row counts (T ≤ 4·TOK4 ≤ 16):
-// memory-bound, so the weight is read exactly once, coalesced.
+// model_ops_gemv.wgsl — the linear layer p = x·Wᵀ for decode row counts (T ≤ 4·TOK4 ≤ 16),
+// its input rows optionally RMS-normed first and its product written by one of the output
+// steps of model_ops_linear_out.wgsl (stored, added, SwiGLU, RoPE split): memory-bound, so
+// the weight is read exactly once, coalesced.
 //
 // Algorithm: the workgroup's WG threads form GROUPS = WG / LANES groups of LANES
 // consecutive threads (a hardware warp / subgroup on the GPUs we target, without relying on
-// subgroup operations); group g reduces output feature f = flat_group·GROUPS + g over K:
-// lane l reads the VT columns l, l + LANES, ... of W's row f (LANES consecutive vectors per
-// step: one coalesced 512-byte read when V = 4) and the same columns of the T rows of x
-// (shared by every group: they stay in cache), and accumulates one partial dot product per
-// token: token 4j + q in component q of acc[j]. The LANES partials of a group are then added
-// by a tree reduction in workgroup memory (log2 LANES halving steps, TOK4 vectors per lane)
-// and lane 0 writes y[t][f] for t < T.
+// subgroup operations); group g computes output unit u = flat_group·GROUPS + g, whose ROWS
+// weight rows are row u (OUT_PLAIN, ROWS = 1) or the two rows of pair u (the pair forms,
+// ROWS = 2). Lane l reads the VT columns l, l + LANES, ... of the unit's rows (LANES
+// consecutive vectors per step: one coalesced 512-byte read per row when V = 4) and the
+// same columns of the T rows of x (shared by every group: they stay in cache), and
+// accumulates one partial dot product per (row, token): row m's token 4j + q in component q
+// of acc[m·TOK4 + j]. Each row's LANES partials are then added by a tree reduction in
+// workgroup memory (log2 LANES halving steps, TOK4 vectors per lane; the rows one after the
+// other, so the reduction space stays WG·TOK4 vectors ≤ 16 KiB), and lane 0 writes the
+// unit's outputs for t < T (put / put_pair).
+// NORM: first the whole workgroup sums each token row's squares (thread lid takes the
+// columns lid, lid + WG, ...; a tree reduction over WG in the same workgroup memory), every
+// thread forms inv = 1 / sqrt(ss / K + eps) for the T tokens, and the main loop uses
+// h = x · inv · g in place of x. (One reduction for the workgroup, not one per group:
+// without subgroup operations a group's reduction takes as many barriers, and the
+// workgroup reads x once for it instead of GROUPS times.)
 //
 // Specialisation (generated header): WG, LANES (a power of two dividing WG), V / VT (V = 4
 // needs K % 4 == 0), TOK4 (1, 2 or 4: the narrowest that holds T; a wider one keeps more
-// accumulators live for nothing).
+// accumulators live for nothing), ROWS, NORM, OUT and the optional bindings
+// (model_ops_linear_out.wgsl).
 //
-// Layout: x [T, K], W [N, K], y [T, N], f32 row-major; Params.kv = K / V.
-// Bounds relied on (host checks): 1 ≤ T ≤ 4·TOK4; N·K, T·N < 2^32 elements (each tensor
-// fits one binding); workgroups spread over x and z, features ≥ N read and write nothing
-// (their threads still take part in the barriers).
-
-struct Params {
-    num_tokens: u32,
-    n: u32,
-    kv: u32,
-    // 1: y += x·Wᵀ (each output read once, by the thread that writes it); 0: y = x·Wᵀ.
-    accumulate: u32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<VT>;
-@group(0) @binding(2) var<storage, read> w: array<VT>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// Layout: model_ops_linear_out.wgsl's; Params.kv = K / V.
+// Bounds relied on (host checks): 1 ≤ T ≤ 4·TOK4; those of model_ops_linear_out.wgsl;
+// workgroups spread over x and z, units ≥ num_units() read and write nothing (their threads
+// still take part in the barriers).
 
 const GROUPS: u32 = WG / LANES;
-
-// Writes (or, with params.accumulate, adds) one output element.
-fn put(at: u32, v: f32) {
-    if params.accumulate != 0u {
-        y[at] = y[at] + v;
-    } else {
-        y[at] = v;
-    }
-}
 
 var<workgroup> red: array<vec4<f32>, WG * TOK4>;
 
@@ -54,62 +44,135 @@ fn main(
 ) {
     let g = lid / LANES;
     let l = lid % LANES;
-    let f = flat_group(wid, nwg) * GROUPS + g;
+    let u = flat_group(wid, nwg) * GROUPS + g;
     let kv = params.kv;
     let t = params.num_tokens;
-    // acc[j][q]: token 4j + q's partial dot product.
-    var acc: array<vec4<f32>, TOK4>;
-    for (var j = 0u; j < TOK4; j++) {
-        acc[j] = vec4<f32>(0.0);
+    // inv[j][q]: token 4j + q's norm scale (NORM).
+    var inv: array<vec4<f32>, TOK4>;
+    if NORM {
+        var ss: array<vec4<f32>, TOK4>;
+        for (var c = lid; c < kv; c += WG) {
+            for (var j = 0u; j < TOK4; j++) {
+                for (var q = 0u; q < 4u; q++) {
+                    let tq = 4u * j + q;
+                    if tq < t {
+                        let v = x[tq * kv + c];
+                        ss[j][q] += vdot(v, v);
+                    }
+                }
+            }
+        }
+        for (var j = 0u; j < TOK4; j++) {
+            red[lid * TOK4 + j] = ss[j];
+        }
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
+            if lid < stride {
+                for (var j = 0u; j < TOK4; j++) {
+                    red[lid * TOK4 + j] = red[lid * TOK4 + j] + red[(lid + stride) * TOK4 + j];
+                }
+            }
+            workgroupBarrier();
+        }
+        let k = f32(kv * V);
+        for (var j = 0u; j < TOK4; j++) {
+            inv[j] = 1.0 / sqrt(red[j] / k + params.eps);
+        }
+        // Every thread has read the totals before the reduction below overwrites them.
+        workgroupBarrier();
     }
-    if f < params.n {
-        let row = f * kv;
+    // acc[m·TOK4 + j][q]: row m's partial dot product for token 4j + q (zero-initialised).
+    var acc: array<vec4<f32>, TOK4 * ROWS>;
+    if u < num_units() {
+        let w0 = unit_row(u, 0u) * kv;
+        let w1 = unit_row(u, ROWS - 1u) * kv;
         for (var c = l; c < kv; c += LANES) {
-            let wv = w[row + c];
+            let a = w[w0 + c];
+            var b = a;
+            var gc = VT(1.0);
+            if ROWS == 2u {
+                b = w[w1 + c];
+            }
+            if NORM {
+                gc = norm_w[c];
+            }
             for (var j = 0u; j < TOK4; j++) {
                 let t0 = 4u * j;
                 if t0 < t {
-                    acc[j].x += vdot(x[t0 * kv + c], wv);
+                    var h = x[t0 * kv + c];
+                    if NORM {
+                        h = h * inv[j].x * gc;
+                    }
+                    acc[j].x += vdot(h, a);
+                    if ROWS == 2u {
+                        acc[TOK4 + j].x += vdot(h, b);
+                    }
                 }
                 if t0 + 1u < t {
-                    acc[j].y += vdot(x[(t0 + 1u) * kv + c], wv);
+                    var h = x[(t0 + 1u) * kv + c];
+                    if NORM {
+                        h = h * inv[j].y * gc;
+                    }
+                    acc[j].y += vdot(h, a);
+                    if ROWS == 2u {
+                        acc[TOK4 + j].y += vdot(h, b);
+                    }
                 }
                 if t0 + 2u < t {
-                    acc[j].z += vdot(x[(t0 + 2u) * kv + c], wv);
+                    var h = x[(t0 + 2u) * kv + c];
+                    if NORM {
+                        h = h * inv[j].z * gc;
+                    }
+                    acc[j].z += vdot(h, a);
+                    if ROWS == 2u {
+                        acc[TOK4 + j].z += vdot(h, b);
+                    }
                 }
                 if t0 + 3u < t {
-                    acc[j].w += vdot(x[(t0 + 3u) * kv + c], wv);
+                    var h = x[(t0 + 3u) * kv + c];
+                    if NORM {
+                        h = h * inv[j].w * gc;
+                    }
+                    acc[j].w += vdot(h, a);
+                    if ROWS == 2u {
+                        acc[TOK4 + j].w += vdot(h, b);
+                    }
                 }
             }
         }
     }
-    for (var j = 0u; j < TOK4; j++) {
-        red[lid * TOK4 + j] = acc[j];
-    }
-    workgroupBarrier();
-    for (var stride = LANES / 2u; stride > 0u; stride = stride >> 1u) {
-        if l < stride {
-            for (var j = 0u; j < TOK4; j++) {
-                red[lid * TOK4 + j] = red[lid * TOK4 + j] + red[(lid + stride) * TOK4 + j];
-            }
+    // sums[m·TOK4 + j]: the group's totals of row m (lane 0's are complete). A lane reads
+    // back only its own slots, which nobody else writes, so the next row's stores need no
+    // barrier of their own.
+    var sums: array<vec4<f32>, TOK4 * ROWS>;
+    for (var m = 0u; m < ROWS; m++) {
+        for (var j = 0u; j < TOK4; j++) {
+            red[lid * TOK4 + j] = acc[m * TOK4 + j];
         }
         workgroupBarrier();
-    }
-    if l == 0u && f < params.n {
+        for (var stride = LANES / 2u; stride > 0u; stride = stride >> 1u) {
+            if l < stride {
+                for (var j = 0u; j < TOK4; j++) {
+                    red[lid * TOK4 + j] = red[lid * TOK4 + j] + red[(lid + stride) * TOK4 + j];
+                }
+            }
+            workgroupBarrier();
+        }
         for (var j = 0u; j < TOK4; j++) {
-            let s = red[lid * TOK4 + j];
-            let t0 = 4u * j;
-            if t0 < t {
-                put(t0 * params.n + f, s.x);
-            }
-            if t0 + 1u < t {
-                put((t0 + 1u) * params.n + f, s.y);
-            }
-            if t0 + 2u < t {
-                put((t0 + 2u) * params.n + f, s.z);
-            }
-            if t0 + 3u < t {
-                put((t0 + 3u) * params.n + f, s.w);
+            sums[m * TOK4 + j] = red[lid * TOK4 + j];
+        }
+    }
+    if l == 0u && u < num_units() {
+        for (var j = 0u; j < TOK4; j++) {
+            for (var q = 0u; q < 4u; q++) {
+                let tok = 4u * j + q;
+                if tok < t {
+                    if OUT == OUT_PLAIN {
+                        put(tok, u, sums[j][q]);
+                    } else {
+                        put_pair(tok, u, sums[j][q], sums[TOK4 + j][q]);
+                    }
+                }
             }
         }
     }

@@ -5,10 +5,15 @@
 //! * `embedding` / `gather_rows`: one thread per output element (vec4 when H % 4 == 0); an
 //!   index out of range gives a row of zeros.
 //! * `rms_norm`: one workgroup per row, tree reduction in workgroup memory.
-//! * `linear`: T ≤ [`GEMV_MAX_TOKENS`] runs the GEMV kernel (a group of 32 threads per output
-//!   feature, coalesced weight reads, every weight element read once for all T tokens);
-//!   larger T the tiled GEMM (64×64 output tiles, 4×4 outputs per thread); `accumulate`
-//!   (`linear_accumulate`) adds the product into the output.
+//! * `linear_fused`, and `linear` / `linear_accumulate` as its plain form: one dispatch per
+//!   call. T ≤ [`GEMV_MAX_TOKENS`] runs the GEMV kernel (a group of 32 threads per output
+//!   unit, coalesced weight reads, every weight element read once for all T tokens); larger
+//!   T the tiled GEMM (64×64 output tiles, 4×4 outputs per thread). Folded in
+//!   ([`LinearFusion`]): an RMSNorm of the input rows (each workgroup first sums its rows'
+//!   squares, then scales x by `inv · g` as it reads it), and the output step: stored, added
+//!   (`accumulate`), or one of the pair forms, whose unit is two weight rows combined by the
+//!   epilogue (SwiGLU's gate and up rows; a rotated pair of a fused Q/K/V projection,
+//!   written into q, k or v).
 //! * `rope`: one thread per (token, head, pair), angles in f32.
 //! * `silu_mul`, `add_assign`: one thread per element (vec4 when the count allows).
 //! * `swiglu`: one thread per output element (vec4 when the width allows); `rope_split_qkv`:
@@ -20,14 +25,16 @@
 //! error naming the tensor, never a partial result. Dispatches of more than the device's
 //! per-dimension limit are spread over x and z ([`WgslDeviceInfo::grid`]).
 
-use super::{Rope, RopeStyle};
+use super::fused_linear::FusedLinear;
+use super::{LinearOutput, Rope, RopeStyle};
 #[cfg(doc)]
 use crate::device::wgsl::WgslDeviceInfo;
 use crate::device::wgsl::{Dispatch, LoopBounding, WgslRuntime, Words};
 use crate::device::Tensor;
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{
-    Bindings, ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
+    LinearEpilogue, LinearFusion, ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS,
+    LINEAR_TILE, MODEL_WORKGROUP,
 };
 
 /// `v` as a u32 kernel parameter, or an error naming it.
@@ -45,20 +52,32 @@ fn run<R: WgslRuntime>(
     bufs: [R::Buffer; 3],
     groups: (u32, u32, u32),
 ) -> Result<()> {
+    let [a, b, c] = bufs;
+    dispatch(dev, shader, words, vec![(1, a), (2, b), (3, c)], groups)
+}
+
+/// Submits one dispatch of `shader` with `words` as its parameters (binding 0), `buffers`
+/// at their bindings (every storage binding of the shader's set) and `groups` workgroups.
+fn dispatch<R: WgslRuntime>(
+    dev: &R,
+    shader: ModelShader,
+    words: Words,
+    buffers: Vec<(u32, R::Buffer)>,
+    groups: (u32, u32, u32),
+) -> Result<()> {
     let pipeline = dev.pipeline(
         &shader.key(),
         &|| shader.source(),
-        Bindings::Model,
+        shader.bindings(),
         false,
         LoopBounding::Forced,
     )?;
-    let [a, b, c] = bufs;
     dev.submit_one(
         words.w,
         Dispatch {
             pipeline,
             slot: 0,
-            buffers: vec![(1, a), (2, b), (3, c)],
+            buffers,
             groups,
         },
     )
@@ -134,6 +153,7 @@ pub(super) fn rms_norm<R: WgslRuntime>(
     )
 }
 
+/// `linear` / `linear_accumulate`: the plain form of [`linear_fused`]'s kernels.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear<R: WgslRuntime>(
     dev: &R,
@@ -145,49 +165,20 @@ pub(super) fn linear<R: WgslRuntime>(
     out: &mut Tensor,
     accumulate: bool,
 ) -> Result<()> {
-    if t == 0 || n == 0 || k == 0 {
-        return Ok(());
-    }
-    let xb = dev.tensor_buffer(x, "linear input")?;
-    let wb = dev.tensor_buffer(weight, "linear weight")?;
-    let ob = dev.tensor_buffer(out, "linear output")?;
-    let vec4 = k % 4 == 0;
-    let kv = if vec4 { k / 4 } else { k };
-    let words = Words::new()
-        .u(u32_of("tokens", t)?)
-        .u(u32_of("out_features", n)?)
-        .u(u32_of("in_features", kv)?)
-        .u(u32::from(accumulate));
-    if t <= GEMV_MAX_TOKENS {
-        let (gx, gz) = dev
-            .info()
-            .grid(n.div_ceil(GEMV_FEATURES_PER_GROUP as usize) as u64)?;
-        run(
-            dev,
-            ModelShader::gemv(vec4, t),
-            words,
-            [xb, wb, ob],
-            (gx, 1, gz),
-        )?;
+    let a = FusedLinear {
+        x,
+        w: weight,
+        norm: None,
+        t,
+        k,
+        n,
+    };
+    let out = if accumulate {
+        LinearOutput::Accumulate(out)
     } else {
-        let tile = LINEAR_TILE as usize;
-        let (gx, gy) = (n.div_ceil(tile), t.div_ceil(tile));
-        let max = dev.info().max_workgroups_per_dim as usize;
-        if gx > max || gy > max {
-            return Err(Error::config(format!(
-                "linear of {t} tokens × {n} features needs {gx}×{gy} tiles, more than this \
-                 device's dispatch limit ({max} per dimension)"
-            )));
-        }
-        run(
-            dev,
-            ModelShader::LinearTiled { vec4 },
-            words,
-            [xb, wb, ob],
-            (gx as u32, gy as u32, 1),
-        )?;
-    }
-    Ok(())
+        LinearOutput::Store(out)
+    };
+    linear_fused(dev, &a, out)
 }
 
 pub(super) fn rope<R: WgslRuntime>(
@@ -369,10 +360,117 @@ pub(super) fn rope_split<R: WgslRuntime>(
     Ok(())
 }
 
+/// [`super::linear_fused`]: one dispatch of the GEMV (T ≤ [`GEMV_MAX_TOKENS`]) or of the
+/// tiled GEMM with the input norm and output step folded in ([`LinearFusion`]).
 pub(super) fn linear_fused<R: WgslRuntime>(
-    _dev: &R,
-    _a: &super::fused_linear::FusedLinear<'_>,
-    _out: super::LinearOutput<'_>,
+    dev: &R,
+    a: &FusedLinear<'_>,
+    out: LinearOutput<'_>,
 ) -> Result<()> {
-    Err(Error::config("linear_fused: the WGSL family's kernels are being written"))
+    let (t, k, n) = (a.t, a.k, a.n);
+    if t == 0 || n == 0 || k == 0 {
+        return Ok(());
+    }
+    let mut buffers = vec![
+        (1, dev.tensor_buffer(a.x, "linear input")?),
+        (2, dev.tensor_buffer(a.w, "linear weight")?),
+    ];
+    if let Some(nm) = a.norm {
+        buffers.push((4, dev.tensor_buffer(nm.weight, "rms_norm weight")?));
+    }
+    // (accumulate, d / 2, H, Hk, rope base, interleaved) as the kernels' parameters take them.
+    let mut accumulate = false;
+    let mut rope_words = (0, 0, 0, 0.0, false);
+    let epilogue = match out {
+        LinearOutput::Store(o) => {
+            buffers.push((3, dev.tensor_buffer(o, "linear output")?));
+            LinearEpilogue::Plain
+        }
+        LinearOutput::Accumulate(o) => {
+            buffers.push((3, dev.tensor_buffer(o, "linear_accumulate target")?));
+            accumulate = true;
+            LinearEpilogue::Plain
+        }
+        LinearOutput::SwiGlu(o) => {
+            buffers.push((3, dev.tensor_buffer(o, "swiglu output")?));
+            LinearEpilogue::SwiGlu
+        }
+        LinearOutput::RopeSplitQkv {
+            positions,
+            rope,
+            q,
+            k: kt,
+            v,
+        } => {
+            let (h, hk, d) = (q.shape()[1], kt.shape()[1], q.shape()[2]);
+            buffers.extend([
+                (3, dev.tensor_buffer(q, "rope_split_qkv q")?),
+                (5, dev.tensor_buffer(positions, "rope positions")?),
+                (6, dev.tensor_buffer(kt, "rope_split_qkv k")?),
+                (7, dev.tensor_buffer(v, "rope_split_qkv v")?),
+            ]);
+            rope_words = (
+                u32_of("head_size / 2", d / 2)?,
+                u32_of("heads", h)?,
+                u32_of("kv heads", hk)?,
+                rope.base,
+                rope.style == RopeStyle::Interleaved,
+            );
+            LinearEpilogue::RopeSplit
+        }
+    };
+    let fusion = LinearFusion {
+        norm: a.norm.is_some(),
+        epilogue,
+    };
+    if !fusion.is_plain() {
+        // The set's every binding is bound: a placeholder (one per binding) where this form
+        // declares none.
+        for (slot, binding) in [4, 5, 6, 7].into_iter().enumerate() {
+            if !buffers.iter().any(|(b, _)| *b == binding) {
+                buffers.push((binding, dev.placeholder(slot)?));
+            }
+        }
+    }
+    let vec4 = k % 4 == 0;
+    let kv = if vec4 { k / 4 } else { k };
+    let (half, h, hk, base, interleaved) = rope_words;
+    let words = Words::new()
+        .u(u32_of("tokens", t)?)
+        .u(u32_of("out_features", n)?)
+        .u(u32_of("in_features", kv)?)
+        .u(u32::from(accumulate))
+        .f(a.norm.map_or(0.0, |nm| nm.eps))
+        .u(half)
+        .u(h)
+        .u(hk)
+        .f(base)
+        .u(u32::from(interleaved));
+    let units = fusion.units(n);
+    let groups = if t <= GEMV_MAX_TOKENS {
+        let (gx, gz) = dev
+            .info()
+            .grid(units.div_ceil(GEMV_FEATURES_PER_GROUP as usize) as u64)?;
+        (gx, 1, gz)
+    } else {
+        let (gx, gy) = (
+            units.div_ceil(fusion.tile_units() as usize),
+            t.div_ceil(LINEAR_TILE as usize),
+        );
+        let max = dev.info().max_workgroups_per_dim as usize;
+        if gx > max || gy > max {
+            return Err(Error::config(format!(
+                "linear of {t} tokens × {n} features needs {gx}×{gy} tiles, more than this \
+                 device's dispatch limit ({max} per dimension)"
+            )));
+        }
+        (gx as u32, gy as u32, 1)
+    };
+    dispatch(
+        dev,
+        ModelShader::linear(vec4, t, fusion),
+        words,
+        buffers,
+        groups,
+    )
 }

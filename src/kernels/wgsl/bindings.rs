@@ -21,6 +21,12 @@ pub enum Bindings {
     Probe,
     /// model_ops_*.wgsl (`crate::compute`): uniform 0; read 1, 2; read-write 3.
     Model,
+    /// model_ops_gemv.wgsl / model_ops_linear.wgsl with an input norm or a pair output
+    /// (`crate::compute::linear_fused`): uniform 0; read 1 (x), 2 (W), 4 (norm weight),
+    /// 5 (positions); read-write 3 (the output, or q), 6 (k), 7 (v). A specialisation
+    /// declares only those it uses ([`LinearFusion`](super::LinearFusion)); the others get
+    /// placeholders.
+    LinearFused,
     /// mla_cache_write.wgsl: uniform 0; read 1 (kv_c), 2 (k_pe), 3 (slots); read-write 4
     /// (cache).
     MlaCacheWrite,
@@ -64,6 +70,15 @@ impl Bindings {
             ],
             Bindings::Probe => &[(1, true), (2, false)],
             Bindings::Model => &[(1, true), (2, true), (3, false)],
+            Bindings::LinearFused => &[
+                (1, true),
+                (2, true),
+                (3, false),
+                (4, true),
+                (5, true),
+                (6, false),
+                (7, false),
+            ],
             Bindings::MlaCacheWrite => &[(1, true), (2, true), (3, true), (4, false)],
             Bindings::MlaGather => &[
                 (1, true),

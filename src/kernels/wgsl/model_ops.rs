@@ -1,12 +1,15 @@
 //! The model operations' specialisations ([`ModelShader`]: embedding / gather, RMSNorm, the
-//! linear GEMV and tiled GEMM, RoPE, the fused Q/K/V split with RoPE, SiLU·mul, SwiGLU over a
-//! fused gate/up projection, add, argmax), used by `crate::compute` on wgpu, and
-//! their launch-shape constants.
+//! linear GEMV and tiled GEMM with what they fold in ([`LinearFusion`]: an input RMSNorm,
+//! SwiGLU, the Q/K/V split with RoPE), RoPE, the fused Q/K/V split with RoPE, SiLU·mul,
+//! SwiGLU over a fused gate/up projection, add, argmax), used by `crate::compute` on either
+//! runtime of the family, and their launch-shape constants.
 
+use super::bindings::Bindings;
 use super::preprocess::consts;
 use super::sources::{
     MODEL_OPS_ARGMAX, MODEL_OPS_COMMON, MODEL_OPS_ELEMENTWISE, MODEL_OPS_GATHER, MODEL_OPS_GEMV,
-    MODEL_OPS_LINEAR, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE, MODEL_OPS_ROPE_SPLIT,
+    MODEL_OPS_LINEAR, MODEL_OPS_LINEAR_OUT, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE,
+    MODEL_OPS_ROPE_SPLIT,
 };
 
 /// Threads per workgroup of the model operations' kernels (`model_ops_*.wgsl`).
@@ -18,10 +21,10 @@ pub const LINEAR_TILE: u32 = 64;
 /// K step of the tiled linear kernel.
 pub const LINEAR_TILE_K: u32 = 16;
 
-/// Threads that reduce one output feature in the GEMV kernel.
+/// Threads that reduce one output unit (a weight row, or a pair of rows) in the GEMV kernel.
 pub const GEMV_LANES: u32 = 32;
 
-/// Output features per workgroup of the GEMV kernel.
+/// Output units (weight rows, or row pairs) per workgroup of the GEMV kernel.
 pub const GEMV_FEATURES_PER_GROUP: u32 = MODEL_WORKGROUP / GEMV_LANES;
 
 /// Largest token count `linear` runs as a GEMV (`model_ops_gemv.wgsl` keeps one partial
@@ -39,23 +42,175 @@ const _: () = assert!(MODEL_WORKGROUP % GEMV_LANES == 0 && GEMV_LANES.is_power_o
 
 const _: () = assert!(MODEL_WORKGROUP.is_power_of_two());
 
+// model_ops_linear.wgsl's norm prologue: four threads per tile row (its partial sums are
+// added as two pairs); its pair forms: two pairs per thread (TX = PAIRS / 2).
+const _: () = assert!(4 * LINEAR_TILE == MODEL_WORKGROUP && LINEAR_TILE % 4 == 0);
+
+/// What becomes of a linear kernel's product `p = x·Wᵀ` (`model_ops_linear_out.wgsl`'s
+/// `OUT`; `crate::compute::linear_fused` says what each form computes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinearEpilogue {
+    /// Stored into `y [T, N]` or added into it (a run-time flag): `linear`,
+    /// `linear_accumulate`.
+    Plain,
+    /// SwiGLU of a gate/up weight stacked as `[2I, K]`: `y [T, I]`.
+    SwiGlu,
+    /// The split of a fused Q/K/V projection, query and key heads rotated (either pairing:
+    /// a run-time flag), into `q`, `k`, `v`.
+    RopeSplit,
+}
+
+/// What a linear kernel folds in around its product: an RMSNorm of its input rows, and its
+/// output step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinearFusion {
+    /// The input rows are RMS-normed inside the kernel.
+    pub norm: bool,
+    /// What becomes of the product.
+    pub epilogue: LinearEpilogue,
+}
+
+impl LinearFusion {
+    /// No norm, the product stored or added: what [`ModelShader::LinearTiled`] and
+    /// [`ModelShader::LinearGemv`] run.
+    pub const PLAIN: LinearFusion = LinearFusion {
+        norm: false,
+        epilogue: LinearEpilogue::Plain,
+    };
+
+    /// Every fusion, [`LinearFusion::PLAIN`] first.
+    pub fn all() -> Vec<LinearFusion> {
+        let mut v = Vec::new();
+        for epilogue in [
+            LinearEpilogue::Plain,
+            LinearEpilogue::SwiGlu,
+            LinearEpilogue::RopeSplit,
+        ] {
+            for norm in [false, true] {
+                v.push(LinearFusion { norm, epilogue });
+            }
+        }
+        v
+    }
+
+    /// Whether the kernel is the plain linear layer.
+    pub fn is_plain(self) -> bool {
+        self == LinearFusion::PLAIN
+    }
+
+    /// Whether the unit of work is a pair of weight rows (SwiGLU, RoPE split).
+    pub fn pairs(self) -> bool {
+        self.epilogue != LinearEpilogue::Plain
+    }
+
+    /// Output units of a weight of `n` rows: one per row, or one per row pair.
+    pub fn units(self, n: usize) -> usize {
+        if self.pairs() {
+            n / 2
+        } else {
+            n
+        }
+    }
+
+    /// Units per workgroup of the tiled kernel: its columns, or their pairs.
+    pub fn tile_units(self) -> u32 {
+        if self.pairs() {
+            LINEAR_TILE / 2
+        } else {
+            LINEAR_TILE
+        }
+    }
+
+    /// The binding set: [`Bindings::Model`] (x, W, y) for the plain form, which declares no
+    /// other, else [`Bindings::LinearFused`].
+    pub fn bindings(self) -> Bindings {
+        if self.is_plain() {
+            Bindings::Model
+        } else {
+            Bindings::LinearFused
+        }
+    }
+
+    /// The key's suffix ("" for the plain form).
+    fn key(self) -> String {
+        let norm = if self.norm { " norm" } else { "" };
+        let out = match self.epilogue {
+            LinearEpilogue::Plain => "",
+            LinearEpilogue::SwiGlu => " swiglu",
+            LinearEpilogue::RopeSplit => " rope_split",
+        };
+        format!("{norm}{out}")
+    }
+
+    /// The header lines of `model_ops_linear_out.wgsl`: NORM, OUT, and the optional
+    /// bindings 4-7, each declared where the form uses it and as a private one-element
+    /// stand-in elsewhere.
+    fn header(self) -> String {
+        let rope = self.epilogue == LinearEpilogue::RopeSplit;
+        let out = match self.epilogue {
+            LinearEpilogue::Plain => 0,
+            LinearEpilogue::SwiGlu => 1,
+            LinearEpilogue::RopeSplit => 2,
+        };
+        let mut s = format!("const NORM: bool = {};\n", self.norm);
+        s += &consts(&[("OUT", out)]);
+        for (used, binding, name, access, ty) in [
+            (self.norm, 4, "norm_w", "read", "VT"),
+            (rope, 5, "positions", "read", "i32"),
+            (rope, 6, "k_out", "read_write", "f32"),
+            (rope, 7, "v_out", "read_write", "f32"),
+        ] {
+            s += &if used {
+                format!(
+                    "@group(0) @binding({binding}) var<storage, {access}> {name}: array<{ty}>;\n"
+                )
+            } else {
+                format!("var<private> {name}: array<{ty}, 1>;\n")
+            };
+        }
+        s
+    }
+}
+
 /// One specialisation of the model operations' shaders (`shaders/model_ops_*.wgsl`, used by
 /// `crate::compute`). `vec4` selects loads of four f32 at a time, which needs the row
 /// length (K, H, or the element count) to be a multiple of 4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ModelShader {
-    /// `linear` for T > [`GEMV_MAX_TOKENS`]: the tiled GEMM (`model_ops_linear.wgsl`).
+    /// `linear` and `linear_accumulate` for T > [`GEMV_MAX_TOKENS`] (and the MLA prefill's
+    /// `kv_b_proj` expansion): the tiled GEMM (`model_ops_linear.wgsl`) in its plain form,
+    /// [`LinearFusion::PLAIN`] ([`Bindings::Model`]).
     LinearTiled {
         /// vec4 loads (K % 4 == 0).
         vec4: bool,
     },
-    /// `linear` for T ≤ [`GEMV_MAX_TOKENS`] (`model_ops_gemv.wgsl`).
+    /// `linear` and `linear_accumulate` for T ≤ [`GEMV_MAX_TOKENS`] (`model_ops_gemv.wgsl`)
+    /// in its plain form.
     LinearGemv {
         /// vec4 loads (K % 4 == 0).
         vec4: bool,
-        /// vec4 accumulators per thread (1, 2 or 4: up to 4, 8 or 16 tokens); see
+        /// vec4 accumulators per thread and row (1, 2 or 4: up to 4, 8 or 16 tokens); see
         /// [`ModelShader::gemv`].
         tok4: u32,
+    },
+    /// `linear_fused` for T > [`GEMV_MAX_TOKENS`]: the tiled GEMM with `fusion` folded in
+    /// (with [`LinearFusion::PLAIN`] it is [`ModelShader::LinearTiled`]: the same key and
+    /// module).
+    LinearFusedTiled {
+        /// vec4 loads (K % 4 == 0).
+        vec4: bool,
+        /// The input norm and output step.
+        fusion: LinearFusion,
+    },
+    /// `linear_fused` for T ≤ [`GEMV_MAX_TOKENS`]: the GEMV with `fusion` folded in (with
+    /// [`LinearFusion::PLAIN`] it is [`ModelShader::LinearGemv`]).
+    LinearFusedGemv {
+        /// vec4 loads (K % 4 == 0).
+        vec4: bool,
+        /// vec4 accumulators per thread and row (1, 2 or 4).
+        tok4: u32,
+        /// The input norm and output step.
+        fusion: LinearFusion,
     },
     /// `rms_norm` (`model_ops_rms_norm.wgsl`).
     RmsNorm {
@@ -102,23 +257,59 @@ impl ModelShader {
     /// The GEMV for `t` (1 ≤ t ≤ [`GEMV_MAX_TOKENS`]) tokens: the narrowest accumulator
     /// width that holds them.
     pub fn gemv(vec4: bool, t: usize) -> ModelShader {
-        let tok4 = match t {
-            0..=4 => 1,
-            5..=8 => 2,
-            _ => 4,
-        };
-        ModelShader::LinearGemv { vec4, tok4 }
+        ModelShader::LinearGemv {
+            vec4,
+            tok4: gemv_tok4(t),
+        }
     }
 
-    /// Every specialisation (for the catalog).
+    /// The linear kernel for `t` ≥ 1 tokens with `fusion` folded in: the GEMV up to
+    /// [`GEMV_MAX_TOKENS`], the tiled GEMM above; the plain variants for
+    /// [`LinearFusion::PLAIN`].
+    pub fn linear(vec4: bool, t: usize, fusion: LinearFusion) -> ModelShader {
+        match (t <= GEMV_MAX_TOKENS, fusion.is_plain()) {
+            (true, true) => ModelShader::gemv(vec4, t),
+            (true, false) => ModelShader::LinearFusedGemv {
+                vec4,
+                tok4: gemv_tok4(t),
+                fusion,
+            },
+            (false, true) => ModelShader::LinearTiled { vec4 },
+            (false, false) => ModelShader::LinearFusedTiled { vec4, fusion },
+        }
+    }
+
+    /// A linear kernel's form: vec4 loads, the GEMV's tok4 (`None`: tiled) and its fusion.
+    fn linear_form(&self) -> Option<(bool, Option<u32>, LinearFusion)> {
+        match *self {
+            ModelShader::LinearTiled { vec4 } => Some((vec4, None, LinearFusion::PLAIN)),
+            ModelShader::LinearGemv { vec4, tok4 } => Some((vec4, Some(tok4), LinearFusion::PLAIN)),
+            ModelShader::LinearFusedTiled { vec4, fusion } => Some((vec4, None, fusion)),
+            ModelShader::LinearFusedGemv { vec4, tok4, fusion } => Some((vec4, Some(tok4), fusion)),
+            _ => None,
+        }
+    }
+
+    /// The binding set of its kernel: [`Bindings::Model`], or [`Bindings::LinearFused`] for
+    /// a linear kernel with a norm or a pair output.
+    pub fn bindings(&self) -> Bindings {
+        match self.linear_form() {
+            Some((_, _, fusion)) => fusion.bindings(),
+            None => Bindings::Model,
+        }
+    }
+
+    /// Every specialisation (for the catalog): each linear kernel once (the plain forms
+    /// under their plain variants).
     pub fn all() -> Vec<ModelShader> {
         let mut v = Vec::new();
         for vec4 in [true, false] {
+            for fusion in LinearFusion::all() {
+                for t in [GEMV_MAX_TOKENS + 1, 1, 5, GEMV_MAX_TOKENS] {
+                    v.push(ModelShader::linear(vec4, t, fusion));
+                }
+            }
             v.extend([
-                ModelShader::LinearTiled { vec4 },
-                ModelShader::LinearGemv { vec4, tok4: 1 },
-                ModelShader::LinearGemv { vec4, tok4: 2 },
-                ModelShader::LinearGemv { vec4, tok4: 4 },
                 ModelShader::RmsNorm { vec4 },
                 ModelShader::Gather { vec4 },
                 ModelShader::SiluMul { vec4 },
@@ -146,6 +337,8 @@ impl ModelShader {
         match *self {
             ModelShader::LinearTiled { vec4 }
             | ModelShader::LinearGemv { vec4, .. }
+            | ModelShader::LinearFusedTiled { vec4, .. }
+            | ModelShader::LinearFusedGemv { vec4, .. }
             | ModelShader::RmsNorm { vec4 }
             | ModelShader::Gather { vec4 }
             | ModelShader::SiluMul { vec4 }
@@ -162,6 +355,12 @@ impl ModelShader {
             ModelShader::LinearTiled { .. } => format!("model linear tiled {v}"),
             ModelShader::LinearGemv { tok4, .. } => {
                 format!("model linear gemv {v} t{}", 4 * tok4)
+            }
+            ModelShader::LinearFusedTiled { fusion, .. } => {
+                format!("model linear tiled {v}{}", fusion.key())
+            }
+            ModelShader::LinearFusedGemv { tok4, fusion, .. } => {
+                format!("model linear gemv {v} t{}{}", 4 * tok4, fusion.key())
             }
             ModelShader::RmsNorm { .. } => format!("model rms_norm {v}"),
             ModelShader::Gather { .. } => format!("model gather {v}"),
@@ -206,17 +405,27 @@ impl ModelShader {
                   fn lane(v: VT, j: u32) -> f32 {\n    return v;\n}\n";
         }
         let body = match self {
-            ModelShader::LinearTiled { .. } => {
-                s += &consts(&[
-                    ("BM", LINEAR_TILE),
-                    ("BN", LINEAR_TILE),
-                    ("BK", LINEAR_TILE_K),
-                ]);
-                MODEL_OPS_LINEAR
-            }
-            ModelShader::LinearGemv { tok4, .. } => {
-                s += &consts(&[("LANES", GEMV_LANES), ("TOK4", *tok4)]);
-                MODEL_OPS_GEMV
+            ModelShader::LinearTiled { .. }
+            | ModelShader::LinearGemv { .. }
+            | ModelShader::LinearFusedTiled { .. }
+            | ModelShader::LinearFusedGemv { .. } => {
+                let (_, tok4, fusion) = self.linear_form().expect("a linear kernel");
+                s += &fusion.header();
+                match tok4 {
+                    None => {
+                        s += &consts(&[
+                            ("BM", LINEAR_TILE),
+                            ("BN", LINEAR_TILE),
+                            ("BK", LINEAR_TILE_K),
+                        ]);
+                        MODEL_OPS_LINEAR
+                    }
+                    Some(tok4) => {
+                        let rows = if fusion.pairs() { 2 } else { 1 };
+                        s += &consts(&[("LANES", GEMV_LANES), ("TOK4", tok4), ("ROWS", rows)]);
+                        MODEL_OPS_GEMV
+                    }
+                }
             }
             ModelShader::RmsNorm { .. } => MODEL_OPS_RMS_NORM,
             ModelShader::Gather { .. } => MODEL_OPS_GATHER,
@@ -248,7 +457,112 @@ impl ModelShader {
             ModelShader::Argmax => MODEL_OPS_ARGMAX,
         };
         s += MODEL_OPS_COMMON;
+        if self.linear_form().is_some() {
+            s += MODEL_OPS_LINEAR_OUT;
+        }
         s += body;
         s
+    }
+}
+
+/// vec4 accumulators per thread and row of the GEMV for `t` ≤ [`GEMV_MAX_TOKENS`] tokens:
+/// the narrowest width that holds them.
+fn gemv_tok4(t: usize) -> u32 {
+    match t {
+        0..=4 => 1,
+        5..=8 => 2,
+        _ => 4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(binding, read_only)` of every storage binding a module declares.
+    fn declared(source: &str) -> Vec<(u32, bool)> {
+        let mut v: Vec<(u32, bool)> = source
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("@group(0) @binding(")?;
+                let (n, decl) = rest.split_once(')')?;
+                let read_only = if decl.contains("var<storage, read>") {
+                    true
+                } else if decl.contains("var<storage, read_write>") {
+                    false
+                } else {
+                    return None;
+                };
+                Some((n.parse().ok()?, read_only))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn modules_declare_the_bindings_of_their_set() {
+        for s in ModelShader::all() {
+            let set = s.bindings().storage();
+            let got = declared(&s.source());
+            for b in &got {
+                assert!(set.contains(b), "{}: {b:?} is not in {set:?}", s.key());
+            }
+            let Some((_, _, fusion)) = s.linear_form() else {
+                continue;
+            };
+            // What each form binds: x, W, y; the norm weight; positions, k, v.
+            let mut want = vec![(1, true), (2, true), (3, false)];
+            if fusion.norm {
+                want.push((4, true));
+            }
+            if fusion.epilogue == LinearEpilogue::RopeSplit {
+                want.extend([(5, true), (6, false), (7, false)]);
+            }
+            assert_eq!(got, want, "{}", s.key());
+        }
+    }
+
+    #[test]
+    fn linear_kernels_are_named_once() {
+        let all = ModelShader::all();
+        let keys: std::collections::HashSet<String> = all.iter().map(|s| s.key()).collect();
+        assert_eq!(keys.len(), all.len());
+        // Every fusion in both kernels and load widths, each GEMV width.
+        let linear = all.iter().filter(|s| s.linear_form().is_some()).count();
+        assert_eq!(linear, 2 * LinearFusion::all().len() * 4);
+        // The fused variants with nothing folded in are the plain kernels.
+        for vec4 in [true, false] {
+            let pairs = [
+                (
+                    ModelShader::LinearFusedTiled {
+                        vec4,
+                        fusion: LinearFusion::PLAIN,
+                    },
+                    ModelShader::LinearTiled { vec4 },
+                ),
+                (
+                    ModelShader::LinearFusedGemv {
+                        vec4,
+                        tok4: 2,
+                        fusion: LinearFusion::PLAIN,
+                    },
+                    ModelShader::LinearGemv { vec4, tok4: 2 },
+                ),
+            ];
+            for (fused, plain) in pairs {
+                assert_eq!(fused.key(), plain.key());
+                assert_eq!(fused.source(), plain.source());
+                assert_eq!(fused.bindings(), Bindings::Model);
+            }
+            assert_eq!(
+                ModelShader::linear(vec4, GEMV_MAX_TOKENS + 1, LinearFusion::PLAIN),
+                ModelShader::LinearTiled { vec4 }
+            );
+            assert_eq!(
+                ModelShader::linear(vec4, 3, LinearFusion::PLAIN),
+                ModelShader::gemv(vec4, 3)
+            );
+        }
     }
 }

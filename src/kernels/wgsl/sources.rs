@@ -19,6 +19,8 @@ pub(super) const PROBE_FMA: &str = include_str!("../../../shaders/probe_fma.wgsl
 pub(super) const MODEL_OPS_COMMON: &str = include_str!("../../../shaders/model_ops_common.wgsl");
 pub(super) const MODEL_OPS_LINEAR: &str = include_str!("../../../shaders/model_ops_linear.wgsl");
 pub(super) const MODEL_OPS_GEMV: &str = include_str!("../../../shaders/model_ops_gemv.wgsl");
+pub(super) const MODEL_OPS_LINEAR_OUT: &str =
+    include_str!("../../../shaders/model_ops_linear_out.wgsl");
 pub(super) const MODEL_OPS_RMS_NORM: &str =
     include_str!("../../../shaders/model_ops_rms_norm.wgsl");
 pub(super) const MODEL_OPS_GATHER: &str = include_str!("../../../shaders/model_ops_gather.wgsl");
