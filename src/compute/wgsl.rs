@@ -378,7 +378,8 @@ pub(super) fn linear_fused<R: WgslRuntime>(
     if let Some(nm) = a.norm {
         buffers.push((4, dev.tensor_buffer(nm.weight, "rms_norm weight")?));
     }
-    // (accumulate, d / 2, H, Hk, rope base, interleaved) as the kernels' parameters take them.
+    // Whether the plain form adds, and the RoPE split's parameters (d / 2, H, Hk, base,
+    // interleaved); zero where the form has none.
     let mut accumulate = false;
     let mut rope_words = (0, 0, 0, 0.0, false);
     let epilogue = match out {
@@ -435,6 +436,7 @@ pub(super) fn linear_fused<R: WgslRuntime>(
     let vec4 = k % 4 == 0;
     let kv = if vec4 { k / 4 } else { k };
     let (half, h, hk, base, interleaved) = rope_words;
+    // model_ops_linear_out.wgsl's Params, in order.
     let words = Words::new()
         .u(u32_of("tokens", t)?)
         .u(u32_of("out_features", n)?)
