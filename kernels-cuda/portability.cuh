@@ -157,7 +157,15 @@ __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
 __device__ __forceinline__ float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 __device__ __forceinline__ float expf(float x) { return __builtin_expf(x); }
 __device__ __forceinline__ float logf(float x) { return __builtin_logf(x); }
+__device__ __forceinline__ float sqrtf(float x) { return __builtin_sqrtf(x); }
 __device__ __forceinline__ float rintf(float x) { return __builtin_rintf(x); }
+// The hardware's sin / cos (the intrinsics' accuracy class) and pow as exp2(e·log2(b)): the
+// AMDGPU backend lowers these without a device math library.
+__device__ __forceinline__ float __sinf(float x) { return __builtin_sinf(x); }
+__device__ __forceinline__ float __cosf(float x) { return __builtin_cosf(x); }
+__device__ __forceinline__ float powf(float b, float e) {
+    return __builtin_exp2f(e * __builtin_log2f(b));
+}
 __device__ __forceinline__ float ldexpf(float x, int e) { return __builtin_ldexpf(x, e); }
 __device__ __forceinline__ float tanhf(float x) {
     const float t = __builtin_expf(-2.0f * __builtin_fabsf(x));
