@@ -1,10 +1,10 @@
-//! A Llama-family decoder written once against polyattn: token embedding; per layer RMSNorm →
-//! the Q/K/V projections as one linear layer → their split with RoPE → paged attention
-//! through [`polyattn::Attention`] → the output projection added into the residual stream →
-//! RMSNorm → gate and up as one linear layer → SwiGLU → the down projection added into the
-//! residual stream; a final RMSNorm and the output head (tied to the embedding or separate).
-//! Eight launches per layer besides attention's own (ten on the WGSL runtimes, whose split
-//! takes one dispatch per output).
+//! A Llama-family decoder written once against polyattn: token embedding; per layer the Q/K/V
+//! projections as one linear layer with the attention RMSNorm before it and the split with
+//! RoPE after it → paged attention through [`polyattn::Attention`] → the output projection
+//! added into the residual stream → gate and up as one linear layer with the MLP's RMSNorm
+//! before it and SwiGLU after it → the down projection added into the residual stream; a
+//! final RMSNorm and the output head (tied to the embedding or separate), one layer again.
+//! Four launches per layer besides attention's own ([`compute::linear_fused`]).
 //!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
 //! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32:
@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use polyattn::compute::{self, Rope, RopeStyle};
+use polyattn::compute::{self, InputNorm, LinearOutput, Rope, RopeStyle};
 use polyattn::runner::{CausalLm, ModelConfig, StepBatch};
 use polyattn::{
     Attention, AttentionLayer, AttentionParams, BackendRef, DType, Device, KvCache, Tensor,
@@ -105,47 +105,30 @@ struct Layer {
 struct Scratch {
     /// The residual stream `[t, hidden]`.
     x: Tensor,
-    /// A normed copy of it `[t, hidden]`.
-    h: Tensor,
-    /// The fused Q/K/V projection `[t, (heads + 2·kv_heads)·d]`.
-    qkv: Tensor,
-    /// Its rotated queries and keys and its values `[t, heads | kv_heads, d]`.
+    /// The rotated queries and keys and the values `[t, heads | kv_heads, d]`.
     q: Tensor,
     k: Tensor,
     v: Tensor,
     /// Attention output `[t, heads, d]` (viewed `[t, heads · d]` for the output projection).
     o: Tensor,
-    /// The fused gate/up projection `[t, 2·intermediate]` and the MLP's activation
-    /// `[t, intermediate]`.
-    gate_up: Tensor,
+    /// The MLP's activation `[t, intermediate]`.
     act: Tensor,
-    /// The rows whose logits are wanted `[r, hidden]`, and their final norm.
+    /// The rows whose logits are wanted `[r, hidden]`.
     last: Tensor,
-    last_norm: Tensor,
 }
 
 impl Scratch {
     fn new(c: &LlamaConfig, device: &Device, t: usize, r: usize) -> polyattn::Result<Self> {
         let z = |shape: &[usize]| Tensor::zeros(device, shape, DType::F32);
-        let (h, q, kv, i) = (
-            c.hidden,
-            c.num_heads * c.head_size,
-            c.num_kv_heads * c.head_size,
-            c.intermediate,
-        );
-        let d = c.head_size;
+        let (h, d) = (c.hidden, c.head_size);
         Ok(Scratch {
             x: z(&[t, h])?,
-            h: z(&[t, h])?,
-            qkv: z(&[t, q + 2 * kv])?,
             q: z(&[t, c.num_heads, d])?,
             k: z(&[t, c.num_kv_heads, d])?,
             v: z(&[t, c.num_kv_heads, d])?,
             o: z(&[t, c.num_heads, d])?,
-            gate_up: z(&[t, 2 * i])?,
-            act: z(&[t, i])?,
+            act: z(&[t, c.intermediate])?,
             last: z(&[r, h])?,
-            last_norm: z(&[r, h])?,
         })
     }
 }
@@ -363,16 +346,24 @@ impl Llama {
         };
         let (nh, d) = (c.num_heads, c.head_size);
         compute::embedding_into(&self.embedding, batch.input_ids, &mut s.x)?;
+        let norm = |weight| {
+            Some(InputNorm {
+                weight,
+                eps: c.rms_eps,
+            })
+        };
         for (layer, cache) in self.layers.iter().zip(kv_caches.iter_mut()) {
-            compute::rms_norm_into(&s.x, &layer.attn_norm, c.rms_eps, &mut s.h)?;
-            compute::linear_into(&s.h, &layer.wqkv, &mut s.qkv)?;
-            compute::rope_split_qkv_into(
-                &s.qkv,
-                batch.positions,
-                rope,
-                &mut s.q,
-                &mut s.k,
-                &mut s.v,
+            compute::linear_fused(
+                &s.x,
+                norm(&layer.attn_norm),
+                &layer.wqkv,
+                LinearOutput::RopeSplitQkv {
+                    positions: batch.positions,
+                    rope,
+                    q: &mut s.q,
+                    k: &mut s.k,
+                    v: &mut s.v,
+                },
             )?;
             layer.attn.forward(
                 &s.q,
@@ -386,17 +377,20 @@ impl Llama {
             s.o.reshape_in_place(&[t, nh * d])?;
             compute::linear_accumulate(&s.o, &layer.wo, &mut s.x)?;
             s.o.reshape_in_place(&[t, nh, d])?;
-            compute::rms_norm_into(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.h)?;
-            compute::linear_into(&s.h, &layer.w_gate_up, &mut s.gate_up)?;
-            compute::swiglu_into(&s.gate_up, &mut s.act)?;
+            compute::linear_fused(
+                &s.x,
+                norm(&layer.ffn_norm),
+                &layer.w_gate_up,
+                LinearOutput::SwiGlu(&mut s.act),
+            )?;
             compute::linear_accumulate(&s.act, &layer.w_down, &mut s.x)?;
         }
         compute::gather_rows_into(&s.x, batch.logits_indices, &mut s.last)?;
-        compute::rms_norm_into(&s.last, &self.final_norm, c.rms_eps, &mut s.last_norm)?;
-        compute::linear_into(
-            &s.last_norm,
+        compute::linear_fused(
+            &s.last,
+            norm(&self.final_norm),
             self.lm_head.as_ref().unwrap_or(&self.embedding),
-            logits,
+            LinearOutput::Store(logits),
         )
     }
 }
