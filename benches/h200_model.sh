@@ -7,8 +7,8 @@
 # "Model generation" section of benches/RESULTS.md).
 # SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
 # (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
-# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, tiny, smollm2, speed,
-# profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, sanitize, graphs, tiny,
+# smollm2, speed, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 OUT=${OUT:-/tmp/h200}
@@ -32,6 +32,12 @@ for p in "$@"; do
       cat .m1/p .m2/p .m3/p >"$GGUF" && sha256sum "$GGUF" ;;
     compute)
       run compute 200 $B/test-compute --nocapture ;;
+    sanitize)
+      # The linear kernels under memcheck and racecheck (the tiled form's shared memory).
+      run memcheck-linear 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
+      run racecheck-linear 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_fused ;;
+    graphs)
+      run graph-tests 200 $B/test-generate --nocapture graph_tests ;;
     tiny)
       run tiny 300 $B/test-generate --nocapture tiny
       for be in cpu cuda wgpu; do
@@ -53,7 +59,7 @@ for p in "$@"; do
         PR=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
             "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
         say "ncu smollm2 $n"
-        POLYATTN_BACKEND=cuda timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
+        POLYATTN_BACKEND=cuda timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
           --csv --print-units base $B/example-generate --model smollm2 --eager --no-warmup --max-tokens 4 \
           "${PR[@]:0:$n}" >"$OUT/ncu-smollm2-$n.csv" 2>"$OUT/ncu-smollm2-$n.log"
         echo "-- rc=$? $(wc -l <"$OUT/ncu-smollm2-$n.csv") lines"

@@ -18,7 +18,7 @@
 // the two coordinates of a rotated pair), so those forms compute weight rows in *pairs*:
 // pair u is rows (u, I + u) for swiglu and, for rope, head = u / half, i = u % half, rows
 // head·d + ia and head·d + ib with (ia, ib) = (2i, 2i + 1) interleaved or (i, i + half).
-// The GEMV computes two rows per warp in every form (store / accumulate: rows 2u and 2u + 1,
+// The GEMV computes two rows per block in every form (store / accumulate: rows 2u and 2u + 1,
 // the second dropped past N), so every x element it loads feeds two rows.
 //
 // Layout (row-major, dense, 256-byte aligned allocations): x [T][K], W [N][K] (PyTorch's
@@ -37,12 +37,16 @@
 //     pairs: column c is member (c >> 1) & 1 of pair (c >> 2)·2 + (c & 1), so a thread's four
 //     columns are both members of two pairs (acc[.][j] with acc[.][j + 2]).
 //   * model_linear_gemv{,8,16}{,_norm} (T ≤ 4 / 8 / 16; memory-bound: every weight element
-//     is read once for all T tokens): one warp / wavefront (PA_WAVE lanes) per row pair, 4
-//     per block; lane l reads float4s l, l + PA_WAVE, ... of both weight rows (through the
+//     is read once for all T tokens): one block of GEMV_THREADS per row pair (grid-stride
+//     over pairs). At decode sizes the weights are a few MB, so the kernel is bound by how
+//     many loads are in flight, not by bandwidth: spreading each pair's K over a whole block
+//     gives every thread one or two float4s of each row (K = 576 or 1536) to load at once.
+//     Thread i reads float4s i, i + GEMV_THREADS, ... of both weight rows (through the
 //     read-only path where there is one) and of the T input rows (small: they stay in L1 /
-//     L2), keeps two partial sums per token in registers, and the warp reduces them with
-//     shuffles; lane tt writes token tt's outputs. The _norm forms first reduce each token
-//     row's sum of squares the same way.
+//     L2), keeps two partial sums per token in registers; warp shuffles, then one
+//     shared-memory step, reduce them, and thread tt writes token tt's outputs. The _norm
+//     forms sum each row's squares in the same pass and compute (x · g) · Wᵀ, scaled by inv
+//     at the end (the same product as (x · inv · g) · Wᵀ up to rounding).
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
@@ -56,7 +60,7 @@
 #define LIN_BN 64
 #define LIN_BK 16
 #define LIN_PAD 4
-#define GEMV_WARPS 4
+#define GEMV_THREADS 128
 
 #define LIN_STORE 0
 #define LIN_ACCUMULATE 1
@@ -315,104 +319,121 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
     }
 }
 
-// The GEMV for T ≤ MAXT tokens: 2·MAXT partial sums in registers, so each width is its own
-// entry point (a 16-wide body for one token keeps fewer weight loads in flight); NORM: the
-// input rows are RMS-normed first.
+// The GEMV for T ≤ MAXT tokens: 3·MAXT partial sums per thread in registers (two rows and,
+// with NORM, the sums of squares), so each width is its own entry point.
 template <int MAXT, bool NORM>
 __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
-    const int lane = threadIdx.x & (PA_WAVE - 1);
-    const int u = blockIdx.x * GEMV_WARPS + (threadIdx.x >> PA_WAVE_LOG2);
-    if (u >= lin_units(p)) return;  // the whole warp: no block-level synchronisation follows
-    int r0, r1;
-    lin_pair_rows(p, u, &r0, &r1);
+    constexpr int WAVES = GEMV_THREADS / PA_WAVE;
+    __shared__ float red[WAVES][3 * MAXT];
+    const int tid = threadIdx.x;
+    const int lane = tid & (PA_WAVE - 1);
+    const int wave = tid >> PA_WAVE_LOG2;
     const int t = p.t;
-    float inv[MAXT];
-    if (NORM) {
+    const int units = lin_units(p);
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        int r0, r1;
+        lin_pair_rows(p, u, &r0, &r1);
+        float a0[MAXT];
+        float a1[MAXT];
+        float ss[MAXT];
 #pragma unroll
         for (int tt = 0; tt < MAXT; ++tt) {
-            float s = 0.0f;
-            if (tt < t) {
-                const float* xr = p.x + (pa_i64)tt * p.k;
-                if (p.vec4) {
-                    for (int c = lane; c < p.k / 4; c += PA_WAVE)
-                        s = lin_sq4(pa_ldg((const float4*)xr + c), s);
-                } else {
-                    for (int c = lane; c < p.k; c += PA_WAVE) {
-                        const float v = pa_ldg(xr + c);
-                        s = fmaf(v, v, s);
+            a0[tt] = 0.0f;
+            a1[tt] = 0.0f;
+            ss[tt] = 0.0f;
+        }
+        if (p.vec4) {
+            const int kv = p.k / 4;
+            const float4* w0 = (const float4*)(p.w + (pa_i64)r0 * p.k);
+            const float4* w1 = (const float4*)(p.w + (pa_i64)r1 * p.k);
+            const float4* xr = (const float4*)p.x;
+#pragma unroll 2
+            for (int c = tid; c < kv; c += GEMV_THREADS) {
+                const float4 wa = pa_ldg(w0 + c);
+                const float4 wb = pa_ldg(w1 + c);
+                float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (NORM) g = pa_ldg((const float4*)p.norm + c);
+#pragma unroll
+                for (int tt = 0; tt < MAXT; ++tt) {
+                    if (tt < t) {
+                        float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
+                        if (NORM) {
+                            ss[tt] = lin_sq4(xv, ss[tt]);
+                            xv = make_float4(xv.x * g.x, xv.y * g.y, xv.z * g.z, xv.w * g.w);
+                        }
+                        a0[tt] = lin_dot4(wa, xv, a0[tt]);
+                        a1[tt] = lin_dot4(wb, xv, a1[tt]);
                     }
                 }
             }
-            s = pa_warp_sum(s);
-            inv[tt] = 1.0f / sqrtf(s / (float)p.k + p.eps);
-        }
-    }
-    float acc0[MAXT];
-    float acc1[MAXT];
-#pragma unroll
-    for (int tt = 0; tt < MAXT; ++tt) {
-        acc0[tt] = 0.0f;
-        acc1[tt] = 0.0f;
-    }
-    if (p.vec4) {
-        const int kv = p.k / 4;
-        const float4* w0 = (const float4*)(p.w + (pa_i64)r0 * p.k);
-        const float4* w1 = (const float4*)(p.w + (pa_i64)r1 * p.k);
-        const float4* xr = (const float4*)p.x;
+        } else {
+            const float* w0 = p.w + (pa_i64)r0 * p.k;
+            const float* w1 = p.w + (pa_i64)r1 * p.k;
 #pragma unroll 2
-        for (int c = lane; c < kv; c += PA_WAVE) {
-            const float4 a = pa_ldg(w0 + c);
-            const float4 b = pa_ldg(w1 + c);
-            float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (NORM) g = pa_ldg((const float4*)p.norm + c);
+            for (int c = tid; c < p.k; c += GEMV_THREADS) {
+                const float wa = pa_ldg(w0 + c);
+                const float wb = pa_ldg(w1 + c);
+                const float g = NORM ? pa_ldg(p.norm + c) : 0.0f;
 #pragma unroll
-            for (int tt = 0; tt < MAXT; ++tt) {
-                if (tt < t) {
-                    float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
-                    if (NORM) xv = lin_scale4(xv, inv[tt], g);
-                    acc0[tt] = lin_dot4(a, xv, acc0[tt]);
-                    acc1[tt] = lin_dot4(b, xv, acc1[tt]);
+                for (int tt = 0; tt < MAXT; ++tt) {
+                    if (tt < t) {
+                        float xv = pa_ldg(p.x + (pa_i64)tt * p.k + c);
+                        if (NORM) {
+                            ss[tt] = fmaf(xv, xv, ss[tt]);
+                            xv = xv * g;
+                        }
+                        a0[tt] = fmaf(wa, xv, a0[tt]);
+                        a1[tt] = fmaf(wb, xv, a1[tt]);
+                    }
                 }
             }
         }
-    } else {
-        const float* w0 = p.w + (pa_i64)r0 * p.k;
-        const float* w1 = p.w + (pa_i64)r1 * p.k;
-#pragma unroll 2
-        for (int c = lane; c < p.k; c += PA_WAVE) {
-            const float a = pa_ldg(w0 + c);
-            const float b = pa_ldg(w1 + c);
-            const float g = NORM ? pa_ldg(p.norm + c) : 0.0f;
 #pragma unroll
-            for (int tt = 0; tt < MAXT; ++tt) {
-                if (tt < t) {
-                    float xv = pa_ldg(p.x + (pa_i64)tt * p.k + c);
-                    if (NORM) xv = xv * inv[tt] * g;
-                    acc0[tt] = fmaf(a, xv, acc0[tt]);
-                    acc1[tt] = fmaf(b, xv, acc1[tt]);
+        for (int tt = 0; tt < MAXT; ++tt) {
+            if (tt < t) {
+                const float s0 = pa_warp_sum(a0[tt]);
+                const float s1 = pa_warp_sum(a1[tt]);
+                const float sq = NORM ? pa_warp_sum(ss[tt]) : 0.0f;
+                if (lane == 0) {
+                    red[wave][tt] = s0;
+                    red[wave][MAXT + tt] = s1;
+                    red[wave][2 * MAXT + tt] = sq;
                 }
             }
         }
-    }
+        __syncthreads();
+        if (tid < t) {
+            float s0 = 0.0f;
+            float s1 = 0.0f;
+            float sq = 0.0f;
 #pragma unroll
-    for (int tt = 0; tt < MAXT; ++tt) {
-        if (tt < t) {
-            // Every lane holds the totals after the butterfly; lane tt writes token tt.
-            const float a0 = pa_warp_sum(acc0[tt]);
-            const float a1 = pa_warp_sum(acc1[tt]);
-            if (lane == tt) lin_put_pair(p, tt, u, a0, a1);
+            for (int w = 0; w < WAVES; ++w) {
+                s0 += red[w][tid];
+                s1 += red[w][MAXT + tid];
+                sq += red[w][2 * MAXT + tid];
+            }
+            if (NORM) {
+                const float inv = 1.0f / sqrtf(sq / (float)p.k + p.eps);
+                s0 *= inv;
+                s1 *= inv;
+            }
+            lin_put_pair(p, tid, u, s0, s1);
         }
+        __syncthreads();  // red is rewritten by the block's next pair
     }
 }
 
-#define LIN_GEMV_ENTRY(NAME, MAXT, NORM)                                                       \
-    extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_WARPS * PA_WAVE, 1) NAME(const LinearParams p) { \
-        linear_gemv<MAXT, NORM>(p);                                                            \
+// MIN_BLOCKS bounds the registers (more resident blocks keep more loads in flight): the
+// narrow bodies need few, the 16-token one holds 48 partial sums.
+#define LIN_GEMV_ENTRY(NAME, MAXT, NORM, MIN_BLOCKS)                                      \
+    extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_THREADS, MIN_BLOCKS)                  \
+        NAME(const LinearParams p) {                                                       \
+        linear_gemv<MAXT, NORM>(p);                                                        \
     }
 
-LIN_GEMV_ENTRY(model_linear_gemv, 4, false)
-LIN_GEMV_ENTRY(model_linear_gemv8, 8, false)
-LIN_GEMV_ENTRY(model_linear_gemv16, 16, false)
-LIN_GEMV_ENTRY(model_linear_gemv_norm, 4, true)
-LIN_GEMV_ENTRY(model_linear_gemv8_norm, 8, true)
-LIN_GEMV_ENTRY(model_linear_gemv16_norm, 16, true)
+LIN_GEMV_ENTRY(model_linear_gemv, 4, false, 6)
+LIN_GEMV_ENTRY(model_linear_gemv8, 8, false, 4)
+LIN_GEMV_ENTRY(model_linear_gemv16, 16, false, 3)
+LIN_GEMV_ENTRY(model_linear_gemv_norm, 4, true, 6)
+LIN_GEMV_ENTRY(model_linear_gemv8_norm, 8, true, 4)
+LIN_GEMV_ENTRY(model_linear_gemv16_norm, 16, true, 3)

@@ -42,8 +42,9 @@ pub const MODEL_THREADS: u32 = 256;
 pub const LINEAR_TILE: usize = 64;
 /// Threads per block of the argmax kernel (`ARGMAX_THREADS`: a row is a whole vocabulary).
 pub const ARGMAX_THREADS: u32 = 1024;
-/// Warps per GEMV block (`GEMV_WARPS`); each computes a pair of weight rows.
-pub const GEMV_WARPS: usize = 4;
+/// Threads per GEMV block (`GEMV_THREADS`); a block computes one pair of weight rows at a
+/// time.
+pub const GEMV_THREADS: u32 = 128;
 
 /// `GatherParams` of model_ops.cu (`model_gather`: embedding and gather_rows).
 #[repr(C)]
