@@ -18,7 +18,7 @@
 // the two coordinates of a rotated pair), so those forms compute weight rows in *pairs*:
 // pair u is rows (u, I + u) for swiglu and, for rope, head = u / half, i = u % half, rows
 // head·d + ia and head·d + ib with (ia, ib) = (2i, 2i + 1) interleaved or (i, i + half).
-// The GEMV computes two rows per block in every form (store / accumulate: rows 2u and 2u + 1,
+// The GEMV computes two rows per warp in every form (store / accumulate: rows 2u and 2u + 1,
 // the second dropped past N), so every x element it loads feeds two rows.
 //
 // Layout (row-major, dense, 256-byte aligned allocations): x [T][K], W [N][K] (PyTorch's
@@ -37,16 +37,16 @@
 //     pairs: column c is member (c >> 1) & 1 of pair (c >> 2)·2 + (c & 1), so a thread's four
 //     columns are both members of two pairs (acc[.][j] with acc[.][j + 2]).
 //   * model_linear_gemv{,8,16}{,_norm} (T ≤ 4 / 8 / 16; memory-bound: every weight element
-//     is read once for all T tokens): one block of GEMV_THREADS per row pair (grid-stride
-//     over pairs). At decode sizes the weights are a few MB, so the kernel is bound by how
-//     many loads are in flight, not by bandwidth: spreading each pair's K over a whole block
-//     gives every thread one or two float4s of each row (K = 576 or 1536) to load at once.
-//     Thread i reads float4s i, i + GEMV_THREADS, ... of both weight rows (through the
-//     read-only path where there is one) and of the T input rows (small: they stay in L1 /
-//     L2), keeps two partial sums per token in registers; warp shuffles, then one
-//     shared-memory step, reduce them, and thread tt writes token tt's outputs. The _norm
-//     forms sum each row's squares in the same pass and compute (x · g) · Wᵀ, scaled by inv
-//     at the end (the same product as (x · inv · g) · Wᵀ up to rounding).
+//     is read once for all T tokens): one warp / wavefront (PA_WAVE lanes) per row pair,
+//     GEMV_THREADS / PA_WAVE per block, grid-stride over pairs. At decode sizes a layer's
+//     weights are a few MB and the kernel is bound by the loads in flight, so lane l loads
+//     float4s l, l + PA_WAVE, ... of both rows in chunks of GEMV_CHUNK per row, every load
+//     of a chunk issued before the first is used (K = 576: the whole row in one chunk), then
+//     the same columns of the T input rows (small: they stay in L1 / L2); two partial sums
+//     per token stay in registers, the warp reduces them with shuffles, and lane tt writes
+//     token tt's outputs. The _norm forms sum each row's squares in the same pass and
+//     compute (x · g) · Wᵀ, scaled by inv at the end (the same product as (x · inv · g) · Wᵀ
+//     up to rounding).
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
@@ -61,6 +61,7 @@
 #define LIN_BK 16
 #define LIN_PAD 4
 #define GEMV_THREADS 128
+#define GEMV_CHUNK 6  // float4s of each row a lane loads at once (K = 576: one chunk)
 
 #define LIN_STORE 0
 #define LIN_ACCUMULATE 1
@@ -319,18 +320,16 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
     }
 }
 
-// The GEMV for T ≤ MAXT tokens: 3·MAXT partial sums per thread in registers (two rows and,
+// The GEMV for T ≤ MAXT tokens: 3·MAXT partial sums per lane in registers (two rows and,
 // with NORM, the sums of squares), so each width is its own entry point.
 template <int MAXT, bool NORM>
 __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
     constexpr int WAVES = GEMV_THREADS / PA_WAVE;
-    __shared__ float red[WAVES][3 * MAXT];
-    const int tid = threadIdx.x;
-    const int lane = tid & (PA_WAVE - 1);
-    const int wave = tid >> PA_WAVE_LOG2;
+    const int lane = threadIdx.x & (PA_WAVE - 1);
     const int t = p.t;
     const int units = lin_units(p);
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    for (int u = blockIdx.x * WAVES + (threadIdx.x >> PA_WAVE_LOG2); u < units;
+         u += gridDim.x * WAVES) {
         int r0, r1;
         lin_pair_rows(p, u, &r0, &r1);
         float a0[MAXT];
@@ -347,22 +346,35 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
             const float4* w0 = (const float4*)(p.w + (pa_i64)r0 * p.k);
             const float4* w1 = (const float4*)(p.w + (pa_i64)r1 * p.k);
             const float4* xr = (const float4*)p.x;
-#pragma unroll 2
-            for (int c = tid; c < kv; c += GEMV_THREADS) {
-                const float4 wa = pa_ldg(w0 + c);
-                const float4 wb = pa_ldg(w1 + c);
-                float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (NORM) g = pa_ldg((const float4*)p.norm + c);
+            for (int base = lane; base < kv; base += GEMV_CHUNK * PA_WAVE) {
+                // Every weight load of the chunk is issued before the first is used.
+                float4 wa[GEMV_CHUNK];
+                float4 wb[GEMV_CHUNK];
 #pragma unroll
-                for (int tt = 0; tt < MAXT; ++tt) {
-                    if (tt < t) {
-                        float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
-                        if (NORM) {
-                            ss[tt] = lin_sq4(xv, ss[tt]);
-                            xv = make_float4(xv.x * g.x, xv.y * g.y, xv.z * g.z, xv.w * g.w);
+                for (int j = 0; j < GEMV_CHUNK; ++j) {
+                    const int c = base + j * PA_WAVE;
+                    const bool in = c < kv;
+                    wa[j] = in ? pa_ldg(w0 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    wb[j] = in ? pa_ldg(w1 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int j = 0; j < GEMV_CHUNK; ++j) {
+                    const int c = base + j * PA_WAVE;
+                    if (c < kv) {
+                        float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (NORM) g = pa_ldg((const float4*)p.norm + c);
+#pragma unroll
+                        for (int tt = 0; tt < MAXT; ++tt) {
+                            if (tt < t) {
+                                float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
+                                if (NORM) {
+                                    ss[tt] = lin_sq4(xv, ss[tt]);
+                                    xv = make_float4(xv.x * g.x, xv.y * g.y, xv.z * g.z, xv.w * g.w);
+                                }
+                                a0[tt] = lin_dot4(wa[j], xv, a0[tt]);
+                                a1[tt] = lin_dot4(wb[j], xv, a1[tt]);
+                            }
                         }
-                        a0[tt] = lin_dot4(wa, xv, a0[tt]);
-                        a1[tt] = lin_dot4(wb, xv, a1[tt]);
                     }
                 }
             }
@@ -370,7 +382,7 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
             const float* w0 = p.w + (pa_i64)r0 * p.k;
             const float* w1 = p.w + (pa_i64)r1 * p.k;
 #pragma unroll 2
-            for (int c = tid; c < p.k; c += GEMV_THREADS) {
+            for (int c = lane; c < p.k; c += PA_WAVE) {
                 const float wa = pa_ldg(w0 + c);
                 const float wb = pa_ldg(w1 + c);
                 const float g = NORM ? pa_ldg(p.norm + c) : 0.0f;
@@ -391,35 +403,17 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
 #pragma unroll
         for (int tt = 0; tt < MAXT; ++tt) {
             if (tt < t) {
-                const float s0 = pa_warp_sum(a0[tt]);
-                const float s1 = pa_warp_sum(a1[tt]);
-                const float sq = NORM ? pa_warp_sum(ss[tt]) : 0.0f;
-                if (lane == 0) {
-                    red[wave][tt] = s0;
-                    red[wave][MAXT + tt] = s1;
-                    red[wave][2 * MAXT + tt] = sq;
+                // Every lane holds the totals after the butterfly; lane tt writes token tt.
+                float s0 = pa_warp_sum(a0[tt]);
+                float s1 = pa_warp_sum(a1[tt]);
+                if (NORM) {
+                    const float inv = 1.0f / sqrtf(pa_warp_sum(ss[tt]) / (float)p.k + p.eps);
+                    s0 *= inv;
+                    s1 *= inv;
                 }
+                if (lane == tt) lin_put_pair(p, tt, u, s0, s1);
             }
         }
-        __syncthreads();
-        if (tid < t) {
-            float s0 = 0.0f;
-            float s1 = 0.0f;
-            float sq = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WAVES; ++w) {
-                s0 += red[w][tid];
-                s1 += red[w][MAXT + tid];
-                sq += red[w][2 * MAXT + tid];
-            }
-            if (NORM) {
-                const float inv = 1.0f / sqrtf(sq / (float)p.k + p.eps);
-                s0 *= inv;
-                s1 *= inv;
-            }
-            lin_put_pair(p, tid, u, s0, s1);
-        }
-        __syncthreads();  // red is rewritten by the block's next pair
     }
 }
 
@@ -431,9 +425,9 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
         linear_gemv<MAXT, NORM>(p);                                                        \
     }
 
-LIN_GEMV_ENTRY(model_linear_gemv, 4, false, 6)
+LIN_GEMV_ENTRY(model_linear_gemv, 4, false, 5)
 LIN_GEMV_ENTRY(model_linear_gemv8, 8, false, 4)
 LIN_GEMV_ENTRY(model_linear_gemv16, 16, false, 3)
-LIN_GEMV_ENTRY(model_linear_gemv_norm, 4, true, 6)
+LIN_GEMV_ENTRY(model_linear_gemv_norm, 4, true, 5)
 LIN_GEMV_ENTRY(model_linear_gemv8_norm, 8, true, 4)
 LIN_GEMV_ENTRY(model_linear_gemv16_norm, 16, true, 3)

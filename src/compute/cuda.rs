@@ -5,8 +5,8 @@
 //! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
 //! * `rms_norm`: `model_rms_norm`, one block per row.
 //! * `linear` / `linear_accumulate` / `linear_fused` (`kernels-cuda/model_linear.cu`): T ≤
-//!   [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a block per pair of weight rows, float4
-//!   weight loads, shuffle and shared-memory reduction); larger T → `model_linear_tiled` (64×64 shared memory
+//!   [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a warp per pair of weight rows, the
+//!   weight loads of a row issued together, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared memory
 //!   tiles, 4×4 register blocks). One launch for every form: the input RMSNorm inside the
 //!   kernel, the product stored, accumulated, SwiGLU'd or split and rotated on its way out.
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
@@ -188,7 +188,7 @@ pub(super) fn linear(
     launch_linear(dev, &params)
 }
 
-/// Launches `model_linear.cu` for `params`: a GEMV up to [`GEMV_MAX_TOKENS`] tokens (a block
+/// Launches `model_linear.cu` for `params`: a GEMV up to [`GEMV_MAX_TOKENS`] tokens (a warp
 /// per pair of weight rows), the tiled kernel above (64 rows, or 32 pairs, per tile column).
 fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
     let (t, n) = (params.t as usize, params.n as usize);
@@ -199,8 +199,9 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
         return Ok(());
     }
     if t <= GEMV_MAX_TOKENS {
-        // A block per pair (the kernel strides over pairs past the grid).
-        let blocks = units.min(i32::MAX as usize) as u32;
+        // A warp per pair (the kernel strides over pairs past the grid).
+        let per_block = GEMV_THREADS as usize / 32;
+        let blocks = units.div_ceil(per_block).min(i32::MAX as usize) as u32;
         launch(
             dev,
             gemv_entry(t, params.norm != 0),

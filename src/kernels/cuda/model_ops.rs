@@ -42,7 +42,7 @@ pub const MODEL_THREADS: u32 = 256;
 pub const LINEAR_TILE: usize = 64;
 /// Threads per block of the argmax kernel (`ARGMAX_THREADS`: a row is a whole vocabulary).
 pub const ARGMAX_THREADS: u32 = 1024;
-/// Threads per GEMV block (`GEMV_THREADS`); a block computes one pair of weight rows at a
+/// Threads per GEMV block (`GEMV_THREADS`); each warp computes one pair of weight rows at a
 /// time.
 pub const GEMV_THREADS: u32 = 128;
 
