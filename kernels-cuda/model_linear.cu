@@ -36,17 +36,18 @@
 //     inv_sh and scales x as it loads it. In the pair forms the tile's 64 columns are 32
 //     pairs: column c is member (c >> 1) & 1 of pair (c >> 2)·2 + (c & 1), so a thread's four
 //     columns are both members of two pairs (acc[.][j] with acc[.][j + 2]).
-//   * model_linear_gemv{,8,16}{,_norm} (T ≤ 4 / 8 / 16; memory-bound: every weight element
-//     is read once for all T tokens): one warp / wavefront (PA_WAVE lanes) per row pair,
-//     GEMV_THREADS / PA_WAVE per block, grid-stride over pairs. At decode sizes a layer's
-//     weights are a few MB and the kernel is bound by the loads in flight, so lane l loads
-//     float4s l, l + PA_WAVE, ... of both rows in chunks of GEMV_CHUNK per row, every load
-//     of a chunk issued before the first is used (K = 576: the whole row in one chunk), then
+//   * model_linear_gemv{1,4,8,16}{,_norm}{,_split} (T ≤ 1 / 4 / 8 / 16; memory-bound: every
+//     weight element is read once for all T tokens): one warp / wavefront (PA_WAVE lanes)
+//     per row pair, or with _split four waves per pair (each a quarter of K, added in shared
+//     memory: the host takes it when there are too few pairs to fill the GPU with one wave
+//     each). At decode sizes a layer's weights are a few MB and the kernel is bound by the
+//     loads in flight, so each lane loads its float4s of both rows in chunks, every load of
+//     a chunk issued before the first is used (K = 576: the whole row in one chunk), then
 //     the same columns of the T input rows (small: they stay in L1 / L2); two partial sums
-//     per token stay in registers, the warp reduces them with shuffles, and lane tt writes
-//     token tt's outputs. The _norm forms sum each row's squares in the same pass and
-//     compute (x · g) · Wᵀ, scaled by inv at the end (the same product as (x · inv · g) · Wᵀ
-//     up to rounding).
+//     per token stay in registers, shuffles reduce them, and lane tt writes token tt's
+//     outputs. The _norm forms sum each row's squares in the same pass and compute
+//     (x · g) · Wᵀ, scaled by inv at the end (the same product as (x · inv · g) · Wᵀ up to
+//     rounding).
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
@@ -321,17 +322,30 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
 }
 
 // The GEMV for T ≤ MAXT tokens: 3·MAXT partial sums per lane in registers (two rows and,
-// with NORM, the sums of squares), so each width is its own entry point.
-template <int MAXT, bool NORM>
+// with NORM, the sums of squares), so each width is its own entry point. Every token slot up
+// to MAXT is computed (past T from the last row again) and only T are written: no branch in
+// the inner loop, so the compiler issues every load of a chunk before the first FMA.
+// SPLIT waves share a pair (each sums a slice of K; shared memory adds the slices).
+template <int MAXT, bool NORM, int SPLIT>
 __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
     constexpr int WAVES = GEMV_THREADS / PA_WAVE;
+    constexpr int S = SPLIT < WAVES ? SPLIT : WAVES;
+    constexpr int PER_BLOCK = WAVES / S;
+    constexpr int CHUNK = S == 1 ? GEMV_CHUNK : (GEMV_CHUNK + S - 1) / S;
+    __shared__ float red[S > 1 ? WAVES : 1][3 * MAXT];
     const int lane = threadIdx.x & (PA_WAVE - 1);
+    const int wave = threadIdx.x >> PA_WAVE_LOG2;
+    const int slot = wave / S;
+    const int part = wave - slot * S;
     const int t = p.t;
     const int units = lin_units(p);
-    for (int u = blockIdx.x * WAVES + (threadIdx.x >> PA_WAVE_LOG2); u < units;
-         u += gridDim.x * WAVES) {
-        int r0, r1;
-        lin_pair_rows(p, u, &r0, &r1);
+    // The loop's trip count is the block's, not the wave's: every thread reaches the barriers.
+    for (int u0 = blockIdx.x * PER_BLOCK; u0 < units; u0 += gridDim.x * PER_BLOCK) {
+        const int u = u0 + slot;
+        const bool active = u < units;
+        int r0 = 0;
+        int r1 = 0;
+        if (active) lin_pair_rows(p, u, &r0, &r1);
         float a0[MAXT];
         float a1[MAXT];
         float ss[MAXT];
@@ -341,93 +355,135 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
             a1[tt] = 0.0f;
             ss[tt] = 0.0f;
         }
-        if (p.vec4) {
+        if (active && p.vec4) {
             const int kv = p.k / 4;
+            const int step = S * PA_WAVE;
             const float4* w0 = (const float4*)(p.w + (pa_i64)r0 * p.k);
             const float4* w1 = (const float4*)(p.w + (pa_i64)r1 * p.k);
             const float4* xr = (const float4*)p.x;
-            for (int base = lane; base < kv; base += GEMV_CHUNK * PA_WAVE) {
+            for (int base = part * PA_WAVE + lane; base < kv; base += CHUNK * step) {
                 // Every weight load of the chunk is issued before the first is used.
-                float4 wa[GEMV_CHUNK];
-                float4 wb[GEMV_CHUNK];
+                float4 wa[CHUNK];
+                float4 wb[CHUNK];
 #pragma unroll
-                for (int j = 0; j < GEMV_CHUNK; ++j) {
-                    const int c = base + j * PA_WAVE;
+                for (int j = 0; j < CHUNK; ++j) {
+                    const int c = base + j * step;
                     const bool in = c < kv;
                     wa[j] = in ? pa_ldg(w0 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     wb[j] = in ? pa_ldg(w1 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
-                for (int j = 0; j < GEMV_CHUNK; ++j) {
-                    const int c = base + j * PA_WAVE;
+                for (int j = 0; j < CHUNK; ++j) {
+                    const int c = base + j * step;
                     if (c < kv) {
                         float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                         if (NORM) g = pa_ldg((const float4*)p.norm + c);
 #pragma unroll
                         for (int tt = 0; tt < MAXT; ++tt) {
-                            if (tt < t) {
-                                float4 xv = pa_ldg(xr + (pa_i64)tt * kv + c);
-                                if (NORM) {
-                                    ss[tt] = lin_sq4(xv, ss[tt]);
-                                    xv = make_float4(xv.x * g.x, xv.y * g.y, xv.z * g.z, xv.w * g.w);
-                                }
-                                a0[tt] = lin_dot4(wa[j], xv, a0[tt]);
-                                a1[tt] = lin_dot4(wb[j], xv, a1[tt]);
+                            float4 xv = pa_ldg(xr + (pa_i64)min(tt, t - 1) * kv + c);
+                            if (NORM) {
+                                ss[tt] = lin_sq4(xv, ss[tt]);
+                                xv = make_float4(xv.x * g.x, xv.y * g.y, xv.z * g.z, xv.w * g.w);
                             }
+                            a0[tt] = lin_dot4(wa[j], xv, a0[tt]);
+                            a1[tt] = lin_dot4(wb[j], xv, a1[tt]);
                         }
                     }
                 }
             }
-        } else {
+        } else if (active) {
             const float* w0 = p.w + (pa_i64)r0 * p.k;
             const float* w1 = p.w + (pa_i64)r1 * p.k;
 #pragma unroll 2
-            for (int c = lane; c < p.k; c += PA_WAVE) {
+            for (int c = part * PA_WAVE + lane; c < p.k; c += S * PA_WAVE) {
                 const float wa = pa_ldg(w0 + c);
                 const float wb = pa_ldg(w1 + c);
                 const float g = NORM ? pa_ldg(p.norm + c) : 0.0f;
 #pragma unroll
                 for (int tt = 0; tt < MAXT; ++tt) {
-                    if (tt < t) {
-                        float xv = pa_ldg(p.x + (pa_i64)tt * p.k + c);
-                        if (NORM) {
-                            ss[tt] = fmaf(xv, xv, ss[tt]);
-                            xv = xv * g;
-                        }
-                        a0[tt] = fmaf(wa, xv, a0[tt]);
-                        a1[tt] = fmaf(wb, xv, a1[tt]);
+                    float xv = pa_ldg(p.x + (pa_i64)min(tt, t - 1) * p.k + c);
+                    if (NORM) {
+                        ss[tt] = fmaf(xv, xv, ss[tt]);
+                        xv = xv * g;
                     }
+                    a0[tt] = fmaf(wa, xv, a0[tt]);
+                    a1[tt] = fmaf(wb, xv, a1[tt]);
                 }
             }
         }
+        // Every lane holds the wave's totals after the butterflies.
 #pragma unroll
         for (int tt = 0; tt < MAXT; ++tt) {
-            if (tt < t) {
-                // Every lane holds the totals after the butterfly; lane tt writes token tt.
-                float s0 = pa_warp_sum(a0[tt]);
-                float s1 = pa_warp_sum(a1[tt]);
+            a0[tt] = pa_warp_sum(a0[tt]);
+            a1[tt] = pa_warp_sum(a1[tt]);
+            if (NORM) ss[tt] = pa_warp_sum(ss[tt]);
+        }
+        if (S == 1) {
+#pragma unroll
+            for (int tt = 0; tt < MAXT; ++tt) {
+                if (active && tt < t && lane == tt) {
+                    float s0 = a0[tt];
+                    float s1 = a1[tt];
+                    if (NORM) {
+                        const float inv = 1.0f / sqrtf(ss[tt] / (float)p.k + p.eps);
+                        s0 *= inv;
+                        s1 *= inv;
+                    }
+                    lin_put_pair(p, tt, u, s0, s1);
+                }
+            }
+        } else {
+            if (lane == 0) {
+#pragma unroll
+                for (int tt = 0; tt < MAXT; ++tt) {
+                    red[wave][tt] = a0[tt];
+                    red[wave][MAXT + tt] = a1[tt];
+                    red[wave][2 * MAXT + tt] = ss[tt];
+                }
+            }
+            __syncthreads();
+            if (active && part == 0 && lane < t) {
+                float s0 = 0.0f;
+                float s1 = 0.0f;
+                float sq = 0.0f;
+#pragma unroll
+                for (int w = 0; w < S; ++w) {
+                    s0 += red[wave + w][lane];
+                    s1 += red[wave + w][MAXT + lane];
+                    sq += red[wave + w][2 * MAXT + lane];
+                }
                 if (NORM) {
-                    const float inv = 1.0f / sqrtf(pa_warp_sum(ss[tt]) / (float)p.k + p.eps);
+                    const float inv = 1.0f / sqrtf(sq / (float)p.k + p.eps);
                     s0 *= inv;
                     s1 *= inv;
                 }
-                if (lane == tt) lin_put_pair(p, tt, u, s0, s1);
+                lin_put_pair(p, lane, u, s0, s1);
             }
+            __syncthreads();  // red is rewritten by the block's next pairs
         }
     }
 }
 
-// MIN_BLOCKS bounds the registers (more resident blocks keep more loads in flight): the
-// narrow bodies need few, the 16-token one holds 48 partial sums.
-#define LIN_GEMV_ENTRY(NAME, MAXT, NORM, MIN_BLOCKS)                                      \
+// MIN_BLOCKS bounds the registers (more resident blocks keep more loads in flight).
+#define LIN_GEMV_ENTRY(NAME, MAXT, NORM, SPLIT, MIN_BLOCKS)                               \
     extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_THREADS, MIN_BLOCKS)                  \
         NAME(const LinearParams p) {                                                       \
-        linear_gemv<MAXT, NORM>(p);                                                        \
+        linear_gemv<MAXT, NORM, SPLIT>(p);                                                 \
     }
 
-LIN_GEMV_ENTRY(model_linear_gemv, 4, false, 5)
-LIN_GEMV_ENTRY(model_linear_gemv8, 8, false, 4)
-LIN_GEMV_ENTRY(model_linear_gemv16, 16, false, 3)
-LIN_GEMV_ENTRY(model_linear_gemv_norm, 4, true, 5)
-LIN_GEMV_ENTRY(model_linear_gemv8_norm, 8, true, 4)
-LIN_GEMV_ENTRY(model_linear_gemv16_norm, 16, true, 3)
+LIN_GEMV_ENTRY(model_linear_gemv1, 1, false, 1, 8)
+LIN_GEMV_ENTRY(model_linear_gemv4, 4, false, 1, 4)
+LIN_GEMV_ENTRY(model_linear_gemv8, 8, false, 1, 3)
+LIN_GEMV_ENTRY(model_linear_gemv16, 16, false, 1, 2)
+LIN_GEMV_ENTRY(model_linear_gemv1_norm, 1, true, 1, 8)
+LIN_GEMV_ENTRY(model_linear_gemv4_norm, 4, true, 1, 4)
+LIN_GEMV_ENTRY(model_linear_gemv8_norm, 8, true, 1, 3)
+LIN_GEMV_ENTRY(model_linear_gemv16_norm, 16, true, 1, 2)
+LIN_GEMV_ENTRY(model_linear_gemv1_split, 1, false, 4, 8)
+LIN_GEMV_ENTRY(model_linear_gemv4_split, 4, false, 4, 5)
+LIN_GEMV_ENTRY(model_linear_gemv8_split, 8, false, 4, 4)
+LIN_GEMV_ENTRY(model_linear_gemv16_split, 16, false, 4, 3)
+LIN_GEMV_ENTRY(model_linear_gemv1_norm_split, 1, true, 4, 8)
+LIN_GEMV_ENTRY(model_linear_gemv4_norm_split, 4, true, 4, 5)
+LIN_GEMV_ENTRY(model_linear_gemv8_norm_split, 8, true, 4, 4)
+LIN_GEMV_ENTRY(model_linear_gemv16_norm_split, 16, true, 4, 3)

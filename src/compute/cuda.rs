@@ -26,9 +26,9 @@ use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    gemv_entry, ArgmaxParams, EltwiseParams, GatherParams, LinearEpilogue, LinearParams,
-    RmsNormParams, RopeParams, RopeSplitParams, SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS,
-    GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
+    gemv_entry, gemv_split, ArgmaxParams, EltwiseParams, GatherParams, LinearEpilogue,
+    LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SwigluParams, ARGMAX_THREADS,
+    GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -199,12 +199,13 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
         return Ok(());
     }
     if t <= GEMV_MAX_TOKENS {
-        // A warp per pair (the kernel strides over pairs past the grid).
-        let per_block = GEMV_THREADS as usize / 32;
+        // A wave per pair, or four (the kernel strides over pairs past the grid).
+        let split = gemv_split(units, dev.sm_count() as usize);
+        let per_block = if split { 1 } else { GEMV_THREADS as usize / 32 };
         let blocks = units.div_ceil(per_block).min(i32::MAX as usize) as u32;
         launch(
             dev,
-            gemv_entry(t, params.norm != 0),
+            gemv_entry(t, params.norm != 0, split),
             (blocks, 1, 1),
             GEMV_THREADS,
             params,

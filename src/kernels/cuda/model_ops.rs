@@ -8,17 +8,50 @@
 pub const GEMV_MAX_TOKENS: usize = 16;
 
 /// The GEMV entry point of `model_linear.cu` for `t` ≤ [`GEMV_MAX_TOKENS`] tokens: the
-/// narrowest of the 4-, 8- and 16-token bodies that holds them (a wider body than the tokens
-/// need keeps fewer weight loads in flight), with the input norm (`norm`) or without.
-pub fn gemv_entry(t: usize, norm: bool) -> &'static str {
-    match (t, norm) {
-        (0..=4, false) => "model_linear_gemv",
-        (5..=8, false) => "model_linear_gemv8",
-        (_, false) => "model_linear_gemv16",
-        (0..=4, true) => "model_linear_gemv_norm",
-        (5..=8, true) => "model_linear_gemv8_norm",
-        (_, true) => "model_linear_gemv16_norm",
-    }
+/// narrowest of the 1-, 4-, 8- and 16-token bodies that holds them (each computes every token
+/// slot it has), with the input norm (`norm`) or without, one wave per pair of weight rows or
+/// four (`split`, see [`gemv_split`]).
+pub fn gemv_entry(t: usize, norm: bool, split: bool) -> &'static str {
+    const NAMES: [[&str; 4]; 4] = [
+        [
+            "model_linear_gemv1",
+            "model_linear_gemv4",
+            "model_linear_gemv8",
+            "model_linear_gemv16",
+        ],
+        [
+            "model_linear_gemv1_norm",
+            "model_linear_gemv4_norm",
+            "model_linear_gemv8_norm",
+            "model_linear_gemv16_norm",
+        ],
+        [
+            "model_linear_gemv1_split",
+            "model_linear_gemv4_split",
+            "model_linear_gemv8_split",
+            "model_linear_gemv16_split",
+        ],
+        [
+            "model_linear_gemv1_norm_split",
+            "model_linear_gemv4_norm_split",
+            "model_linear_gemv8_norm_split",
+            "model_linear_gemv16_norm_split",
+        ],
+    ];
+    let width = match t {
+        0..=1 => 0,
+        2..=4 => 1,
+        5..=8 => 2,
+        _ => 3,
+    };
+    NAMES[usize::from(norm) + 2 * usize::from(split)][width]
+}
+
+/// Whether a GEMV of `pairs` weight-row pairs splits each pair over four waves: when one wave
+/// per pair would leave the GPU's `sms` multiprocessors with fewer than 12 waves each (the
+/// loads in flight, not the bandwidth, bound a GEMV of a few MB).
+pub fn gemv_split(pairs: usize, sms: usize) -> bool {
+    pairs * 4 <= sms.max(1) * 48
 }
 
 /// What `model_linear.cu` does with its product (`LinearParams::epilogue`, the `LIN_*`
