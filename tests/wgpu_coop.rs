@@ -68,7 +68,7 @@ fn run_probe(
     );
     let mut enc = dev.device().create_command_encoder(&Default::default());
     dispatch(&mut enc, &pipe, &group, (1, 1, 1));
-    dev.queue().submit([enc.finish()]);
+    dev.submit(enc.finish());
     match dev.download(&out, DType::F32).unwrap() {
         CpuStorage::F32(v) => v,
         _ => unreachable!("an f32 download"),

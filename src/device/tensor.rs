@@ -203,8 +203,7 @@ impl Tensor {
             }
             (Storage::Wgpu(s), Device::Wgpu(dev)) => {
                 if !data.is_empty() {
-                    dev.queue()
-                        .write_buffer(s.buffer(), 0, bytemuck::cast_slice(data));
+                    dev.write_buffer(s.buffer(), 0, bytemuck::cast_slice(data));
                 }
                 Ok(())
             }

@@ -84,7 +84,7 @@ impl Stamps {
         if index == 1 {
             enc.resolve_query_set(&self.set, 0..2, &self.resolve, 0);
         }
-        self.dev.queue().submit([enc.finish()]);
+        self.dev.submit(enc.finish());
     }
 
     /// Seconds between the two timestamps (waits for the queue).
@@ -183,7 +183,7 @@ fn time_dispatch(
             label: Some("polyattn probe"),
         });
     crate::device::wgpu::dispatch(&mut enc, pipe, group, dims);
-    dev.queue().submit([enc.finish()]);
+    dev.submit(enc.finish());
     let secs = t.stop()?;
     Ok(if secs > 0.0 {
         secs

@@ -41,7 +41,7 @@ impl ParamBlock {
             .iter()
             .flat_map(|s| bytemuck::cast_slice::<u32, u8>(s).iter().copied())
             .collect();
-        dev.queue().write_buffer(&self.buffer, 0, &bytes);
+        dev.write_buffer(&self.buffer, 0, &bytes);
         let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
         let all = w.get_or_insert_with(|| vec![[0; PARAM_WORDS]; self.slots]);
         if all.len() == self.slots {
@@ -61,6 +61,11 @@ impl ParamBlock {
             }
         }
         self.write(dev, slots);
+    }
+
+    /// The uniform buffer.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
     }
 
     /// The binding of slot `i`.

@@ -36,6 +36,18 @@
 //! works but has neither f16 nor subgroups. [`WgpuDevice::is_gl_fallback`] says so, and the
 //! backend reports it; CI sets `WGPU_BACKEND=vulkan` so a broken install fails loudly.
 //!
+//! **Submissions.** Work is recorded into one pending command buffer and submitted in
+//! batches ([`WgpuDevice::record`], [`WgpuDevice::flush`]): at most
+//! [`MAX_PENDING_COMMANDS`] commands, or sooner when the host needs the queue's results (a
+//! download, [`WgpuDevice::synchronize`]) or writes a buffer through the queue
+//! ([`WgpuDevice::write_buffer`]: a queued write lands before the next submission's commands,
+//! so the commands recorded before it are submitted first). Why: a model step is hundreds of
+//! small dispatches, and one queue submission each cost more host time than the dispatches'
+//! GPU time. One-off dispatches take their parameters from a ring of slots written together
+//! with the batch that reads them. Code that submits to [`WgpuDevice::queue`] directly
+//! must go through [`WgpuDevice::submit`] (or call [`WgpuDevice::flush`] first) to keep the
+//! order.
+//!
 //! **Errors.** wgpu reports most errors asynchronously through an "uncaptured error" handler
 //! whose default panics. polyattn installs its own, which records the message; the next
 //! [`WgpuDevice::synchronize`] or download returns it as [`Error::Device`]. Buffer creation
@@ -98,8 +110,28 @@ struct Inner {
     dummies: Vec<wgpu::Buffer>,
     /// What the device offers the WGSL family (`device::wgsl`).
     wgsl_info: crate::device::wgsl::WgslDeviceInfo,
-    /// The parameter slot of one-off dispatches (`WgslRuntime::submit_one`).
-    oneoff: OnceLock<Mutex<ParamBlock>>,
+    /// The ring of parameter slots of one-off dispatches (`WgslRuntime::submit_one`).
+    oneoff: OnceLock<ParamBlock>,
+    /// Commands recorded and not yet submitted.
+    pending: Mutex<Pending>,
+}
+
+/// Most commands (dispatches, copies) a pending command buffer holds before it is submitted:
+/// few enough that the GPU starts on a step's work while the host records the rest.
+pub const MAX_PENDING_COMMANDS: usize = 32;
+
+/// Parameter slots of the one-off ring: one pending command buffer uses at most this many.
+const ONEOFF_SLOTS: usize = 64;
+
+/// What has been recorded for the queue and not submitted.
+#[derive(Default)]
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    /// Commands in `encoder`.
+    commands: usize,
+    /// The one-off parameter slots `encoder`'s dispatches read: slot i of the ring holds
+    /// `oneoff[i]` once the batch is submitted.
+    oneoff: Vec<crate::device::wgsl::Slot>,
 }
 
 /// A wgpu adapter, device and queue (one per process, shared by every clone).
@@ -371,6 +403,7 @@ fn open_uncached() -> Result<WgpuDevice> {
             dummies,
             wgsl_info,
             oneoff: OnceLock::new(),
+            pending: Mutex::new(Pending::default()),
         }),
     })
 }
@@ -411,9 +444,79 @@ impl WgpuDevice {
         &self.inner.device
     }
 
-    /// The queue every polyattn submission goes to.
+    /// The queue every polyattn submission goes to. Commands recorded by polyattn may still
+    /// be pending: submit through [`WgpuDevice::submit`] (or [`WgpuDevice::flush`] first) so
+    /// that they run before yours.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.inner.queue
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Submits `p`'s commands, after writing the one-off parameter slots they read.
+    fn flush_pending(&self, p: &mut Pending) {
+        if let Some(enc) = p.encoder.take() {
+            if !p.oneoff.is_empty() {
+                self.inner.queue.write_buffer(
+                    self.oneoff_params().buffer(),
+                    0,
+                    bytemuck::cast_slice(&p.oneoff),
+                );
+                p.oneoff.clear();
+            }
+            self.inner.queue.submit([enc.finish()]);
+            p.commands = 0;
+        }
+    }
+
+    /// Records one command (a dispatch or a copy) into the pending command buffer, which is
+    /// submitted once it holds [`MAX_PENDING_COMMANDS`] or at the next [`WgpuDevice::flush`].
+    pub fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        let mut p = self.pending();
+        self.record_locked(&mut p, f)
+    }
+
+    fn record_locked<R>(
+        &self,
+        p: &mut Pending,
+        f: impl FnOnce(&mut wgpu::CommandEncoder) -> R,
+    ) -> R {
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.inner
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("polyattn"),
+                })
+        });
+        let r = f(enc);
+        p.commands += 1;
+        if p.commands >= MAX_PENDING_COMMANDS {
+            self.flush_pending(p);
+        }
+        r
+    }
+
+    /// Submits every command recorded so far (without waiting for them).
+    pub fn flush(&self) {
+        let mut p = self.pending();
+        self.flush_pending(&mut p);
+    }
+
+    /// Submits `commands` after every command recorded before.
+    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+        let mut p = self.pending();
+        self.flush_pending(&mut p);
+        self.inner.queue.submit([commands]);
+    }
+
+    /// Writes `data` into `buffer` at `offset` through the queue, after every command
+    /// recorded before (which may read what it overwrites) and before every later one.
+    pub fn write_buffer(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        let mut p = self.pending();
+        self.flush_pending(&mut p);
+        self.inner.queue.write_buffer(buffer, offset, data);
     }
 
     /// The features the device was opened with.
@@ -505,6 +608,7 @@ impl WgpuDevice {
     /// Waits until all work submitted to the queue has finished; reports any error wgpu
     /// raised asynchronously since the last check.
     pub fn synchronize(&self) -> Result<()> {
+        self.flush();
         self.inner
             .device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -624,11 +728,8 @@ impl WgpuDevice {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("polyattn download"),
-        });
-        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, Some(padded));
-        self.inner.queue.submit([enc.finish()]);
+        self.record(|enc| enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, Some(padded)));
+        self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -673,11 +774,32 @@ impl WgpuDevice {
         &self.inner.wgsl_info
     }
 
-    /// The parameter block of one-off dispatches, made on first use.
-    fn oneoff_params(&self) -> &Mutex<ParamBlock> {
+    /// The ring of one-off parameter slots, made on first use.
+    fn oneoff_params(&self) -> &ParamBlock {
         self.inner
             .oneoff
-            .get_or_init(|| Mutex::new(ParamBlock::new(self, 1)))
+            .get_or_init(|| ParamBlock::new(self, ONEOFF_SLOTS))
+    }
+
+    /// Records a one-off dispatch of `pipeline` whose parameters are `words` (bound at 0,
+    /// from the ring) and whose other bindings are `buffers`.
+    pub(crate) fn record_oneoff(
+        &self,
+        words: crate::device::wgsl::Slot,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[(u32, wgpu::Buffer)],
+        groups: (u32, u32, u32),
+    ) {
+        let mut p = self.pending();
+        if p.oneoff.len() == ONEOFF_SLOTS {
+            self.flush_pending(&mut p);
+        }
+        let slot = p.oneoff.len();
+        p.oneoff.push(words);
+        let mut entries = vec![(0, self.oneoff_params().binding(slot))];
+        entries.extend(buffers.iter().map(|(n, b)| (*n, b.as_entire_binding())));
+        let group = bind_group(self, pipeline, entries);
+        self.record_locked(&mut p, |enc| dispatch(enc, pipeline, &group, groups));
     }
 
     /// Number of pipelines compiled so far (for tests and reports).
@@ -743,14 +865,7 @@ impl WgpuDevice {
         }
         // Buffers are padded to 4 bytes; the copy covers the padded source.
         let bytes = src.buffer.size().min(dst.buffer.size());
-        let mut enc = self
-            .inner
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("polyattn copy"),
-            });
-        enc.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, 0, Some(bytes));
-        self.inner.queue.submit([enc.finish()]);
+        self.record(|enc| enc.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, 0, Some(bytes)));
         Ok(())
     }
 }
@@ -766,11 +881,9 @@ impl Clone for WgpuStorage {
             usage: self.buffer.usage(),
             mapped_at_creation: false,
         });
-        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("polyattn clone"),
+        self.device.record(|enc| {
+            enc.copy_buffer_to_buffer(&self.buffer, 0, &buffer, 0, Some(self.buffer.size()))
         });
-        enc.copy_buffer_to_buffer(&self.buffer, 0, &buffer, 0, Some(self.buffer.size()));
-        self.device.inner.queue.submit([enc.finish()]);
         WgpuStorage {
             buffer,
             bytes: self.bytes,

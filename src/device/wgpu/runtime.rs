@@ -1,7 +1,8 @@
 //! The wgpu runtime as a [`WgslRuntime`]: parameter slots in a uniform [`ParamBlock`] (one
-//! `write_buffer` per call, skipped when unchanged), one bind group per dispatch, every
-//! dispatch of a submission in one compute pass of one command buffer, submitted without
-//! waiting (a later download or synchronize waits).
+//! `write_buffer` per call, skipped when unchanged; one-off dispatches take a slot of the
+//! device's ring), one bind group per dispatch, every dispatch of a call in one compute pass,
+//! recorded into the device's pending command buffer (submitted in batches; a later
+//! download or synchronize submits and waits).
 
 use crate::device::wgsl::{Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime};
 use crate::device::{Device, Tensor};
@@ -12,7 +13,7 @@ use super::WgpuDevice;
 use super::{bind_group, dispatch_all, pipeline_with, storage, upload_words, ParamBlock};
 
 impl WgpuDevice {
-    /// Records `dispatches` into one compute pass with `params` at binding 0, and submits.
+    /// Records `dispatches` into one compute pass with `params` at binding 0.
     fn run_dispatches(&self, params: &ParamBlock, dispatches: &[Dispatch<Self>]) {
         let groups: Vec<wgpu::BindGroup> = dispatches
             .iter()
@@ -22,19 +23,15 @@ impl WgpuDevice {
                 bind_group(self, &d.pipeline, entries)
             })
             .collect();
-        let mut enc = self
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("polyattn"),
-            });
-        dispatch_all(
-            &mut enc,
-            dispatches
-                .iter()
-                .zip(&groups)
-                .map(|(d, g)| (&d.pipeline, g, d.groups)),
-        );
-        self.queue().submit([enc.finish()]);
+        self.record(|enc| {
+            dispatch_all(
+                enc,
+                dispatches
+                    .iter()
+                    .zip(&groups)
+                    .map(|(d, g)| (&d.pipeline, g, d.groups)),
+            )
+        });
     }
 }
 
@@ -90,7 +87,7 @@ impl WgslRuntime for WgpuDevice {
                 buffer.size()
             )));
         }
-        self.queue().write_buffer(buffer, 0, bytes);
+        self.write_buffer(buffer, 0, bytes);
         Ok(())
     }
 
@@ -121,14 +118,12 @@ impl WgslRuntime for WgpuDevice {
     }
 
     fn submit_one(&self, words: Slot, dispatch: Dispatch<Self>) -> Result<()> {
-        // The lock spans write and submit, so a call's dispatch sees its own parameters
-        // (queued buffer writes land before the next submission).
-        let guard: std::sync::MutexGuard<'_, ParamBlock> = self
-            .oneoff_params()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        guard.write(self, &[words]);
-        self.run_dispatches(&guard, std::slice::from_ref(&dispatch));
+        self.record_oneoff(
+            words,
+            &dispatch.pipeline,
+            &dispatch.buffers,
+            dispatch.groups,
+        );
         Ok(())
     }
 }
