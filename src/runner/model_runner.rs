@@ -170,6 +170,10 @@ pub struct ModelRunner<M: CausalLm> {
     builder: Box<dyn AttentionMetadataBuilder>,
     /// `Some` where decode steps run as graphs (see [`RunnerConfig::graph_capture_sizes`]).
     graphs: Option<DecodeGraphs>,
+    /// Logits of eager pure-decode steps by request count, for a capturable model's
+    /// [`CausalLm::forward_into`] (its activations are kept per token count too, so a
+    /// steady decode allocates nothing on the device).
+    decode_logits: std::collections::HashMap<usize, Tensor>,
     scheduler: Scheduler,
     next_id: RequestId,
     stats: RunnerStats,
@@ -245,6 +249,7 @@ impl<M: CausalLm> ModelRunner<M> {
             caches,
             builder,
             graphs,
+            decode_logits: std::collections::HashMap::new(),
             scheduler,
             next_id: 0,
             stats: RunnerStats::default(),
@@ -529,13 +534,29 @@ impl<M: CausalLm> ModelRunner<M> {
             attn_metadata: attn_metadata.as_ref(),
             common: &common,
         };
+        // A pure decode step of a capturable model reuses its buffers (their count is bounded
+        // by max_num_seqs); prompt chunks of every length allocate theirs.
+        let v = self.config.vocab_size;
+        let decode_only = sampled == plan.len() && plan.iter().all(|s| s.num_tokens == 1);
+        let owned;
+        let logits: &Tensor = if decode_only && self.model.capturable() {
+            let out = match self.decode_logits.entry(sampled) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(Tensor::zeros(&self.device, &[sampled, v], DType::F32)?)
+                }
+            };
+            self.model.forward_into(&batch, &mut self.caches, out)?;
+            out
+        } else {
+            owned = self.model.forward(&batch, &mut self.caches)?;
+            &owned
+        };
         // Only prompt chunks that do not finish their prompt: the model still runs (it fills
         // the cache) but nothing is sampled.
-        let logits = self.model.forward(&batch, &mut self.caches)?;
         if sampled == 0 {
             return Ok(None);
         }
-        let v = self.config.vocab_size;
         if logits.shape() != [sampled, v] {
             return Err(Error::config(format!(
                 "the model returned logits of shape {:?}, expected [{sampled}, {v}]",
@@ -543,7 +564,7 @@ impl<M: CausalLm> ModelRunner<M> {
             )));
         }
         let tokens = if greedy {
-            Some(compute::argmax(&logits)?)
+            Some(compute::argmax(logits)?)
         } else {
             None
         };

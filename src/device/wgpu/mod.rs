@@ -44,7 +44,8 @@
 //! so the commands recorded before it are submitted first). Why: a model step is hundreds of
 //! small dispatches, and one queue submission each cost more host time than the dispatches'
 //! GPU time. One-off dispatches take their parameters from a ring of slots written together
-//! with the batch that reads them. Code that submits to [`WgpuDevice::queue`] directly
+//! with the batch that reads them, and so do the calls of objects with parameter blocks of
+//! their own (an attention layer's), so a step's parameters cause no queued write. Code that submits to [`WgpuDevice::queue`] directly
 //! must go through [`WgpuDevice::submit`] (or call [`WgpuDevice::flush`] first) to keep the
 //! order.
 //!
@@ -116,12 +117,13 @@ struct Inner {
     pending: Mutex<Pending>,
 }
 
-/// Most commands (dispatches, copies) a pending command buffer holds before it is submitted:
-/// few enough that the GPU starts on a step's work while the host records the rest.
+/// Most commands (a call's compute pass, a copy) a pending command buffer holds before it is
+/// submitted: few enough that the GPU starts on a step's work while the host records the
+/// rest.
 pub const MAX_PENDING_COMMANDS: usize = 32;
 
-/// Parameter slots of the one-off ring: one pending command buffer uses at most this many.
-const ONEOFF_SLOTS: usize = 64;
+/// Parameter slots of the ring: one pending command buffer uses at most this many.
+const ONEOFF_SLOTS: usize = 256;
 
 /// What has been recorded for the queue and not submitted.
 #[derive(Default)]
@@ -129,8 +131,8 @@ struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     /// Commands in `encoder`.
     commands: usize,
-    /// The one-off parameter slots `encoder`'s dispatches read: slot i of the ring holds
-    /// `oneoff[i]` once the batch is submitted.
+    /// The parameter slots `encoder`'s dispatches read: slot i of the ring holds `oneoff[i]`
+    /// once the batch is submitted.
     oneoff: Vec<crate::device::wgsl::Slot>,
 }
 
@@ -774,32 +776,49 @@ impl WgpuDevice {
         &self.inner.wgsl_info
     }
 
-    /// The ring of one-off parameter slots, made on first use.
+    /// The ring of parameter slots, made on first use.
     fn oneoff_params(&self) -> &ParamBlock {
         self.inner
             .oneoff
             .get_or_init(|| ParamBlock::new(self, ONEOFF_SLOTS))
     }
 
-    /// Records a one-off dispatch of `pipeline` whose parameters are `words` (bound at 0,
-    /// from the ring) and whose other bindings are `buffers`.
-    pub(crate) fn record_oneoff(
+    /// Records a call's `dispatches` (one compute pass) with their parameter `slots` taken
+    /// from the ring: slot `d.slot` of a dispatch is ring slot `base + d.slot`, written with
+    /// the batch that reads it. `None` when the call has more slots than the ring.
+    pub(crate) fn record_with_ring(
         &self,
-        words: crate::device::wgsl::Slot,
-        pipeline: &wgpu::ComputePipeline,
-        buffers: &[(u32, wgpu::Buffer)],
-        groups: (u32, u32, u32),
-    ) {
+        slots: &[crate::device::wgsl::Slot],
+        dispatches: &[crate::device::wgsl::Dispatch<WgpuDevice>],
+    ) -> Option<()> {
+        if slots.len() > ONEOFF_SLOTS {
+            return None;
+        }
         let mut p = self.pending();
-        if p.oneoff.len() == ONEOFF_SLOTS {
+        if p.oneoff.len() + slots.len() > ONEOFF_SLOTS {
             self.flush_pending(&mut p);
         }
-        let slot = p.oneoff.len();
-        p.oneoff.push(words);
-        let mut entries = vec![(0, self.oneoff_params().binding(slot))];
-        entries.extend(buffers.iter().map(|(n, b)| (*n, b.as_entire_binding())));
-        let group = bind_group(self, pipeline, entries);
-        self.record_locked(&mut p, |enc| dispatch(enc, pipeline, &group, groups));
+        let base = p.oneoff.len();
+        p.oneoff.extend_from_slice(slots);
+        let ring = self.oneoff_params();
+        let groups: Vec<wgpu::BindGroup> = dispatches
+            .iter()
+            .map(|d| {
+                let mut entries = vec![(0, ring.binding(base + d.slot))];
+                entries.extend(d.buffers.iter().map(|(n, b)| (*n, b.as_entire_binding())));
+                bind_group(self, &d.pipeline, entries)
+            })
+            .collect();
+        self.record_locked(&mut p, |enc| {
+            dispatch_all(
+                enc,
+                dispatches
+                    .iter()
+                    .zip(&groups)
+                    .map(|(d, g)| (&d.pipeline, g, d.groups)),
+            )
+        });
+        Some(())
     }
 
     /// Number of pipelines compiled so far (for tests and reports).

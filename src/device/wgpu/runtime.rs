@@ -1,8 +1,9 @@
-//! The wgpu runtime as a [`WgslRuntime`]: parameter slots in a uniform [`ParamBlock`] (one
-//! `write_buffer` per call, skipped when unchanged; one-off dispatches take a slot of the
-//! device's ring), one bind group per dispatch, every dispatch of a call in one compute pass,
-//! recorded into the device's pending command buffer (submitted in batches; a later
-//! download or synchronize submits and waits).
+//! The wgpu runtime as a [`WgslRuntime`]: every call's parameter slots go to the device's
+//! ring, written with the batch that reads them (a call with more slots than the ring uses
+//! its own [`ParamBlock`], written through the queue when changed), one bind group per
+//! dispatch, every dispatch of a call in one compute pass, recorded into the device's pending
+//! command buffer (submitted in batches; a later download or synchronize submits and
+//! waits).
 
 use crate::device::wgsl::{Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime};
 use crate::device::{Device, Tensor};
@@ -112,18 +113,23 @@ impl WgslRuntime for WgpuDevice {
         if dispatches.is_empty() {
             return Ok(());
         }
-        params.write_if_changed(self, slots);
-        self.run_dispatches(params, dispatches);
+        // The call's parameters go to the ring with the batch that reads them: writing the
+        // caller's block through the queue would submit the batch recorded so far first.
+        if self.record_with_ring(slots, dispatches).is_none() {
+            params.write_if_changed(self, slots);
+            self.run_dispatches(params, dispatches);
+        }
         Ok(())
     }
 
     fn submit_one(&self, words: Slot, dispatch: Dispatch<Self>) -> Result<()> {
-        self.record_oneoff(
-            words,
-            &dispatch.pipeline,
-            &dispatch.buffers,
-            dispatch.groups,
-        );
-        Ok(())
+        let one = Dispatch {
+            slot: 0,
+            ..dispatch
+        };
+        match self.record_with_ring(&[words], std::slice::from_ref(&one)) {
+            Some(()) => Ok(()),
+            None => Err(Error::config("a one-off dispatch found no parameter slot")),
+        }
     }
 }
