@@ -303,6 +303,25 @@ __device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_
     *hi = max(a, b);
 }
 
+// ---------------------------------------------------------------- dependent launches
+
+// Programmatic dependent launch (Hopper and newer): a kernel the host launches as a
+// dependent (src/device/cuda/launch.rs) may start while the kernel before it on the stream
+// still runs. PA_DEPENDENT_PROLOGUE, the first statement of every kernel that may be launched
+// so, waits until that kernel has finished and its writes are visible (griddepcontrol.wait),
+// then lets the next kernel start launching (griddepcontrol.launch_dependents; it too waits
+// before reading anything): each kernel's launch latency hides behind the one before it.
+// Elsewhere, and for a kernel launched the ordinary way, both are no-ops.
+#if PA_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PA_DEPENDENT_PROLOGUE()                                    \
+    asm volatile("griddepcontrol.wait;" ::: "memory");            \
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PA_DEPENDENT_PROLOGUE() \
+    do {                        \
+    } while (0)
+#endif
+
 // ---------------------------------------------------------------- RoPE
 
 // Pair i of a head of size d at position pos, rotated: (x0, x1) -> (*y0, *y1).

@@ -174,6 +174,7 @@ __device__ __forceinline__ float lin_dot4(float4 w, float4 x, float s) {
 }
 
 extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(const LinearParams p) {
+    PA_DEPENDENT_PROLOGUE();
     __shared__ __attribute__((aligned(16))) float as[LIN_BK][LIN_BM + LIN_PAD];
     __shared__ __attribute__((aligned(16))) float bs[LIN_BK][LIN_BN + LIN_PAD];
     __shared__ float inv_sh[LIN_BM];
@@ -331,7 +332,9 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
     constexpr int WAVES = GEMV_THREADS / PA_WAVE;
     constexpr int S = SPLIT < WAVES ? SPLIT : WAVES;
     constexpr int PER_BLOCK = WAVES / S;
-    constexpr int CHUNK = S == 1 ? GEMV_CHUNK : (GEMV_CHUNK + S - 1) / S;
+    // The split forms need fewer loads per lane in flight; the widest keeps one float4 per
+    // row on AMD, where the 16-token split body would otherwise spill a register (gfx1030).
+    constexpr int CHUNK = S == 1 ? GEMV_CHUNK : (PA_AMD && MAXT > 8 ? 1 : (GEMV_CHUNK + S - 1) / S);
     __shared__ float red[S > 1 ? WAVES : 1][3 * MAXT];
     const int lane = threadIdx.x & (PA_WAVE - 1);
     const int wave = threadIdx.x >> PA_WAVE_LOG2;
@@ -468,6 +471,7 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
 #define LIN_GEMV_ENTRY(NAME, MAXT, NORM, SPLIT, MIN_BLOCKS)                               \
     extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_THREADS, MIN_BLOCKS)                  \
         NAME(const LinearParams p) {                                                       \
+        PA_DEPENDENT_PROLOGUE();                                                           \
         linear_gemv<MAXT, NORM, SPLIT>(p);                                                 \
     }
 

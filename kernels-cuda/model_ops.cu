@@ -63,6 +63,7 @@ struct GatherParams {
 static_assert(sizeof(GatherParams) == 48, "GatherParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_gather(const GatherParams p) {
+    PA_DEPENDENT_PROLOGUE();
     const pa_i64 hv = p.vec4 ? p.h / 4 : p.h;
     const pa_i64 total = p.num_rows * hv;
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
@@ -102,6 +103,7 @@ __device__ __forceinline__ float mo_warp_sum(float v) {
 }
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rms_norm(const RmsNormParams p) {
+    PA_DEPENDENT_PROLOGUE();
     __shared__ float red[MO_THREADS / 32];
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -158,6 +160,7 @@ struct RopeParams {
 static_assert(sizeof(RopeParams) == 40, "RopeParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope(const RopeParams p) {
+    PA_DEPENDENT_PROLOGUE();
     const pa_i64 total = p.num_tokens * p.num_heads * p.half;
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
     const int d = 2 * p.half;
@@ -187,6 +190,7 @@ static_assert(sizeof(EltwiseParams) == 40, "EltwiseParams must match src/kernels
 __device__ __forceinline__ float mo_silu(float g) { return g / (1.0f + expf(-g)); }
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_silu_mul(const EltwiseParams p) {
+    PA_DEPENDENT_PROLOGUE();
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
     const pa_i64 start = (pa_i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (p.vec4) {
@@ -202,6 +206,7 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_silu_mul(const El
 }
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_add(const EltwiseParams p) {
+    PA_DEPENDENT_PROLOGUE();
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
     const pa_i64 start = (pa_i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (p.vec4) {
@@ -231,6 +236,7 @@ struct SwigluParams {
 static_assert(sizeof(SwigluParams) == 32, "SwigluParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_swiglu(const SwigluParams p) {
+    PA_DEPENDENT_PROLOGUE();
     // A block per row (grid-stride over rows), its threads over the row's columns: no 64-bit
     // division per element.
     for (pa_i64 r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -272,6 +278,7 @@ struct RopeSplitParams {
 static_assert(sizeof(RopeSplitParams) == 72, "RopeSplitParams must match src/kernels/cuda/model_ops.rs");
 
 extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope_split(const RopeSplitParams p) {
+    PA_DEPENDENT_PROLOGUE();
     const int row_heads = p.num_heads + 2 * p.num_kv_heads;
     const pa_i64 total = p.num_tokens * row_heads * p.half;
     const pa_i64 stride = (pa_i64)gridDim.x * blockDim.x;
@@ -325,6 +332,7 @@ __device__ __forceinline__ bool mo_better(float v, int i, float bv, int bi) {
 #define ARGMAX_THREADS 1024
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_argmax(const ArgmaxParams p) {
+    PA_DEPENDENT_PROLOGUE();
     __shared__ float red_v[ARGMAX_THREADS / 32];
     __shared__ int red_i[ARGMAX_THREADS / 32];
     const int tid = threadIdx.x;

@@ -247,6 +247,7 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
 #define PA_DEFINE(DPL)                                                                  \
     extern "C" __global__ void PA_LAUNCH_BOUNDS(PA_ATTN_THREADS, 4)                      \
         paged_attention_dpl##DPL(const AttnParams p) {                                    \
+        PA_DEPENDENT_PROLOGUE();                                                          \
         pa_attend<DPL>(p);                                                                \
     }
 
@@ -323,6 +324,7 @@ __device__ __forceinline__ void combine_token(const AttnParams& p, const int t, 
 // `groups` holds one SplitGroup per split query range; bounds: q_start + q_len <= num_tokens,
 // part_tok + q_len <= n_part_tokens, num_splits <= the number of partial planes allocated.
 extern "C" __global__ void combine_splits(const AttnParams p, const SplitGroup* groups) {
+    PA_DEPENDENT_PROLOGUE();
     const SplitGroup grp = groups[blockIdx.x];
     for (int i = 0; i < grp.q_len; ++i) {
         combine_token(p, grp.q_start + i, grp.part_tok + i, grp.num_splits);

@@ -287,6 +287,7 @@ __device__ __forceinline__ void rc_dispatch_out(const ReshapeParams& p, pa_i64* 
 
 extern "C" __global__ void PA_LAUNCH_BOUNDS(RC_THREADS, RC_MIN_CTAS)
     reshape_and_cache(const ReshapeParams p) {
+    PA_DEPENDENT_PROLOGUE();
     __shared__ pa_i64 s_row[RC_MAX_TOKENS];
     switch (p.in_dtype) {
         case PA_F32: rc_dispatch_out<PA_F32>(p, s_row); break;

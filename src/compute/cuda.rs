@@ -57,7 +57,9 @@ fn vec4_ok(len: usize, ptrs: &[u64]) -> i32 {
     i32::from(len % 4 == 0 && ptrs.iter().all(|p| p % 16 == 0))
 }
 
-/// Launches entry point `name` of model_ops.cu with `params`.
+/// Launches entry point `name` of model_ops.cu / model_linear.cu with `params`, as a
+/// dependent of the kernel before it (every kernel of both files opens with the dependent
+/// prologue).
 fn launch<P: bytemuck::Pod>(
     dev: &CudaDevice,
     name: &str,
@@ -76,7 +78,7 @@ fn launch<P: bytemuck::Pod>(
         block_dim: (block, 1, 1),
         shared_mem_bytes: 0,
     };
-    runtime::launch(dev, &f, cfg, params, None)
+    runtime::launch_dependent(dev, &f, cfg, params, None)
 }
 
 /// Blocks of [`MODEL_THREADS`] for a grid-stride loop over `units` items: enough to fill the GPU

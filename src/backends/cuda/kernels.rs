@@ -26,7 +26,7 @@ use super::tuning::CudaTuning;
 pub use crate::kernels::cuda::{KEYS_PER_CHUNK, ROWS_PER_ITEM};
 pub use crate::plan::WorkItem;
 
-pub(crate) use crate::device::cuda::{function, launch};
+pub(crate) use crate::device::cuda::{function, launch, launch_dependent};
 
 /// The tensor-core prefill kernel's CTA shape for small prefill batches: 64 rows on 4 warps
 /// (one m16 tile per warp; about 185 registers).
@@ -225,7 +225,7 @@ pub(crate) fn launch_attention(
         block_dim: (ATTN_THREADS, 1, 1),
         shared_mem_bytes: attention_smem_bytes(d),
     };
-    launch(device, &f, cfg, &params, None)?;
+    launch_dependent(device, &f, cfg, &params, None)?;
     if let Some(list) = &plan.groups_dev {
         let f = function(device, &PAGED_ATTENTION, &[&variant], "combine_splits")?;
         let cfg = LaunchConfig {
@@ -233,7 +233,7 @@ pub(crate) fn launch_attention(
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch(device, &f, cfg, &params, Some(list.device_ptr()))?;
+        launch_dependent(device, &f, cfg, &params, Some(list.device_ptr()))?;
     }
     Ok(())
 }
@@ -261,7 +261,7 @@ pub(crate) fn launch_reshape(device: &CudaDevice, l: &ReshapeLaunch) -> Result<(
         block_dim: (l.threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(device, &f, cfg, &l.params, None)
+    launch_dependent(device, &f, cfg, &l.params, None)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::error::{Error, Result};
+use crate::kernels::cuda::CudaTuning;
 
 use super::{device_error, CudaDevice};
 
@@ -29,6 +30,32 @@ pub(crate) fn launch<P: bytemuck::Pod>(
     cfg: LaunchConfig,
     params: &P,
     extra_ptr: Option<u64>,
+) -> Result<()> {
+    launch_with(device, f, cfg, params, extra_ptr, false)
+}
+
+/// [`launch`] as a programmatic dependent of the kernel before it on the stream, where the
+/// device has dependent launches (sm_90+) and [`CudaTuning::dependent_launch`] allows: the
+/// kernel may start launching while that one runs. `f` must open with common.cuh's
+/// `PA_DEPENDENT_PROLOGUE()`, which waits for it before anything is read.
+pub(crate) fn launch_dependent<P: bytemuck::Pod>(
+    device: &CudaDevice,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &P,
+    extra_ptr: Option<u64>,
+) -> Result<()> {
+    let dependent = CudaTuning::get().dependent_launch && device.compute_capability().0 >= 9;
+    launch_with(device, f, cfg, params, extra_ptr, dependent)
+}
+
+fn launch_with<P: bytemuck::Pod>(
+    device: &CudaDevice,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &P,
+    extra_ptr: Option<u64>,
+    dependent: bool,
 ) -> Result<()> {
     if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
         return Ok(());
@@ -64,6 +91,9 @@ pub(crate) fn launch<P: bytemuck::Pod>(
     }
     device.check_healthy()?;
     let stream = device.stream();
+    if dependent {
+        return launch_ex(device, f, cfg, params, extra_ptr);
+    }
     let block = ByValue(*params);
     let mut b = stream.launch_builder(f);
     b.arg(&block);
@@ -76,4 +106,55 @@ pub(crate) fn launch<P: bytemuck::Pod>(
     unsafe { b.launch(cfg) }
         .map(|_| ())
         .map_err(|e| device.driver_error("kernel launch", e))
+}
+
+/// `cuLaunchKernelEx` with the programmatic-stream-serialization attribute (cudarc's launch
+/// builder sets no attributes).
+fn launch_ex<P: bytemuck::Pod>(
+    device: &CudaDevice,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &P,
+    extra_ptr: Option<u64>,
+) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut block = *params;
+    let mut extra = extra_ptr.unwrap_or(0);
+    let mut args: Vec<*mut std::ffi::c_void> = vec![(&mut block as *mut P).cast()];
+    if extra_ptr.is_some() {
+        args.push((&mut extra as *mut u64).cast());
+    }
+    // SAFETY: a zeroed attribute is a valid bit pattern (the value is a plain C union); the
+    // id and the union member it selects are set right after.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: device.stream().cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as for `launch`: the parameter blocks mirror the kernels' structs and every
+    // pointer in them belongs to a live buffer of this device; `args` points at locals that
+    // outlive the call (the driver copies the arguments before it returns); the kernel opens
+    // with the dependent prologue, so it reads nothing before the kernel it follows is done.
+    let r = unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(device.driver_error("kernel launch", cudarc::driver::DriverError(e))),
+    }
 }

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 mod launch;
 mod nvrtc;
 
-pub(crate) use launch::launch;
+pub(crate) use launch::{launch, launch_dependent};
 pub(crate) use nvrtc::function;
 pub use nvrtc::{
     arch_for, base_options, compile, nvrtc_status, parse_ptxas_report, CompileOutput, PtxasReport,

@@ -30,6 +30,8 @@ pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
 /// Picks the MLA decode kernel (`mma` / `portable`); see [`CudaTuning::mla_decode`].
 pub const MLA_DECODE_ENV: &str = "POLYATTN_CUDA_MLA_DECODE";
+/// Turns dependent launches off (`0`) or on (`1`); see [`CudaTuning::dependent_launch`].
+pub const DEPENDENT_LAUNCH_ENV: &str = "POLYATTN_CUDA_DEPENDENT_LAUNCH";
 
 /// Which kernel runs `CUDA_MLA`'s latent decode ([`CudaTuning::mla_decode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +96,12 @@ pub struct CudaTuning {
     /// The kernel of `CUDA_MLA`'s latent decode. [`MLA_DECODE_ENV`]: `mma` / `portable`;
     /// default [`MlaDecodeKernel::TensorCores`].
     pub mla_decode: MlaDecodeKernel,
+    /// On sm_90 and newer, launch the model operations, the cache write and the CUDA-core
+    /// attention kernels as programmatic dependents of the kernel before them (each starts
+    /// launching while that one runs and waits for it in its first instruction), which hides
+    /// most of a small kernel's launch latency in a decode step of many. [`DEPENDENT_LAUNCH_ENV`]:
+    /// `0` / `1`; default on.
+    pub dependent_launch: bool,
 }
 
 impl Default for CudaTuning {
@@ -107,6 +115,7 @@ impl Default for CudaTuning {
             device: 0,
             mla_prefill_chunk: None,
             mla_decode: MlaDecodeKernel::TensorCores,
+            dependent_launch: true,
         }
     }
 }
@@ -148,6 +157,7 @@ impl CudaTuning {
             mma_shape: mma_shape(&env),
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
+            dependent_launch: env.switch(DEPENDENT_LAUNCH_ENV, d.dependent_launch),
             decode_splits: env.get(
                 DECODE_SPLITS_ENV,
                 &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
@@ -262,6 +272,7 @@ mod tests {
             (CUDA_DEVICE_ENV, "3"),
             (MLA_PREFILL_CHUNK_ENV, "64"),
             (MLA_DECODE_ENV, "portable"),
+            (DEPENDENT_LAUNCH_ENV, "0"),
         ]);
         assert_eq!(
             t,
@@ -277,6 +288,7 @@ mod tests {
                 device: 3,
                 mla_prefill_chunk: Some(64),
                 mla_decode: MlaDecodeKernel::Portable,
+                dependent_launch: false,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
