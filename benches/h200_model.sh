@@ -7,8 +7,8 @@
 # "Model generation" section of benches/RESULTS.md).
 # SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
 # (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
-# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, sanitize, graphs, tiny,
-# smollm2, speed, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, sanitize, graphs,
+# identity, attention, tiny, smollm2, speed, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 OUT=${OUT:-/tmp/h200}
@@ -38,6 +38,10 @@ for p in "$@"; do
       run racecheck-linear 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_fused ;;
     graphs)
       run graph-tests 200 $B/test-generate --nocapture graph_tests ;;
+    identity)
+      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris ;;
+    attention)
+      run attention 400 $B/test-attention_correctness ;;
     tiny)
       run tiny 300 $B/test-generate --nocapture tiny
       for be in cpu cuda wgpu; do
@@ -49,10 +53,14 @@ for p in "$@"; do
       P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
          "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
       # CUDA and VULKAN capture decode steps by default; their eager rows come with --eager.
-      for run_as in cuda cuda:--eager vulkan vulkan:--eager wgpu cpu; do
-        be=${run_as%%:*}; flag=${run_as#$be}; flag=${flag#:}; tag=$be${flag:+-eager}
-        run "smollm2-$tag-1" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --roofline $flag --json "$OUT/generate-h200.jsonl" "${P[0]}"
-        run "smollm2-$tag-8" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --roofline $flag --json "$OUT/generate-h200.jsonl" "${P[@]}"
+      # cuda-serial: dependent launches off (the A/B of POLYATTN_CUDA_DEPENDENT_LAUNCH).
+      for run_as in cuda cuda:--eager cuda-serial vulkan vulkan:--eager wgpu cpu; do
+        tag=${run_as/:--eager/-eager}; be=${tag%%-*}; flag=${run_as#*:}; [ "$flag" = "$run_as" ] && flag=
+        dl=1; json="$OUT/generate-h200.jsonl"
+        [ "$tag" = cuda-serial ] && dl=0 && json="$OUT/generate-h200-serial.jsonl"
+        for n in 1 8; do
+          run "smollm2-$tag-$n" 180 env POLYATTN_BACKEND=$be POLYATTN_CUDA_DEPENDENT_LAUNCH=$dl $B/example-generate --model smollm2 --max-tokens 128 --roofline $flag --json "$json" "${P[@]:0:$n}"
+        done
       done ;;
     profile)
       for n in 1 8; do

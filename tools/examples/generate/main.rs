@@ -225,10 +225,15 @@ fn run(args: Args) -> Result<(), String> {
         seed: args.seed,
     };
     if !args.no_warmup {
-        // Prefill of 2 tokens, then 2 decode steps: every kernel the run needs is compiled
-        // (and cached) before the clock starts.
+        // Prefills of 2 and 24 tokens (either side of the GPUs' GEMV width: both forms of
+        // the linear layers), then decode steps: every kernel the run needs is compiled (and
+        // cached) before the clock starts.
         let warm = loaded.tokenizer.encode("Hello world")?;
-        let warm = vec![warm.first().copied().unwrap_or(0); 2];
+        let first = warm.first().copied().unwrap_or(0);
+        runner
+            .generate(&[vec![first; 24]], &SamplingParams::greedy(2))
+            .map_err(|e| format!("warm-up: {e}"))?;
+        let warm = vec![first; 2];
         runner
             .generate(&[warm], &SamplingParams::greedy(3))
             .map_err(|e| format!("warm-up: {e}"))?;

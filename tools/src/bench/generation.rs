@@ -110,7 +110,9 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
          argmax runs on the device). *weight-streaming limit* (`--roofline`): the decode \
          rate if each step only read the weights once at the bandwidth measured right after \
          the run (the CPU's parallel read, a GPU's device copy), all prompts in every step, \
-         and the measured decode rate as a fraction of it.\n",
+         and the measured decode rate as a fraction of it. *decode step*: the mean wall time \
+         of a pure-decode step and, after the slash, the part spent waiting for the device \
+         (the rest is host work: scheduling, metadata, uploads, launches).\n",
         sources
             .iter()
             .map(|s| format!("`{s}`"))
@@ -119,9 +121,9 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
     );
     let _ = writeln!(
         out,
-        "| model | backend | device | prompts | prompt tok | generated | prefill tok/s | decode tok/s | decode steps | weight-streaming limit | machine | date |"
+        "| model | backend | device | prompts | prompt tok | generated | prefill tok/s | decode tok/s | decode steps | decode step µs / device wait | weight-streaming limit | machine | date |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in records {
         let m = &r.machine;
         let machine = match &m.gpu {
@@ -138,7 +140,7 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} |",
             r.model,
             r.backend,
             r.device.replace('|', "/"),
@@ -148,6 +150,10 @@ pub fn section(records: &[GenerationRecord], sources: &[String]) -> String {
             r.prefill_tokens_per_s,
             r.decode_tokens_per_s,
             if r.graphs { "graphs" } else { "eager" },
+            match (r.decode_step_us, r.decode_wait_us) {
+                (Some(step), Some(wait)) => format!("{step:.0} / {wait:.0}"),
+                _ => "-".into(),
+            },
             r.stream_limit()
                 .map(|l| format!("{l:.0} tok/s ({:.2}×)", r.decode_tokens_per_s / l.max(1e-9)))
                 .unwrap_or_else(|| "-".into()),
