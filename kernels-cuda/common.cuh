@@ -344,6 +344,24 @@ __device__ __forceinline__ void pa_rope_rotate(float x0, float x1, int pos, int 
     *y1 = fmaf(x0, s, x1c);
 }
 
+// The coordinates (ia, ib) of pair i of a head: (2i, 2i + 1) interleaved, else (i, i + half).
+__device__ __forceinline__ void pa_rope_pair(int i, int half, bool interleaved, int* ia, int* ib) {
+    *ia = interleaved ? 2 * i : i;
+    *ib = interleaved ? *ia + 1 : *ia + half;
+}
+
+// Where head `head` of token tok's fused Q/K/V row goes (H query heads, then Hk key heads,
+// then Hk value heads, each d wide): its first element in q, k or v; *rotate says whether
+// it is rotated (query and key heads) or copied (value heads).
+__device__ __forceinline__ float* pa_qkv_head(float* q, float* k, float* v, pa_i64 tok, int head,
+                                              int num_heads, int num_kv_heads, int d,
+                                              bool* rotate) {
+    *rotate = head < num_heads + num_kv_heads;
+    if (head < num_heads) return q + (tok * num_heads + head) * d;
+    if (head < num_heads + num_kv_heads) return k + (tok * num_kv_heads + head - num_heads) * d;
+    return v + (tok * num_kv_heads + head - num_heads - num_kv_heads) * d;
+}
+
 #endif  // POLYATTN_COMMON_CUH
 
 #if PA_NVIDIA

@@ -105,9 +105,8 @@ __device__ __forceinline__ void lin_pair_rows(const LinearParams& p, int u, int*
         *r1 = p.n / 2 + u;
     } else if (p.epilogue == LIN_ROPE) {
         const int head = u / p.half;
-        const int i = u - head * p.half;
-        const int ia = p.interleaved ? 2 * i : i;
-        const int ib = p.interleaved ? ia + 1 : ia + p.half;
+        int ia, ib;
+        pa_rope_pair(u - head * p.half, p.half, p.interleaved, &ia, &ib);
         *r0 = head * 2 * p.half + ia;
         *r1 = head * 2 * p.half + ib;
     } else {
@@ -127,18 +126,11 @@ __device__ __forceinline__ void lin_put_pair(const LinearParams& p, pa_i64 tok, 
         const int d = 2 * p.half;
         const int head = u / p.half;
         const int i = u - head * p.half;
-        const int ia = p.interleaved ? 2 * i : i;
-        const int ib = p.interleaved ? ia + 1 : ia + p.half;
-        float* dst;
-        bool rotate = true;
-        if (head < p.num_heads) {
-            dst = p.y + (tok * p.num_heads + head) * d;
-        } else if (head < p.num_heads + p.num_kv_heads) {
-            dst = p.y2 + (tok * p.num_kv_heads + head - p.num_heads) * d;
-        } else {
-            dst = p.y3 + (tok * p.num_kv_heads + head - p.num_heads - p.num_kv_heads) * d;
-            rotate = false;
-        }
+        int ia, ib;
+        pa_rope_pair(i, p.half, p.interleaved, &ia, &ib);
+        bool rotate;
+        float* dst =
+            pa_qkv_head(p.y, p.y2, p.y3, tok, head, p.num_heads, p.num_kv_heads, d, &rotate);
         if (rotate) {
             pa_rope_rotate(a0, a1, p.positions[tok], i, d, p.rope_base, dst + ia, dst + ib);
         } else {

@@ -289,18 +289,10 @@ extern "C" __global__ void __launch_bounds__(MO_THREADS) model_rope_split(const 
         const pa_i64 tok = th / row_heads;
         const int head = (int)(th - tok * row_heads);
         const float* src = p.qkv + th * d;
-        float* dst;
-        bool rotate = true;
-        if (head < p.num_heads) {
-            dst = p.q + (tok * p.num_heads + head) * d;
-        } else if (head < p.num_heads + p.num_kv_heads) {
-            dst = p.k + (tok * p.num_kv_heads + head - p.num_heads) * d;
-        } else {
-            dst = p.v + (tok * p.num_kv_heads + head - p.num_heads - p.num_kv_heads) * d;
-            rotate = false;
-        }
-        const int ia = p.interleaved ? 2 * i : i;
-        const int ib = p.interleaved ? ia + 1 : ia + p.half;
+        bool rotate;
+        float* dst = pa_qkv_head(p.q, p.k, p.v, tok, head, p.num_heads, p.num_kv_heads, d, &rotate);
+        int ia, ib;
+        pa_rope_pair(i, p.half, p.interleaved, &ia, &ib);
         const float x0 = src[ia];
         const float x1 = src[ib];
         if (rotate) {

@@ -65,10 +65,6 @@ const OUT_PLAIN: u32 = 0u;
 const OUT_SWIGLU: u32 = 1u;
 const OUT_ROPE: u32 = 2u;
 
-const INV_TWO_PI: f32 = 0.15915494309189535;
-const TWO_PI_HI: f32 = 6.28125;
-const TWO_PI_LO: f32 = 0.0019353071795864769;
-
 // Output units: weight rows (OUT_PLAIN) or row pairs.
 fn num_units() -> u32 {
     if OUT == OUT_PLAIN {
@@ -128,12 +124,9 @@ fn put_pair(tok: u32, u: u32, a0: f32, a1: f32) {
         v_out[at + o.y] = a1;
         return;
     }
-    let inv_freq = pow(params.base, -f32(2u * i) / f32(d));
-    let a = f32(positions[tok]) * inv_freq;
-    let k = round(a * INV_TWO_PI);
-    let r = fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, a));
-    let c = cos(r);
-    let s = sin(r);
+    let cs = rope_cos_sin(positions[tok], i, d, params.base);
+    let c = cs.x;
+    let s = cs.y;
     let r0 = a0 * c - a1 * s;
     let r1 = a0 * s + a1 * c;
     if head < h {

@@ -6,7 +6,8 @@
 // rad from the rounding of the product). The angle is reduced to [−π, π] before sin / cos
 // (Cody–Waite: k = round(a / 2π), r = a − k·HI − k·LO with fma, HI = 6.28125 exact in 8
 // bits), because GPU sin/cos are accurate only near the origin (Vulkan guarantees them on
-// [−π, π]); then (x0, x1) ← (x0·cos − x1·sin, x0·sin + x1·cos).
+// [−π, π]; model_ops_common.wgsl's rope_cos_sin); then (x0, x1) ← (x0·cos − x1·sin,
+// x0·sin + x1·cos).
 //
 // Specialisation (generated header): WG, INTERLEAVED (bool).
 //
@@ -27,10 +28,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> positions: array<i32>;
 @group(0) @binding(3) var<storage, read_write> x: array<f32>;
 
-const INV_TWO_PI: f32 = 0.15915494309189535;
-const TWO_PI_HI: f32 = 6.28125;
-const TWO_PI_LO: f32 = 0.0019353071795864769;
-
 @compute @workgroup_size(WG)
 fn main(
     @builtin(local_invocation_index) lid: u32,
@@ -46,12 +43,9 @@ fn main(
     let th = u / half;
     let tok = th / params.num_heads;
     let d = 2u * half;
-    let inv_freq = pow(params.base, -f32(2u * i) / f32(d));
-    let a = f32(positions[tok]) * inv_freq;
-    let k = round(a * INV_TWO_PI);
-    let r = fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, a));
-    let c = cos(r);
-    let s = sin(r);
+    let cs = rope_cos_sin(positions[tok], i, d, params.base);
+    let c = cs.x;
+    let s = cs.y;
     let e = th * d;
     var ia = e + i;
     var ib = e + i + half;

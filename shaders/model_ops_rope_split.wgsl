@@ -32,10 +32,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> positions: array<i32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-const INV_TWO_PI: f32 = 0.15915494309189535;
-const TWO_PI_HI: f32 = 6.28125;
-const TWO_PI_LO: f32 = 0.0019353071795864769;
-
 @compute @workgroup_size(WG)
 fn main(
     @builtin(local_invocation_index) lid: u32,
@@ -51,12 +47,9 @@ fn main(
     let th = u / half;
     let tok = th / params.num_heads;
     let d = 2u * half;
-    let inv_freq = pow(params.base, -f32(2u * i) / f32(d));
-    let a = f32(positions[tok]) * inv_freq;
-    let k = round(a * INV_TWO_PI);
-    let r = fma(-k, TWO_PI_LO, fma(-k, TWO_PI_HI, a));
-    let c = cos(r);
-    let s = sin(r);
+    let cs = rope_cos_sin(positions[tok], i, d, params.base);
+    let c = cs.x;
+    let s = cs.y;
     var ia = i;
     var ib = i + half;
     if INTERLEAVED {

@@ -12,7 +12,7 @@
 //! each input element by the row's `1 / sqrt(mean(x²) + eps)` and the norm weight as
 //! [`super::rms_norm`] does, but sum the squares in their own order.
 
-use super::{check_out, cpu, cuda, hip, rank2, same_device, wgsl, Rope};
+use super::{check_out, cpu, cuda, hip, linear_dims, same_device, wgsl, Rope};
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -156,18 +156,7 @@ pub fn linear_fused(
     weight: &Tensor,
     out: LinearOutput<'_>,
 ) -> Result<()> {
-    let (t, k) = rank2("linear input", x, "[num_tokens, in_features]")?;
-    let (n, k2) = rank2("linear weight", weight, "[out_features, in_features]")?;
-    if k != k2 {
-        return Err(Error::shape(
-            "linear weight",
-            weight.shape(),
-            format!("[out_features, {k}] (in_features of the input)"),
-        ));
-    }
-    x.expect_dtype("linear input", DType::F32)?;
-    weight.expect_dtype("linear weight", DType::F32)?;
-    same_device("linear", x, weight)?;
+    let (t, k, n) = linear_dims(x, weight)?;
     if k == 0 {
         return Err(Error::config(
             "a fused linear layer with in_features 0: there is no product to write",

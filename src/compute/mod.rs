@@ -182,6 +182,7 @@ pub fn rms_norm_into(x: &Tensor, weight: &Tensor, eps: f32, out: &mut Tensor) ->
     }
 }
 
+/// Checks of a linear layer's input `[T, K]` and weight `[N, K]`: `(T, K, N)`.
 fn linear_dims(x: &Tensor, weight: &Tensor) -> Result<(usize, usize, usize)> {
     let (t, k) = rank2("linear input", x, "[num_tokens, in_features]")?;
     let (n, k2) = rank2("linear weight", weight, "[out_features, in_features]")?;

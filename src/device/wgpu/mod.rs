@@ -800,16 +800,38 @@ impl WgpuDevice {
         }
         let base = p.oneoff.len();
         p.oneoff.extend_from_slice(slots);
-        let ring = self.oneoff_params();
+        self.record_call_locked(&mut p, self.oneoff_params(), base, dispatches);
+        Some(())
+    }
+
+    /// Records a call's `dispatches` in one compute pass, the parameters of dispatch `d` at
+    /// slot `first_slot + d.slot` of `params`.
+    pub(crate) fn record_call(
+        &self,
+        params: &ParamBlock,
+        first_slot: usize,
+        dispatches: &[crate::device::wgsl::Dispatch<WgpuDevice>],
+    ) {
+        let mut p = self.pending();
+        self.record_call_locked(&mut p, params, first_slot, dispatches);
+    }
+
+    fn record_call_locked(
+        &self,
+        p: &mut Pending,
+        params: &ParamBlock,
+        first_slot: usize,
+        dispatches: &[crate::device::wgsl::Dispatch<WgpuDevice>],
+    ) {
         let groups: Vec<wgpu::BindGroup> = dispatches
             .iter()
             .map(|d| {
-                let mut entries = vec![(0, ring.binding(base + d.slot))];
+                let mut entries = vec![(0, params.binding(first_slot + d.slot))];
                 entries.extend(d.buffers.iter().map(|(n, b)| (*n, b.as_entire_binding())));
                 bind_group(self, &d.pipeline, entries)
             })
             .collect();
-        self.record_locked(&mut p, |enc| {
+        self.record_locked(p, |enc| {
             dispatch_all(
                 enc,
                 dispatches
@@ -818,7 +840,6 @@ impl WgpuDevice {
                     .map(|(d, g)| (&d.pipeline, g, d.groups)),
             )
         });
-        Some(())
     }
 
     /// Number of pipelines compiled so far (for tests and reports).

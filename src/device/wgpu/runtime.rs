@@ -11,30 +11,7 @@ use crate::error::{Error, Result};
 use crate::kernels::wgsl::Bindings;
 
 use super::WgpuDevice;
-use super::{bind_group, dispatch_all, pipeline_with, storage, upload_words, ParamBlock};
-
-impl WgpuDevice {
-    /// Records `dispatches` into one compute pass with `params` at binding 0.
-    fn run_dispatches(&self, params: &ParamBlock, dispatches: &[Dispatch<Self>]) {
-        let groups: Vec<wgpu::BindGroup> = dispatches
-            .iter()
-            .map(|d| {
-                let mut entries = vec![(0, params.binding(d.slot))];
-                entries.extend(d.buffers.iter().map(|(n, b)| (*n, b.as_entire_binding())));
-                bind_group(self, &d.pipeline, entries)
-            })
-            .collect();
-        self.record(|enc| {
-            dispatch_all(
-                enc,
-                dispatches
-                    .iter()
-                    .zip(&groups)
-                    .map(|(d, g)| (&d.pipeline, g, d.groups)),
-            )
-        });
-    }
-}
+use super::{pipeline_with, storage, upload_words, ParamBlock};
 
 impl WgslRuntime for WgpuDevice {
     type Buffer = wgpu::Buffer;
@@ -117,7 +94,7 @@ impl WgslRuntime for WgpuDevice {
         // caller's block through the queue would submit the batch recorded so far first.
         if self.record_with_ring(slots, dispatches).is_none() {
             params.write_if_changed(self, slots);
-            self.run_dispatches(params, dispatches);
+            self.record_call(params, 0, dispatches);
         }
         Ok(())
     }
