@@ -48,10 +48,10 @@ pub fn gemv_entry(t: usize, norm: bool, split: bool) -> &'static str {
 }
 
 /// Whether a GEMV of `pairs` weight-row pairs splits each pair over four waves: when one wave
-/// per pair would leave the GPU's `sms` multiprocessors with fewer than 12 waves each (the
-/// loads in flight, not the bandwidth, bound a GEMV of a few MB).
-pub fn gemv_split(pairs: usize, sms: usize) -> bool {
-    pairs * 4 <= sms.max(1) * 48
+/// per pair would leave the GPU's `sms` multiprocessors with fewer than `waves_per_sm` waves
+/// each (the loads in flight, not the bandwidth, bound a GEMV of a few MB).
+pub fn gemv_split(pairs: usize, sms: usize, waves_per_sm: usize) -> bool {
+    pairs < sms.max(1) * waves_per_sm
 }
 
 /// What `model_linear.cu` does with its product (`LinearParams::epilogue`, the `LIN_*`
