@@ -26,7 +26,7 @@ use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    gemv_entry, gemv_split, ArgmaxParams, CudaTuning, EltwiseParams, GatherParams, LinearEpilogue,
+    gemv_entry, gemv_split, ArgmaxParams, EltwiseParams, GatherParams, LinearEpilogue,
     LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SwigluParams, ARGMAX_THREADS,
     GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
 };
@@ -202,11 +202,7 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
     }
     if t <= GEMV_MAX_TOKENS {
         // A wave per pair, or four (the kernel strides over pairs past the grid).
-        let split = gemv_split(
-            units,
-            dev.sm_count() as usize,
-            CudaTuning::get().gemv_split_waves,
-        );
+        let split = gemv_split(units, dev.sm_count() as usize);
         let per_block = if split { 1 } else { GEMV_THREADS as usize / 32 };
         let blocks = units.div_ceil(per_block).min(i32::MAX as usize) as u32;
         launch(

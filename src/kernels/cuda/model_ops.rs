@@ -48,11 +48,16 @@ pub fn gemv_entry(t: usize, norm: bool, split: bool) -> &'static str {
 }
 
 /// Whether a GEMV of `pairs` weight-row pairs splits each pair over four waves: when one wave
-/// per pair would leave the GPU's `sms` multiprocessors with fewer than `waves_per_sm` waves
+/// per pair would leave the GPU's `sms` multiprocessors fewer than [`GEMV_SPLIT_WAVES`] waves
 /// each (the loads in flight, not the bandwidth, bound a GEMV of a few MB).
-pub fn gemv_split(pairs: usize, sms: usize, waves_per_sm: usize) -> bool {
-    pairs < sms.max(1) * waves_per_sm
+pub fn gemv_split(pairs: usize, sms: usize) -> bool {
+    pairs < sms.max(1) * GEMV_SPLIT_WAVES
 }
+
+/// Waves per SM below which the GEMV splits its pairs. Measured on the H200 (SmolLM2, 132
+/// SMs): splitting the 288- and 480-pair projections and not the 1536-pair gate/up one beat
+/// splitting all three and splitting none, at one prompt and at eight.
+pub const GEMV_SPLIT_WAVES: usize = 4;
 
 /// What `model_linear.cu` does with its product (`LinearParams::epilogue`, the `LIN_*`
 /// codes there).

@@ -30,8 +30,6 @@ pub const CUDA_DEVICE_ENV: &str = "POLYATTN_CUDA_DEVICE";
 pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
 /// Picks the MLA decode kernel (`mma` / `portable`); see [`CudaTuning::mla_decode`].
 pub const MLA_DECODE_ENV: &str = "POLYATTN_CUDA_MLA_DECODE";
-/// The GEMV's split threshold in waves per SM; see [`CudaTuning::gemv_split_waves`].
-pub const GEMV_SPLIT_WAVES_ENV: &str = "POLYATTN_CUDA_GEMV_SPLIT_WAVES";
 /// Turns dependent launches off (`0`) or on (`1`); see [`CudaTuning::dependent_launch`].
 pub const DEPENDENT_LAUNCH_ENV: &str = "POLYATTN_CUDA_DEPENDENT_LAUNCH";
 
@@ -104,10 +102,6 @@ pub struct CudaTuning {
     /// most of a small kernel's launch latency in a decode step of many. [`DEPENDENT_LAUNCH_ENV`]:
     /// `0` / `1`; default on.
     pub dependent_launch: bool,
-    /// The decode GEMV splits each pair of weight rows over four waves when one wave per pair
-    /// would leave the GPU fewer than this many waves per SM ([`super::gemv_split`]).
-    /// [`GEMV_SPLIT_WAVES_ENV`]: 0 (never split) to 64; default 12.
-    pub gemv_split_waves: usize,
 }
 
 impl Default for CudaTuning {
@@ -122,7 +116,6 @@ impl Default for CudaTuning {
             mla_prefill_chunk: None,
             mla_decode: MlaDecodeKernel::TensorCores,
             dependent_launch: true,
-            gemv_split_waves: 12,
         }
     }
 }
@@ -165,7 +158,6 @@ impl CudaTuning {
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
             dependent_launch: env.switch(DEPENDENT_LAUNCH_ENV, d.dependent_launch),
-            gemv_split_waves: env.int_in(GEMV_SPLIT_WAVES_ENV, 0..=64, d.gemv_split_waves),
             decode_splits: env.get(
                 DECODE_SPLITS_ENV,
                 &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
@@ -281,7 +273,6 @@ mod tests {
             (MLA_PREFILL_CHUNK_ENV, "64"),
             (MLA_DECODE_ENV, "portable"),
             (DEPENDENT_LAUNCH_ENV, "0"),
-            (GEMV_SPLIT_WAVES_ENV, "0"),
         ]);
         assert_eq!(
             t,
@@ -298,7 +289,6 @@ mod tests {
                 mla_prefill_chunk: Some(64),
                 mla_decode: MlaDecodeKernel::Portable,
                 dependent_launch: false,
-                gemv_split_waves: 0,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
