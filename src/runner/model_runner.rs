@@ -344,7 +344,22 @@ impl<M: CausalLm> ModelRunner<M> {
     }
 
     /// Runs one step and returns the tokens it produced (at most one per request).
-    pub fn step(&mut self) -> Result<Vec<TokenOutput>> {
+    ///
+    /// On the CPU the step runs on a thread of rayon's pool: every operation splits its work
+    /// over that pool, and one started from a pool thread takes its own share at once, where
+    /// one started from elsewhere hands itself over and waits (a thread wake-up per
+    /// operation, hundreds per step).
+    pub fn step(&mut self) -> Result<Vec<TokenOutput>>
+    where
+        M: Send,
+    {
+        if matches!(self.device, Device::Cpu(_)) && rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.step_here());
+        }
+        self.step_here()
+    }
+
+    fn step_here(&mut self) -> Result<Vec<TokenOutput>> {
         let started = Instant::now();
         let plan = self.scheduler.schedule()?;
         if plan.is_empty() {
@@ -583,7 +598,10 @@ impl<M: CausalLm> ModelRunner<M> {
         &mut self,
         prompts: &[Vec<u32>],
         params: &SamplingParams,
-    ) -> Result<Vec<Vec<u32>>> {
+    ) -> Result<Vec<Vec<u32>>>
+    where
+        M: Send,
+    {
         let ids = prompts
             .iter()
             .map(|p| self.add_request(p.clone(), params.clone()))
