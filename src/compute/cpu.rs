@@ -150,23 +150,6 @@ fn has_avx2_fma() -> bool {
     }
 }
 
-pub(super) fn linear(
-    x_t: &Tensor,
-    w: &Tensor,
-    t: usize,
-    k: usize,
-    n: usize,
-    out: &mut Tensor,
-    accumulate: bool,
-) -> Result<()> {
-    if t == 0 || n == 0 {
-        return Ok(());
-    }
-    let yt = product_t(f32s(x_t), f32s(w), t, k, n);
-    store_t(&yt, t, n, f32s_mut(out), accumulate);
-    Ok(())
-}
-
 /// `y = x·Wᵀ` transposed: `[N][T]` (`yt[j * t + i] = y[i][j]`), so that each weight row is
 /// read once for all tokens. Output features in blocks of 16, one rayon task each.
 fn product_t(x: &[f32], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {

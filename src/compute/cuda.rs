@@ -4,9 +4,10 @@
 //!
 //! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
 //! * `rms_norm`: `model_rms_norm`, one block per row.
-//! * `linear` / `linear_accumulate` / `linear_fused` (`kernels-cuda/model_linear.cu`): T ≤
-//!   [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a warp per pair of weight rows, the
-//!   weight loads of a row issued together, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared memory
+//! * `linear` / `linear_accumulate` / `linear_fused` (`kernels-cuda/model_linear.cu`, all
+//!   through `linear_fused`): T ≤ [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a warp per
+//!   pair of weight rows, or four where [`gemv_split`] says so, the loads of a chunk issued
+//!   together, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared memory
 //!   tiles, 4×4 register blocks). One launch for every form: the input RMSNorm inside the
 //!   kernel, the product stored, accumulated, SwiGLU'd or split and rotated on its way out.
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
@@ -158,36 +159,6 @@ pub(super) fn rms_norm(
         MODEL_THREADS,
         &params,
     )
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn linear(
-    dev: &CudaDevice,
-    x: &Tensor,
-    weight: &Tensor,
-    t: usize,
-    k: usize,
-    n: usize,
-    out: &mut Tensor,
-    accumulate: bool,
-) -> Result<()> {
-    if t == 0 || n == 0 || k == 0 {
-        return Ok(());
-    }
-    let xp = ptr(dev, x, "linear input")?;
-    let wp = ptr(dev, weight, "linear weight")?;
-    let yp = ptr(dev, out, "output")?;
-    let params = LinearParams::product(
-        xp,
-        wp,
-        yp,
-        i32_of("tokens", t)?,
-        i32_of("in_features", k)?,
-        i32_of("out_features", n)?,
-        vec4_ok(k, &[xp, wp]) == 1,
-        accumulate,
-    );
-    launch_linear(dev, &params)
 }
 
 /// Launches `model_linear.cu` for `params`: a GEMV up to [`GEMV_MAX_TOKENS`] tokens (a warp

@@ -201,22 +201,30 @@ pub fn linear_fused(
             }
         }
     }
-    if t == 0 {
+    dispatch(
+        &FusedLinear {
+            x,
+            w: weight,
+            norm,
+            t,
+            k,
+            n,
+        },
+        out,
+    )
+}
+
+/// Runs validated operands on their device's family (`linear`, `linear_accumulate` and
+/// `linear_fused` all come here).
+pub(super) fn dispatch(args: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<()> {
+    if args.t == 0 || args.n == 0 {
         return Ok(());
     }
-    let args = FusedLinear {
-        x,
-        w: weight,
-        norm,
-        t,
-        k,
-        n,
-    };
-    match x.device() {
-        Device::Cpu(_) => cpu::linear_fused(&args, out),
-        Device::Cuda(d) => cuda::linear_fused(d, &args, out),
-        Device::Hip(_) => hip::linear_fused(&args, out),
-        Device::Vulkan(d) => wgsl::linear_fused(d, &args, out),
-        Device::Wgpu(d) => wgsl::linear_fused(d, &args, out),
+    match args.x.device() {
+        Device::Cpu(_) => cpu::linear_fused(args, out),
+        Device::Cuda(d) => cuda::linear_fused(d, args, out),
+        Device::Hip(_) => hip::linear_fused(args, out),
+        Device::Vulkan(d) => wgsl::linear_fused(d, args, out),
+        Device::Wgpu(d) => wgsl::linear_fused(d, args, out),
     }
 }

@@ -63,22 +63,16 @@ pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result
         *o = h.to_device(o.device())?;
         Ok(())
     };
+    // One output tensor: run the same form into its host copy.
+    let single = |o: &mut Tensor, form: fn(&mut Tensor) -> LinearOutput<'_>| -> Result<()> {
+        let mut h = host(o)?;
+        cpu::linear_fused(&on_host, form(&mut h))?;
+        back(h, o)
+    };
     match out {
-        LinearOutput::Store(o) => {
-            let mut h = host(o)?;
-            cpu::linear_fused(&on_host, LinearOutput::Store(&mut h))?;
-            back(h, o)
-        }
-        LinearOutput::Accumulate(o) => {
-            let mut h = host(o)?;
-            cpu::linear_fused(&on_host, LinearOutput::Accumulate(&mut h))?;
-            back(h, o)
-        }
-        LinearOutput::SwiGlu(o) => {
-            let mut h = host(o)?;
-            cpu::linear_fused(&on_host, LinearOutput::SwiGlu(&mut h))?;
-            back(h, o)
-        }
+        LinearOutput::Store(o) => single(o, |h| LinearOutput::Store(h)),
+        LinearOutput::Accumulate(o) => single(o, |h| LinearOutput::Accumulate(h)),
+        LinearOutput::SwiGlu(o) => single(o, |h| LinearOutput::SwiGlu(h)),
         LinearOutput::RopeSplitQkv {
             positions,
             rope,

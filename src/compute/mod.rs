@@ -243,26 +243,20 @@ fn linear_dispatch(
     n: usize,
     acc: bool,
 ) -> Result<()> {
-    match x.device() {
-        Device::Cpu(_) => cpu::linear(x, weight, t, k, n, out, acc),
-        Device::Cuda(d) => cuda::linear(d, x, weight, t, k, n, out, acc),
-        Device::Hip(_) => {
-            let mut host_out = hip::host(out)?;
-            cpu::linear(
-                &hip::host(x)?,
-                &hip::host(weight)?,
-                t,
-                k,
-                n,
-                &mut host_out,
-                acc,
-            )?;
-            *out = host_out.to_device(x.device())?;
-            Ok(())
-        }
-        Device::Vulkan(d) => wgsl::linear(d, x, weight, t, k, n, out, acc),
-        Device::Wgpu(d) => wgsl::linear(d, x, weight, t, k, n, out, acc),
-    }
+    let args = fused_linear::FusedLinear {
+        x,
+        w: weight,
+        norm: None,
+        t,
+        k,
+        n,
+    };
+    let out = if acc {
+        LinearOutput::Accumulate(out)
+    } else {
+        LinearOutput::Store(out)
+    };
+    fused_linear::dispatch(&args, out)
 }
 
 /// Rotary position embedding in place: `x [T, heads, head_size]` rotated by the angles of

@@ -155,32 +155,6 @@ pub(super) fn rms_norm<R: WgslRuntime>(
 
 /// `linear` / `linear_accumulate`: the plain form of [`linear_fused`]'s kernels.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn linear<R: WgslRuntime>(
-    dev: &R,
-    x: &Tensor,
-    weight: &Tensor,
-    t: usize,
-    k: usize,
-    n: usize,
-    out: &mut Tensor,
-    accumulate: bool,
-) -> Result<()> {
-    let a = FusedLinear {
-        x,
-        w: weight,
-        norm: None,
-        t,
-        k,
-        n,
-    };
-    let out = if accumulate {
-        LinearOutput::Accumulate(out)
-    } else {
-        LinearOutput::Store(out)
-    };
-    linear_fused(dev, &a, out)
-}
-
 pub(super) fn rope<R: WgslRuntime>(
     dev: &R,
     x: &mut Tensor,

@@ -171,8 +171,8 @@ pub struct ModelRunner<M: CausalLm> {
     /// `Some` where decode steps run as graphs (see [`RunnerConfig::graph_capture_sizes`]).
     graphs: Option<DecodeGraphs>,
     /// Logits of eager pure-decode steps by request count, for a capturable model's
-    /// [`CausalLm::forward_into`] (its activations are kept per token count too, so a
-    /// steady decode allocates nothing on the device).
+    /// [`CausalLm::forward_into`] (which keeps its activations per token count too): a steady
+    /// eager decode reuses the model's buffers instead of allocating them every step.
     decode_logits: std::collections::HashMap<usize, Tensor>,
     scheduler: Scheduler,
     next_id: RequestId,
@@ -427,9 +427,12 @@ impl<M: CausalLm> ModelRunner<M> {
             }
             _ => self.eager_step(&plan, sampled.len(), greedy, &mut wait)?,
         };
-        let synced = Instant::now();
-        self.device.synchronize()?;
-        wait += synced.elapsed();
+        if output.is_none() {
+            // Nothing was read back: the step's work may still be running.
+            let synced = Instant::now();
+            self.device.synchronize()?;
+            wait += synced.elapsed();
+        }
 
         // Advance every scheduled request; sample for those at the end of their tokens.
         for s in &plan {

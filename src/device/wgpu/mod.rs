@@ -112,7 +112,7 @@ struct Inner {
     /// What the device offers the WGSL family (`device::wgsl`).
     wgsl_info: crate::device::wgsl::WgslDeviceInfo,
     /// The ring of parameter slots of one-off dispatches (`WgslRuntime::submit_one`).
-    oneoff: OnceLock<ParamBlock>,
+    param_ring: OnceLock<ParamBlock>,
     /// Commands recorded and not yet submitted.
     pending: Mutex<Pending>,
 }
@@ -123,7 +123,7 @@ struct Inner {
 pub const MAX_PENDING_COMMANDS: usize = 32;
 
 /// Parameter slots of the ring: one pending command buffer uses at most this many.
-const ONEOFF_SLOTS: usize = 256;
+const RING_SLOTS: usize = 256;
 
 /// What has been recorded for the queue and not submitted.
 #[derive(Default)]
@@ -131,9 +131,9 @@ struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     /// Commands in `encoder`.
     commands: usize,
-    /// The parameter slots `encoder`'s dispatches read: slot i of the ring holds `oneoff[i]`
+    /// The parameter slots `encoder`'s dispatches read: slot i of the ring holds `ring_slots[i]`
     /// once the batch is submitted.
-    oneoff: Vec<crate::device::wgsl::Slot>,
+    ring_slots: Vec<crate::device::wgsl::Slot>,
 }
 
 /// A wgpu adapter, device and queue (one per process, shared by every clone).
@@ -404,7 +404,7 @@ fn open_uncached() -> Result<WgpuDevice> {
             pipelines: Mutex::new(HashMap::new()),
             dummies,
             wgsl_info,
-            oneoff: OnceLock::new(),
+            param_ring: OnceLock::new(),
             pending: Mutex::new(Pending::default()),
         }),
     })
@@ -460,13 +460,13 @@ impl WgpuDevice {
     /// Submits `p`'s commands, after writing the one-off parameter slots they read.
     fn flush_pending(&self, p: &mut Pending) {
         if let Some(enc) = p.encoder.take() {
-            if !p.oneoff.is_empty() {
+            if !p.ring_slots.is_empty() {
                 self.inner.queue.write_buffer(
-                    self.oneoff_params().buffer(),
+                    self.param_ring().buffer(),
                     0,
-                    bytemuck::cast_slice(&p.oneoff),
+                    bytemuck::cast_slice(&p.ring_slots),
                 );
-                p.oneoff.clear();
+                p.ring_slots.clear();
             }
             self.inner.queue.submit([enc.finish()]);
             p.commands = 0;
@@ -777,10 +777,10 @@ impl WgpuDevice {
     }
 
     /// The ring of parameter slots, made on first use.
-    fn oneoff_params(&self) -> &ParamBlock {
+    fn param_ring(&self) -> &ParamBlock {
         self.inner
-            .oneoff
-            .get_or_init(|| ParamBlock::new(self, ONEOFF_SLOTS))
+            .param_ring
+            .get_or_init(|| ParamBlock::new(self, RING_SLOTS))
     }
 
     /// Records a call's `dispatches` (one compute pass) with their parameter `slots` taken
@@ -791,16 +791,16 @@ impl WgpuDevice {
         slots: &[crate::device::wgsl::Slot],
         dispatches: &[crate::device::wgsl::Dispatch<WgpuDevice>],
     ) -> Option<()> {
-        if slots.len() > ONEOFF_SLOTS {
+        if slots.len() > RING_SLOTS {
             return None;
         }
         let mut p = self.pending();
-        if p.oneoff.len() + slots.len() > ONEOFF_SLOTS {
+        if p.ring_slots.len() + slots.len() > RING_SLOTS {
             self.flush_pending(&mut p);
         }
-        let base = p.oneoff.len();
-        p.oneoff.extend_from_slice(slots);
-        self.record_call_locked(&mut p, self.oneoff_params(), base, dispatches);
+        let base = p.ring_slots.len();
+        p.ring_slots.extend_from_slice(slots);
+        self.record_call_locked(&mut p, self.param_ring(), base, dispatches);
         Some(())
     }
 

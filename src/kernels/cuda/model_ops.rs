@@ -54,9 +54,10 @@ pub fn gemv_split(pairs: usize, sms: usize) -> bool {
     pairs < sms.max(1) * GEMV_SPLIT_WAVES
 }
 
-/// Waves per SM below which the GEMV splits its pairs. Measured on the H200 (SmolLM2, 132
-/// SMs): splitting the 288- and 480-pair projections and not the 1536-pair gate/up one beat
-/// splitting all three and splitting none, at one prompt and at eight.
+/// Waves per SM below which the GEMV splits its pairs: a projection of a few hundred pairs
+/// leaves most SMs with one or two waves, whose loads alone cannot keep the memory busy, while
+/// one of a few thousand already fills the GPU and the split's shared-memory step only costs
+/// (benches/RESULTS.md has the comparison).
 pub const GEMV_SPLIT_WAVES: usize = 4;
 
 /// What `model_linear.cu` does with its product (`LinearParams::epilogue`, the `LIN_*`
