@@ -58,6 +58,7 @@ pub mod layer;
 pub mod metadata;
 pub mod mla;
 pub mod ops;
+pub mod parallel;
 pub mod plan;
 pub mod probe;
 pub mod reference;
@@ -123,6 +124,7 @@ mod layering {
         ("compute", 14),
         ("ops", 14),
         ("reference", 14),
+        ("parallel", 14),
         ("testing", 15),
         ("runner", 16),
     ];

@@ -22,6 +22,12 @@ impl<K: ForwardKernels + Send + Sync> AttentionImpl for K {
         true
     }
 
+    /// Every driver impl can attend over one rank's shard: a shard is an ordinary paged
+    /// cache, and the decode LSE is returned (`crate::parallel::dcp`).
+    fn supports_dcp(&self) -> bool {
+        true
+    }
+
     fn do_kv_cache_update(
         &self,
         layer: &AttentionLayer,
