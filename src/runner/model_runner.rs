@@ -20,10 +20,10 @@ use crate::metadata::{
 /// What the runner needs to know about a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelConfig {
-    /// Decoder layers (one KV cache each).
-    pub num_layers: usize,
-    /// KV heads per layer.
-    pub num_kv_heads: usize,
+    /// KV heads of each KV cache the model reads, in the order `forward` receives the caches:
+    /// one cache per decoder layer, or one per layer and rank when the model splits its heads
+    /// over ranks on one device (`crate::parallel::heads`), whose head counts may differ.
+    pub kv_cache_heads: Vec<usize>,
     /// Head size.
     pub head_size: usize,
     /// Vocabulary size (rows of the logits).
@@ -180,7 +180,8 @@ pub struct ModelRunner<M: CausalLm> {
 }
 
 impl<M: CausalLm> ModelRunner<M> {
-    /// Allocates one KV cache per layer on the model's backend and an empty scheduler.
+    /// Allocates the model's KV caches (one per entry of `kv_cache_heads`) on its backend and
+    /// an empty scheduler.
     pub fn new(model: M, runner: RunnerConfig) -> Result<Self> {
         let config = model.config();
         let backend = model.backend();
@@ -202,9 +203,14 @@ impl<M: CausalLm> ModelRunner<M> {
             Some(n) => n,
             None => config.max_model_len,
         };
+        let Some(&first_heads) = config.kv_cache_heads.first() else {
+            return Err(Error::config(
+                "the model reads no KV cache (kv_cache_heads is empty)",
+            ));
+        };
         let spec = KvCacheSpec {
             block_size: runner.block_size,
-            num_kv_heads: config.num_kv_heads,
+            num_kv_heads: first_heads,
             head_size: config.head_size,
             dtype: config.dtype,
             cache_dtype: CacheDType::Auto,
@@ -215,8 +221,16 @@ impl<M: CausalLm> ModelRunner<M> {
                 "the KV cache holds no complete block".to_string(),
             ));
         }
-        let caches = (0..config.num_layers)
-            .map(|_| KvCache::new(backend.as_ref(), spec, num_blocks))
+        let caches = config
+            .kv_cache_heads
+            .iter()
+            .map(|&num_kv_heads| {
+                let spec = KvCacheSpec {
+                    num_kv_heads,
+                    ..spec
+                };
+                KvCache::new(backend.as_ref(), spec, num_blocks)
+            })
             .collect::<Result<Vec<_>>>()?;
         let builder = backend.make_builder(&spec)?;
         let graphs = (!runner.graph_capture_sizes.is_empty()

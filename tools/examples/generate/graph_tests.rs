@@ -73,7 +73,7 @@ fn replay_equals_eager(b: &BackendRef) -> polyattn::Result<()> {
     let bs = 16;
     let spec = KvCacheSpec {
         block_size: bs,
-        num_kv_heads: cfg.num_kv_heads,
+        num_kv_heads: cfg.kv_cache_heads[0],
         head_size: cfg.head_size,
         dtype: DType::F32,
         cache_dtype: CacheDType::Auto,
@@ -87,8 +87,19 @@ fn replay_equals_eager(b: &BackendRef) -> polyattn::Result<()> {
         .collect();
     let num_blocks = 1 + n * width;
     let slot = |r: usize, pos: usize| blocks[r][pos / bs] as i64 * bs as i64 + (pos % bs) as i64;
-    let mut caches: Vec<KvCache> = (0..cfg.num_layers)
-        .map(|_| KvCache::new(be, spec, num_blocks))
+    let mut caches: Vec<KvCache> = cfg
+        .kv_cache_heads
+        .iter()
+        .map(|&num_kv_heads| {
+            KvCache::new(
+                be,
+                KvCacheSpec {
+                    num_kv_heads,
+                    ..spec
+                },
+                num_blocks,
+            )
+        })
         .collect::<polyattn::Result<_>>()?;
 
     // Prefill eagerly on plain metadata.

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example generate -- [--model tiny|smollm2|PATH] [--max-tokens N]
 //!     [--temperature T] [--top-p P] [--seed S] [--chat] [--backends all|NAME,…]
-//!     "prompt" ["prompt" …]
+//!     [--tensor-parallel N] "prompt" ["prompt" …]
 //! ```
 //!
 //! The generated text streams to stdout (several prompts run batched together; their texts
@@ -95,6 +95,11 @@ struct Args {
     /// a fraction of the weight-streaming limit (weights read once per step).
     #[arg(long)]
     roofline: bool,
+    /// Split every layer's heads and MLP over N rank shards (tensor parallelism), run on the
+    /// one device with the shards' partial outputs summed in place: the math of N GPUs,
+    /// checked against the unsharded model (`polyattn::parallel::heads`).
+    #[arg(long, default_value_t = 1)]
+    tensor_parallel: usize,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -209,9 +214,13 @@ fn run(args: Args) -> Result<(), String> {
     let mut config = loaded.config.clone();
     config.max_model_len = config.max_model_len.min(4096);
     if let Some(spec) = &args.backends {
+        if args.tensor_parallel != 1 {
+            return Err("--backends runs the unsharded model; drop --tensor-parallel".into());
+        }
         return run_comparison(&args, spec, loaded, config, &prompts);
     }
-    let model = Llama::load(config.clone(), loaded.weights, None).map_err(|e| e.to_string())?;
+    let model = Llama::load_sharded(config.clone(), loaded.weights, None, args.tensor_parallel)
+        .map_err(|e| e.to_string())?;
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
     let max_len = args.max_model_len.unwrap_or(config.max_model_len);
@@ -351,9 +360,17 @@ fn run(args: Args) -> Result<(), String> {
         record.append_to(path).map_err(|e| e.to_string())?;
     }
     eprintln!(
-        "\n[polyattn] backend {} on {device}; model {}",
+        "\n[polyattn] backend {} on {device}; model {}{}",
         backend.name(),
-        loaded.name
+        loaded.name,
+        if args.tensor_parallel > 1 {
+            format!(
+                "; {} tensor-parallel shards on this one device",
+                args.tensor_parallel
+            )
+        } else {
+            String::new()
+        }
     );
     eprintln!(
         "[polyattn] {} prompt(s): {prompt_tokens} prompt tokens, {total_generated} generated in {} steps; \

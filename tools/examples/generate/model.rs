@@ -6,6 +6,13 @@
 //! final RMSNorm and the output head (tied to the embedding or separate), one layer again.
 //! Four launches per layer besides attention's own ([`compute::linear_fused`]).
 //!
+//! With `tensor_parallel` N > 1 ([`Llama::load_sharded`]) each layer runs as N rank shards on
+//! the one device, as N GPUs would run it (`polyattn::parallel::heads`): a shard owns whole
+//! GQA groups (its rows of W_q / W_k / W_v, its own attention layer and KV cache, its columns
+//! of W_o) and a slice of the MLP (its rows of gate / up, its columns of down); every shard's
+//! output projection and down projection add into the residual stream, which is the
+//! all-reduce of the multi-GPU form done in place.
+//!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
 //! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32:
 //! both example models are small, and f32 makes greedy decoding agree across backends.
@@ -18,7 +25,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use std::ops::Range;
+
 use polyattn::compute::{self, InputNorm, LinearOutput, Rope, RopeStyle};
+use polyattn::parallel::HeadSharding;
 use polyattn::runner::{CausalLm, ModelConfig, StepBatch};
 use polyattn::{
     Attention, AttentionLayer, AttentionParams, BackendRef, DType, Device, KvCache, Tensor,
@@ -87,17 +97,24 @@ pub struct HostWeights {
     pub lm_head: Option<Vec<f32>>,
 }
 
-/// One layer on the device. The projections that read the same input are fused into one
-/// weight each (fewer, larger launches; every output feature is computed as before).
+/// One layer on the device: its norms and its rank shards (one without tensor parallelism).
 struct Layer {
-    attn: Attention,
     attn_norm: Tensor,
-    /// W_q, W_k, W_v stacked: `[(heads + 2·kv_heads)·d, hidden]`.
-    wqkv: Tensor,
-    wo: Tensor,
     ffn_norm: Tensor,
-    /// W_gate and W_up stacked: `[2·intermediate, hidden]`.
+    shards: Vec<LayerShard>,
+}
+
+/// One rank's part of a layer. The projections that read the same input are fused into one
+/// weight each (fewer, larger launches; every output feature is computed as before).
+struct LayerShard {
+    attn: Attention,
+    /// The shard's rows of W_q, W_k, W_v stacked: `[(heads + 2·kv_heads)·d, hidden]`.
+    wqkv: Tensor,
+    /// The shard's columns of W_o: `[hidden, heads·d]`.
+    wo: Tensor,
+    /// The shard's rows of W_gate and W_up stacked: `[2·mlp, hidden]`.
     w_gate_up: Tensor,
+    /// The shard's columns of W_down: `[hidden, mlp]`.
     w_down: Tensor,
 }
 
@@ -105,32 +122,61 @@ struct Layer {
 struct Scratch {
     /// The residual stream `[t, hidden]`.
     x: Tensor,
+    /// Per rank shard.
+    shards: Vec<ShardScratch>,
+    /// The rows whose logits are wanted `[r, hidden]`.
+    last: Tensor,
+}
+
+/// One rank shard's activations.
+struct ShardScratch {
     /// The rotated queries and keys and the values `[t, heads | kv_heads, d]`.
     q: Tensor,
     k: Tensor,
     v: Tensor,
     /// Attention output `[t, heads, d]` (viewed `[t, heads · d]` for the output projection).
     o: Tensor,
-    /// The MLP's activation `[t, intermediate]`.
+    /// The MLP's activation `[t, mlp]`.
     act: Tensor,
-    /// The rows whose logits are wanted `[r, hidden]`.
-    last: Tensor,
 }
 
 impl Scratch {
-    fn new(c: &LlamaConfig, device: &Device, t: usize, r: usize) -> polyattn::Result<Self> {
-        let z = |shape: &[usize]| Tensor::zeros(device, shape, DType::F32);
-        let (h, d) = (c.hidden, c.head_size);
+    fn new(m: &Llama, t: usize, r: usize) -> polyattn::Result<Self> {
+        let z = |shape: &[usize]| Tensor::zeros(&m.device, shape, DType::F32);
+        let (h, d) = (m.config.hidden, m.config.head_size);
+        let shards = m
+            .sharding
+            .shards()
+            .iter()
+            .zip(&m.mlp_slices)
+            .map(|(sh, mlp)| {
+                Ok(ShardScratch {
+                    q: z(&[t, sh.num_heads(), d])?,
+                    k: z(&[t, sh.num_kv_heads(), d])?,
+                    v: z(&[t, sh.num_kv_heads(), d])?,
+                    o: z(&[t, sh.num_heads(), d])?,
+                    act: z(&[t, mlp.len()])?,
+                })
+            })
+            .collect::<polyattn::Result<Vec<_>>>()?;
         Ok(Scratch {
             x: z(&[t, h])?,
-            q: z(&[t, c.num_heads, d])?,
-            k: z(&[t, c.num_kv_heads, d])?,
-            v: z(&[t, c.num_kv_heads, d])?,
-            o: z(&[t, c.num_heads, d])?,
-            act: z(&[t, c.intermediate])?,
+            shards,
             last: z(&[r, h])?,
         })
     }
+}
+
+/// Rows `rows` of a row-major matrix with `cols` columns.
+fn rows_of(m: &[f32], cols: usize, rows: Range<usize>) -> &[f32] {
+    &m[rows.start * cols..rows.end * cols]
+}
+
+/// Columns `keep` of a row-major matrix with `cols` columns, as a row-major matrix.
+fn columns_of(m: &[f32], cols: usize, keep: Range<usize>) -> Vec<f32> {
+    m.chunks_exact(cols)
+        .flat_map(|row| row[keep.clone()].iter().copied())
+        .collect()
 }
 
 /// The model on one backend's device.
@@ -140,6 +186,10 @@ pub struct Llama {
     device: Device,
     embedding: Tensor,
     layers: Vec<Layer>,
+    /// How each layer's heads are split over the rank shards.
+    sharding: HeadSharding,
+    /// Each rank shard's slice of the MLP's intermediate features.
+    mlp_slices: Vec<Range<usize>>,
     final_norm: Tensor,
     lm_head: Option<Tensor>,
     /// `forward_into`'s activations per (tokens, logits rows), kept so that a captured step
@@ -155,6 +205,17 @@ impl Llama {
         weights: HostWeights,
         backend: Option<BackendRef>,
     ) -> polyattn::Result<Self> {
+        Self::load_sharded(config, weights, backend, 1)
+    }
+
+    /// [`Llama::load`] with each layer split into `tensor_parallel` rank shards on the one
+    /// device (module docs); 1 is the unsharded model.
+    pub fn load_sharded(
+        config: LlamaConfig,
+        weights: HostWeights,
+        backend: Option<BackendRef>,
+        tensor_parallel: usize,
+    ) -> polyattn::Result<Self> {
         let c = &config;
         if weights.layers.len() != c.num_layers {
             return Err(polyattn::Error::Config(format!(
@@ -163,15 +224,30 @@ impl Llama {
                 c.num_layers
             )));
         }
+        let sharding = HeadSharding::new(c.num_heads, c.num_kv_heads, tensor_parallel)?;
+        if tensor_parallel > c.intermediate {
+            return Err(polyattn::Error::Config(format!(
+                "{tensor_parallel} ranks for {} MLP features",
+                c.intermediate
+            )));
+        }
+        let mlp_slices: Vec<Range<usize>> = (0..tensor_parallel)
+            .map(|r| {
+                r * c.intermediate / tensor_parallel..(r + 1) * c.intermediate / tensor_parallel
+            })
+            .collect();
         let params = AttentionParams::new(c.num_heads, c.head_size, c.num_kv_heads);
         let block_size = 16;
+        let shard_params = |r: usize| sharding.params_for(&params, r);
         let first = match backend {
-            Some(b) => {
-                Attention::on_backend(AttentionLayer::new("layers.0.attn"), params.clone(), b)?
-            }
+            Some(b) => Attention::on_backend(
+                AttentionLayer::new("layers.0.attn.rank0"),
+                shard_params(0)?,
+                b,
+            )?,
             None => Attention::new(
-                AttentionLayer::new("layers.0.attn"),
-                params.clone(),
+                AttentionLayer::new("layers.0.attn.rank0"),
+                shard_params(0)?,
                 DType::F32,
                 Some(block_size),
             )?,
@@ -179,45 +255,66 @@ impl Llama {
         let backend = first.backend_ref();
         let device = backend.device()?;
         let up = |data: &[f32], shape: &[usize]| Tensor::from_f32(&device, data, shape, DType::F32);
-        let (h, q, kv, i) = (
+        let (h, q, kv, i, d) = (
             c.hidden,
             c.num_heads * c.head_size,
             c.num_kv_heads * c.head_size,
             c.intermediate,
+            c.head_size,
         );
         let mut first = Some(first);
         let mut layers = Vec::with_capacity(c.num_layers);
         for (l, w) in weights.layers.iter().enumerate() {
-            let attn = match first.take() {
-                Some(a) => a,
-                None => Attention::on_backend(
-                    AttentionLayer::new(format!("layers.{l}.attn")),
-                    params.clone(),
-                    backend.clone(),
-                )?,
-            };
             let sizes = [
                 ("wq", w.wq.len(), q * h),
                 ("wk", w.wk.len(), kv * h),
                 ("wv", w.wv.len(), kv * h),
+                ("wo", w.wo.len(), h * q),
                 ("w_gate", w.w_gate.len(), i * h),
                 ("w_up", w.w_up.len(), i * h),
+                ("w_down", w.w_down.len(), h * i),
             ];
             if let Some((name, got, want)) = sizes.iter().find(|(_, got, want)| got != want) {
                 return Err(polyattn::Error::Config(format!(
                     "layer {l}: {name} has {got} elements, the config needs {want}"
                 )));
             }
-            let wqkv = [w.wq.as_slice(), &w.wk, &w.wv].concat();
-            let w_gate_up = [w.w_gate.as_slice(), &w.w_up].concat();
+            let mut shards = Vec::with_capacity(tensor_parallel);
+            for (r, sh) in sharding.shards().iter().enumerate() {
+                let attn = match first.take() {
+                    Some(a) => a,
+                    None => Attention::on_backend(
+                        AttentionLayer::new(format!("layers.{l}.attn.rank{r}")),
+                        shard_params(r)?,
+                        backend.clone(),
+                    )?,
+                };
+                let (qh, kvh) = (sh.q_heads.clone(), sh.kv_heads.clone());
+                let (qr, kvr) = (qh.start * d..qh.end * d, kvh.start * d..kvh.end * d);
+                let mlp = mlp_slices[r].clone();
+                let wqkv = [
+                    rows_of(&w.wq, h, qr.clone()),
+                    rows_of(&w.wk, h, kvr.clone()),
+                    rows_of(&w.wv, h, kvr.clone()),
+                ]
+                .concat();
+                let w_gate_up = [
+                    rows_of(&w.w_gate, h, mlp.clone()),
+                    rows_of(&w.w_up, h, mlp.clone()),
+                ]
+                .concat();
+                shards.push(LayerShard {
+                    attn,
+                    wqkv: up(&wqkv, &[qr.len() + 2 * kvr.len(), h])?,
+                    wo: up(&columns_of(&w.wo, q, qr.clone()), &[h, qr.len()])?,
+                    w_gate_up: up(&w_gate_up, &[2 * mlp.len(), h])?,
+                    w_down: up(&columns_of(&w.w_down, i, mlp.clone()), &[h, mlp.len()])?,
+                });
+            }
             layers.push(Layer {
-                attn,
                 attn_norm: up(&w.attn_norm, &[h])?,
-                wqkv: up(&wqkv, &[q + 2 * kv, h])?,
-                wo: up(&w.wo, &[h, q])?,
                 ffn_norm: up(&w.ffn_norm, &[h])?,
-                w_gate_up: up(&w_gate_up, &[2 * i, h])?,
-                w_down: up(&w.w_down, &[h, i])?,
+                shards,
             });
         }
         Ok(Llama {
@@ -228,11 +325,18 @@ impl Llama {
                 None => None,
             },
             layers,
+            sharding,
+            mlp_slices,
             backend,
             device,
             config,
             scratch: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Rank shards per layer (the `tensor_parallel` it was loaded with).
+    pub fn tensor_parallel(&self) -> usize {
+        self.sharding.world_size()
     }
 
     /// The hyperparameters.
@@ -248,17 +352,13 @@ impl Llama {
             .layers
             .iter()
             .map(|l| {
-                [
-                    &l.attn_norm,
-                    &l.wqkv,
-                    &l.wo,
-                    &l.ffn_norm,
-                    &l.w_gate_up,
-                    &l.w_down,
-                ]
-                .iter()
-                .map(|t| t.size_in_bytes())
-                .sum::<usize>()
+                let shards: usize = l
+                    .shards
+                    .iter()
+                    .flat_map(|s| [&s.wqkv, &s.wo, &s.w_gate_up, &s.w_down])
+                    .map(|t| t.size_in_bytes())
+                    .sum();
+                shards + l.attn_norm.size_in_bytes() + l.ffn_norm.size_in_bytes()
             })
             .sum();
         layer
@@ -278,9 +378,15 @@ impl Llama {
 
 impl CausalLm for Llama {
     fn config(&self) -> ModelConfig {
+        // One cache per layer and rank shard, layer after layer.
+        let per_layer: Vec<usize> = self
+            .sharding
+            .shards()
+            .iter()
+            .map(|s| s.num_kv_heads())
+            .collect();
         ModelConfig {
-            num_layers: self.config.num_layers,
-            num_kv_heads: self.config.num_kv_heads,
+            kv_cache_heads: per_layer.repeat(self.config.num_layers),
             head_size: self.config.head_size,
             vocab_size: self.config.vocab_size,
             max_model_len: self.config.max_model_len,
@@ -298,7 +404,7 @@ impl CausalLm for Llama {
         kv_caches: &mut [KvCache],
     ) -> polyattn::Result<Tensor> {
         let (t, r) = (batch.input_ids.numel(), batch.logits_indices.numel());
-        let mut scratch = Scratch::new(&self.config, &self.device, t, r)?;
+        let mut scratch = Scratch::new(self, t, r)?;
         let mut logits = Tensor::zeros(&self.device, &[r, self.config.vocab_size], DType::F32)?;
         self.run(batch, kv_caches, &mut scratch, &mut logits)?;
         Ok(logits)
@@ -321,7 +427,7 @@ impl CausalLm for Llama {
         let scratch = match map.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Scratch::new(&self.config, &self.device, key.0, key.1)?)
+                e.insert(Scratch::new(self, key.0, key.1)?)
             }
         };
         self.run(batch, kv_caches, scratch, logits)
@@ -344,7 +450,7 @@ impl Llama {
             base: c.rope_base,
             style: c.rope_style,
         };
-        let (nh, d) = (c.num_heads, c.head_size);
+        let d = c.head_size;
         compute::embedding_into(&self.embedding, batch.input_ids, &mut s.x)?;
         let norm = |weight| {
             Some(InputNorm {
@@ -352,38 +458,56 @@ impl Llama {
                 eps: c.rms_eps,
             })
         };
-        for (layer, cache) in self.layers.iter().zip(kv_caches.iter_mut()) {
-            compute::linear_fused(
-                &s.x,
-                norm(&layer.attn_norm),
-                &layer.wqkv,
-                LinearOutput::RopeSplitQkv {
-                    positions: batch.positions,
-                    rope,
-                    q: &mut s.q,
-                    k: &mut s.k,
-                    v: &mut s.v,
-                },
-            )?;
-            layer.attn.forward(
-                &s.q,
-                Some(&s.k),
-                Some(&s.v),
-                cache,
-                batch.attn_metadata,
-                &mut s.o,
-            )?;
-            // The output projection adds into the residual stream.
-            s.o.reshape_in_place(&[t, nh * d])?;
-            compute::linear_accumulate(&s.o, &layer.wo, &mut s.x)?;
-            s.o.reshape_in_place(&[t, nh, d])?;
-            compute::linear_fused(
-                &s.x,
-                norm(&layer.ffn_norm),
-                &layer.w_gate_up,
-                LinearOutput::SwiGlu(&mut s.act),
-            )?;
-            compute::linear_accumulate(&s.act, &layer.w_down, &mut s.x)?;
+        let n = self.sharding.world_size();
+        if kv_caches.len() != self.layers.len() * n {
+            return Err(polyattn::Error::Config(format!(
+                "{} KV caches for {} layers of {n} rank shards",
+                kv_caches.len(),
+                self.layers.len()
+            )));
+        }
+        for (layer, caches) in self.layers.iter().zip(kv_caches.chunks_exact_mut(n)) {
+            // Every shard's attention reads the residual stream before any shard adds to it.
+            for ((sh, ss), cache) in layer.shards.iter().zip(&mut s.shards).zip(caches) {
+                compute::linear_fused(
+                    &s.x,
+                    norm(&layer.attn_norm),
+                    &sh.wqkv,
+                    LinearOutput::RopeSplitQkv {
+                        positions: batch.positions,
+                        rope,
+                        q: &mut ss.q,
+                        k: &mut ss.k,
+                        v: &mut ss.v,
+                    },
+                )?;
+                sh.attn.forward(
+                    &ss.q,
+                    Some(&ss.k),
+                    Some(&ss.v),
+                    cache,
+                    batch.attn_metadata,
+                    &mut ss.o,
+                )?;
+            }
+            // Each shard's output projection adds into the residual stream (the all-reduce).
+            for (sh, ss) in layer.shards.iter().zip(&mut s.shards) {
+                let heads = ss.o.shape()[1];
+                ss.o.reshape_in_place(&[t, heads * d])?;
+                compute::linear_accumulate(&ss.o, &sh.wo, &mut s.x)?;
+                ss.o.reshape_in_place(&[t, heads, d])?;
+            }
+            for (sh, ss) in layer.shards.iter().zip(&mut s.shards) {
+                compute::linear_fused(
+                    &s.x,
+                    norm(&layer.ffn_norm),
+                    &sh.w_gate_up,
+                    LinearOutput::SwiGlu(&mut ss.act),
+                )?;
+            }
+            for (sh, ss) in layer.shards.iter().zip(&mut s.shards) {
+                compute::linear_accumulate(&ss.act, &sh.w_down, &mut s.x)?;
+            }
         }
         compute::gather_rows_into(&s.x, batch.logits_indices, &mut s.last)?;
         compute::linear_fused(

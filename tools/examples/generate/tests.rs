@@ -54,7 +54,24 @@ fn generate(
     tokens: usize,
     runner: RunnerConfig,
 ) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
-    let model = Llama::load(loaded.config.clone(), loaded.weights.clone(), backend)?;
+    generate_sharded(loaded, backend, prompts, tokens, runner, 1)
+}
+
+/// [`generate`] with every layer split into `tensor_parallel` rank shards on one device.
+fn generate_sharded(
+    loaded: &Loaded,
+    backend: Option<BackendRef>,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+    runner: RunnerConfig,
+    tensor_parallel: usize,
+) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
+    let model = Llama::load_sharded(
+        loaded.config.clone(),
+        loaded.weights.clone(),
+        backend,
+        tensor_parallel,
+    )?;
     let mut runner = ModelRunner::new(model, runner)?;
     let name = polyattn::runner::CausalLm::backend(runner.model())
         .name()
@@ -220,6 +237,90 @@ fn tiny_model_greedy_tokens_are_identical_on_every_backend() {
     identical_on_every_backend("tiny, 32 tokens", &tiny, &glass_reference().prompts, 32);
 }
 
+/// Greedy tokens of the model split into 2, 3 and 4 tensor-parallel shards (those its heads
+/// allow) equal the unsharded model's, on every available backend: the shards' partial
+/// projections summed into the residual stream are the unsharded layer.
+fn sharded_equals_unsharded(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], tokens: usize) {
+    let c = &loaded.config;
+    let sizes: Vec<usize> = (2..=4)
+        .filter(|&n| polyattn::parallel::HeadSharding::new(c.num_heads, c.num_kv_heads, n).is_ok())
+        .collect();
+    assert!(
+        !sizes.is_empty(),
+        "{what}: no shard count in 2..=4 fits {} / {} heads",
+        c.num_heads,
+        c.num_kv_heads
+    );
+    let mut ran = Vec::new();
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    for b in polyattn::registry::global().backends() {
+        if b.capabilities().is_mla {
+            continue;
+        }
+        if let Availability::Unavailable(why) = b.availability() {
+            skipped.push(format!("{} ({why})", b.name()));
+            continue;
+        }
+        let run = |n| {
+            generate_sharded(
+                loaded,
+                Some(b.clone()),
+                prompts,
+                tokens,
+                RunnerConfig::default(),
+                n,
+            )
+            .map(|r| r.0)
+        };
+        let want = match run(1) {
+            Ok(w) => w,
+            Err(e) => {
+                failures.push(format!("{}: unsharded: {e}", b.name()));
+                continue;
+            }
+        };
+        for &n in &sizes {
+            match run(n) {
+                Ok(got) if got == want => ran.push(format!("{} ×{n}", b.name())),
+                Ok(got) => failures.push(format!(
+                    "{} with {n} shards: greedy tokens differ\n  unsharded: {want:?}\n  sharded:   {got:?}",
+                    b.name()
+                )),
+                Err(e) => failures.push(format!("{} with {n} shards: {e}", b.name())),
+            }
+        }
+    }
+    report!(
+        "[{what}] sharded tokens equal unsharded on: {}; skipped: {}",
+        ran.join(", "),
+        if skipped.is_empty() {
+            "none".to_string()
+        } else {
+            skipped.join(", ")
+        }
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn tiny_model_tensor_parallel_shards_give_the_unsharded_tokens() {
+    let tiny = load_tiny().unwrap();
+    sharded_equals_unsharded(
+        "tiny tensor-parallel, 24 tokens",
+        &tiny,
+        &glass_reference().prompts,
+        24,
+    );
+    // Shard counts the heads cannot take are errors, not panics.
+    for n in [0, 64] {
+        let e = Llama::load_sharded(tiny.config.clone(), tiny.weights.clone(), Some(cpu()), n)
+            .err()
+            .unwrap_or_else(|| panic!("{n} shards accepted"));
+        assert!(e.to_string().contains("head sharding"), "{e}");
+    }
+}
+
 fn smollm2_or_skip(test: &str) -> Option<Loaded> {
     let path = smollm::default_path();
     if !path.exists() {
@@ -257,6 +358,19 @@ fn smollm2_says_paris_on_every_backend() {
             .unwrap(),
     ];
     identical_on_every_backend("smollm2, 32 tokens", &model, &prompts, 32);
+}
+
+#[test]
+fn smollm2_tensor_parallel_shards_give_the_unsharded_tokens() {
+    let Some(model) = smollm2_or_skip("smollm2_tensor_parallel_shards_give_the_unsharded_tokens")
+    else {
+        return;
+    };
+    let prompts = vec![
+        model.tokenizer.encode("The capital of France is").unwrap(),
+        model.tokenizer.encode("def fibonacci(n):").unwrap(),
+    ];
+    sharded_equals_unsharded("smollm2 tensor-parallel, 32 tokens", &model, &prompts, 32);
 }
 
 #[test]
