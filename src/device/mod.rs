@@ -15,6 +15,7 @@ pub mod cuda;
 mod disk_cache;
 mod graph;
 pub mod hip;
+mod library;
 mod spirv;
 mod tensor;
 pub mod vulkan;
