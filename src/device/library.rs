@@ -121,4 +121,3 @@ macro_rules! bindings {
 }
 
 pub(crate) use bindings;
-

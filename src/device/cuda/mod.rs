@@ -37,9 +37,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 mod launch;
+mod nccl;
 mod nvrtc;
 
 pub(crate) use launch::{launch, launch_dependent};
+pub use nccl::{nccl_status, NcclComms};
 pub(crate) use nvrtc::function;
 pub use nvrtc::{
     arch_for, base_options, compile, nvrtc_status, parse_ptxas_report, CompileOutput, PtxasReport,

@@ -1,0 +1,161 @@
+//! NCCL through polyattn (`device::cuda::NcclComms`) and decode context parallelism with one
+//! rank per CUDA device (`parallel::dcp::forward_decode_across`).
+//!
+//! What one GPU can check: NCCL is found or reported unavailable with a reason (never a
+//! panic); two ranks on one GPU are refused; an all-reduce and a broadcast over one rank leave
+//! the data as it was; the across-devices DCP path over one rank equals the f64 reference.
+//! The runs with two or more GPUs need a machine with several; this file says it skipped them.
+
+#[macro_use]
+mod common;
+
+use polyattn::device::cuda::{nccl_status, CudaDevice, NcclComms};
+use polyattn::parallel::dcp::{self, DcpDecodeBatch, DcpRank};
+use polyattn::reference;
+use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
+use polyattn::{AttentionParams, DType, Device, KvCacheSpec, Tensor};
+
+fn device_count() -> usize {
+    (0..8).take_while(|&o| CudaDevice::new(o).is_ok()).count()
+}
+
+#[test]
+fn nccl_is_found_or_reported_unavailable() {
+    match nccl_status() {
+        Ok(v) => report!("[nccl] NCCL {v} found"),
+        Err(why) => report!("[nccl] NCCL unavailable: {why}"),
+    }
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => d,
+        Err(e) => {
+            report!(
+                "SKIP nccl_is_found_or_reported_unavailable (communicators): no CUDA device ({e})"
+            );
+            return;
+        }
+    };
+    match (nccl_status(), NcclComms::new(std::slice::from_ref(&dev))) {
+        (Ok(_), Ok(c)) => assert_eq!(c.world_size(), 1),
+        (Err(_), Err(e)) => {
+            let e = e.to_string();
+            assert!(e.contains("unavailable"), "{e}");
+        }
+        (Ok(_), Err(e)) => panic!("NCCL is present but a one-rank communicator failed: {e}"),
+        (Err(why), Ok(_)) => panic!("NCCL reported unavailable ({why}) yet opened"),
+    }
+    if nccl_status().is_ok() {
+        let e = NcclComms::new(&[dev.clone(), dev]).unwrap_err().to_string();
+        assert!(e.contains("listed twice"), "{e}");
+    }
+}
+
+#[test]
+fn one_rank_collectives_keep_the_data() {
+    let Ok(dev) = CudaDevice::new(0) else {
+        report!("SKIP one_rank_collectives_keep_the_data: no CUDA device");
+        return;
+    };
+    if let Err(why) = nccl_status() {
+        report!("SKIP one_rank_collectives_keep_the_data: NCCL unavailable: {why}");
+        return;
+    }
+    let mut comms = NcclComms::new(std::slice::from_ref(&dev)).unwrap();
+    let device = Device::Cuda(dev);
+    let data = Rng::new(3).normals(1000);
+    let mut x = Tensor::from_f32(&device, &data, &[1000], DType::F32).unwrap();
+    comms.all_reduce_sum(&mut [&mut x]).unwrap();
+    assert_eq!(
+        x.to_f32_vec().unwrap(),
+        data,
+        "a one-rank sum changed the data"
+    );
+    let part = Tensor::from_f32(&device, &data[..300], &[300], DType::Bf16).unwrap();
+    let mut got = vec![vec![Tensor::zeros(&device, &[300], DType::Bf16).unwrap()]];
+    comms.broadcast_parts(&[(0, &part)], &mut got).unwrap();
+    assert_eq!(got[0][0].to_f32_vec().unwrap(), part.to_f32_vec().unwrap());
+    // Wrong sizes and devices are errors.
+    let mut small = vec![vec![Tensor::zeros(&device, &[10], DType::Bf16).unwrap()]];
+    assert!(comms.broadcast_parts(&[(0, &part)], &mut small).is_err());
+    let host = Tensor::from_f32(&Device::cpu(), &data, &[1000], DType::F32).unwrap();
+    let mut host2 = host.clone();
+    assert!(comms.all_reduce_sum(&mut [&mut host2]).is_err());
+}
+
+#[test]
+fn dcp_across_devices_matches_reference() {
+    let n = device_count();
+    if n == 0 {
+        report!("SKIP dcp_across_devices_matches_reference: no CUDA device");
+        return;
+    }
+    if let Err(why) = nccl_status() {
+        report!("SKIP dcp_across_devices_matches_reference: NCCL unavailable: {why}");
+        return;
+    }
+    if n < 2 {
+        report!(
+            "[dcp_across_devices] one CUDA device: the across-devices path runs over one rank; \
+             2..=4 ranks need a machine with that many GPUs (skipped)"
+        );
+    }
+    let world = n.min(4);
+    let backends: Vec<_> = (0..world)
+        .map(polyattn::backends::cuda::CudaBackend::with_ordinal)
+        .collect();
+    let params = AttentionParams::new(8, 128, 2);
+    let bs = 16;
+    let case = CaseConfig::new(params.clone(), DType::Bf16, bs);
+    let spec = BatchSpec::new(&[(1, 4 * world * bs + 9), (1, 3 * bs + 2), (1, 5), (1, 1)]);
+    let batch = RandomBatch::generate(&backends[0], &case, &spec, 91).unwrap();
+    let want = reference::attention(&batch).unwrap();
+    let dcp = DcpDecodeBatch::from_unsharded(&batch.desc, world).unwrap();
+    let kv_spec = KvCacheSpec {
+        block_size: bs,
+        num_kv_heads: 2,
+        head_size: 128,
+        dtype: DType::Bf16,
+        cache_dtype: polyattn::CacheDType::Auto,
+    };
+    let devices: Vec<CudaDevice> = (0..world).map(|o| CudaDevice::new(o).unwrap()).collect();
+    let mut comms = NcclComms::new(&devices).unwrap();
+    let mut fixed = Vec::new();
+    let mut owned = Vec::new();
+    for (r, b) in backends.iter().enumerate() {
+        let device = Device::Cuda(devices[r].clone());
+        let imp = polyattn::AttentionBackend::make_impl(b, params.clone()).unwrap();
+        let builder = polyattn::AttentionBackend::make_builder(b, &kv_spec).unwrap();
+        let md = dcp.build_rank(r, &device, builder.as_ref()).unwrap();
+        fixed.push((
+            imp,
+            md,
+            batch.query.to_device(&device).unwrap(),
+            batch.key.to_device(&device).unwrap(),
+            batch.value.to_device(&device).unwrap(),
+        ));
+        owned.push((
+            batch.kv_cache.to_device(&device).unwrap(),
+            Tensor::zeros(&device, batch.query.shape(), DType::Bf16).unwrap(),
+        ));
+    }
+    let mut ranks: Vec<DcpRank<'_>> = fixed
+        .iter()
+        .zip(owned.iter_mut())
+        .map(|((imp, md, q, k, v), (cache, out))| DcpRank {
+            imp: imp.as_ref(),
+            query: q,
+            key: Some(k),
+            value: Some(v),
+            cache,
+            metadata: md.as_deref(),
+            output: out,
+        })
+        .collect();
+    dcp::forward_decode_across(&mut comms, &batch.layer, &dcp, &mut ranks).unwrap();
+    drop(ranks);
+    for (r, o) in owned.iter().enumerate() {
+        let got = o.1.to_f32_vec().unwrap();
+        let cmp = reference::compare(&got, &want.out, Tolerance::for_dtype(DType::Bf16));
+        assert!(cmp.pass, "rank {r}'s combined output: {cmp}");
+    }
+    report!("[dcp_across_devices] {world} rank(s) over NCCL match the f64 reference");
+}
