@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Attention across ranks on the H200 (one GPU): decode context parallelism's one-device form
+# on every backend, NCCL over one rank, the sharded forms under compute-sanitizer, and the
+# example Llama split into tensor-parallel shards on one device (tiny; SmolLM2 when its GGUF
+# was joined, as benches/h200_model.sh does).
+# Binaries (../shared/gpu/pack.sh --test dcp --test nccl --example generate, plus the
+# example's test harness as test-generate) in $B.
+# Usage: bash benches/h200_parallel.sh PHASE... (phases: dcp, nccl, sanitize, tp, generate)
+set -u
+OUT=${OUT:-/tmp/h200}
+B=${B:-.devbin}
+mkdir -p "$OUT"
+export POLYATTN_CACHE_DIR=/tmp/polyattn-cache WGPU_BACKEND=vulkan
+export POLYATTN_SMOLLM2_GGUF=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+# PyTorch's NCCL wheel (nvidia-nccl-cu13) holds libnccl.so.2; NVLink multicast stays off.
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+[ -n "$nccl_lib" ] && export LD_LIBRARY_PATH="$nccl_lib:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0
+say() { echo "== $* ($(date +%T))"; }
+run() { # run NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  say "$name"
+  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E 'ran on|equal|SKIP|test result|panicked|FAIL|error|ERROR|\[nccl|\[dcp|\[polyattn\]' "$OUT/$name.log" | head -40
+  echo "-- $name rc=$rc"
+}
+for p in "$@"; do
+  case $p in
+    dcp) run dcp 300 $B/test-dcp --nocapture ;;
+    nccl) run nccl 120 $B/test-nccl --nocapture --test-threads 1 ;;
+    sanitize)
+      run memcheck-dcp 300 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-dcp sharded
+      run memcheck-nccl 200 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-nccl dcp_across ;;
+    tp) run tp 400 $B/test-generate --nocapture tensor_parallel ;;
+    generate)
+      for n in 1 3; do
+        run "generate-tp$n" 200 env POLYATTN_BACKEND=cuda $B/example-generate --model smollm2 \
+          --max-tokens 48 --tensor-parallel $n "The capital of France is"
+        sed -n '1,3p' "$OUT/generate-tp$n.log"
+      done ;;
+    *) echo "unknown phase $p" ;;
+  esac
+done
