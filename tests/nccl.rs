@@ -12,6 +12,7 @@ mod common;
 use polyattn::device::cuda::{nccl_status, CudaDevice, NcclComms};
 use polyattn::parallel::dcp::{self, DcpDecodeBatch, DcpRank};
 use polyattn::reference;
+use polyattn::testing::fuzz::{fill_cache_outside, StaleFill};
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
 use polyattn::{AttentionParams, DType, Device, KvCacheSpec, Tensor};
 
@@ -132,8 +133,19 @@ fn dcp_across_devices_matches_reference() {
             batch.key.to_device(&device).unwrap(),
             batch.value.to_device(&device).unwrap(),
         ));
+        // The rank's cache: poisoned outside the blocks it owns.
+        let mut cache = batch.kv_cache.to_device(&Device::cpu()).unwrap();
+        let desc = dcp.rank_description(r).unwrap();
+        let mut keep = std::collections::BTreeSet::new();
+        for (i, &(_, s)) in spec.requests.iter().enumerate().take(dcp.holding(r)) {
+            for pos in 0..dcp.layout().local_len(s, r) {
+                let block = desc.block_table[i * desc.max_blocks_per_req + pos / bs];
+                keep.insert(block as usize * bs + pos % bs);
+            }
+        }
+        fill_cache_outside(&mut cache, &keep, StaleFill::Nan, 5).unwrap();
         owned.push((
-            batch.kv_cache.to_device(&device).unwrap(),
+            cache.to_device(&device).unwrap(),
             Tensor::zeros(&device, batch.query.shape(), DType::Bf16).unwrap(),
         ));
     }

@@ -122,190 +122,306 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Weight rows a GEMV asks the cache for ahead of the row it multiplies. Why: a decode step
-/// streams every weight once, and the hardware prefetcher alone, restarting at every
-/// 2–6 KB row, kept a 2-core x86 VM at about 0.55× of its read bandwidth; requesting the
-/// lines of the row four ahead (9–25 KB at the model's widths) brought it to about 0.9×
-/// (1 and 2 rows ahead gain less, 8 lose again).
+/// streams every weight once, and the hardware prefetcher alone restarts at every row (2–6 KB
+/// at a small model's widths), leaving the memory idle between rows; four rows (9–25 KB) keep
+/// enough lines in flight without evicting what is still to be read (the measurements, nearer
+/// and farther distances included, are in `benches/RESULTS.md`, "the CPU GEMV at the memory's
+/// rate").
 const PREFETCH_ROWS: usize = 4;
 
 /// Asks the cache for the lines of `row` (a hint: no fault, no effect on results).
 #[inline(always)]
-fn prefetch_row(row: &[f32]) {
+fn prefetch_row<T>(row: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        for line in row.chunks(16) {
+        for line in row.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
             // SAFETY: prefetch is a hint on an address inside `row`; it reads nothing.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+        }
+        // A row that does not start on a line boundary ends in one more line.
+        if let Some(last) = row.last() {
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((last as *const T).cast()) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = row;
 }
 
+/// A weight element type the CPU product reads (f32, or f16 / bf16 weights widened to f32
+/// as they are read, so a step streams half the bytes).
+trait WeightElem: Copy + Send + Sync {
+    /// `row` as f32: itself for f32, else widened into `buf` (`row.len()` long).
+    fn row_f32<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
+}
+
+impl WeightElem for f32 {
+    fn row_f32<'a>(row: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
+        row
+    }
+}
+
+macro_rules! widened_weight {
+    ($t:ty) => {
+        impl WeightElem for $t {
+            fn row_f32<'a>(row: &'a [$t], buf: &'a mut [f32]) -> &'a [f32] {
+                for (o, w) in buf.iter_mut().zip(row) {
+                    *o = w.to_f32();
+                }
+                &buf[..row.len()]
+            }
+        }
+    };
+}
+widened_weight!(half::f16);
+widened_weight!(half::bf16);
+
 /// Columns `[n0, n0 + cols.len() / t)` of `y = x·Wᵀ`, written transposed into `cols`
 /// (`cols[j * t + i] = y[i][n0 + j]`), so that each weight row is read once for all tokens.
-#[inline(always)]
-fn linear_block(x: &[f32], w: &[f32], k: usize, t: usize, n0: usize, cols: &mut [f32]) {
+fn linear_block<T: WeightElem>(
+    x: &[f32],
+    w: &[T],
+    k: usize,
+    t: usize,
+    n0: usize,
+    cols: &mut [f32],
+) {
+    let mut buf = vec![0.0f32; if std::mem::size_of::<T>() == 4 { 0 } else { k }];
     for (j, col) in cols.chunks_exact_mut(t).enumerate() {
         let ahead = n0 + j + PREFETCH_ROWS;
         if let Some(r) = w.get(ahead * k..(ahead + 1) * k) {
             prefetch_row(r);
         }
-        let wr = &w[(n0 + j) * k..(n0 + j + 1) * k];
+        let wr = T::row_f32(&w[(n0 + j) * k..(n0 + j + 1) * k], &mut buf);
         for (i, c) in col.iter_mut().enumerate() {
             *c = dot(&x[i * k..(i + 1) * k], wr);
         }
     }
 }
 
-/// The product's inner loops on x86-64 with AVX2 and FMA, written with intrinsics. Why: the
-/// portable loops above compile to 128-bit lanes with shuffles and accumulator spills to the
-/// stack, which held a decode GEMV well under the DRAM rate.
+/// The product's inner loops on x86-64 with AVX2 and FMA (and F16C for f16 weights), written
+/// with intrinsics, one module per weight type. Why: the portable loops above compile to
+/// 128-bit lanes with shuffles and accumulator spills to the stack, which held a decode GEMV
+/// well under the DRAM rate.
+///
+/// Every token's dot product runs the same sequence of operations (two 8-wide accumulators
+/// over 16-element steps, an 8-element step, the lane sum, a scalar tail) whether it is
+/// computed alone or with three others, so a request's result does not depend on its row in
+/// the batch or on the batch's size.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
     /// The sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
+    unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// `Σ a[i]·b[i]` over the shorter length: four 8-wide accumulators (four FMA chains).
-    #[target_feature(enable = "avx2,fma")]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY (every load below): `i + 8 ≤ n` before each 8-wide load of a and b.
-        while i + 32 <= n {
-            for (c, acc) in acc.iter_mut().enumerate() {
-                let (x, y) = unsafe {
-                    (
-                        _mm256_loadu_ps(pa.add(i + 8 * c)),
-                        _mm256_loadu_ps(pb.add(i + 8 * c)),
-                    )
-                };
-                *acc = _mm256_fmadd_ps(x, y, *acc);
+    /// The loops for weights of type `$t` under the target features `$feat`: `$load8` reads
+    /// 8 weights at pointer `$p` as f32 lanes, `$one` widens the weight `$w`.
+    macro_rules! weight_loops {
+        ($m:ident, $t:ty, $feat:literal, |$p:ident| $load8:expr, |$w:ident| $one:expr) => {
+            pub(super) mod $m {
+                use super::*;
+
+                /// The dot products of one weight row `w` with `R` token rows (each at least
+                /// as long): every weight vector is loaded once for the `R` tokens, two
+                /// accumulators per token.
+                ///
+                /// # Safety
+                /// The CPU has the features `$feat`.
+                #[target_feature(enable = $feat)]
+                unsafe fn dots<const R: usize>(x: [&[f32]; R], w: &[$t]) -> [f32; R] {
+                    let n = x.iter().map(|r| r.len()).fold(w.len(), usize::min);
+                    let pw = w.as_ptr();
+                    let px = x.map(|r| r.as_ptr());
+                    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                    let mut i = 0;
+                    // Every load below: `i + 16 ≤ n` (`i + 8 ≤ n` in the second loop) before
+                    // the loads of w and of each token row, all at least `n` long.
+                    while i + 16 <= n {
+                        let $p = pw.add(i);
+                        let w0 = $load8;
+                        let $p = pw.add(i + 8);
+                        let w1 = $load8;
+                        for (acc, p) in acc.iter_mut().zip(px) {
+                            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(i)), w0, acc[0]);
+                            acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(i + 8)), w1, acc[1]);
+                        }
+                        i += 16;
+                    }
+                    if i + 8 <= n {
+                        let $p = pw.add(i);
+                        let w0 = $load8;
+                        for (acc, p) in acc.iter_mut().zip(px) {
+                            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(i)), w0, acc[0]);
+                        }
+                        i += 8;
+                    }
+                    let mut out = [0.0f32; R];
+                    for ((o, acc), r) in out.iter_mut().zip(acc).zip(x) {
+                        let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
+                        for (a, &$w) in r[i..n].iter().zip(&w[i..n]) {
+                            s = a.mul_add($one, s);
+                        }
+                        *o = s;
+                    }
+                    out
+                }
+
+                /// [`super::super::linear_block`] with the loops above: four tokens per pass
+                /// over a weight row, the rest one by one.
+                ///
+                /// # Safety
+                /// The CPU has the features `$feat`.
+                #[target_feature(enable = $feat)]
+                pub(in super::super) unsafe fn linear_block(
+                    x: &[f32],
+                    w: &[$t],
+                    k: usize,
+                    t: usize,
+                    n0: usize,
+                    cols: &mut [f32],
+                ) {
+                    for (j, col) in cols.chunks_exact_mut(t).enumerate() {
+                        let ahead = n0 + j + super::super::PREFETCH_ROWS;
+                        if let Some(r) = w.get(ahead * k..(ahead + 1) * k) {
+                            super::super::prefetch_row(r);
+                        }
+                        let wr = &w[(n0 + j) * k..(n0 + j + 1) * k];
+                        let row = |i: usize| &x[i * k..(i + 1) * k];
+                        let mut i = 0;
+                        while i + 4 <= t {
+                            let d = dots([row(i), row(i + 1), row(i + 2), row(i + 3)], wr);
+                            col[i..i + 4].copy_from_slice(&d);
+                            i += 4;
+                        }
+                        for (c, r) in col[i..].iter_mut().zip(i..t) {
+                            *c = dots([row(r)], wr)[0];
+                        }
+                    }
+                }
             }
-            i += 32;
-        }
-        while i + 8 <= n {
-            let (x, y) = unsafe { (_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i))) };
-            acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
-            i += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum(v);
-        for (x, y) in a[i..n].iter().zip(&b[i..n]) {
-            s = x.mul_add(*y, s);
-        }
-        s
+        };
     }
 
-    /// The dot products of one weight row `w` with four token rows (each at least as long):
-    /// every weight vector is loaded once for the four, two accumulators per token (eight
-    /// FMA chains).
-    #[target_feature(enable = "avx2,fma")]
-    fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
-        let n = x.iter().map(|r| r.len()).fold(w.len(), usize::min);
-        let pw = w.as_ptr();
-        let px = x.map(|r| r.as_ptr());
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        let mut i = 0;
-        // SAFETY (every load below): `i + 16 ≤ n` (`i + 8 ≤ n` in the tail loop) before the
-        // loads of w and of each token row, all at least `n` long.
-        while i + 16 <= n {
-            let (w0, w1) = unsafe { (_mm256_loadu_ps(pw.add(i)), _mm256_loadu_ps(pw.add(i + 8))) };
-            for (acc, p) in acc.iter_mut().zip(px) {
-                let (x0, x1) =
-                    unsafe { (_mm256_loadu_ps(p.add(i)), _mm256_loadu_ps(p.add(i + 8))) };
-                acc[0] = _mm256_fmadd_ps(x0, w0, acc[0]);
-                acc[1] = _mm256_fmadd_ps(x1, w1, acc[1]);
-            }
-            i += 16;
-        }
-        while i + 8 <= n {
-            let w0 = unsafe { _mm256_loadu_ps(pw.add(i)) };
-            for (acc, p) in acc.iter_mut().zip(px) {
-                acc[0] = _mm256_fmadd_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, w0, acc[0]);
-            }
-            i += 8;
-        }
-        let mut out = [0.0f32; 4];
-        for ((o, acc), r) in out.iter_mut().zip(acc).zip(x) {
-            let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
-            for (a, b) in r[i..n].iter().zip(&w[i..n]) {
-                s = a.mul_add(*b, s);
-            }
-            *o = s;
-        }
-        out
-    }
-
-    /// [`super::linear_block`] with the loops above: four tokens per pass over a weight row.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn linear_block(
-        x: &[f32],
-        w: &[f32],
-        k: usize,
-        t: usize,
-        n0: usize,
-        cols: &mut [f32],
-    ) {
-        for (j, col) in cols.chunks_exact_mut(t).enumerate() {
-            let ahead = n0 + j + super::PREFETCH_ROWS;
-            if let Some(r) = w.get(ahead * k..(ahead + 1) * k) {
-                super::prefetch_row(r);
-            }
-            let wr = &w[(n0 + j) * k..(n0 + j + 1) * k];
-            let row = |i: usize| &x[i * k..(i + 1) * k];
-            let mut i = 0;
-            while i + 4 <= t {
-                let d = dot4([row(i), row(i + 1), row(i + 2), row(i + 3)], wr);
-                col[i..i + 4].copy_from_slice(&d);
-                i += 4;
-            }
-            for (c, r) in col[i..].iter_mut().zip(i..t) {
-                *c = dot(row(r), wr);
-            }
-        }
-    }
+    weight_loops!(f32w, f32, "avx2,fma", |p| _mm256_loadu_ps(p), |w| w);
+    // bf16 is the high half of an f32: widen the 16-bit lanes and shift them up.
+    weight_loops!(
+        bf16w,
+        half::bf16,
+        "avx2,fma",
+        |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128(p.cast())
+        ))),
+        |w| w.to_f32()
+    );
+    weight_loops!(
+        f16w,
+        half::f16,
+        "avx2,fma,f16c",
+        |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+        |w| w.to_f32()
+    );
 }
 
-fn has_avx2_fma() -> bool {
+/// Which SIMD loops this CPU runs: (AVX2 + FMA, F16C as well).
+fn simd() -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        (avx2, avx2 && std::is_x86_feature_detected!("f16c"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        (false, false)
+    }
+}
+
+/// A block function: the columns of one rayon task (see [`linear_block`]).
+type BlockFn<T> = unsafe fn(&[f32], &[T], usize, usize, usize, &mut [f32]);
+
+/// A weight matrix as the host holds it.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    F32(&'a [f32]),
+    F16(&'a [half::f16]),
+    Bf16(&'a [half::bf16]),
+}
+
+fn weights(t: &Tensor) -> Weights<'_> {
+    match t.as_cpu() {
+        Some(CpuStorage::F32(v)) => Weights::F32(v),
+        Some(CpuStorage::F16(v)) => Weights::F16(v),
+        Some(CpuStorage::Bf16(v)) => Weights::Bf16(v),
+        _ => unreachable!("validated: an f32 / f16 / bf16 weight on the CPU"),
     }
 }
 
 /// `y = x·Wᵀ` transposed: `[N][T]` (`yt[j * t + i] = y[i][j]`), so that each weight row is
 /// read once for all tokens. Output features in blocks of 16, one rayon task each.
-fn product_t(x: &[f32], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
+fn product_t(x: &[f32], w: Weights<'_>, t: usize, k: usize, n: usize) -> Vec<f32> {
+    let (avx2, f16c) = simd();
+    #[cfg(target_arch = "x86_64")]
+    match w {
+        Weights::F32(w) => product_t_of(
+            x,
+            w,
+            t,
+            k,
+            n,
+            avx2.then_some(avx2::f32w::linear_block as BlockFn<f32>),
+        ),
+        Weights::Bf16(w) => product_t_of(
+            x,
+            w,
+            t,
+            k,
+            n,
+            avx2.then_some(avx2::bf16w::linear_block as BlockFn<half::bf16>),
+        ),
+        Weights::F16(w) => product_t_of(
+            x,
+            w,
+            t,
+            k,
+            n,
+            f16c.then_some(avx2::f16w::linear_block as BlockFn<half::f16>),
+        ),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (avx2, f16c);
+        match w {
+            Weights::F32(w) => product_t_of(x, w, t, k, n, None),
+            Weights::Bf16(w) => product_t_of(x, w, t, k, n, None),
+            Weights::F16(w) => product_t_of(x, w, t, k, n, None),
+        }
+    }
+}
+
+/// [`product_t`] for weights of type `T`, with the SIMD block function `fast` where the CPU
+/// has its features.
+fn product_t_of<T: WeightElem>(
+    x: &[f32],
+    w: &[T],
+    t: usize,
+    k: usize,
+    n: usize,
+    fast: Option<BlockFn<T>>,
+) -> Vec<f32> {
     const BLOCK: usize = 16;
     let mut yt = vec![0.0f32; n * t];
-    let avx2 = has_avx2_fma();
     yt.par_chunks_mut(BLOCK * t)
         .enumerate()
-        .for_each(|(b, cols)| {
-            let n0 = b * BLOCK;
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
-                unsafe { avx2::linear_block(x, w, k, t, n0, cols) };
-                return;
-            }
-            let _ = avx2;
-            linear_block(x, w, k, t, n0, cols);
+        .for_each(|(b, cols)| match fast {
+            // SAFETY: `fast` is given only when the CPU has its target features.
+            Some(f) => unsafe { f(x, w, k, t, b * BLOCK, cols) },
+            None => linear_block(x, w, k, t, b * BLOCK, cols),
         });
     yt
 }
@@ -340,7 +456,7 @@ pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result
         }
         None => &f32s(a.x)[..t * k],
     };
-    let yt = product_t(x, f32s(a.w), t, k, n);
+    let yt = product_t(x, weights(a.w), t, k, n);
     match out {
         LinearOutput::Store(o) => store_t(&yt, t, n, f32s_mut(o), false),
         LinearOutput::Accumulate(o) => store_t(&yt, t, n, f32s_mut(o), true),

@@ -143,7 +143,8 @@ pub(super) fn norm_check(x: &Tensor, weight: &Tensor, eps: f32, h: usize) -> Res
     Ok(())
 }
 
-/// A linear layer `p = x·Wᵀ` (`x [T, K]`, `weight [N, K]`, f32), its input rows first
+/// A linear layer `p = x·Wᵀ` (`x [T, K]` f32, `weight [N, K]` f32, or f16 / bf16 on the CPU,
+/// widened as it is read), its input rows first
 /// RMS-normed where `norm` is given, its product written as `out` says. On the GPUs each
 /// form is one launch; it allocates nothing, so a step built from it can be captured.
 ///
@@ -219,6 +220,22 @@ pub fn linear_fused(
 pub(super) fn dispatch(args: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<()> {
     if args.t == 0 || args.n == 0 {
         return Ok(());
+    }
+    let wd = args.w.dtype();
+    let gpu = matches!(
+        args.x.device(),
+        Device::Cuda(_) | Device::Vulkan(_) | Device::Wgpu(_)
+    );
+    if wd != DType::F32 && gpu {
+        return Err(Error::DType {
+            what: "linear weight",
+            got: wd.to_string(),
+            expected: format!(
+                "f32 on {:?} (f16 / bf16 weights run on the CPU, and on HIP through the host; \
+                 the GPU kernels read f32 weights)",
+                args.x.device().kind()
+            ),
+        });
     }
     match args.x.device() {
         Device::Cpu(_) => cpu::linear_fused(args, out),

@@ -194,7 +194,14 @@ fn linear_dims(x: &Tensor, weight: &Tensor) -> Result<(usize, usize, usize)> {
         ));
     }
     x.expect_dtype("linear input", DType::F32)?;
-    weight.expect_dtype("linear weight", DType::F32)?;
+    let wd = weight.dtype();
+    if !matches!(wd, DType::F32 | DType::F16 | DType::Bf16) {
+        return Err(Error::DType {
+            what: "linear weight",
+            got: wd.to_string(),
+            expected: "f32, f16 or bf16".into(),
+        });
+    }
     same_device("linear", x, weight)?;
     Ok((t, k, n))
 }

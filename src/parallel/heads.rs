@@ -49,10 +49,15 @@ impl HeadSharding {
     /// Splits `num_heads` query heads over `num_kv_heads` KV heads (a multiple of it) across
     /// `world_size` ranks.
     pub fn new(num_heads: usize, num_kv_heads: usize, world_size: usize) -> Result<Self> {
-        if world_size == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+        if world_size == 0
+            || world_size > num_heads
+            || num_kv_heads == 0
+            || num_heads % num_kv_heads != 0
+        {
             return Err(Error::config(format!(
                 "head sharding: {num_heads} query heads over {num_kv_heads} KV heads on \
-                 {world_size} ranks (need ≥ 1 rank and KV heads dividing the query heads)"
+                 {world_size} ranks (need 1 ..= query-head ranks and KV heads dividing the \
+                 query heads)"
             )));
         }
         let group = num_heads / num_kv_heads;
@@ -119,12 +124,25 @@ impl HeadSharding {
                 params.num_heads, params.num_kv_heads
             )));
         }
-        let slice = |v: &Option<Vec<f32>>| v.as_ref().map(|v| v[s.q_heads.clone()].to_vec());
+        let slice = |what: &str, v: &Option<Vec<f32>>| -> Result<Option<Vec<f32>>> {
+            v.as_ref()
+                .map(|v| {
+                    v.get(s.q_heads.clone())
+                        .map(<[f32]>::to_vec)
+                        .ok_or_else(|| {
+                            Error::config(format!(
+                                "head sharding: {what} has {} entries for {total} query heads",
+                                v.len()
+                            ))
+                        })
+                })
+                .transpose()
+        };
         Ok(AttentionParams {
             num_heads: s.num_heads(),
             num_kv_heads: s.num_kv_heads(),
-            alibi_slopes: slice(&params.alibi_slopes),
-            sinks: slice(&params.sinks),
+            alibi_slopes: slice("alibi_slopes", &params.alibi_slopes)?,
+            sinks: slice("sinks", &params.sinks)?,
             ..params.clone()
         })
     }
@@ -187,5 +205,8 @@ mod tests {
         assert_eq!(r1.sinks.unwrap(), [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
         assert!(s.params_for(&p, 2).is_err());
         assert!(s.params_for(&AttentionParams::new(8, 64, 2), 0).is_err());
+        p.sinks = Some(vec![0.0; 4]);
+        assert!(s.params_for(&p, 1).is_err());
+        assert!(HeadSharding::new(4, 2, usize::MAX).is_err());
     }
 }

@@ -2,7 +2,7 @@
 //! (`ncclCommInitAll`), each collective queued on the devices' own streams, after the work
 //! already queued there.
 //!
-//! NCCL is opened at run time. A machine without it reports "unavailable: <reason>" through
+//! NCCL is opened at run time. A machine without it reports "unavailable: …" (with the reason) through
 //! [`nccl_status`] and every constructor's error, never a panic. Why not cudarc's NCCL
 //! module: its loader looks for `libnccl.so` and CUDA-versioned names, not the
 //! `libnccl.so.2` soname that NCCL's packages (the pip wheels, Debian's libnccl2) install, so

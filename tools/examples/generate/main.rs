@@ -38,7 +38,7 @@ use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
 use polyattn::DType;
 
 use crate::glass::GlassTokenizer;
-use crate::model::{HostWeights, Llama, LlamaConfig};
+use crate::model::{HostWeights, Llama, LlamaConfig, LoadOptions};
 
 /// The embedded model's weights (glassllm 0.1.0 `en.npz`, MIT).
 pub const EMBEDDED_WEIGHTS: &[u8] = include_bytes!("fixtures/en.npz");
@@ -100,6 +100,10 @@ struct Args {
     /// checked against the unsharded model (`polyattn::parallel::heads`).
     #[arg(long, default_value_t = 1)]
     tensor_parallel: usize,
+    /// The projections' dtype: `f32`, or `bf16` / `f16` (half the bytes a decode step reads;
+    /// the CPU widens them as it reads; the GPU kernels read f32 weights so far).
+    #[arg(long, default_value = "f32", value_parser = parse_weight_dtype)]
+    weights: DType,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -191,6 +195,16 @@ fn load(model: &str) -> Result<Loaded, String> {
     }
 }
 
+/// `--weights`: f32, f16 or bf16.
+fn parse_weight_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::Bf16),
+        other => Err(format!("weights '{other}': use f32, f16 or bf16")),
+    }
+}
+
 /// The runner's sizes for `prompts` prompts of up to `max_len` tokens each.
 fn runner_config(args: &Args, max_len: usize, prompts: usize) -> RunnerConfig {
     let mut config = RunnerConfig {
@@ -214,12 +228,19 @@ fn run(args: Args) -> Result<(), String> {
     let mut config = loaded.config.clone();
     config.max_model_len = config.max_model_len.min(4096);
     if let Some(spec) = &args.backends {
-        if args.tensor_parallel != 1 {
-            return Err("--backends runs the unsharded model; drop --tensor-parallel".into());
+        if args.tensor_parallel != 1 || args.weights != DType::F32 {
+            return Err(
+                "--backends runs the unsharded f32 model; drop --tensor-parallel / --weights"
+                    .into(),
+            );
         }
         return run_comparison(&args, spec, loaded, config, &prompts);
     }
-    let model = Llama::load_sharded(config.clone(), loaded.weights, None, args.tensor_parallel)
+    let options = LoadOptions {
+        tensor_parallel: args.tensor_parallel,
+        weight_dtype: args.weights,
+    };
+    let model = Llama::load_with(config.clone(), loaded.weights, None, options)
         .map_err(|e| e.to_string())?;
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
@@ -340,7 +361,10 @@ fn run(args: Args) -> Result<(), String> {
         );
         machine.finish();
         let record = polyattn_tools::bench::generation::GenerationRecord {
-            model: loaded.name.clone(),
+            model: match (args.weights, args.tensor_parallel) {
+                (DType::F32, 1) => loaded.name.clone(),
+                (w, n) => format!("{} [{w} projections, {n} shard(s)]", loaded.name),
+            },
             backend: backend.name().to_string(),
             device: device.clone(),
             prompts: prompts.len(),
@@ -363,13 +387,9 @@ fn run(args: Args) -> Result<(), String> {
         "\n[polyattn] backend {} on {device}; model {}{}",
         backend.name(),
         loaded.name,
-        if args.tensor_parallel > 1 {
-            format!(
-                "; {} tensor-parallel shards on this one device",
-                args.tensor_parallel
-            )
-        } else {
-            String::new()
+        match (args.tensor_parallel, args.weights) {
+            (1, DType::F32) => String::new(),
+            (n, w) => format!("; {w} projections, {n} tensor-parallel shard(s) on this one device"),
         }
     );
     eprintln!(

@@ -6,7 +6,7 @@
 //! final RMSNorm and the output head (tied to the embedding or separate), one layer again.
 //! Four launches per layer besides attention's own ([`compute::linear_fused`]).
 //!
-//! With `tensor_parallel` N > 1 ([`Llama::load_sharded`]) each layer runs as N rank shards on
+//! With `tensor_parallel` N > 1 ([`Llama::load_with`]) each layer runs as N rank shards on
 //! the one device, as N GPUs would run it (`polyattn::parallel::heads`): a shard owns whole
 //! GQA groups (its rows of W_q / W_k / W_v, its own attention layer and KV cache, its columns
 //! of W_o) and a slice of the MLP (its rows of gate / up, its columns of down); every shard's
@@ -14,8 +14,9 @@
 //! all-reduce of the multi-GPU form done in place.
 //!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
-//! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32:
-//! both example models are small, and f32 makes greedy decoding agree across backends.
+//! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32 by
+//! default: both example models are small, and f32 makes greedy decoding agree across
+//! backends; [`LoadOptions::weight_dtype`] stores the projections in f16 or bf16 instead.
 //!
 //! One body ([`Llama::run`]) writes every activation into a [`Scratch`] through the
 //! operations' `_into` forms. `forward` gives it a fresh scratch; `forward_into` keeps one
@@ -95,6 +96,26 @@ pub struct HostWeights {
     pub final_norm: Vec<f32>,
     /// `[vocab, hidden]`, or `None` when tied to the embedding.
     pub lm_head: Option<Vec<f32>>,
+}
+
+/// How [`Llama::load_with`] lays the model out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Rank shards per layer on the one device (1: unsharded).
+    pub tensor_parallel: usize,
+    /// The projections' and the output head's dtype: f32, or f16 / bf16 (half the bytes a
+    /// decode step streams; the CPU widens them as it reads). Norms and the embedding stay
+    /// f32.
+    pub weight_dtype: DType,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            tensor_parallel: 1,
+            weight_dtype: DType::F32,
+        }
+    }
 }
 
 /// One layer on the device: its norms and its rank shards (one without tensor parallelism).
@@ -205,17 +226,21 @@ impl Llama {
         weights: HostWeights,
         backend: Option<BackendRef>,
     ) -> polyattn::Result<Self> {
-        Self::load_sharded(config, weights, backend, 1)
+        Self::load_with(config, weights, backend, LoadOptions::default())
     }
 
-    /// [`Llama::load`] with each layer split into `tensor_parallel` rank shards on the one
-    /// device (module docs); 1 is the unsharded model.
-    pub fn load_sharded(
+    /// [`Llama::load`] with `options`: each layer split into rank shards on the one device
+    /// (module docs), the projection weights stored in f16 or bf16.
+    pub fn load_with(
         config: LlamaConfig,
         weights: HostWeights,
         backend: Option<BackendRef>,
-        tensor_parallel: usize,
+        options: LoadOptions,
     ) -> polyattn::Result<Self> {
+        let LoadOptions {
+            tensor_parallel,
+            weight_dtype,
+        } = options;
         let c = &config;
         if weights.layers.len() != c.num_layers {
             return Err(polyattn::Error::Config(format!(
@@ -254,7 +279,27 @@ impl Llama {
         };
         let backend = first.backend_ref();
         let device = backend.device()?;
+        if !matches!(weight_dtype, DType::F32 | DType::F16 | DType::Bf16) {
+            return Err(polyattn::Error::Config(format!(
+                "weights in {weight_dtype}: the model stores f32, f16 or bf16 weights"
+            )));
+        }
+        if weight_dtype != DType::F32
+            && !matches!(
+                device.kind(),
+                polyattn::DeviceKind::Cpu | polyattn::DeviceKind::Hip
+            )
+        {
+            return Err(polyattn::Error::Config(format!(
+                "{weight_dtype} weights run on the CPU (and HIP through the host) so far; the \
+                 {:?} kernels read f32 weights (use --weights f32)",
+                device.kind()
+            )));
+        }
         let up = |data: &[f32], shape: &[usize]| Tensor::from_f32(&device, data, shape, DType::F32);
+        // The projections (and the output head): what a decode step streams.
+        let proj =
+            |data: &[f32], shape: &[usize]| Tensor::from_f32(&device, data, shape, weight_dtype);
         let (h, q, kv, i, d) = (
             c.hidden,
             c.num_heads * c.head_size,
@@ -305,10 +350,10 @@ impl Llama {
                 .concat();
                 shards.push(LayerShard {
                     attn,
-                    wqkv: up(&wqkv, &[qr.len() + 2 * kvr.len(), h])?,
-                    wo: up(&columns_of(&w.wo, q, qr.clone()), &[h, qr.len()])?,
-                    w_gate_up: up(&w_gate_up, &[2 * mlp.len(), h])?,
-                    w_down: up(&columns_of(&w.w_down, i, mlp.clone()), &[h, mlp.len()])?,
+                    wqkv: proj(&wqkv, &[qr.len() + 2 * kvr.len(), h])?,
+                    wo: proj(&columns_of(&w.wo, q, qr.clone()), &[h, qr.len()])?,
+                    w_gate_up: proj(&w_gate_up, &[2 * mlp.len(), h])?,
+                    w_down: proj(&columns_of(&w.w_down, i, mlp.clone()), &[h, mlp.len()])?,
                 });
             }
             layers.push(Layer {
@@ -320,9 +365,11 @@ impl Llama {
         Ok(Llama {
             embedding: up(&weights.embedding, &[c.vocab_size, h])?,
             final_norm: up(&weights.final_norm, &[h])?,
-            lm_head: match &weights.lm_head {
-                Some(w) => Some(up(w, &[c.vocab_size, h])?),
-                None => None,
+            // A tied head gets its own 16-bit copy: the embedding's gather reads f32.
+            lm_head: match (&weights.lm_head, weight_dtype) {
+                (Some(w), _) => Some(proj(w, &[c.vocab_size, h])?),
+                (None, DType::F32) => None,
+                (None, _) => Some(proj(&weights.embedding, &[c.vocab_size, h])?),
             },
             layers,
             sharding,
@@ -332,11 +379,6 @@ impl Llama {
             config,
             scratch: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// Rank shards per layer (the `tensor_parallel` it was loaded with).
-    pub fn tensor_parallel(&self) -> usize {
-        self.sharding.world_size()
     }
 
     /// The hyperparameters.

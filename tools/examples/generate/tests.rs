@@ -7,7 +7,7 @@ use polyattn::backend::Availability;
 use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
 use polyattn::BackendRef;
 
-use crate::model::Llama;
+use crate::model::{Llama, LoadOptions};
 use crate::{load_tiny, smollm, Loaded};
 
 /// Prints to stderr unbuffered (libtest captures print! of passing tests; coverage and SKIP
@@ -66,11 +66,15 @@ fn generate_sharded(
     runner: RunnerConfig,
     tensor_parallel: usize,
 ) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
-    let model = Llama::load_sharded(
+    let options = LoadOptions {
+        tensor_parallel,
+        ..LoadOptions::default()
+    };
+    let model = Llama::load_with(
         loaded.config.clone(),
         loaded.weights.clone(),
         backend,
-        tensor_parallel,
+        options,
     )?;
     let mut runner = ModelRunner::new(model, runner)?;
     let name = polyattn::runner::CausalLm::backend(runner.model())
@@ -314,9 +318,18 @@ fn tiny_model_tensor_parallel_shards_give_the_unsharded_tokens() {
     );
     // Shard counts the heads cannot take are errors, not panics.
     for n in [0, 64] {
-        let e = Llama::load_sharded(tiny.config.clone(), tiny.weights.clone(), Some(cpu()), n)
-            .err()
-            .unwrap_or_else(|| panic!("{n} shards accepted"));
+        let options = LoadOptions {
+            tensor_parallel: n,
+            ..LoadOptions::default()
+        };
+        let e = Llama::load_with(
+            tiny.config.clone(),
+            tiny.weights.clone(),
+            Some(cpu()),
+            options,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{n} shards accepted"));
         assert!(e.to_string().contains("head sharding"), "{e}");
     }
 }
