@@ -87,11 +87,11 @@ fn main(
         let w0 = unit_row(u, 0u) * kv;
         let w1 = unit_row(u, ROWS - 1u) * kv;
         for (var c = l; c < kv; c += LANES) {
-            let a = w[w0 + c];
+            let a = wload(w0 + c);
             var b = a;
             var gc = VT(1.0);
             if ROWS == 2u {
-                b = w[w1 + c];
+                b = wload(w1 + c);
             }
             if NORM {
                 gc = norm_w[c];

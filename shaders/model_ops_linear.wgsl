@@ -123,7 +123,7 @@ fn main(
             let k = k0 + c;
             var v = VT(0.0);
             if row != NO_ROW && k < kv {
-                v = w[row * kv + k];
+                v = wload(row * kv + k);
             }
             for (var j = 0u; j < V; j++) {
                 b_s[(c * V + j) * B_ROW + r] = lane(v, j);

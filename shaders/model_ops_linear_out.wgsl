@@ -58,7 +58,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<VT>;
-@group(0) @binding(2) var<storage, read> w: array<VT>;
+// Binding 2, the weight `w`, and its reader `wload(i) -> VT` come with the generated header
+// (f32 vectors, or 16-bit weights widened as they are read).
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 const OUT_PLAIN: u32 = 0u;

@@ -143,8 +143,8 @@ pub(super) fn norm_check(x: &Tensor, weight: &Tensor, eps: f32, h: usize) -> Res
     Ok(())
 }
 
-/// A linear layer `p = x·Wᵀ` (`x [T, K]` f32, `weight [N, K]` f32, or f16 / bf16 on the CPU,
-/// widened as it is read), its input rows first
+/// A linear layer `p = x·Wᵀ` (`x [T, K]` f32, `weight [N, K]` f32, or f16 / bf16 widened as
+/// it is read on every device but CUDA), its input rows first
 /// RMS-normed where `norm` is given, its product written as `out` says. On the GPUs each
 /// form is one launch; it allocates nothing, so a step built from it can be captured.
 ///
@@ -222,19 +222,13 @@ pub(super) fn dispatch(args: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<
         return Ok(());
     }
     let wd = args.w.dtype();
-    let gpu = matches!(
-        args.x.device(),
-        Device::Cuda(_) | Device::Vulkan(_) | Device::Wgpu(_)
-    );
-    if wd != DType::F32 && gpu {
+    if wd != DType::F32 && matches!(args.x.device(), Device::Cuda(_)) {
         return Err(Error::DType {
             what: "linear weight",
             got: wd.to_string(),
-            expected: format!(
-                "f32 on {:?} (f16 / bf16 weights run on the CPU, and on HIP through the host; \
-                 the GPU kernels read f32 weights)",
-                args.x.device().kind()
-            ),
+            expected: "f32 on CUDA (f16 / bf16 weights run on the CPU, HIP through the host, \
+                       Vulkan and wgpu; the CUDA kernels read f32 weights)"
+                .into(),
         });
     }
     match args.x.device() {

@@ -31,10 +31,11 @@ use super::{LinearOutput, Rope, RopeStyle};
 use crate::device::wgsl::WgslDeviceInfo;
 use crate::device::wgsl::{Dispatch, LoopBounding, WgslRuntime, Words};
 use crate::device::Tensor;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{
-    LinearEpilogue, LinearFusion, ModelShader, GEMV_FEATURES_PER_GROUP, GEMV_MAX_TOKENS,
-    LINEAR_TILE, MODEL_WORKGROUP,
+    LinearEpilogue, LinearFusion, LinearWeights, ModelShader, GEMV_FEATURES_PER_GROUP,
+    GEMV_MAX_TOKENS, LINEAR_TILE, MODEL_WORKGROUP,
 };
 
 /// `v` as a u32 kernel parameter, or an error naming it.
@@ -397,6 +398,11 @@ pub(super) fn linear_fused<R: WgslRuntime>(
     let fusion = LinearFusion {
         norm: a.norm.is_some(),
         epilogue,
+        weights: match a.w.dtype() {
+            DType::F16 => LinearWeights::F16,
+            DType::Bf16 => LinearWeights::Bf16,
+            _ => LinearWeights::F32,
+        },
     };
     if !fusion.is_plain() {
         // The set's every binding is bound: a placeholder (one per binding) where this form

@@ -60,25 +60,40 @@ pub enum LinearEpilogue {
     RopeSplit,
 }
 
+/// The element type of a linear kernel's weight: f32, or 16-bit weights widened to f32 as
+/// they are read (`wload` in the generated header), so a GEMV streams half the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinearWeights {
+    /// f32 weights.
+    F32,
+    /// IEEE half weights (`unpack2x16float`; no `shader-f16` feature needed).
+    F16,
+    /// bfloat16 weights (the high half of an f32: a shift).
+    Bf16,
+}
+
 /// What a linear kernel folds in around its product: an RMSNorm of its input rows, and its
-/// output step.
+/// output step; and the type of its weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LinearFusion {
     /// The input rows are RMS-normed inside the kernel.
     pub norm: bool,
     /// What becomes of the product.
     pub epilogue: LinearEpilogue,
+    /// The weight's element type.
+    pub weights: LinearWeights,
 }
 
 impl LinearFusion {
-    /// No norm, the product stored or added: what [`ModelShader::LinearTiled`] and
-    /// [`ModelShader::LinearGemv`] run.
+    /// No norm, the product stored or added, f32 weights: what [`ModelShader::LinearTiled`]
+    /// and [`ModelShader::LinearGemv`] run.
     pub const PLAIN: LinearFusion = LinearFusion {
         norm: false,
         epilogue: LinearEpilogue::Plain,
+        weights: LinearWeights::F32,
     };
 
-    /// Every fusion, [`LinearFusion::PLAIN`] first.
+    /// Every fusion with f32 weights, [`LinearFusion::PLAIN`] first.
     pub fn all() -> Vec<LinearFusion> {
         let mut v = Vec::new();
         for epilogue in [
@@ -87,7 +102,11 @@ impl LinearFusion {
             LinearEpilogue::RopeSplit,
         ] {
             for norm in [false, true] {
-                v.push(LinearFusion { norm, epilogue });
+                v.push(LinearFusion {
+                    norm,
+                    epilogue,
+                    weights: LinearWeights::F32,
+                });
             }
         }
         v
@@ -139,7 +158,47 @@ impl LinearFusion {
             LinearEpilogue::SwiGlu => " swiglu",
             LinearEpilogue::RopeSplit => " rope_split",
         };
-        format!("{norm}{out}")
+        let w = match self.weights {
+            LinearWeights::F32 => "",
+            LinearWeights::F16 => " w-f16",
+            LinearWeights::Bf16 => " w-bf16",
+        };
+        format!("{norm}{out}{w}")
+    }
+
+    /// The weight binding (2) and its reader `wload(i) -> VT` (vector `i` of V elements).
+    fn weight_header(self, vec4: bool) -> String {
+        let decl = |ty: &str| format!("@group(0) @binding(2) var<storage, read> w: array<{ty}>;\n");
+        match (self.weights, vec4) {
+            (LinearWeights::F32, _) => {
+                decl("VT") + "fn wload(i: u32) -> VT {\n    return w[i];\n}\n"
+            }
+            // bf16 → f32: the 16 bits become the f32's high half.
+            (LinearWeights::Bf16, true) => {
+                decl("vec2<u32>")
+                    + "fn wload(i: u32) -> VT {\n    let p = w[i];\n    return vec4<f32>(\
+                       bitcast<f32>(p.x << 16u), bitcast<f32>(p.x & 0xffff0000u), \
+                       bitcast<f32>(p.y << 16u), bitcast<f32>(p.y & 0xffff0000u));\n}\n"
+            }
+            (LinearWeights::Bf16, false) => {
+                decl("u32")
+                    + "fn wload(i: u32) -> VT {\n    let p = w[i >> 1u];\n    return \
+                       bitcast<f32>(select(p << 16u, p & 0xffff0000u, (i & 1u) == 1u));\n}\n"
+            }
+            (LinearWeights::F16, true) => {
+                decl("vec2<u32>")
+                    + F16_TO_F32
+                    + "fn wload(i: u32) -> VT {\n    let p = w[i];\n    return vec4<f32>(\
+                       h2f(p.x & 0xffffu), h2f(p.x >> 16u), h2f(p.y & 0xffffu), \
+                       h2f(p.y >> 16u));\n}\n"
+            }
+            (LinearWeights::F16, false) => {
+                decl("u32")
+                    + F16_TO_F32
+                    + "fn wload(i: u32) -> VT {\n    let p = w[i >> 1u];\n    return \
+                       h2f(select(p & 0xffffu, p >> 16u, (i & 1u) == 1u));\n}\n"
+            }
+        }
     }
 
     /// The header lines of `model_ops_linear_out.wgsl`: NORM, OUT, and the optional
@@ -171,6 +230,17 @@ impl LinearFusion {
         s
     }
 }
+
+/// An IEEE half's bits as f32, by bit arithmetic. Why not `unpack2x16float`: naga validates it
+/// only with the `SHADER_FLOAT16_IN_FLOAT32` capability, which adapters without f16 lack.
+/// Normal numbers move exponent and mantissa into place; subnormals (exponent 0) are
+/// `m · 2⁻²⁴`, exact in f32; exponent 31 is ±inf / NaN.
+const F16_TO_F32: &str = "fn h2f(h: u32) -> f32 {\n    let s = (h & 0x8000u) << 16u;\n    \
+    let e = (h >> 10u) & 0x1fu;\n    let m = h & 0x3ffu;\n    \
+    let normal = s | ((e + 112u) << 23u) | (m << 13u);\n    \
+    let special = s | 0x7f800000u | (m << 13u);\n    \
+    let sub = s | bitcast<u32>(f32(m) * 5.9604645e-8);\n    \
+    return bitcast<f32>(select(select(normal, special, e == 31u), sub, e == 0u));\n}\n";
 
 /// One specialisation of the model operations' shaders (`shaders/model_ops_*.wgsl`, used by
 /// `crate::compute`). `vec4` selects loads of four f32 at a time, which needs the row
@@ -300,13 +370,22 @@ impl ModelShader {
     }
 
     /// Every specialisation (for the catalog): each linear kernel once (the plain forms
-    /// under their plain variants).
+    /// under their plain variants), with 16-bit weights in the GEMV and the tiled form.
     pub fn all() -> Vec<ModelShader> {
         let mut v = Vec::new();
         for vec4 in [true, false] {
             for fusion in LinearFusion::all() {
                 for t in [GEMV_MAX_TOKENS + 1, 1, 5, GEMV_MAX_TOKENS] {
                     v.push(ModelShader::linear(vec4, t, fusion));
+                }
+                for weights in [LinearWeights::F16, LinearWeights::Bf16] {
+                    for t in [GEMV_MAX_TOKENS + 1, 1] {
+                        v.push(ModelShader::linear(
+                            vec4,
+                            t,
+                            LinearFusion { weights, ..fusion },
+                        ));
+                    }
                 }
             }
             v.extend([
@@ -409,8 +488,9 @@ impl ModelShader {
             | ModelShader::LinearGemv { .. }
             | ModelShader::LinearFusedTiled { .. }
             | ModelShader::LinearFusedGemv { .. } => {
-                let (_, tok4, fusion) = self.linear_form().expect("a linear kernel");
+                let (vec4, tok4, fusion) = self.linear_form().expect("a linear kernel");
                 s += &fusion.header();
+                s += &fusion.weight_header(vec4);
                 match tok4 {
                     None => {
                         s += &consts(&[
@@ -528,9 +608,10 @@ mod tests {
         let all = ModelShader::all();
         let keys: std::collections::HashSet<String> = all.iter().map(|s| s.key()).collect();
         assert_eq!(keys.len(), all.len());
-        // Every fusion in both kernels and load widths, each GEMV width.
+        // Every fusion in both kernels and load widths, each GEMV width; with f16 and bf16
+        // weights, one GEMV and the tiled form.
         let linear = all.iter().filter(|s| s.linear_form().is_some()).count();
-        assert_eq!(linear, 2 * LinearFusion::all().len() * 4);
+        assert_eq!(linear, 2 * LinearFusion::all().len() * (4 + 2 * 2));
         // The fused variants with nothing folded in are the plain kernels.
         for vec4 in [true, false] {
             let pairs = [
