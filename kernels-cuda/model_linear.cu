@@ -24,6 +24,9 @@
 // Layout (row-major, dense, 256-byte aligned allocations): x [T][K], W [N][K] (PyTorch's
 // [out_features][in_features]), outputs as above. `vec4` says that K is a multiple of 4 and
 // x, W, norm are 16-byte aligned (checked on the host): the kernels then move float4s.
+// W's element type is a build option, -DLIN_W: 0 f32 (default), 1 f16, 2 bf16. 16-bit
+// weights are widened to f32 as they are loaded (lin_w4 / lin_w1: a vec4 load reads 8 bytes),
+// so a GEMV streams half the bytes; everything after the load is the f32 kernel's.
 //
 // Algorithms:
 //   * model_linear_tiled (T > 16): 64×64 output tile per 256-thread block, K in steps of 16.
@@ -69,9 +72,13 @@
 #define LIN_SWIGLU 2
 #define LIN_ROPE 3
 
+#ifndef LIN_W
+#define LIN_W 0
+#endif
+
 struct LinearParams {
     const float* x;
-    const float* w;
+    const float* w;          // LIN_W's element type (f32, or f16 / bf16 bits)
     float* y;                // store / accumulate / swiglu output; rope: q
     float* y2;               // rope: k
     float* y3;               // rope: v
@@ -158,6 +165,35 @@ __device__ __forceinline__ float4 lin_scale4(float4 v, float inv, float4 g) {
     return make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
 }
 
+// One weight element as f32 (LIN_W's type widened).
+__device__ __forceinline__ float lin_w1(const LinearParams& p, pa_i64 e) {
+#if LIN_W == 0
+    return pa_ldg(p.w + e);
+#elif LIN_W == 1
+    return pa_f16_to_f32(pa_ldg((const pa_u16*)(const void*)p.w + e));
+#else
+    return pa_bf16_to_f32(pa_ldg((const pa_u16*)(const void*)p.w + e));
+#endif
+}
+
+// Weight elements e..e+3 (e a multiple of 4, vec4 alignment) as f32.
+__device__ __forceinline__ float4 lin_w4(const LinearParams& p, pa_i64 e) {
+#if LIN_W == 0
+    return pa_ldg((const float4*)(p.w + e));
+#else
+    const uint2 u = pa_ldg((const uint2*)((const pa_u16*)(const void*)p.w + e));
+    const pa_u16 h[4] = {(pa_u16)(u.x & 0xffffu), (pa_u16)(u.x >> 16), (pa_u16)(u.y & 0xffffu),
+                         (pa_u16)(u.y >> 16)};
+#if LIN_W == 1
+    return make_float4(pa_f16_to_f32(h[0]), pa_f16_to_f32(h[1]), pa_f16_to_f32(h[2]),
+                       pa_f16_to_f32(h[3]));
+#else
+    return make_float4(pa_bf16_to_f32(h[0]), pa_bf16_to_f32(h[1]), pa_bf16_to_f32(h[2]),
+                       pa_bf16_to_f32(h[3]));
+#endif
+#endif
+}
+
 __device__ __forceinline__ float lin_dot4(float4 w, float4 x, float s) {
     s = fmaf(w.x, x.x, s);
     s = fmaf(w.y, x.y, s);
@@ -237,7 +273,7 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
                 a = pa_ldg((const float4*)(p.x + (m0 + r) * p.k + k0 + c));
                 if (p.norm) a = lin_scale4(a, inv_sh[r], pa_ldg((const float4*)(p.norm + k0 + c)));
             }
-            if (wr >= 0 && kin) b = pa_ldg((const float4*)(p.w + wr * p.k + k0 + c));
+            if (wr >= 0 && kin) b = lin_w4(p, wr * p.k + k0 + c);
             as[c + 0][r] = a.x;
             as[c + 1][r] = a.y;
             as[c + 2][r] = a.z;
@@ -261,7 +297,7 @@ extern "C" __global__ void PA_LAUNCH_BOUNDS(MO_THREADS, 1) model_linear_tiled(co
                     if (p.norm) a = a * inv_sh[r] * pa_ldg(p.norm + k0 + c);
                 }
                 as[c][r] = a;
-                bs[c][r] = (wr >= 0 && kin) ? pa_ldg(p.w + wr * p.k + k0 + c) : 0.0f;
+                bs[c][r] = (wr >= 0 && kin) ? lin_w1(p, wr * p.k + k0 + c) : 0.0f;
             }
         }
         __syncthreads();
@@ -353,8 +389,8 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
         if (active && p.vec4) {
             const int kv = p.k / 4;
             const int step = S * PA_WAVE;
-            const float4* w0 = (const float4*)(p.w + (pa_i64)r0 * p.k);
-            const float4* w1 = (const float4*)(p.w + (pa_i64)r1 * p.k);
+            const pa_i64 w0 = (pa_i64)r0 * p.k;
+            const pa_i64 w1 = (pa_i64)r1 * p.k;
             const float4* xr = (const float4*)p.x;
             for (int base = part * PA_WAVE + lane; base < kv; base += CHUNK * step) {
                 // Every weight load of the chunk is issued before the first is used.
@@ -364,8 +400,8 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
                 for (int j = 0; j < CHUNK; ++j) {
                     const int c = base + j * step;
                     const bool in = c < kv;
-                    wa[j] = in ? pa_ldg(w0 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    wb[j] = in ? pa_ldg(w1 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    wa[j] = in ? lin_w4(p, w0 + 4 * (pa_i64)c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    wb[j] = in ? lin_w4(p, w1 + 4 * (pa_i64)c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
                 for (int j = 0; j < CHUNK; ++j) {
@@ -387,12 +423,12 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
                 }
             }
         } else if (active) {
-            const float* w0 = p.w + (pa_i64)r0 * p.k;
-            const float* w1 = p.w + (pa_i64)r1 * p.k;
+            const pa_i64 w0 = (pa_i64)r0 * p.k;
+            const pa_i64 w1 = (pa_i64)r1 * p.k;
 #pragma unroll 2
             for (int c = part * PA_WAVE + lane; c < p.k; c += S * PA_WAVE) {
-                const float wa = pa_ldg(w0 + c);
-                const float wb = pa_ldg(w1 + c);
+                const float wa = lin_w1(p, w0 + c);
+                const float wb = lin_w1(p, w1 + c);
                 const float g = NORM ? pa_ldg(p.norm + c) : 0.0f;
 #pragma unroll
                 for (int tt = 0; tt < MAXT; ++tt) {

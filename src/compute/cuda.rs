@@ -25,11 +25,13 @@ use super::fused_linear::FusedLinear;
 use super::{LinearOutput, Rope, RopeStyle};
 use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    gemv_entry, gemv_split, ArgmaxParams, EltwiseParams, GatherParams, LinearEpilogue,
-    LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SwigluParams, ARGMAX_THREADS,
-    GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
+    gemv_entry, gemv_split, linear_weight_options, ArgmaxParams, EltwiseParams, GatherParams,
+    LinearEpilogue, LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SwigluParams,
+    ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS,
+    MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -68,12 +70,24 @@ fn launch<P: bytemuck::Pod>(
     block: u32,
     params: &P,
 ) -> Result<()> {
+    launch_built(dev, name, &[], grid, block, params)
+}
+
+/// [`launch`] of a module built with `options` (`model_linear.cu`'s weight type).
+fn launch_built<P: bytemuck::Pod>(
+    dev: &CudaDevice,
+    name: &str,
+    options: &[&str],
+    grid: (u32, u32, u32),
+    block: u32,
+    params: &P,
+) -> Result<()> {
     let source = if name.starts_with("model_linear") {
         &MODEL_LINEAR
     } else {
         &MODEL_OPS
     };
-    let f = runtime::function(dev, source, &[], name)?;
+    let f = runtime::function(dev, source, options, name)?;
     let cfg = LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
@@ -163,7 +177,13 @@ pub(super) fn rms_norm(
 
 /// Launches `model_linear.cu` for `params`: a GEMV up to [`GEMV_MAX_TOKENS`] tokens (a warp
 /// per pair of weight rows), the tiled kernel above (64 rows, or 32 pairs, per tile column).
-fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
+/// Launches the GEMV or tiled form of `params` for weights of `weight` type.
+fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Result<()> {
+    let options = linear_weight_options(weight).ok_or_else(|| Error::DType {
+        what: "linear weight",
+        got: weight.to_string(),
+        expected: "f32, f16 or bf16".into(),
+    })?;
     let (t, n) = (params.t as usize, params.n as usize);
     let pairs = params.epilogue == LinearEpilogue::SwiGlu as i32
         || params.epilogue == LinearEpilogue::RopeSplit as i32;
@@ -176,9 +196,10 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
         let split = gemv_split(units, dev.sm_count() as usize);
         let per_block = if split { 1 } else { GEMV_THREADS as usize / 32 };
         let blocks = units.div_ceil(per_block).min(i32::MAX as usize) as u32;
-        launch(
+        launch_built(
             dev,
             gemv_entry(t, params.norm != 0, split),
+            options,
             (blocks, 1, 1),
             GEMV_THREADS,
             params,
@@ -197,9 +218,10 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams) -> Result<()> {
             )));
         }
         let gx = i32_of("linear tiles", cols)? as u32;
-        launch(
+        launch_built(
             dev,
             "model_linear_tiled",
+            options,
             (gx, gy as u32, 1),
             MODEL_THREADS,
             params,
@@ -262,7 +284,7 @@ pub(super) fn linear_fused(
             params.interleaved = i32::from(rope.style == RopeStyle::Interleaved);
         }
     }
-    launch_linear(dev, &params)
+    launch_linear(dev, &params, a.w.dtype())
 }
 
 #[allow(clippy::too_many_arguments)]

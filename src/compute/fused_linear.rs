@@ -143,8 +143,8 @@ pub(super) fn norm_check(x: &Tensor, weight: &Tensor, eps: f32, h: usize) -> Res
     Ok(())
 }
 
-/// A linear layer `p = x·Wᵀ` (`x [T, K]` f32, `weight [N, K]` f32, or f16 / bf16 widened as
-/// it is read on every device but CUDA), its input rows first
+/// A linear layer `p = x·Wᵀ` (`x [T, K]` f32, `weight [N, K]` f32, or f16 / bf16 widened to
+/// f32 as it is read), its input rows first
 /// RMS-normed where `norm` is given, its product written as `out` says. On the GPUs each
 /// form is one launch; it allocates nothing, so a step built from it can be captured.
 ///
@@ -220,16 +220,6 @@ pub fn linear_fused(
 pub(super) fn dispatch(args: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result<()> {
     if args.t == 0 || args.n == 0 {
         return Ok(());
-    }
-    let wd = args.w.dtype();
-    if wd != DType::F32 && matches!(args.x.device(), Device::Cuda(_)) {
-        return Err(Error::DType {
-            what: "linear weight",
-            got: wd.to_string(),
-            expected: "f32 on CUDA (f16 / bf16 weights run on the CPU, HIP through the host, \
-                       Vulkan and wgpu; the CUDA kernels read f32 weights)"
-                .into(),
-        });
     }
     match args.x.device() {
         Device::Cpu(_) => cpu::linear_fused(args, out),

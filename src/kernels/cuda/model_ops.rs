@@ -60,6 +60,18 @@ pub fn gemv_split(pairs: usize, sms: usize) -> bool {
 /// (benches/RESULTS.md has the comparison).
 pub const GEMV_SPLIT_WAVES: usize = 4;
 
+/// The build options of `model_linear.cu` for weights of `dtype` (`-DLIN_W`: f32 by default,
+/// f16 or bf16 widened as they are loaded); `None` for another dtype.
+pub fn linear_weight_options(dtype: crate::dtype::DType) -> Option<&'static [&'static str]> {
+    use crate::dtype::DType;
+    match dtype {
+        DType::F32 => Some(&[]),
+        DType::F16 => Some(&["-DLIN_W=1"]),
+        DType::Bf16 => Some(&["-DLIN_W=2"]),
+        _ => None,
+    }
+}
+
 /// What `model_linear.cu` does with its product (`LinearParams::epilogue`, the `LIN_*`
 /// codes there).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -101,7 +101,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     tensor_parallel: usize,
     /// The projections' dtype: `f32`, or `bf16` / `f16` (half the bytes a decode step reads;
-    /// widened as they are read; CPU, HIP, Vulkan and wgpu; the CUDA kernels read f32 so far).
+    /// widened to f32 as they are read).
     #[arg(long, default_value = "f32", value_parser = parse_weight_dtype)]
     weights: DType,
     /// Prompts (default: "Once upon a time").

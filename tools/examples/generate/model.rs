@@ -284,12 +284,6 @@ impl Llama {
                 "weights in {weight_dtype}: the model stores f32, f16 or bf16 weights"
             )));
         }
-        if weight_dtype != DType::F32 && device.kind() == polyattn::DeviceKind::Cuda {
-            return Err(polyattn::Error::Config(format!(
-                "{weight_dtype} weights run on the CPU, HIP, Vulkan and wgpu so far; the CUDA \
-                 kernels read f32 weights (use --weights f32)"
-            )));
-        }
         let up = |data: &[f32], shape: &[usize]| Tensor::from_f32(&device, data, shape, DType::F32);
         // The projections (and the output head): what a decode step streams.
         let proj =
