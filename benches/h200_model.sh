@@ -8,7 +8,7 @@
 # SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
 # (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
 # Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, sanitize, graphs,
-# identity, attention, tiny, smollm2, speed, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# identity, attention, tiny, smollm2, speed, weights, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 OUT=${OUT:-/tmp/h200}
@@ -60,6 +60,18 @@ for p in "$@"; do
         [ "$tag" = cuda-serial ] && dl=0 && json="$OUT/generate-h200-serial.jsonl"
         for n in 1 8; do
           run "smollm2-$tag-$n" 180 env POLYATTN_BACKEND=$be POLYATTN_CUDA_DEPENDENT_LAUNCH=$dl $B/example-generate --model smollm2 --max-tokens 128 --roofline $flag --json "$json" "${P[@]:0:$n}"
+        done
+      done ;;
+    weights)
+      # The projections in bf16 / f16 (half the bytes a decode step reads) against f32, same
+      # lease, interleaved, on every backend that runs them.
+      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for be in cuda vulkan wgpu cpu; do
+        for n in 1 8; do
+          for w in f32 bf16 f16; do
+            run "smollm2-$be-$w-$n" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --roofline --weights $w --json "$OUT/generate-h200-weights.jsonl" "${P[@]:0:$n}"
+          done
         done
       done ;;
     profile)
