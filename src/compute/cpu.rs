@@ -205,10 +205,9 @@ fn linear_block<T: WeightElem>(
 /// 128-bit lanes with shuffles and accumulator spills to the stack, which held a decode GEMV
 /// well under the DRAM rate.
 ///
-/// Every token's dot product runs the same sequence of operations (two 8-wide accumulators
-/// over 16-element steps, an 8-element step, the lane sum, a scalar tail) whether it is
-/// computed alone or with three others, so a request's result does not depend on its row in
-/// the batch or on the batch's size.
+/// Every (weight row, token) dot product runs the same sequence of operations (one 8-wide
+/// accumulator, the lane sum, a scalar tail) whatever rows and tokens it is computed with, so
+/// a request's result does not depend on its row in the batch or on the batch's size.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -228,53 +227,85 @@ mod avx2 {
             pub(super) mod $m {
                 use super::*;
 
-                /// The dot products of one weight row `w` with `R` token rows (each at least
-                /// as long): every weight vector is loaded once for the `R` tokens, two
-                /// accumulators per token.
+                /// The dot products of `NR` weight rows with `NT` token rows (all at least
+                /// `n` long): every weight vector is loaded once for the `NT` tokens and every
+                /// token vector once for the `NR` rows, one accumulator per (row, token).
                 ///
                 /// # Safety
-                /// The CPU has the features `$feat`.
+                /// The CPU has the features `$feat`; every row holds at least `n` elements.
                 #[target_feature(enable = $feat)]
-                unsafe fn dots<const R: usize>(x: [&[f32]; R], w: &[$t]) -> [f32; R] {
-                    let n = x.iter().map(|r| r.len()).fold(w.len(), usize::min);
-                    let pw = w.as_ptr();
+                unsafe fn dots<const NR: usize, const NT: usize>(
+                    w: [&[$t]; NR],
+                    x: [&[f32]; NT],
+                    n: usize,
+                ) -> [[f32; NT]; NR] {
+                    let pw = w.map(|r| r.as_ptr());
                     let px = x.map(|r| r.as_ptr());
-                    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                    let mut acc = [[_mm256_setzero_ps(); NT]; NR];
                     let mut i = 0;
-                    // Every load below: `i + 16 ≤ n` (`i + 8 ≤ n` in the second loop) before
-                    // the loads of w and of each token row, all at least `n` long.
-                    while i + 16 <= n {
-                        let $p = pw.add(i);
-                        let w0 = $load8;
-                        let $p = pw.add(i + 8);
-                        let w1 = $load8;
-                        for (acc, p) in acc.iter_mut().zip(px) {
-                            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(i)), w0, acc[0]);
-                            acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(i + 8)), w1, acc[1]);
+                    // Every load below: `i + 8 ≤ n` before it, and every row holds n.
+                    while i + 8 <= n {
+                        let mut xv = [_mm256_setzero_ps(); NT];
+                        for (v, p) in xv.iter_mut().zip(px) {
+                            *v = _mm256_loadu_ps(p.add(i));
                         }
-                        i += 16;
-                    }
-                    if i + 8 <= n {
-                        let $p = pw.add(i);
-                        let w0 = $load8;
-                        for (acc, p) in acc.iter_mut().zip(px) {
-                            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(i)), w0, acc[0]);
+                        for (acc, p) in acc.iter_mut().zip(pw) {
+                            let $p = p.add(i);
+                            let wv = $load8;
+                            for (a, v) in acc.iter_mut().zip(xv) {
+                                *a = _mm256_fmadd_ps(v, wv, *a);
+                            }
                         }
                         i += 8;
                     }
-                    let mut out = [0.0f32; R];
-                    for ((o, acc), r) in out.iter_mut().zip(acc).zip(x) {
-                        let mut s = hsum(_mm256_add_ps(acc[0], acc[1]));
-                        for (a, &$w) in r[i..n].iter().zip(&w[i..n]) {
-                            s = a.mul_add($one, s);
+                    let mut out = [[0.0f32; NT]; NR];
+                    for ((o, acc), wr) in out.iter_mut().zip(acc).zip(w) {
+                        for ((o, a), xr) in o.iter_mut().zip(acc).zip(x) {
+                            let mut s = hsum(a);
+                            for (xe, &$w) in xr[i..n].iter().zip(&wr[i..n]) {
+                                s = xe.mul_add($one, s);
+                            }
+                            *o = s;
                         }
-                        *o = s;
                     }
                     out
                 }
 
-                /// [`super::super::linear_block`] with the loops above: four tokens per pass
-                /// over a weight row, the rest one by one.
+                /// The tokens of one block of weight rows, `NR` rows at a time.
+                ///
+                /// # Safety
+                /// As [`dots`].
+                #[target_feature(enable = $feat)]
+                unsafe fn rows<const NR: usize>(
+                    x: &[f32],
+                    w: [&[$t]; NR],
+                    k: usize,
+                    t: usize,
+                    cols: [&mut [f32]; NR],
+                ) {
+                    let row = |i: usize| &x[i * k..(i + 1) * k];
+                    let mut cols = cols;
+                    let mut i = 0;
+                    while i + 4 <= t {
+                        let d = dots(w, [row(i), row(i + 1), row(i + 2), row(i + 3)], k);
+                        for (c, d) in cols.iter_mut().zip(d) {
+                            c[i..i + 4].copy_from_slice(&d);
+                        }
+                        i += 4;
+                    }
+                    while i < t {
+                        let d = dots(w, [row(i)], k);
+                        for (c, d) in cols.iter_mut().zip(d) {
+                            c[i] = d[0];
+                        }
+                        i += 1;
+                    }
+                }
+
+                /// [`super::super::linear_block`] with the loops above: two weight rows and
+                /// four tokens per pass. Every (row, token) product runs the same sequence
+                /// (one 8-wide accumulator, the lane sum, a scalar tail) whatever rows and
+                /// tokens it is computed with.
                 ///
                 /// # Safety
                 /// The CPU has the features `$feat`.
@@ -287,22 +318,22 @@ mod avx2 {
                     n0: usize,
                     cols: &mut [f32],
                 ) {
-                    for (j, col) in cols.chunks_exact_mut(t).enumerate() {
-                        let ahead = n0 + j + super::super::PREFETCH_ROWS;
-                        if let Some(r) = w.get(ahead * k..(ahead + 1) * k) {
-                            super::super::prefetch_row(r);
+                    let wrow = |j: usize| &w[(n0 + j) * k..(n0 + j + 1) * k];
+                    let mut pairs = cols.chunks_exact_mut(2 * t);
+                    let mut j = 0;
+                    for pair in &mut pairs {
+                        for ahead in [j, j + 1].map(|r| n0 + r + super::super::PREFETCH_ROWS) {
+                            if let Some(r) = w.get(ahead * k..(ahead + 1) * k) {
+                                super::super::prefetch_row(r);
+                            }
                         }
-                        let wr = &w[(n0 + j) * k..(n0 + j + 1) * k];
-                        let row = |i: usize| &x[i * k..(i + 1) * k];
-                        let mut i = 0;
-                        while i + 4 <= t {
-                            let d = dots([row(i), row(i + 1), row(i + 2), row(i + 3)], wr);
-                            col[i..i + 4].copy_from_slice(&d);
-                            i += 4;
-                        }
-                        for (c, r) in col[i..].iter_mut().zip(i..t) {
-                            *c = dots([row(r)], wr)[0];
-                        }
+                        let (c0, c1) = pair.split_at_mut(t);
+                        rows(x, [wrow(j), wrow(j + 1)], k, t, [c0, c1]);
+                        j += 2;
+                    }
+                    let last = pairs.into_remainder();
+                    if !last.is_empty() {
+                        rows(x, [wrow(j)], k, t, [last]);
                     }
                 }
             }
