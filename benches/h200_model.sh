@@ -11,21 +11,7 @@
 # identity, attention, tiny, smollm2, speed, weights, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
-OUT=${OUT:-/tmp/h200}
-B=${B:-.devlead}
-mkdir -p "$OUT"
-export POLYATTN_CACHE_DIR=/tmp/polyattn-cache WGPU_BACKEND=vulkan
-GGUF=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
-export POLYATTN_SMOLLM2_GGUF=$GGUF
-say() { echo "== $* ($(date +%T))"; }
-run() { # run NAME SECONDS CMD...
-  local name=$1 secs=$2; shift 2
-  say "$name"
-  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  grep -E 'ran on|identical|SKIP|test result|panicked|FAIL|error|\[polyattn\]' "$OUT/$name.log" | head -40
-  echo "-- $name rc=$rc"
-}
+. "$(dirname "$0")/h200_common.sh"
 for p in "$@"; do
   case $p in
     join)

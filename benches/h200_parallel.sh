@@ -7,24 +7,11 @@
 # example's test harness as test-generate) in $B.
 # Usage: bash benches/h200_parallel.sh PHASE... (phases: dcp, nccl, sanitize, tp, generate)
 set -u
-OUT=${OUT:-/tmp/h200}
-B=${B:-.devbin}
-mkdir -p "$OUT"
-export POLYATTN_CACHE_DIR=/tmp/polyattn-cache WGPU_BACKEND=vulkan
-export POLYATTN_SMOLLM2_GGUF=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+. "$(dirname "$0")/h200_common.sh"
 # PyTorch's NCCL wheel (nvidia-nccl-cu13) holds libnccl.so.2; NVLink multicast stays off.
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 [ -n "$nccl_lib" ] && export LD_LIBRARY_PATH="$nccl_lib:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
-say() { echo "== $* ($(date +%T))"; }
-run() { # run NAME SECONDS CMD...
-  local name=$1 secs=$2; shift 2
-  say "$name"
-  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  grep -E 'ran on|equal|SKIP|test result|panicked|FAIL|error|ERROR|\[nccl|\[dcp|\[polyattn\]' "$OUT/$name.log" | head -40
-  echo "-- $name rc=$rc"
-}
 for p in "$@"; do
   case $p in
     dcp) run dcp 300 $B/test-dcp --nocapture ;;

@@ -405,23 +405,27 @@ fn layers_a_shard_cannot_serve_are_refused() {
                 },
             ),
         ];
+        // The batch's decode forward with `imp` over `caches`.
+        let forward = |imp: &dyn AttentionImpl, caches: &mut [KvCache], output: &mut Tensor| {
+            dcp::forward_decode(
+                imp,
+                &batch.layer,
+                &batch.query,
+                Some(&batch.key),
+                Some(&batch.value),
+                caches,
+                &md,
+                output,
+                None,
+            )
+        };
         let mut checked = 0;
         for (what, p) in features {
             let Ok(imp) = b.make_impl(p) else {
                 continue;
             };
             checked += 1;
-            let r = dcp::forward_decode(
-                imp.as_ref(),
-                &batch.layer,
-                &batch.query,
-                Some(&batch.key),
-                Some(&batch.value),
-                &mut caches,
-                &md,
-                &mut output,
-                None,
-            );
+            let r = forward(imp.as_ref(), &mut caches, &mut output);
             let e = r.err().ok_or_else(|| fail(format!("{what}: accepted")))?;
             ensure(e.to_string().contains(what), || {
                 format!("{what}: error does not name it: {e}")
@@ -432,17 +436,7 @@ fn layers_a_shard_cannot_serve_are_refused() {
         })?;
         // Wrong number of rank caches.
         let imp = b.make_impl(c.params())?;
-        let r = dcp::forward_decode(
-            imp.as_ref(),
-            &batch.layer,
-            &batch.query,
-            Some(&batch.key),
-            Some(&batch.value),
-            &mut caches[..1],
-            &md,
-            &mut output,
-            None,
-        );
+        let r = forward(imp.as_ref(), &mut caches[..1], &mut output);
         ensure(r.is_err(), || "one cache for two ranks accepted".into())
     });
 }

@@ -185,6 +185,44 @@ fn prompts_arriving_mid_run_join_the_running_batch() {
     assert_eq!(out, r.greedy[..3].to_vec());
 }
 
+/// Runs `check` on every available backend the model can run on (`except` left out), then
+/// prints `[what] <done>: the labels `check` returned; skipped: …` and fails with every
+/// backend's error. `check` returns the labels of what it verified.
+fn on_every_backend(
+    what: &str,
+    done: &str,
+    except: &[&str],
+    mut check: impl FnMut(&BackendRef) -> Result<Vec<String>, String>,
+) {
+    let mut ran = Vec::new();
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    for b in polyattn::registry::global().backends() {
+        // The model has no MLA layer.
+        if except.contains(&b.name()) || b.capabilities().is_mla {
+            continue;
+        }
+        if let Availability::Unavailable(why) = b.availability() {
+            skipped.push(format!("{} ({why})", b.name()));
+            continue;
+        }
+        match check(&b) {
+            Ok(labels) => ran.extend(labels),
+            Err(e) => failures.push(format!("{}: {e}", b.name())),
+        }
+    }
+    report!(
+        "[{what}] {done}: {}; skipped: {}",
+        ran.join(", "),
+        if skipped.is_empty() {
+            "none".to_string()
+        } else {
+            skipped.join(", ")
+        }
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Greedy tokens of `prompts` on every available backend equal the CPU's. Prints which
 /// backends ran and which were skipped, and why.
 fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], tokens: usize) {
@@ -196,43 +234,24 @@ fn identical_on_every_backend(what: &str, loaded: &Loaded, prompts: &[Vec<u32>],
         RunnerConfig::default(),
     )
     .unwrap();
-    let mut ran = vec!["CPU".to_string()];
-    let mut skipped = Vec::new();
-    let mut failures = Vec::new();
-    for b in polyattn::registry::global().backends() {
-        // The model has no MLA layer.
-        if b.name() == "CPU" || b.capabilities().is_mla {
-            continue;
-        }
-        if let Availability::Unavailable(why) = b.availability() {
-            skipped.push(format!("{} ({why})", b.name()));
-            continue;
-        }
-        match generate(
+    report!("[{what}] the CPU's tokens are the reference");
+    on_every_backend(what, "identical greedy tokens on", &["CPU"], |b| {
+        let (got, _) = generate(
             loaded,
             Some(b.clone()),
             prompts,
             tokens,
             RunnerConfig::default(),
-        ) {
-            Ok((got, _)) if got == want => ran.push(b.name().to_string()),
-            Ok((got, _)) => failures.push(format!(
-                "{}: greedy tokens differ from the CPU's\n  cpu: {want:?}\n  got: {got:?}",
-                b.name()
-            )),
-            Err(e) => failures.push(format!("{}: {e}", b.name())),
-        }
-    }
-    report!(
-        "[{what}] identical greedy tokens on: {}; skipped: {}",
-        ran.join(", "),
-        if skipped.is_empty() {
-            "none".to_string()
+        )
+        .map_err(|e| e.to_string())?;
+        if got == want {
+            Ok(vec![b.name().to_string()])
         } else {
-            skipped.join(", ")
+            Err(format!(
+                "greedy tokens differ from the CPU's\n  cpu: {want:?}\n  got: {got:?}"
+            ))
         }
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    });
 }
 
 #[test]
@@ -255,17 +274,7 @@ fn sharded_equals_unsharded(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], t
         c.num_heads,
         c.num_kv_heads
     );
-    let mut ran = Vec::new();
-    let mut skipped = Vec::new();
-    let mut failures = Vec::new();
-    for b in polyattn::registry::global().backends() {
-        if b.capabilities().is_mla {
-            continue;
-        }
-        if let Availability::Unavailable(why) = b.availability() {
-            skipped.push(format!("{} ({why})", b.name()));
-            continue;
-        }
+    on_every_backend(what, "sharded tokens equal unsharded on", &[], |b| {
         let run = |n| {
             generate_sharded(
                 loaded,
@@ -276,35 +285,21 @@ fn sharded_equals_unsharded(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], t
                 n,
             )
             .map(|r| r.0)
+            .map_err(|e| format!("{n} shard(s): {e}"))
         };
-        let want = match run(1) {
-            Ok(w) => w,
-            Err(e) => {
-                failures.push(format!("{}: unsharded: {e}", b.name()));
-                continue;
-            }
-        };
+        let want = run(1)?;
+        let mut done = Vec::new();
         for &n in &sizes {
-            match run(n) {
-                Ok(got) if got == want => ran.push(format!("{} ×{n}", b.name())),
-                Ok(got) => failures.push(format!(
-                    "{} with {n} shards: greedy tokens differ\n  unsharded: {want:?}\n  sharded:   {got:?}",
-                    b.name()
-                )),
-                Err(e) => failures.push(format!("{} with {n} shards: {e}", b.name())),
+            let got = run(n)?;
+            if got != want {
+                return Err(format!(
+                    "{n} shards: greedy tokens differ\n  unsharded: {want:?}\n  sharded:   {got:?}"
+                ));
             }
+            done.push(format!("{} ×{n}", b.name()));
         }
-    }
-    report!(
-        "[{what}] sharded tokens equal unsharded on: {}; skipped: {}",
-        ran.join(", "),
-        if skipped.is_empty() {
-            "none".to_string()
-        } else {
-            skipped.join(", ")
-        }
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+        Ok(done)
+    });
 }
 
 #[test]
