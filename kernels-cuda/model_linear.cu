@@ -30,7 +30,8 @@
 //
 // Algorithms:
 //   * model_linear_tiled (T > 16): 64×64 output tile per 256-thread block, K in steps of 16.
-//     The step's x and W rows are read with coalesced (float4) loads and stored transposed
+//     The step's x and W rows are read with coalesced vector loads (float4; 8 bytes of a
+//     16-bit W) and stored transposed
 //     in shared memory ([16][64 + 4]: the padding keeps the float4 reads aligned and spreads
 //     the transposing stores); each thread then keeps a 4×4 register block (rows ty·4..,
 //     columns tx·4..) and does 16 FMAs per two float4 shared loads. Loads outside the
@@ -171,8 +172,10 @@ __device__ __forceinline__ float lin_w1(const LinearParams& p, pa_i64 e) {
     return pa_ldg(p.w + e);
 #elif LIN_W == 1
     return pa_f16_to_f32(pa_ldg((const pa_u16*)(const void*)p.w + e));
-#else
+#elif LIN_W == 2
     return pa_bf16_to_f32(pa_ldg((const pa_u16*)(const void*)p.w + e));
+#else
+#error "LIN_W must be 0 (f32), 1 (f16) or 2 (bf16)"
 #endif
 }
 

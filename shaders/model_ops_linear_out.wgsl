@@ -25,8 +25,9 @@
 // inv = 1 / sqrt(ss / K + eps), ss the row's sum of squares and g = norm_w [K]
 // (model_ops_rms_norm.wgsl's expression; each kernel sums the squares in its own order).
 //
-// Bindings: 0 params; 1 x [T, K] (VT), 2 W [N, K] (VT), 3 y (the plain or SwiGLU output, or
-// q), all f32 row-major. The generated header declares 4 norm_w [K] (VT) with NORM and
+// Bindings: 0 params; 1 x [T, K] (VT), 2 W [N, K] (f32 as VT, or f16 / bf16 bits read
+// through wload), 3 y (the plain or SwiGLU output, or q), row-major, f32 but for a 16-bit W.
+// The generated header declares W and wload, 4 norm_w [K] (VT) with NORM and
 // 5 positions [T] (i32), 6 k_out, 7 v_out (f32) with OUT_ROPE; a binding a form does not use
 // is declared instead as a private one-element stand-in that only code behind a false
 // constant names, so the plain form binds exactly x, W and y (kernels::wgsl::Bindings::Model)

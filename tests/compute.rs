@@ -7,6 +7,7 @@ mod common;
 
 use common::{ensure, fail, for_each_case, CaseInfo, Outcome};
 use polyattn::compute::{self, Rope, RopeStyle};
+use polyattn::device::CpuStorage;
 use polyattn::reference;
 use polyattn::testing::{Rng, Tolerance};
 use polyattn::{BackendRef, DType, Tensor};
@@ -664,10 +665,75 @@ fn linear_with_16_bit_weights_matches_reference() {
                     })
                     .collect();
                 check(&format!("{dt} swiglu norm {with_norm}"), &out, &want)?;
+                // An odd number of rows (and, at odd K, an odd element count: the last weight
+                // is the low half of the buffer's last word; the CPU's row pairs end on a
+                // single row).
+                let no = 2 * i + 1;
+                let wo: Vec<f32> = rng.normals(no * k).iter().map(|v| v * s).collect();
+                let wo = Tensor::from_f32(&dev, &wo, &[no, k], dt)?;
+                let want = product(&hx, &wo.to_f32_vec()?, t, k, no);
+                let mut out = f32t(&vec![f32::NAN; t * no], &[t, no])?;
+                compute::linear_fused(&xt, norm, &wo, compute::LinearOutput::Store(&mut out))?;
+                check(&format!("{dt} odd rows norm {with_norm}"), &out, &want)?;
             }
             Ok(())
         },
     );
+}
+
+/// Every f16 and bf16 bit pattern through `compute::linear` as the weight of a one-hot input
+/// (K = 1, the scalar loads; K = 4 with the pattern in column 0, the vector loads): the
+/// product is the weight itself, so each device must widen zeros, subnormals, normals,
+/// ±inf and NaN as `half` does (any NaN matches any NaN; ±0 match each other, as the
+/// accumulation starts from +0). bf16 subnormals are left out: a device may flush them in the
+/// multiply.
+#[test]
+fn every_16_bit_weight_pattern_widens_as_half_does() {
+    common::for_each_backend("compute::linear 16-bit patterns", |b| {
+        let dev = b.device()?;
+        for dt in [DType::F16, DType::Bf16] {
+            let bits: Vec<u16> = (0..=u16::MAX)
+                .filter(|&h| dt == DType::F16 || h & 0x7f80 != 0 || h & 0x7f == 0)
+                .collect();
+            let n = bits.len();
+            let want: Vec<f32> = bits
+                .iter()
+                .map(|&h| match dt {
+                    DType::F16 => half::f16::from_bits(h).to_f32(),
+                    _ => half::bf16::from_bits(h).to_f32(),
+                })
+                .collect();
+            for k in [1usize, 4] {
+                let mut cells = vec![0u16; n * k];
+                for (j, &h) in bits.iter().enumerate() {
+                    cells[j * k] = h;
+                }
+                let storage = match dt {
+                    DType::F16 => {
+                        CpuStorage::F16(cells.iter().map(|&h| half::f16::from_bits(h)).collect())
+                    }
+                    _ => {
+                        CpuStorage::Bf16(cells.iter().map(|&h| half::bf16::from_bits(h)).collect())
+                    }
+                };
+                let w = Tensor::from_cpu_storage(&dev, storage, &[n, k], dt)?;
+                let mut x = vec![0.0f32; k];
+                x[0] = 1.0;
+                let xt = Tensor::from_f32(&dev, &x, &[1, k], DType::F32)?;
+                let got = compute::linear(&xt, &w)?.to_f32_vec()?;
+                for (j, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                    let same = (g.is_nan() && e.is_nan()) || g == e;
+                    ensure(same, || {
+                        format!(
+                            "{dt} K{k}: bits {:#06x} widened to {g:e}, want {e:e}",
+                            bits[j]
+                        )
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    });
 }
 
 /// `compute::linear_fused` in every output form, with and without the input norm, against

@@ -239,6 +239,7 @@ mod avx2 {
                     x: [&[f32]; NT],
                     n: usize,
                 ) -> [[f32; NT]; NR] {
+                    debug_assert!(w.iter().all(|r| r.len() >= n) && x.iter().all(|r| r.len() >= n));
                     let pw = w.map(|r| r.as_ptr());
                     let px = x.map(|r| r.as_ptr());
                     let mut acc = [[_mm256_setzero_ps(); NT]; NR];
@@ -281,10 +282,9 @@ mod avx2 {
                     w: [&[$t]; NR],
                     k: usize,
                     t: usize,
-                    cols: [&mut [f32]; NR],
+                    mut cols: [&mut [f32]; NR],
                 ) {
                     let row = |i: usize| &x[i * k..(i + 1) * k];
-                    let mut cols = cols;
                     let mut i = 0;
                     while i + 4 <= t {
                         let d = dots(w, [row(i), row(i + 1), row(i + 2), row(i + 3)], k);

@@ -175,9 +175,9 @@ pub(super) fn rms_norm(
     )
 }
 
-/// Launches `model_linear.cu` for `params`: a GEMV up to [`GEMV_MAX_TOKENS`] tokens (a warp
-/// per pair of weight rows), the tiled kernel above (64 rows, or 32 pairs, per tile column).
-/// Launches the GEMV or tiled form of `params` for weights of `weight` type.
+/// Launches `model_linear.cu`, built for weights of `weight` type, for `params`: a GEMV up to
+/// [`GEMV_MAX_TOKENS`] tokens (a warp per pair of weight rows), the tiled kernel above (64
+/// rows, or 32 pairs, per tile column).
 fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Result<()> {
     let options = linear_weight_options(weight).ok_or_else(|| Error::DType {
         what: "linear weight",

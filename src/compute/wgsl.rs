@@ -399,9 +399,16 @@ pub(super) fn linear_fused<R: WgslRuntime>(
         norm: a.norm.is_some(),
         epilogue,
         weights: match a.w.dtype() {
+            DType::F32 => LinearWeights::F32,
             DType::F16 => LinearWeights::F16,
             DType::Bf16 => LinearWeights::Bf16,
-            _ => LinearWeights::F32,
+            other => {
+                return Err(Error::DType {
+                    what: "linear weight",
+                    got: other.to_string(),
+                    expected: "f32, f16 or bf16".into(),
+                })
+            }
         },
     };
     if !fusion.is_plain() {

@@ -3,6 +3,8 @@
 //! `model_ops.cu` (sizes asserted here and by `static_assert` there; `bytemuck::Pod`, as
 //! every parameter block of the family).
 
+use crate::dtype::DType;
+
 /// Largest token count `linear` runs as a GEMV (the kernel keeps one partial sum per token
 /// in registers); more tokens take the tiled kernel.
 pub const GEMV_MAX_TOKENS: usize = 16;
@@ -62,8 +64,7 @@ pub const GEMV_SPLIT_WAVES: usize = 4;
 
 /// The build options of `model_linear.cu` for weights of `dtype` (`-DLIN_W`: f32 by default,
 /// f16 or bf16 widened as they are loaded); `None` for another dtype.
-pub fn linear_weight_options(dtype: crate::dtype::DType) -> Option<&'static [&'static str]> {
-    use crate::dtype::DType;
+pub fn linear_weight_options(dtype: DType) -> Option<&'static [&'static str]> {
     match dtype {
         DType::F32 => Some(&[]),
         DType::F16 => Some(&["-DLIN_W=1"]),

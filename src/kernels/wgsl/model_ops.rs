@@ -66,7 +66,8 @@ pub enum LinearEpilogue {
 pub enum LinearWeights {
     /// f32 weights.
     F32,
-    /// IEEE half weights (`unpack2x16float`; no `shader-f16` feature needed).
+    /// IEEE half weights (widened by bit arithmetic, [`F16_TO_F32`]; no `shader-f16` feature
+    /// needed).
     F16,
     /// bfloat16 weights (the high half of an f32: a shift).
     Bf16,
@@ -234,8 +235,8 @@ impl LinearFusion {
 /// An IEEE half's bits as f32, by bit arithmetic. Why not `unpack2x16float`: naga validates it
 /// only with the `SHADER_FLOAT16_IN_FLOAT32` capability, which adapters without f16 lack.
 /// Normal numbers move exponent and mantissa into place; subnormals (exponent 0) are
-/// `m · 2⁻²⁴`, exact in f32; exponent 31 is ±inf / NaN.
-const F16_TO_F32: &str = "fn h2f(h: u32) -> f32 {\n    let s = (h & 0x8000u) << 16u;\n    \
+/// `m · 2⁻²⁴` (the literal is 2⁻²⁴ exactly in f32), exact in f32; exponent 31 is ±inf / NaN.
+pub const F16_TO_F32: &str = "fn h2f(h: u32) -> f32 {\n    let s = (h & 0x8000u) << 16u;\n    \
     let e = (h >> 10u) & 0x1fu;\n    let m = h & 0x3ffu;\n    \
     let normal = s | ((e + 112u) << 23u) | (m << 13u);\n    \
     let special = s | 0x7f800000u | (m << 13u);\n    \
@@ -361,7 +362,7 @@ impl ModelShader {
     }
 
     /// The binding set of its kernel: [`Bindings::Model`], or [`Bindings::LinearFused`] for
-    /// a linear kernel with a norm or a pair output.
+    /// a linear kernel with a norm, a pair output or 16-bit weights.
     pub fn bindings(&self) -> Bindings {
         match self.linear_form() {
             Some((_, _, fusion)) => fusion.bindings(),
