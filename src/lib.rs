@@ -25,6 +25,9 @@
 //!   every GPU backend;
 //! - **kernel families** in [`kernels`]: the CUDA C++ and WGSL kernels, their variants,
 //!   parameter blocks and knobs, independent of the runtime that runs them;
+//! - **across ranks** in [`parallel`]: decode context parallelism (a request's KV cache
+//!   sharded over ranks, partial results combined by LSE) and head sharding for tensor
+//!   parallelism, on one device or one rank per CUDA device over NCCL;
 //! - the f64 [`reference`](mod@reference) every backend is tested against;
 //! - [`probe`]: the ceilings and region timer a device reports to a benchmark, which the GPU
 //!   backends implement. The tools themselves (`polyattn info / check / bench / fuzz`, the
