@@ -49,6 +49,12 @@ pub fn run(args: &InfoArgs) -> Result<bool> {
         };
         println!("  native Vulkan runtime (no backend yet): {status}");
     }
+    // Collectives between GPUs (decode context parallelism across devices).
+    let nccl = match polyattn::device::cuda::nccl_status() {
+        Ok(v) => format!("available (version code {v})"),
+        Err(why) => format!("unavailable: {why}"),
+    };
+    println!("  NCCL (DCP across CUDA devices): {nccl}");
     println!();
     println!("Configuration: {config}");
     for c in reg.explain(&config) {
