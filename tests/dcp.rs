@@ -20,8 +20,9 @@ use polyattn::reference;
 use polyattn::testing::fuzz::{fill_cache_outside, CacheSnapshot, StaleFill};
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Tolerance};
 use polyattn::{
-    AttentionImpl, AttentionLayer, AttentionMetadata, AttentionParams, BackendRef, CacheDType,
-    DType, Device, KvCache, KvCacheSpec, SelectorConfig, Tensor,
+    AttentionImpl, AttentionLayer, AttentionMetadata, AttentionParams, BackendRef,
+    BatchDescription, CacheDType, CommonAttentionMetadata, DType, Device, KvCache, KvCacheSpec,
+    SelectorConfig, Tensor,
 };
 
 #[derive(Clone, Debug)]
@@ -439,4 +440,197 @@ fn layers_a_shard_cannot_serve_are_refused() {
         let r = forward(imp.as_ref(), &mut caches[..1], &mut output);
         ensure(r.is_err(), || "one cache for two ranks accepted".into())
     });
+}
+
+/// An MLA layer's decode (DeepSeek-V3 sizes, 16 heads: kv_lora_rank 512, rope 64) with its latent cache
+/// sharded over 2 and 3 ranks, on every MLA backend: each rank's cache holds NaN except the
+/// latents it owns, each rank writes the new latents it owns, and the combined latent output,
+/// up-projected, and its LSE must equal the f64 expanded reference of the unsharded request.
+#[test]
+fn mla_sharded_decode_matches_reference() {
+    use polyattn::mla::{absorb_kv_b_proj, reference as mla_ref, MlaKvCache, MlaParams};
+    use polyattn::rng::Rng;
+
+    let cases: [(usize, usize, usize, DType); 2] =
+        [(16, 32, 2, DType::F32), (16, 64, 3, DType::Bf16)];
+    let info = |&(heads, bs, world, dtype): &(usize, usize, usize, DType)| {
+        let mut config = SelectorConfig::new(576, dtype, CacheDType::Auto);
+        config.use_mla = true;
+        config.block_size = Some(bs as u32);
+        CaseInfo {
+            label: format!("MLA {heads} heads bs{bs} {dtype} N{world}"),
+            config: Some(config),
+            cascade: false,
+            graphs: false,
+        }
+    };
+    for_each_case(
+        "dcp_mla_decode",
+        &cases,
+        info,
+        |b, &(heads, bs, world, dtype)| {
+            let dev = b.device()?;
+            let cpu = Device::cpu();
+            let p = MlaParams::deepseek_v3(heads);
+            let (l, r, dim) = (p.kv_lora_rank, p.qk_rope_head_dim, p.latent_dim());
+            let (n, qk, v) = (p.num_heads, p.qk_head_dim(), p.v_head_dim);
+            let mut rng = Rng::new((heads * 31 + bs * 7 + world) as u64);
+            let w: Vec<f32> = rng
+                .normals(n * (p.qk_nope_head_dim + v) * l)
+                .into_iter()
+                .map(|x| x / (l as f32).sqrt())
+                .collect();
+            let weights = absorb_kv_b_proj(&w, &p)?;
+            let imp = b.make_mla_impl(p.clone(), weights.clone())?;
+            let builder = b.make_mla_builder(bs)?;
+            let layer = AttentionLayer::new("mla.dcp");
+            // Longest first; the last two leave ranks empty.
+            let seq_lens = [3 * world * bs + 5, world * bs + 1, bs + 2, 1];
+            let per_req: Vec<usize> = seq_lens.iter().map(|s| s.div_ceil(bs)).collect();
+            let width = *per_req.iter().max().expect("requests");
+            let num_blocks = 1 + per_req.iter().sum::<usize>();
+            let mut pool: Vec<i32> = (1..num_blocks as i32).collect();
+            rng.shuffle(&mut pool);
+            let mut table = vec![0i32; seq_lens.len() * width];
+            let mut next = pool.into_iter();
+            for (i, &nb) in per_req.iter().enumerate() {
+                for k in 0..nb {
+                    table[i * width + k] = next.next().expect("pool sized above");
+                }
+            }
+            let slot = |i: usize, pos: usize| {
+                table[i * width + pos / bs] as i64 * bs as i64 + (pos % bs) as i64
+            };
+            // Every position's latent, as the cache stores it.
+            let rounded = |x: Vec<f32>, shape: &[usize]| -> polyattn::Result<Vec<f32>> {
+                Tensor::from_f32(&cpu, &x, shape, dtype)?.to_f32_vec()
+            };
+            let lat: Vec<Vec<f32>> = seq_lens
+                .iter()
+                .map(|&s| rounded(rng.normals(s * dim), &[s, dim]))
+                .collect::<polyattn::Result<_>>()?;
+            // Latent rows of `rows` (request, position) as kv_c / k_pe tensors on the device.
+            let latents = |rows: &[(usize, usize)]| -> polyattn::Result<(Tensor, Tensor)> {
+                let (mut c, mut pe) = (Vec::new(), Vec::new());
+                for &(i, pos) in rows {
+                    let row = &lat[i][pos * dim..(pos + 1) * dim];
+                    c.extend_from_slice(&row[..l]);
+                    pe.extend_from_slice(&row[l..]);
+                }
+                let t = rows.len();
+                Ok((
+                    Tensor::from_f32(&dev, &c, &[t, l], dtype)?,
+                    Tensor::from_f32(&dev, &pe, &[t, r], dtype)?,
+                ))
+            };
+            // A cache write of `slots` as one request owning every block.
+            let write =
+                |cache: &mut MlaKvCache, kv: (Tensor, Tensor), slots: Vec<i64>| -> Outcome {
+                    let t = slots.len();
+                    let desc = BatchDescription {
+                        query_start_loc: vec![0, t as i32],
+                        seq_lens: vec![t as i32],
+                        block_table: (0..num_blocks as i32).collect(),
+                        max_blocks_per_req: num_blocks,
+                        slot_mapping: slots,
+                        causal: true,
+                        block_size: bs,
+                        is_prefilling: None,
+                    };
+                    let md = builder.build(0, &CommonAttentionMetadata::new(&dev, desc)?, false)?;
+                    imp.do_kv_cache_update(&layer, &kv.0, &kv.1, cache, md.as_ref())?;
+                    Ok(())
+                };
+            let dcp_layout = polyattn::parallel::DcpLayout::new(world, bs)?;
+            let mut caches = Vec::new();
+            for rank in 0..world {
+                let mut cache = MlaKvCache::for_backend(b.as_ref(), &p, dtype, num_blocks, bs)?;
+                let all = num_blocks * bs;
+                let nan = (
+                    Tensor::from_f32(&dev, &vec![f32::NAN; all * l], &[all, l], dtype)?,
+                    Tensor::from_f32(&dev, &vec![f32::NAN; all * r], &[all, r], dtype)?,
+                );
+                write(&mut cache, nan, (0..all as i64).collect())?;
+                // The context positions this rank owns.
+                let rows: Vec<(usize, usize)> = seq_lens
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, &s)| (0..s - 1).map(move |pos| (i, pos)))
+                    .filter(|&(_, pos)| dcp_layout.owner(pos).0 == rank)
+                    .collect();
+                if !rows.is_empty() {
+                    let slots = rows.iter().map(|&(i, pos)| slot(i, pos)).collect();
+                    write(&mut cache, latents(&rows)?, slots)?;
+                }
+                caches.push(cache);
+            }
+            // The decode batch: each request's last position is its new token.
+            let desc = BatchDescription {
+                query_start_loc: (0..=seq_lens.len() as i32).collect(),
+                seq_lens: seq_lens.iter().map(|&s| s as i32).collect(),
+                block_table: table.clone(),
+                max_blocks_per_req: width,
+                slot_mapping: seq_lens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| slot(i, s - 1))
+                    .collect(),
+                causal: true,
+                block_size: bs,
+                is_prefilling: None,
+            };
+            let batch = DcpDecodeBatch::from_unsharded(&desc, world)?;
+            let md = batch.build(&dev, builder.as_ref())?;
+            let bsz = seq_lens.len();
+            let q: Vec<f32> = rounded(rng.normals(bsz * n * qk), &[bsz, n, qk])?;
+            let q_lat = Tensor::from_f32(&dev, &weights.absorb_query(&q)?, &[bsz, n, dim], dtype)?;
+            let new_rows: Vec<(usize, usize)> = seq_lens
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| (i, s - 1))
+                .collect();
+            let new = latents(&new_rows)?;
+            let mut out = Tensor::from_f32(&dev, &vec![7.5; bsz * n * l], &[bsz, n, l], dtype)?;
+            let mut lse = Tensor::from_f32(&dev, &vec![7.5; n * bsz], &[n, bsz], DType::F32)?;
+            dcp::forward_mqa_decode(
+                imp.as_ref(),
+                &layer,
+                Some((&new.0, &new.1)),
+                &q_lat,
+                &mut caches,
+                &md,
+                &mut out,
+                Some(&mut lse),
+            )?;
+            let got = weights.up_project(&out.to_f32_vec()?)?;
+            let got_lse = lse.to_f32_vec()?;
+            let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+            let t = Tolerance::for_dtype(dtype);
+            let tol = Tolerance {
+                atol: t.atol.max(2e-4),
+                rtol: t.rtol.max(2e-3),
+            };
+            for (i, &s) in seq_lens.iter().enumerate() {
+                let latents: Vec<f64> = lat[i].iter().map(|&x| x as f64).collect();
+                let qi: Vec<f64> = q[i * n * qk..(i + 1) * n * qk]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
+                let (want, want_lse) = mla_ref::mla_attention(&p, &qi, &latents, &w64, 1, s);
+                for h in 0..n {
+                    for d in 0..v {
+                        let (g, e) = (got[(i * n + h) * v + d] as f64, want[h * v + d]);
+                        ensure(tol.accepts(g, e), || {
+                            format!("out[req {i}][head {h}][{d}] = {g}, reference {e}")
+                        })?;
+                    }
+                    let (g, e) = (got_lse[h * bsz + i] as f64, want_lse[h]);
+                    ensure(tol.accepts(g, e), || {
+                        format!("lse[head {h}][req {i}] = {g}, reference {e}")
+                    })?;
+                }
+            }
+            Ok(())
+        },
+    );
 }

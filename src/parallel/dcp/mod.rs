@@ -34,14 +34,16 @@
 //!
 //! Files: [`layout`] (which rank holds which tokens), [`batch`] (each rank's batch and
 //! metadata), [`forward`] (the one-device forward and the combine), [`across`] (one rank per
-//! CUDA device, over NCCL).
+//! CUDA device, over NCCL), [`mla`] (an MLA layer's latent-space decode).
 
 pub mod across;
 pub mod batch;
 pub mod forward;
 pub mod layout;
+pub mod mla;
 
 pub use across::{forward_decode_across, DcpRank};
 pub use batch::{DcpDecodeBatch, DcpMetadata, RankBlockTable};
 pub use forward::{check_impl, combine, forward_decode, Partial};
 pub use layout::DcpLayout;
+pub use mla::forward_mqa_decode;
