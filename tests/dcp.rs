@@ -526,17 +526,7 @@ fn mla_sharded_decode_matches_reference() {
             // A cache write of `slots` as one request owning every block.
             let write =
                 |cache: &mut MlaKvCache, kv: (Tensor, Tensor), slots: Vec<i64>| -> Outcome {
-                    let t = slots.len();
-                    let desc = BatchDescription {
-                        query_start_loc: vec![0, t as i32],
-                        seq_lens: vec![t as i32],
-                        block_table: (0..num_blocks as i32).collect(),
-                        max_blocks_per_req: num_blocks,
-                        slot_mapping: slots,
-                        causal: true,
-                        block_size: bs,
-                        is_prefilling: None,
-                    };
+                    let desc = common::whole_cache_batch(num_blocks, bs, slots);
                     let md = builder.build(0, &CommonAttentionMetadata::new(&dev, desc)?, false)?;
                     imp.do_kv_cache_update(&layer, &kv.0, &kv.1, cache, md.as_ref())?;
                     Ok(())

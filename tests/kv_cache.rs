@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use half::{bf16, f16};
 use polyattn::testing::Rng;
 use polyattn::{
-    AttentionBackend, AttentionLayer, AttentionParams, BackendRef, BatchDescription, CacheDType,
+    AttentionBackend, AttentionLayer, AttentionParams, BackendRef, CacheDType,
     CommonAttentionMetadata, DType, KvCache, KvCacheSpec, SelectorConfig, Tensor, PAD_SLOT_ID,
 };
 
@@ -175,16 +175,7 @@ fn run_case(backend: &BackendRef, c: &Case) -> Outcome {
     let row = hkv * d;
 
     // One request covering every slot of the cache.
-    let whole = |slots: Vec<i64>| BatchDescription {
-        query_start_loc: vec![0, slots.len() as i32],
-        seq_lens: vec![slots.len() as i32],
-        block_table: (0..num_blocks as i32).collect(),
-        max_blocks_per_req: num_blocks,
-        slot_mapping: slots,
-        causal: true,
-        block_size: bs,
-        is_prefilling: None,
-    };
+    let whole = |slots: Vec<i64>| common::whole_cache_batch(num_blocks, bs, slots);
 
     // 1. A sentinel in every slot: a per-slot pattern, so a write to the wrong slot shows.
     let sentinel_k: Vec<f32> = (0..num_slots * row)

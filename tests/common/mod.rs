@@ -373,3 +373,23 @@ pub fn ensure(cond: bool, msg: impl FnOnce() -> String) -> Outcome {
         Err(fail(msg()))
     }
 }
+
+/// A batch of one request that owns every block of a cache of `num_blocks` blocks of
+/// `block_size` tokens and writes `slots` (a cache write at chosen slots, through the public
+/// API).
+pub fn whole_cache_batch(
+    num_blocks: usize,
+    block_size: usize,
+    slots: Vec<i64>,
+) -> polyattn::BatchDescription {
+    polyattn::BatchDescription {
+        query_start_loc: vec![0, slots.len() as i32],
+        seq_lens: vec![slots.len() as i32],
+        block_table: (0..num_blocks as i32).collect(),
+        max_blocks_per_req: num_blocks,
+        slot_mapping: slots,
+        causal: true,
+        block_size,
+        is_prefilling: None,
+    }
+}
