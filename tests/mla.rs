@@ -70,11 +70,7 @@ fn run_with(b: &BackendRef, c: &Case, seed: u64, make: &MakeImpl<'_>) -> Outcome
     let (l, r, dim) = (p.kv_lora_rank, p.qk_rope_head_dim, p.latent_dim());
     let (n, qk, v) = (p.num_heads, p.qk_head_dim(), p.v_head_dim);
     let mut rng = Rng::new(seed);
-    let w: Vec<f32> = rng
-        .normals(n * (p.qk_nope_head_dim + v) * l)
-        .into_iter()
-        .map(|x| x / (l as f32).sqrt())
-        .collect();
+    let w = common::mla_kv_b_proj(&p, &mut rng);
     let weights = absorb_kv_b_proj(&w, &p)?;
     let imp = make(p.clone(), weights.clone())?;
     let builder = b.make_mla_builder(c.block_size)?;

@@ -393,3 +393,13 @@ pub fn whole_cache_batch(
         is_prefilling: None,
     }
 }
+
+/// A random `kv_b_proj` weight `[N·(qk_nope + v), kv_lora_rank]` for an MLA layer of `p`,
+/// scaled by `1/sqrt(kv_lora_rank)` (so attention scores stay O(1)).
+pub fn mla_kv_b_proj(p: &polyattn::mla::MlaParams, rng: &mut polyattn::rng::Rng) -> Vec<f32> {
+    let l = p.kv_lora_rank;
+    rng.normals(p.num_heads * (p.qk_nope_head_dim + p.v_head_dim) * l)
+        .into_iter()
+        .map(|x| x / (l as f32).sqrt())
+        .collect()
+}

@@ -56,6 +56,9 @@ pub fn check_impl(imp: &dyn AttentionImpl) -> Result<()> {
 ///
 /// `query` / `output` are `[num_reqs, num_heads, head_size]`, `key` / `value`
 /// `[num_reqs, num_kv_heads, head_size]` (absent when the layer reads another layer's cache).
+/// With more than one rank holding keys it allocates each rank's partial output and LSE and
+/// the merge's accumulators per call (the one-device form checks the math; an engine keeps
+/// them in its own workspace and calls [`combine`]).
 #[allow(clippy::too_many_arguments)]
 pub fn forward_decode(
     imp: &dyn AttentionImpl,
