@@ -8,6 +8,7 @@
 //   rope       x [T][heads][d] (in place), positions [T] i32
 //   silu_mul   gate, up, out [n];  add: x [n] += y [n]
 //   argmax     x [T][V], out [T] i32
+//   sample     x [T][V], rows [T] float4 (temperature, top_p, uniform, unused), out [T] i32
 //   swiglu     gate_up [T][2I] (gate columns, then up columns), out [T][I]
 //   rope_split qkv [T][H + 2Hk][d] (query, key, value heads), positions [T] i32,
 //              q [T][H][d], k, v [T][Hk][d]
@@ -39,6 +40,8 @@
 //     better (every comparison with it is false) and -inf is no candidate, so a row with
 //     nothing above -inf keeps the start candidate (-inf, INT_MAX) and gives 0: the host's
 //     rule (src/compute/cpu.rs argmax_row).
+//   * model_sample: model_argmax's reduction, then (rows that sample) the total, a
+//     bisection for the top-p threshold and a scan for the draw; see the kernel.
 //
 // Bounds relied on (host checks in src/compute/mod.rs and src/compute/cuda.rs): every size
 // in the parameter block matches the tensors' shapes; element counts fit in i64 and T, H,
@@ -322,50 +325,227 @@ __device__ __forceinline__ bool mo_better(float v, int i, float bv, int bi) {
 // One row is a whole vocabulary (49152 for SmolLM2) and a decode step has few rows: a wide
 // block, so one row takes few rounds of loads.
 #define ARGMAX_THREADS 1024
+#define MO_WARPS (ARGMAX_THREADS / 32)
+
+// The block's best (value, index) of row xr (v columns): per-thread strided candidates,
+// warp shuffles, then thread 0 over the warps' candidates; every thread gets the result
+// (red_* are free again on return).
+__device__ __forceinline__ void mo_block_argmax(const float* xr, int v, float* red_v, int* red_i,
+                                                float& best_v, int& best_i) {
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    float bv = -PA_INF;
+    int bi = 0x7fffffff;
+    for (int c = tid; c < v; c += ARGMAX_THREADS) {
+        const float x = __ldg(xr + c);
+        if (x > -PA_INF && mo_better(x, c, bv, bi)) {
+            bv = x;
+            bi = c;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(PA_FULL_MASK, bv, o);
+        const int oi = __shfl_xor_sync(PA_FULL_MASK, bi, o);
+        if (mo_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if (lane == 0) {
+        red_v[warp] = bv;
+        red_i[warp] = bi;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < MO_WARPS; ++w) {
+            if (mo_better(red_v[w], red_i[w], red_v[0], red_i[0])) {
+                red_v[0] = red_v[w];
+                red_i[0] = red_i[w];
+            }
+        }
+    }
+    __syncthreads();
+    best_v = red_v[0];
+    best_i = red_i[0];
+    __syncthreads();
+}
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_argmax(const ArgmaxParams p) {
     PA_DEPENDENT_PROLOGUE();
-    __shared__ float red_v[ARGMAX_THREADS / 32];
-    __shared__ int red_i[ARGMAX_THREADS / 32];
+    __shared__ float red_v[MO_WARPS];
+    __shared__ int red_i[MO_WARPS];
+    for (pa_i64 row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
+        float bv;
+        int bi;
+        mo_block_argmax(p.x + row * p.v, p.v, red_v, red_i, bv, bi);
+        if (threadIdx.x == 0) p.out[row] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+// ---------------------------------------------------------------- sample
+
+struct SampleParams {
+    const float* x;
+    const float4* rows;  // (temperature, top_p, uniform, unused) per row
+    int* out;
+    pa_i64 num_rows;
+    int v;
+    int pad_;
+};
+static_assert(sizeof(SampleParams) == 40, "SampleParams must match src/kernels/cuda/model_ops.rs");
+
+// p of one logit: exp((x − m) / temp), 0 for −∞ and NaN (the comparison is false for both).
+// expf and a true division (NVRTC's defaults): a temperature whose reciprocal overflows
+// would turn the maximum's 0 · ∞ into NaN.
+__device__ __forceinline__ float mo_prob(float x, float m, float temp) {
+    return x > -PA_INF ? expf((x - m) / temp) : 0.0f;
+}
+
+// Block sum: warp shuffles, then thread 0 adds the warps' sums in order; every thread gets
+// the same value (one fixed order, so equal inputs give equal sums bit for bit).
+__device__ __forceinline__ float mo_block_sum(float a, float* red) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(PA_FULL_MASK, a, o);
+    if (lane == 0) red[warp] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = red[0];
+        for (int w = 1; w < MO_WARPS; ++w) s += red[w];
+        red[0] = s;
+    }
+    __syncthreads();
+    const float s = red[0];
+    __syncthreads();
+    return s;
+}
+
+// Temperature / top-p sampling, one block per row (grid-stride over rows): the argmax as
+// model_argmax (greedy rows: temperature not above 0, or no finite maximum m, end there);
+// then p = exp((x − m) / T) in [0, 1], whose f32 bit patterns order as their values; the
+// total Σp; the top-p threshold as the largest bit pattern t with Σ_{p ≥ t} p ≥ top_p · total
+// by 30 bisection steps over [0, bits(1.0) + 1), each a block sum in the total's order
+// (skipped when top_p ≥ 1 or NaN); and the draw: target = uniform · kept mass, thread i owns
+// the contiguous columns [i·C, (i+1)·C), an inclusive scan of the threads' kept masses in
+// shared memory tiles [0, scanned total) exactly (a thread's start is its predecessor's
+// end, read from the same word), and the one thread whose interval holds the target walks
+// its columns to the first whose running mass exceeds it; a target past the scanned total
+// (rounding) takes the last kept column. The rule in f64: src/compute/cpu.rs sample_row.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_sample(const SampleParams p) {
+    PA_DEPENDENT_PROLOGUE();
+    __shared__ float red_v[MO_WARPS];
+    __shared__ int red_i[MO_WARPS];
+    __shared__ float scan[ARGMAX_THREADS];
+    __shared__ int last_s;
+    __shared__ int pick_s;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
     for (pa_i64 row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
         const float* xr = p.x + row * p.v;
-        float bv = -PA_INF;
-        int bi = 0x7fffffff;
-        for (int c = tid; c < p.v; c += ARGMAX_THREADS) {
-            const float v = __ldg(xr + c);
-            if (v > -PA_INF && mo_better(v, c, bv, bi)) {
-                bv = v;
-                bi = c;
+        float m;
+        int bi;
+        mo_block_argmax(xr, p.v, red_v, red_i, m, bi);
+        const int greedy = bi == 0x7fffffff ? 0 : bi;
+        const float4 s = p.rows[row];
+        const float temp = s.x;
+        if (!(temp > 0.0f) || !(m < PA_INF) || !(m > -PA_INF)) {
+            if (tid == 0) p.out[row] = greedy;
+            continue;  // uniform: every thread read the same values
+        }
+        float part = 0.0f;
+        for (int c = tid; c < p.v; c += ARGMAX_THREADS) part += mo_prob(__ldg(xr + c), m, temp);
+        const float total = mo_block_sum(part, red_v);
+        unsigned lo = 0u;
+        float kept = total;
+        if (s.y < 1.0f) {
+            const float goal = s.y * total;
+            unsigned hi = 0x3f800001u;
+            for (int it = 0; it < 30; ++it) {
+                const unsigned mid = lo + (hi - lo) / 2u;
+                const float t = __uint_as_float(mid);
+                float q = 0.0f;
+                for (int c = tid; c < p.v; c += ARGMAX_THREADS) {
+                    const float pr = mo_prob(__ldg(xr + c), m, temp);
+                    if (pr >= t) q += pr;
+                }
+                const float mass = mo_block_sum(q, red_v);
+                if (mass >= goal) {
+                    lo = mid;
+                    kept = mass;
+                } else {
+                    hi = mid;
+                }
             }
         }
+        const float t = __uint_as_float(lo);
+        const int chunk = (p.v + ARGMAX_THREADS - 1) / ARGMAX_THREADS;
+        const int c0 = min(tid * chunk, p.v);
+        const int c1 = min(c0 + chunk, p.v);
+        float own = 0.0f;
+        int last = 0;  // last kept column + 1
+        for (int c = c0; c < c1; ++c) {
+            const float pr = mo_prob(__ldg(xr + c), m, temp);
+            if (pr >= t && pr > 0.0f) {
+                own += pr;
+                last = c + 1;
+            }
+        }
+        // Inclusive scan: within warps by shuffles, then the warps' totals in order.
+        float inc = own;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(PA_FULL_MASK, bv, o);
-            const int oi = __shfl_xor_sync(PA_FULL_MASK, bi, o);
-            if (mo_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
+        for (int o = 1; o < 32; o <<= 1) {
+            const float up = __shfl_up_sync(PA_FULL_MASK, inc, o);
+            if (lane >= o) inc += up;
         }
-        if (lane == 0) {
-            red_v[warp] = bv;
-            red_i[warp] = bi;
+        int lst = last;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) lst = max(lst, __shfl_xor_sync(PA_FULL_MASK, lst, o));
+        if (lane == 31) red_v[warp] = inc;
+        if (lane == 0) red_i[warp] = lst;
+        __syncthreads();
+        if (tid == 0) {
+            float run = 0.0f;
+            int mx = 0;
+            for (int w = 0; w < MO_WARPS; ++w) {
+                const float w_sum = red_v[w];
+                red_v[w] = run;  // exclusive prefix of warp w
+                run += w_sum;
+                mx = max(mx, red_i[w]);
+            }
+            last_s = mx;
+            pick_s = 0;
+        }
+        __syncthreads();
+        scan[tid] = red_v[warp] + inc;
+        __syncthreads();
+        const float uu = s.z >= 0.0f ? fminf(s.z, 0.99999994f) : 0.0f;
+        const float target = uu * kept;
+        const float after = scan[tid];
+        const float before = tid > 0 ? scan[tid - 1] : 0.0f;
+        if (own > 0.0f && before <= target && target < after) {
+            float acc = before;
+            int pick = last;
+            for (int c = c0; c < c1; ++c) {
+                const float pr = mo_prob(__ldg(xr + c), m, temp);
+                if (pr >= t && pr > 0.0f) {
+                    acc += pr;
+                    if (acc > target) {
+                        pick = c + 1;
+                        break;
+                    }
+                }
+            }
+            pick_s = pick;
         }
         __syncthreads();
         if (tid == 0) {
-            float v = red_v[0];
-            int i = red_i[0];
-            for (int w = 1; w < ARGMAX_THREADS / 32; ++w) {
-                if (mo_better(red_v[w], red_i[w], v, i)) {
-                    v = red_v[w];
-                    i = red_i[w];
-                }
-            }
-            p.out[row] = i == 0x7fffffff ? 0 : i;
+            const int pick = pick_s != 0 ? pick_s : last_s;
+            p.out[row] = pick != 0 ? pick - 1 : greedy;
         }
-        __syncthreads();  // red_* are rewritten by the next row
+        __syncthreads();  // shared words are rewritten by the next row
     }
 }

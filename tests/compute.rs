@@ -388,6 +388,208 @@ fn argmax_follows_the_host_rule() {
     );
 }
 
+/// The sampling rule in f64, written here from its statement in `compute::sample`'s docs:
+/// the token, and whether moving the nucleus goal or the draw by `eps` (relative) changes
+/// it — where f32 sums may go either way.
+fn reference_sample(row: &[f32], s: &compute::SamplingRow, eps: f64) -> (i32, bool) {
+    let finite_max = row
+        .iter()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if s.temperature.is_nan() || s.temperature <= 0.0 || !finite_max.is_finite() {
+        return (polyattn::runner::argmax(row) as i32, false);
+    }
+    let m = f64::from(finite_max);
+    let p: Vec<f64> = row
+        .iter()
+        .map(|&x| {
+            if x > f32::NEG_INFINITY {
+                ((f64::from(x) - m) / f64::from(s.temperature)).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let total: f64 = p.iter().sum();
+    let mut sorted = p.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let u = f64::from(if s.uniform >= 0.0 {
+        s.uniform.min(1.0)
+    } else {
+        0.0
+    });
+    // The token for the goal and the draw scaled by (1 + dg) and (1 + dt).
+    let pick = |dg: f64, dt: f64| -> i32 {
+        let mut threshold = 0.0;
+        if s.top_p < 1.0 {
+            // The largest value whose mass of p ≥ it reaches the goal.
+            let goal = f64::from(s.top_p) * total * (1.0 + dg);
+            let mut mass = 0.0;
+            threshold = sorted[0];
+            for &q in &sorted {
+                threshold = q;
+                mass += q;
+                if mass >= goal {
+                    break;
+                }
+            }
+        }
+        let kept = |q: f64| q >= threshold && q > 0.0;
+        let mass: f64 = p.iter().copied().filter(|&q| kept(q)).sum();
+        let target = u * mass * (1.0 + dt);
+        let mut acc = 0.0;
+        let mut last = 0;
+        for (i, &q) in p.iter().enumerate().filter(|&(_, &q)| kept(q)) {
+            acc += q;
+            last = i as i32;
+            if acc > target {
+                return last;
+            }
+        }
+        last
+    };
+    let want = pick(0.0, 0.0);
+    let ambiguous = [-eps, 0.0, eps]
+        .iter()
+        .flat_map(|&dg| [-eps, 0.0, eps].map(|dt| (dg, dt)))
+        .any(|(dg, dt)| pick(dg, dt) != want);
+    (want, ambiguous)
+}
+
+/// `compute::sample` against the rule in f64 on random logits at several temperatures and
+/// top-p values (0: only the largest logits; 1: everything), random draws, and rows the
+/// rule sends elsewhere: temperature 0 / negative / NaN (greedy), logits with NaN and −∞
+/// entries, a +∞ logit or only −∞ (greedy), a draw of NaN, below 0 or 1 and above (clamped).
+/// Draws within 1e-4 of a boundary (of the running mass or the nucleus threshold) are not
+/// compared; most are. Widths: one, around the kernels' thread counts, and SmolLM2's.
+#[test]
+fn sample_follows_the_rule() {
+    let shapes: &[(usize, usize)] = &[(6, 1), (40, 255), (40, 1025), (24, 49152)];
+    for_each_case(
+        "compute::sample",
+        shapes,
+        |&(r, v)| CaseInfo::plain(format!("R{r} V{v}")),
+        |b, &(r, v)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((r * 17 + v) as u64);
+            let mut x = rng.normals(r * v);
+            let mut rows = Vec::with_capacity(r);
+            for (i, xs) in x.chunks_mut(v).enumerate() {
+                let scale = [1.0f32, 3.0, 8.0][i % 3];
+                xs.iter_mut().for_each(|e| *e *= scale);
+                let mut row = compute::SamplingRow {
+                    temperature: [0.7f32, 1.0, 1.6][i % 3],
+                    top_p: [0.9f32, 1.0, 0.5, 0.0, 0.99][i % 5],
+                    uniform: rng.uniform() as f32,
+                };
+                match i % 13 {
+                    1 => row.temperature = 0.0,
+                    2 => row.temperature = -1.0,
+                    3 => row.temperature = f32::NAN,
+                    4 => {
+                        xs.iter_mut().step_by(3).for_each(|e| *e = f32::NAN);
+                        xs.iter_mut()
+                            .skip(1)
+                            .step_by(5)
+                            .for_each(|e| *e = f32::NEG_INFINITY);
+                        if let Some(e) = xs.iter_mut().find(|e| e.is_finite()) {
+                            *e = 20.0;
+                        }
+                    }
+                    5 => xs[v / 2] = f32::INFINITY,
+                    6 => xs.iter_mut().for_each(|e| *e = f32::NEG_INFINITY),
+                    7 => row.uniform = f32::NAN,
+                    8 => row.uniform = -0.5,
+                    9 => row.uniform = 1.0,
+                    10 => row.uniform = 3.0,
+                    _ => {}
+                }
+                rows.push(row);
+            }
+            let t = Tensor::from_f32(&dev, &x, &[r, v], DType::F32)?;
+            let st = compute::SamplingRow::tensor(&dev, &rows)?;
+            let got = compute::sample(&t, &st)?.to_i32_vec()?;
+            let mut compared = 0;
+            for (i, (xs, s)) in x.chunks(v).zip(&rows).enumerate() {
+                let (want, ambiguous) = reference_sample(xs, s, 1e-4);
+                if ambiguous {
+                    continue;
+                }
+                compared += 1;
+                ensure(got[i] == want, || {
+                    format!(
+                        "row {i} ({s:?}): sampled {} on the device, {want} by the rule",
+                        got[i]
+                    )
+                })?;
+            }
+            ensure(compared * 4 >= r * 3, || {
+                format!("only {compared} of {r} rows were far enough from a boundary to compare")
+            })
+        },
+    );
+}
+
+/// `compute::sample` draws the nucleus distribution: N rows of the same logits with
+/// stratified draws (k + ½) / N pick each kept token q_i·N times (±2), where q is the
+/// softmax renormalised over the nucleus, computed here independently of any sampler, and
+/// never a token outside it.
+#[test]
+fn sample_draws_the_nucleus_distribution() {
+    let cases: &[(usize, f32, f32)] = &[(64, 1.0, 0.8), (300, 0.5, 0.95), (300, 2.0, 1.0)];
+    for_each_case(
+        "compute::sample distribution",
+        cases,
+        |&(v, t, p)| CaseInfo::plain(format!("V{v} T{t} top_p {p}")),
+        |b, &(v, temperature, top_p)| {
+            let dev = b.device()?;
+            let n = 2000;
+            let logits = Rng::new(v as u64).normals(v);
+            let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let p: Vec<f64> = logits
+                .iter()
+                .map(|&x| ((f64::from(x) - f64::from(m)) / f64::from(temperature)).exp())
+                .collect();
+            let total: f64 = p.iter().sum();
+            let mut order: Vec<usize> = (0..v).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+            let mut nucleus = vec![false; v];
+            let mut mass = 0.0;
+            for &i in &order {
+                nucleus[i] = true;
+                mass += p[i];
+                if mass >= f64::from(top_p) * total {
+                    break;
+                }
+            }
+            let x: Vec<f32> = (0..n).flat_map(|_| logits.iter().copied()).collect();
+            let rows: Vec<compute::SamplingRow> = (0..n)
+                .map(|k| compute::SamplingRow {
+                    temperature,
+                    top_p,
+                    uniform: ((k as f64 + 0.5) / n as f64) as f32,
+                })
+                .collect();
+            let t = Tensor::from_f32(&dev, &x, &[n, v], DType::F32)?;
+            let got = compute::sample(&t, &compute::SamplingRow::tensor(&dev, &rows)?)?;
+            let mut counts = vec![0usize; v];
+            for &g in &got.to_i32_vec()? {
+                ensure(g >= 0 && (g as usize) < v && nucleus[g as usize], || {
+                    format!("sampled token {g}, outside the nucleus")
+                })?;
+                counts[g as usize] += 1;
+            }
+            for i in (0..v).filter(|&i| nucleus[i]) {
+                let want = p[i] / mass * n as f64;
+                ensure((counts[i] as f64 - want).abs() <= 2.0, || {
+                    format!("token {i} drawn {} times of {n}, want {want:.1}", counts[i])
+                })?;
+            }
+            Ok(())
+        },
+    );
+}
+
 /// The `_into` forms write every element of their output: an output full of NaN before the
 /// call holds exactly what the allocating form returns after it.
 #[test]
@@ -450,6 +652,20 @@ fn into_forms_overwrite_their_output() {
             ensure(
                 out.to_i32_vec()? == compute::argmax(&x)?.to_i32_vec()?,
                 || "argmax: the _into form differs from the allocating form".into(),
+            )?;
+            let rows: Vec<compute::SamplingRow> = (0..t)
+                .map(|i| compute::SamplingRow {
+                    temperature: 1.0,
+                    top_p: 0.9,
+                    uniform: (i as f32 + 0.5) / t as f32,
+                })
+                .collect();
+            let rows = compute::SamplingRow::tensor(&dev, &rows)?;
+            let mut out = Tensor::from_i32(&dev, &vec![-7; t], &[t])?;
+            compute::sample_into(&x, &rows, &mut out)?;
+            ensure(
+                out.to_i32_vec()? == compute::sample(&x, &rows)?.to_i32_vec()?,
+                || "sample: the _into form differs from the allocating form".into(),
             )?;
             // A wrong output shape is a typed error, never a partial write.
             let mut bad = nan(&[t + 1, h])?;

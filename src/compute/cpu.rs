@@ -652,3 +652,87 @@ pub(crate) fn argmax_row(row: &[f32]) -> u32 {
     }
     best as u32
 }
+
+pub(super) fn sample(
+    logits: &Tensor,
+    rows: &[super::SamplingRow],
+    v: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    let x = f32s(logits);
+    i32s_mut(out)
+        .par_iter_mut()
+        .zip(x.par_chunks(v))
+        .zip(rows.par_iter())
+        .for_each(|((o, row), s)| *o = sample_row(row, s) as i32);
+    Ok(())
+}
+
+/// The sampling rule of [`super::sample`] for one row, in f64: the reference every device's
+/// kernel is checked against, and the host sampler itself.
+///
+/// Greedy ([`argmax_row`]) when the temperature is not above 0 or the row's largest non-NaN
+/// element is not finite. Otherwise `p_i = exp((x_i − m) / T)` (0 for NaN and −∞), the
+/// nucleus keeps every `p_i ≥ t` for the largest `t` whose kept mass reaches
+/// `top_p · Σ p` (all of them when `top_p ≥ 1` or NaN; ties at `t` are all kept), and the
+/// token is the first kept index, in index order, whose running kept mass exceeds
+/// `uniform · (kept mass)` (the last kept index if rounding leaves none).
+pub(crate) fn sample_row(row: &[f32], s: &super::SamplingRow) -> u32 {
+    let m = row
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if s.temperature.is_nan() || s.temperature <= 0.0 || !m.is_finite() {
+        return argmax_row(row);
+    }
+    let (m, t) = (f64::from(m), f64::from(s.temperature));
+    let p: Vec<f64> = row
+        .iter()
+        .map(|&x| {
+            if x > f32::NEG_INFINITY {
+                ((f64::from(x) - m) / t).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let total: f64 = p.iter().sum();
+    let threshold = if s.top_p < 1.0 {
+        let goal = f64::from(s.top_p) * total;
+        let mut sorted = p.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut mass = 0.0;
+        let mut t = sorted[0];
+        for &q in &sorted {
+            t = q;
+            mass += q;
+            if mass >= goal {
+                break;
+            }
+        }
+        t
+    } else {
+        0.0
+    };
+    let kept = |q: f64| q >= threshold && q > 0.0;
+    let mass: f64 = p.iter().copied().filter(|&q| kept(q)).sum();
+    let u = if s.uniform >= 0.0 {
+        s.uniform.min(1.0)
+    } else {
+        0.0
+    };
+    let target = f64::from(u) * mass;
+    let mut acc = 0.0;
+    let mut last = 0;
+    for (i, &q) in p.iter().enumerate() {
+        if kept(q) {
+            acc += q;
+            last = i;
+            if acc > target {
+                return i as u32;
+            }
+        }
+    }
+    last as u32
+}

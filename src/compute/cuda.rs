@@ -13,7 +13,8 @@
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
 //! * `swiglu`: `model_swiglu`; `rope_split_qkv`: `model_rope_split` (all three outputs in one
 //!   launch).
-//! * `argmax`: `model_argmax`, one block of [`ARGMAX_THREADS`] per row.
+//! * `argmax`: `model_argmax`, one block of [`ARGMAX_THREADS`] per row; `sample`:
+//!   `model_sample`, the same blocks, then the top-p bisection and the draw's scan.
 //!
 //! Shapes and dtypes were validated by `crate::compute`; this file checks that the tensors
 //! live on this device, picks the float4 variants (row length a multiple of 4 and 16-byte
@@ -29,9 +30,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
     gemv_entry, gemv_split, linear_weight_options, ArgmaxParams, EltwiseParams, GatherParams,
-    LinearEpilogue, LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SwigluParams,
-    ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_OPS,
-    MODEL_THREADS,
+    LinearEpilogue, LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SampleParams,
+    SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR,
+    MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -401,6 +402,29 @@ pub(super) fn argmax(
     // One block per row (the kernel strides over rows past the grid's limit).
     let blocks = r.min(i32::MAX as usize) as u32;
     launch(dev, "model_argmax", (blocks, 1, 1), ARGMAX_THREADS, &params)
+}
+
+pub(super) fn sample(
+    dev: &CudaDevice,
+    logits: &Tensor,
+    rows: &Tensor,
+    r: usize,
+    v: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    if r == 0 {
+        return Ok(());
+    }
+    let params = SampleParams {
+        x: ptr(dev, logits, "sample input")?,
+        rows: ptr(dev, rows, "sampling rows")?,
+        out: ptr(dev, out, "sample output")?,
+        num_rows: i64_of("rows", r)?,
+        v: i32_of("vocab", v)?,
+        pad: 0,
+    };
+    let blocks = r.min(i32::MAX as usize) as u32;
+    launch(dev, "model_sample", (blocks, 1, 1), ARGMAX_THREADS, &params)
 }
 
 pub(super) fn swiglu(

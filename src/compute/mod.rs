@@ -458,3 +458,94 @@ pub fn argmax_into(logits: &Tensor, out: &mut Tensor) -> Result<()> {
         Device::Wgpu(d) => wgsl::argmax(d, logits, r, v, out),
     }
 }
+
+/// One row's sampling parameters for [`sample`]: a request's temperature and top-p with the
+/// uniform draw its random stream gives this step. On the device a row is four f32 words
+/// `(temperature, top_p, uniform, 0)` ([`SamplingRow::words`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingRow {
+    /// Softmax temperature; not above 0 (or NaN) means greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 or more (or NaN) keeps every token, 0 or less keeps only
+    /// the largest logits.
+    pub top_p: f32,
+    /// The draw, in [0, 1); values outside are clamped to it, NaN counts as 0.
+    pub uniform: f32,
+}
+
+impl SamplingRow {
+    /// A greedy row (no draw).
+    pub const GREEDY: SamplingRow = SamplingRow {
+        temperature: 0.0,
+        top_p: 1.0,
+        uniform: 0.0,
+    };
+
+    /// The rows as the `[R, 4]` f32 words [`sample`] reads.
+    pub fn words(rows: &[SamplingRow]) -> Vec<f32> {
+        rows.iter()
+            .flat_map(|r| [r.temperature, r.top_p, r.uniform, 0.0])
+            .collect()
+    }
+
+    /// The rows as an `[R, 4]` f32 tensor on `device`.
+    pub fn tensor(device: &Device, rows: &[SamplingRow]) -> Result<Tensor> {
+        Tensor::from_f32(device, &Self::words(rows), &[rows.len(), 4], DType::F32)
+    }
+}
+
+/// Temperature / top-p sampling on the device: one token per row of `logits [R, V]` (f32),
+/// drawn with that row of `rows [R, 4]` (f32, [`SamplingRow::words`]), → `[R]` i32. The step
+/// downloads token ids, not logits.
+///
+/// The rule, the same on every device (`compute::cpu::sample_row` states it exactly, in
+/// f64): greedy ([`argmax`]'s rule) when the temperature is not above 0 or the row has no
+/// finite maximum; otherwise `p = exp((x − max) / T)`, the nucleus keeps every `p` at or
+/// above the largest threshold whose kept mass reaches `top_p · Σp` (ties at the threshold
+/// all kept), and the token is the first kept index, in index order, whose running kept mass
+/// exceeds `uniform · (kept mass)`. Devices sum in f32, so a draw within rounding of a
+/// boundary between two tokens (or of the nucleus threshold) may fall on either side;
+/// anywhere else every device picks the reference's token.
+pub fn sample(logits: &Tensor, rows: &Tensor) -> Result<Tensor> {
+    let (r, _) = argmax_dims(logits)?;
+    let mut out = Tensor::zeros(logits.device(), &[r], DType::I32)?;
+    sample_into(logits, rows, &mut out)?;
+    Ok(out)
+}
+
+/// [`sample`] into `out [R]` (i32).
+pub fn sample_into(logits: &Tensor, rows: &Tensor, out: &mut Tensor) -> Result<()> {
+    let (r, v) = argmax_dims(logits)?;
+    rows.expect_shape("sampling rows", &[r, 4])?;
+    rows.expect_dtype("sampling rows", DType::F32)?;
+    out.expect_shape("sample output", &[r])?;
+    out.expect_dtype("sample output", DType::I32)?;
+    same_device("sample", logits, out)?;
+    same_device("sample", logits, rows)?;
+    match logits.device() {
+        Device::Cpu(_) => cpu::sample(logits, &sampling_rows(rows)?, v, out),
+        Device::Cuda(d) => cuda::sample(d, logits, rows, r, v, out),
+        Device::Hip(_) => {
+            let mut host_out = Tensor::zeros(&Device::cpu(), &[r], DType::I32)?;
+            let host_rows = sampling_rows(&hip::host(rows)?)?;
+            cpu::sample(&hip::host(logits)?, &host_rows, v, &mut host_out)?;
+            *out = host_out.to_device(logits.device())?;
+            Ok(())
+        }
+        Device::Vulkan(d) => wgsl::sample(d, logits, rows, r, v, out),
+        Device::Wgpu(d) => wgsl::sample(d, logits, rows, r, v, out),
+    }
+}
+
+/// A host `[R, 4]` rows tensor as [`SamplingRow`]s.
+fn sampling_rows(rows: &Tensor) -> Result<Vec<SamplingRow>> {
+    Ok(rows
+        .to_f32_vec()?
+        .chunks_exact(4)
+        .map(|w| SamplingRow {
+            temperature: w[0],
+            top_p: w[1],
+            uniform: w[2],
+        })
+        .collect())
+}

@@ -18,7 +18,10 @@
 //! * `silu_mul`, `add_assign`: one thread per element (vec4 when the count allows).
 //! * `swiglu`: one thread per output element (vec4 when the width allows); `rope_split_qkv`:
 //!   one dispatch per output (q, k rotated; v copied), one thread per (token, head, pair).
-//! * `argmax`: one workgroup per row, tree reduction of (value, index) candidates.
+//! * `argmax`: one workgroup per row, tree reduction of (value, index) candidates;
+//!   `sample`: the same kernel with SAMPLING, then per row the total, a 30-step bisection
+//!   for the top-p threshold and a scan of contiguous column ranges for the draw
+//!   (`model_ops_sample.wgsl`).
 //!
 //! Every tensor must fit one storage binding ([`WgslDeviceInfo::check_binding`]: lavapipe
 //! allows 128 MiB, enough for SmolLM2's 49152×576 f32 embedding table); a larger one is an
@@ -255,6 +258,25 @@ pub(super) fn argmax<R: WgslRuntime>(
         [xb, dev.placeholder(0)?, ob],
         (gx, 1, gz),
     )
+}
+
+pub(super) fn sample<R: WgslRuntime>(
+    dev: &R,
+    logits: &Tensor,
+    rows: &Tensor,
+    r: usize,
+    v: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    if r == 0 {
+        return Ok(());
+    }
+    let xb = dev.tensor_buffer(logits, "sample input")?;
+    let sb = dev.tensor_buffer(rows, "sampling rows")?;
+    let ob = dev.tensor_buffer(out, "sample output")?;
+    let words = Words::new().u(u32_of("rows", r)?).u(u32_of("vocab", v)?);
+    let (gx, gz) = dev.info().grid(r as u64)?;
+    run(dev, ModelShader::Sample, words, [xb, sb, ob], (gx, 1, gz))
 }
 
 pub(super) fn swiglu<R: WgslRuntime>(

@@ -183,17 +183,35 @@ impl Tensor {
     /// its next replay. Ordered after the work already submitted to the device. An error
     /// inside a graph capture (writes from the host happen between replays).
     pub fn write_i32(&mut self, data: &[i32]) -> Result<()> {
-        self.expect_dtype("write_i32 target", DType::I32)?;
+        self.write_pod("write_i32", DType::I32, data)
+    }
+
+    /// [`Tensor::write_i32`] for an f32 tensor.
+    pub fn write_f32(&mut self, data: &[f32]) -> Result<()> {
+        self.write_pod("write_f32", DType::F32, data)
+    }
+
+    fn write_pod<T: bytemuck::Pod + Copy>(
+        &mut self,
+        what: &'static str,
+        dtype: DType,
+        data: &[T],
+    ) -> Result<()> {
+        self.expect_dtype(what, dtype)?;
         if data.len() != self.numel() {
             return Err(Error::shape(
-                "write_i32 data",
+                what,
                 &[data.len()],
                 format!("{} elements ({:?})", self.numel(), self.shape),
             ));
         }
         match (&mut self.storage, &self.device) {
             (Storage::Cpu(CpuStorage::I32(v)), _) => {
-                v.copy_from_slice(data);
+                v.copy_from_slice(bytemuck::cast_slice(data));
+                Ok(())
+            }
+            (Storage::Cpu(CpuStorage::F32(v)), _) => {
+                v.copy_from_slice(bytemuck::cast_slice(data));
                 Ok(())
             }
             (Storage::Cuda(s), Device::Cuda(dev)) => dev.write_pod(s, 0, data),

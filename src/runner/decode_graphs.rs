@@ -21,12 +21,14 @@
 //! The first step of a size runs eagerly through [`CausalLm::forward_into`] (that allocates
 //! the model's buffers for B tokens, compiles its kernels and *is* this step's result), then
 //! the same calls are captured; later steps write the inputs, rebuild the metadata and
-//! replay. The greedy argmax is part of the graph, so a greedy step downloads B token ids.
+//! replay. The greedy argmax is part of the graph, so a greedy step downloads B token ids; a
+//! step whose requests sample runs [`compute::sample`] on the replayed logits, outside the
+//! graph (its rows change every step), and downloads token ids too.
 
 use std::collections::HashMap;
 
 use super::model_runner::{CausalLm, StepBatch};
-use crate::compute;
+use crate::compute::{self, SamplingRow};
 use crate::device::{Device, DeviceGraph, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -45,14 +47,6 @@ pub(super) struct DecodeRow<'a> {
     pub slot: i64,
     /// Its cache blocks.
     pub blocks: &'a [i32],
-}
-
-/// What a step gives the sampler: token ids (every request greedy) or the logits rows.
-pub(super) enum StepOutput {
-    /// One greedy token per sampled row, chosen on the device.
-    Tokens(Vec<i32>),
-    /// `[rows, vocab]` logits, row-major.
-    Logits(Vec<f32>),
 }
 
 /// The persistent buffers and the graph of one padded batch size.
@@ -123,21 +117,21 @@ impl DecodeGraphs {
     }
 
     /// Runs one decode step of `rows` at padded size `size` (from [`DecodeGraphs::size_for`]):
-    /// eagerly then captured the first time, replayed after. `greedy`: download token ids,
-    /// else the logits of the real rows. `wait` gains the time spent waiting for the device
-    /// before the download.
+    /// eagerly then captured the first time, replayed after; the token ids of the real rows,
+    /// greedy or drawn with `sampling`'s rows (one per real row). `wait` gains the time spent
+    /// waiting for the device before the download.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run<M: CausalLm>(
         &mut self,
         size: usize,
         rows: &[DecodeRow<'_>],
-        greedy: bool,
+        sampling: Option<&[SamplingRow]>,
         model: &M,
         caches: &mut [KvCache],
         builder: &dyn AttentionMetadataBuilder,
         device: &Device,
         wait: &mut std::time::Duration,
-    ) -> Result<StepOutput> {
+    ) -> Result<Vec<i32>> {
         let n = rows.len();
         if n == 0 || n > size {
             return Err(Error::config(format!(
@@ -226,17 +220,18 @@ impl DecodeGraphs {
             }
         }
         entry.metadata = Some(metadata);
+        if let Some(sampling) = sampling {
+            // Padding rows are greedy: their tokens are computed and dropped.
+            let mut padded = sampling.to_vec();
+            padded.resize(size, SamplingRow::GREEDY);
+            let rows = SamplingRow::tensor(device, &padded)?;
+            compute::sample_into(&entry.logits, &rows, &mut entry.tokens)?;
+        }
         let synced = std::time::Instant::now();
         device.synchronize()?;
         *wait += synced.elapsed();
-        Ok(if greedy {
-            let mut t = entry.tokens.to_i32_vec()?;
-            t.truncate(n);
-            StepOutput::Tokens(t)
-        } else {
-            let mut l = entry.logits.to_f32_vec()?;
-            l.truncate(n * self.vocab);
-            StepOutput::Logits(l)
-        })
+        let mut t = entry.tokens.to_i32_vec()?;
+        t.truncate(n);
+        Ok(t)
     }
 }

@@ -24,4 +24,4 @@ mod scheduler;
 
 pub use model_runner::{CausalLm, ModelConfig, ModelRunner, RunnerConfig, RunnerStats, StepBatch};
 pub use request::{FinishReason, RequestId, SamplingParams, TokenOutput};
-pub use sampler::{argmax, sample};
+pub use sampler::{argmax, sample, sampling_row};

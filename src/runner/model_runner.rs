@@ -3,12 +3,12 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::decode_graphs::{DecodeGraphs, DecodeRow, StepOutput};
+use super::decode_graphs::{DecodeGraphs, DecodeRow};
 use super::request::{FinishReason, RequestId, SamplingParams, TokenOutput};
-use super::sampler::sample;
+use super::sampler::sampling_row;
 use super::scheduler::{Scheduler, Sequence};
 use crate::backend::{BackendRef, GraphCaptureSupport};
-use crate::compute;
+use crate::compute::{self, SamplingRow};
 use crate::device::{Device, Tensor};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
@@ -402,9 +402,16 @@ impl<M: CausalLm> ModelRunner<M> {
                 prefill_tokens += s.num_tokens;
             }
         }
-        let greedy = sampled
+        // Each sampled request's row (its draw taken from its own stream now, in plan order);
+        // None when every one is greedy, so the step runs the plain argmax.
+        let rows: Vec<SamplingRow> = sampled
             .iter()
-            .all(|&k| self.scheduler.running[plan[k].index].params.temperature == 0.0);
+            .map(|&k| {
+                let seq = &mut self.scheduler.running[plan[k].index];
+                sampling_row(&seq.params, &mut seq.rng)
+            })
+            .collect();
+        let sampling = Some(rows.as_slice()).filter(|r| r.iter().any(|r| r.temperature > 0.0));
         // A graph step: one new token per request, every request sampled.
         let graph_size = self
             .graphs
@@ -414,7 +421,7 @@ impl<M: CausalLm> ModelRunner<M> {
         let mut wait = Duration::ZERO;
         let output = match (graph_size, self.graphs.as_mut()) {
             (Some(size), Some(graphs)) => {
-                let rows: Vec<DecodeRow<'_>> = plan
+                let decode_rows: Vec<DecodeRow<'_>> = plan
                     .iter()
                     .map(|s| {
                         let seq = &self.scheduler.running[s.index];
@@ -430,8 +437,8 @@ impl<M: CausalLm> ModelRunner<M> {
                 self.stats.graph_steps += 1;
                 Some(graphs.run(
                     size,
-                    &rows,
-                    greedy,
+                    &decode_rows,
+                    sampling,
                     &self.model,
                     &mut self.caches,
                     self.builder.as_ref(),
@@ -439,7 +446,7 @@ impl<M: CausalLm> ModelRunner<M> {
                     &mut wait,
                 )?)
             }
-            _ => self.eager_step(&plan, sampled.len(), greedy, &mut wait)?,
+            _ => self.eager_step(&plan, sampled.len(), sampling, &mut wait)?,
         };
         if output.is_none() {
             // Nothing was read back: the step's work may still be running.
@@ -452,20 +459,16 @@ impl<M: CausalLm> ModelRunner<M> {
         for s in &plan {
             self.scheduler.running[s.index].num_computed += s.num_tokens;
         }
-        let v = self.config.vocab_size;
         let mut outputs = Vec::with_capacity(sampled.len());
         let mut finished = Vec::new();
         for (row, &k) in sampled.iter().enumerate() {
             let index = plan[k].index;
             let seq = &mut self.scheduler.running[index];
-            let token = match &output {
-                Some(StepOutput::Tokens(t)) => t[row] as u32,
-                Some(StepOutput::Logits(l)) => {
-                    sample(&l[row * v..(row + 1) * v], &seq.params, &mut seq.rng)
-                }
+            let token = match output.as_ref().and_then(|t| t.get(row)) {
+                Some(&t) => t as u32,
                 None => {
                     return Err(Error::config(
-                        "the step sampled a request but produced no logits",
+                        "the step sampled a request but produced no token for it",
                     ))
                 }
             };
@@ -505,16 +508,16 @@ impl<M: CausalLm> ModelRunner<M> {
         Ok(outputs)
     }
 
-    /// Runs the step's batch through [`CausalLm::forward`]; the sampler's input when
-    /// `sampled` rows sample (token ids chosen on the device when every one is greedy).
-    /// `wait` gains the time spent waiting for the device before the download.
+    /// Runs the step's batch through [`CausalLm::forward`] and chooses the tokens of the
+    /// `sampled` rows on the device: the argmax, or [`compute::sample`] with `sampling`'s
+    /// rows. `wait` gains the time spent waiting for the device before the download.
     fn eager_step(
         &mut self,
         plan: &[super::scheduler::Scheduled],
         sampled: usize,
-        greedy: bool,
+        sampling: Option<&[SamplingRow]>,
         wait: &mut Duration,
-    ) -> Result<Option<StepOutput>> {
+    ) -> Result<Option<Vec<i32>>> {
         let bs = self.runner.block_size;
         let width = plan
             .iter()
@@ -595,18 +598,14 @@ impl<M: CausalLm> ModelRunner<M> {
                 logits.shape()
             )));
         }
-        let tokens = if greedy {
-            Some(compute::argmax(logits)?)
-        } else {
-            None
+        let tokens = match sampling {
+            None => compute::argmax(logits)?,
+            Some(rows) => compute::sample(logits, &SamplingRow::tensor(&self.device, rows)?)?,
         };
         let synced = Instant::now();
         self.device.synchronize()?;
         *wait += synced.elapsed();
-        Ok(Some(match tokens {
-            Some(t) => StepOutput::Tokens(t.to_i32_vec()?),
-            None => StepOutput::Logits(logits.to_f32_vec()?),
-        }))
+        Ok(Some(tokens.to_i32_vec()?))
     }
 
     /// Runs `prompts` to completion with the same sampling parameters and returns each

@@ -2,6 +2,7 @@
 //! request's own seeded random stream.
 
 use super::request::SamplingParams;
+use crate::compute::SamplingRow;
 use crate::rng::Rng;
 
 /// Index of the largest logit (the lowest index among equal maxima; NaN never wins).
@@ -10,53 +11,26 @@ pub fn argmax(logits: &[f32]) -> u32 {
     crate::compute::cpu::argmax_row(logits)
 }
 
-/// Samples a token: greedy when `params.temperature == 0`, else softmax(logits / T) cut to
-/// the top-p nucleus, drawn with `rng`.
+/// The row a request samples with this step: its temperature and top-p, and a uniform draw
+/// from its random stream (taken only when it samples: greedy requests draw nothing).
+pub fn sampling_row(params: &SamplingParams, rng: &mut Rng) -> SamplingRow {
+    if params.temperature > 0.0 {
+        SamplingRow {
+            temperature: params.temperature,
+            top_p: params.top_p,
+            uniform: rng.uniform() as f32,
+        }
+    } else {
+        SamplingRow::GREEDY
+    }
+}
+
+/// Samples a token on the host: greedy when `params.temperature == 0`, else softmax(logits /
+/// T) cut to the top-p nucleus, drawn with `rng` — exactly [`crate::compute::sample`]'s
+/// rule (the devices' kernels follow it in f32), so a request samples the same way wherever
+/// its logits live.
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
-    if params.temperature == 0.0 || logits.len() <= 1 {
-        return argmax(logits);
-    }
-    let inv_t = 1.0 / params.temperature as f64;
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut probs: Vec<(u32, f64)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            let p = if v.is_nan() {
-                0.0
-            } else {
-                ((v as f64 - max) * inv_t).exp()
-            };
-            (i as u32, p)
-        })
-        .collect();
-    let total: f64 = probs.iter().map(|p| p.1).sum();
-    if !(total > 0.0 && total.is_finite()) {
-        return argmax(logits);
-    }
-    // Nucleus: most likely first, keep until the mass reaches top_p.
-    probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut kept = 0.0;
-    let mut n = 0;
-    for &(_, p) in &probs {
-        kept += p;
-        n += 1;
-        if kept / total >= params.top_p as f64 {
-            break;
-        }
-    }
-    let mut u = rng.uniform() * kept;
-    for &(id, p) in &probs[..n] {
-        if u < p {
-            return id;
-        }
-        u -= p;
-    }
-    probs[n - 1].0
+    crate::compute::cpu::sample_row(logits, &sampling_row(params, rng))
 }
 
 #[cfg(test)]

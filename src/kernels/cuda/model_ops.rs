@@ -92,7 +92,8 @@ pub enum LinearEpilogue {
 pub const MODEL_THREADS: u32 = 256;
 /// Output tile edge of the tiled linear kernel (`LIN_BM` = `LIN_BN`).
 pub const LINEAR_TILE: usize = 64;
-/// Threads per block of the argmax kernel (`ARGMAX_THREADS`: a row is a whole vocabulary).
+/// Threads per block of the argmax and sample kernels (`ARGMAX_THREADS`: a row is a whole
+/// vocabulary).
 pub const ARGMAX_THREADS: u32 = 1024;
 /// Threads per GEMV block (`GEMV_THREADS`); each warp computes one pair of weight rows at a
 /// time.
@@ -271,6 +272,24 @@ pub struct ArgmaxParams {
     pub pad: i32,
 }
 
+/// `SampleParams` of model_ops.cu (`model_sample`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SampleParams {
+    /// Logits `[num_rows, v]` f32.
+    pub x: u64,
+    /// Sampling rows `[num_rows, 4]` f32 (temperature, top_p, uniform, unused).
+    pub rows: u64,
+    /// Result `[num_rows]` i32.
+    pub out: u64,
+    /// Rows.
+    pub num_rows: i64,
+    /// Row length (vocabulary).
+    pub v: i32,
+    /// Padding.
+    pub pad: i32,
+}
+
 /// `SwigluParams` of model_ops.cu (`model_swiglu`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -318,6 +337,7 @@ pub struct RopeSplitParams {
 }
 
 const _: () = assert!(std::mem::size_of::<ArgmaxParams>() == 32);
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 40);
 const _: () = assert!(std::mem::size_of::<SwigluParams>() == 32);
 const _: () = assert!(std::mem::size_of::<RopeSplitParams>() == 72);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);

@@ -135,6 +135,7 @@ pub const MODEL_OPS: KernelSource = KernelSource {
         "model_silu_mul",
         "model_add",
         "model_argmax",
+        "model_sample",
         "model_swiglu",
         "model_rope_split",
     ],

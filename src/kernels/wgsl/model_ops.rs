@@ -7,9 +7,9 @@
 use super::bindings::Bindings;
 use super::preprocess::consts;
 use super::sources::{
-    MODEL_OPS_ARGMAX, MODEL_OPS_COMMON, MODEL_OPS_ELEMENTWISE, MODEL_OPS_GATHER, MODEL_OPS_GEMV,
-    MODEL_OPS_LINEAR, MODEL_OPS_LINEAR_OUT, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE,
-    MODEL_OPS_ROPE_SPLIT,
+    MODEL_OPS_COMMON, MODEL_OPS_ELEMENTWISE, MODEL_OPS_GATHER, MODEL_OPS_GEMV, MODEL_OPS_LINEAR,
+    MODEL_OPS_LINEAR_OUT, MODEL_OPS_RMS_NORM, MODEL_OPS_ROPE, MODEL_OPS_ROPE_SPLIT,
+    MODEL_OPS_SAMPLE,
 };
 
 /// Threads per workgroup of the model operations' kernels (`model_ops_*.wgsl`).
@@ -320,8 +320,10 @@ pub enum ModelShader {
         /// Rotate (query and key heads) or copy (value heads).
         rotate: bool,
     },
-    /// `argmax` (`model_ops_argmax.wgsl`), scalar loads.
+    /// `argmax` (`model_ops_sample.wgsl` without SAMPLING), scalar loads.
     Argmax,
+    /// `sample` (`model_ops_sample.wgsl` with SAMPLING), scalar loads.
+    Sample,
 }
 
 impl ModelShader {
@@ -409,6 +411,7 @@ impl ModelShader {
             ModelShader::Rope { interleaved: true },
             ModelShader::Rope { interleaved: false },
             ModelShader::Argmax,
+            ModelShader::Sample,
         ]);
         v
     }
@@ -424,7 +427,10 @@ impl ModelShader {
             | ModelShader::SiluMul { vec4 }
             | ModelShader::Add { vec4 }
             | ModelShader::Swiglu { vec4 } => vec4,
-            ModelShader::Rope { .. } | ModelShader::RopeSplit { .. } | ModelShader::Argmax => false,
+            ModelShader::Rope { .. }
+            | ModelShader::RopeSplit { .. }
+            | ModelShader::Argmax
+            | ModelShader::Sample => false,
         }
     }
 
@@ -460,6 +466,7 @@ impl ModelShader {
                 if *rotate { "rotate" } else { "copy" }
             ),
             ModelShader::Argmax => "model argmax".into(),
+            ModelShader::Sample => "model sample".into(),
             ModelShader::Rope { interleaved } => format!(
                 "model rope {}",
                 if *interleaved {
@@ -535,7 +542,13 @@ impl ModelShader {
                 );
                 MODEL_OPS_ROPE_SPLIT
             }
-            ModelShader::Argmax => MODEL_OPS_ARGMAX,
+            ModelShader::Argmax | ModelShader::Sample => {
+                s += &format!(
+                    "const SAMPLING: bool = {};\n",
+                    matches!(self, ModelShader::Sample)
+                );
+                MODEL_OPS_SAMPLE
+            }
         };
         s += MODEL_OPS_COMMON;
         if self.linear_form().is_some() {

@@ -27,7 +27,7 @@ pub(super) const MODEL_OPS_GATHER: &str = include_str!("../../../shaders/model_o
 pub(super) const MODEL_OPS_ROPE: &str = include_str!("../../../shaders/model_ops_rope.wgsl");
 pub(super) const MODEL_OPS_ROPE_SPLIT: &str =
     include_str!("../../../shaders/model_ops_rope_split.wgsl");
-pub(super) const MODEL_OPS_ARGMAX: &str = include_str!("../../../shaders/model_ops_argmax.wgsl");
+pub(super) const MODEL_OPS_SAMPLE: &str = include_str!("../../../shaders/model_ops_sample.wgsl");
 pub(super) const MODEL_OPS_ELEMENTWISE: &str =
     include_str!("../../../shaders/model_ops_elementwise.wgsl");
 pub(super) const MLA_CACHE_WRITE: &str = include_str!("../../../shaders/mla_cache_write.wgsl");

@@ -267,18 +267,28 @@ fn replayed_decode_steps_equal_eager_steps() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The runner with graphs (default capture sizes) and without: equal greedy tokens, and the
-/// graph runs really replayed (most decode steps are graph steps).
+/// The runner with graphs (default capture sizes) and without: equal tokens, greedy and
+/// sampled (temperature 0.8, top-p 0.9: the draws are taken on the device from bit-identical
+/// logits, so they match too), and the graph runs really replayed (most decode steps are
+/// graph steps). The sampled tokens differ from the greedy ones, so the draws did happen.
 #[test]
-fn runner_graphs_keep_greedy_tokens() {
+fn runner_graphs_keep_tokens() {
     let tiny = load_tiny().unwrap();
     let prompts: Vec<Vec<u32>> = ["Once upon a time", "The cat", "A small dog ran to the"]
         .iter()
         .map(|p| tiny.tokenizer.encode(p).unwrap())
         .collect();
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: 11,
+        ..SamplingParams::greedy(24)
+    };
     let mut failures = Vec::new();
     for b in graph_backends("runner graphs") {
-        let run = |sizes: Vec<usize>| -> polyattn::Result<(Vec<Vec<u32>>, usize, usize)> {
+        let run = |sizes: Vec<usize>,
+                   params: &SamplingParams|
+         -> polyattn::Result<(Vec<Vec<u32>>, usize, usize)> {
             let model = Llama::load(tiny.config.clone(), tiny.weights.clone(), Some(b.clone()))?;
             let mut runner = ModelRunner::new(
                 model,
@@ -287,34 +297,51 @@ fn runner_graphs_keep_greedy_tokens() {
                     ..Default::default()
                 },
             )?;
-            let out = runner.generate(&prompts, &SamplingParams::greedy(24))?;
+            let out = runner.generate(&prompts, params)?;
             no_validation_errors(runner.device())?;
             let s = runner.stats();
             Ok((out, s.graph_steps, s.steps))
         };
-        match (
-            run(RunnerConfig::default().graph_capture_sizes),
-            run(Vec::new()),
-        ) {
-            (Ok((g, graph_steps, steps)), Ok((e, 0, _))) => {
-                if g != e {
-                    failures.push(format!("{}: graph tokens {g:?} != eager {e:?}", b.name()));
-                } else if graph_steps * 2 < steps {
-                    failures.push(format!(
-                        "{}: only {graph_steps} of {steps} steps replayed graphs",
-                        b.name()
-                    ));
-                } else {
-                    report!(
-                        "  ok   {}: {graph_steps} of {steps} steps were graphs, tokens equal",
-                        b.name()
-                    );
+        let mut greedy_tokens = None;
+        for (what, params) in [
+            ("greedy", SamplingParams::greedy(24)),
+            ("sampled", sampled.clone()),
+        ] {
+            match (
+                run(RunnerConfig::default().graph_capture_sizes, &params),
+                run(Vec::new(), &params),
+            ) {
+                (Ok((g, graph_steps, steps)), Ok((e, 0, _))) => {
+                    if g != e {
+                        failures.push(format!(
+                            "{} {what}: graph tokens {g:?} != eager {e:?}",
+                            b.name()
+                        ));
+                    } else if graph_steps * 2 < steps {
+                        failures.push(format!(
+                            "{} {what}: only {graph_steps} of {steps} steps replayed graphs",
+                            b.name()
+                        ));
+                    } else if greedy_tokens.as_ref() == Some(&g) {
+                        failures.push(format!(
+                            "{} {what}: the sampled tokens equal the greedy ones",
+                            b.name()
+                        ));
+                    } else {
+                        report!(
+                            "  ok   {} {what}: {graph_steps} of {steps} steps were graphs, \
+                             tokens equal",
+                            b.name()
+                        );
+                        greedy_tokens.get_or_insert(g);
+                    }
                 }
+                (Ok(_), Ok((_, n, _))) => failures.push(format!(
+                    "{} {what}: {n} graph steps with no sizes",
+                    b.name()
+                )),
+                (Err(e), _) | (_, Err(e)) => failures.push(format!("{} {what}: {e}", b.name())),
             }
-            (Ok(_), Ok((_, n, _))) => {
-                failures.push(format!("{}: {n} graph steps with no sizes", b.name()))
-            }
-            (Err(e), _) | (_, Err(e)) => failures.push(format!("{}: {e}", b.name())),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
