@@ -19,9 +19,13 @@ for p in "$@"; do
     compute)
       run compute 200 $B/test-compute --nocapture ;;
     sanitize)
-      # The linear kernels under memcheck and racecheck (the tiled form's shared memory).
+      # The linear kernels under memcheck and racecheck (the tiled form's shared memory), and
+      # the sampler (model_sample: its scan and bisection share shared memory across rows).
       run memcheck-linear 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
-      run racecheck-linear 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_fused ;;
+      run racecheck-linear 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_fused
+      run memcheck-sample 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute sample
+      run racecheck-sample 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute sample
+      run synccheck-sample 240 compute-sanitizer --tool synccheck --error-exitcode 3 $B/test-compute sample ;;
     graphs)
       run graph-tests 200 $B/test-generate --nocapture graph_tests ;;
     identity)
