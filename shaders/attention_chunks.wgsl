@@ -10,12 +10,12 @@
 
 // Element bases of the keys this thread loads for the chunk at c0 (cn keys): load
 // i covers vec4 u = t + i·WG of the chunk's BN·D4, key u / D4 (0 for keys ≥ cn, never read).
-fn chunk_bases(t: u32, c0: u32, cn: u32, kv_head: u32, kv_row: u32) -> array<u32, LPT> {
-    var kb: array<u32, LPT>;
+fn chunk_bases(t: u32, c0: u32, cn: u32, kv_head: u32, kv_row: u32) -> array<KB, LPT> {
+    var kb: array<KB, LPT>;
     // @unroll
     for (var i = 0u; i < LPT; i = i + 1u) {
         let j = (t + i * WG) / D4;
-        var b = 0u;
+        var b = KB();
         if j < cn {
             b = key_base_fast(c0 + j, kv_head, kv_row);
         }
@@ -26,7 +26,7 @@ fn chunk_bases(t: u32, c0: u32, cn: u32, kv_head: u32, kv_row: u32) -> array<u32
 
 // This thread's raw words of the chunk's keys (`v`: values) at the bases `kb`;
 // zero words (0.0 in every dtype) for keys ≥ cn.
-fn chunk_raw(t: u32, kb_in: array<u32, LPT>, cn: u32, v: bool) -> array<KV_RAW, LPT> {
+fn chunk_raw(t: u32, kb_in: array<KB, LPT>, cn: u32, v: bool) -> array<KV_RAW, LPT> {
     var kb = kb_in;
     var w: array<KV_RAW, LPT>;
     // @unroll
@@ -34,7 +34,7 @@ fn chunk_raw(t: u32, kb_in: array<u32, LPT>, cn: u32, v: bool) -> array<KV_RAW, 
         let u = t + i * WG;
         var x = KV_RAW();
         if u / D4 < cn {
-            let e = kb[i] + (u % D4) * 4u;
+            let e = kb_add(kb[i], (u % D4) * 4u);
             if v {
                 x = v_raw4(e);
             } else {

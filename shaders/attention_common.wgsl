@@ -37,6 +37,9 @@ struct Params {
     block_shift: u32,
     // Block-table row width (paged), 0 for dense K/V (encoder attention).
     bt_width: u32,
+    // Blocks per chunk of a cache stored in chunks (the generated `kv_addr`); unused when
+    // the cache is one buffer.
+    blocks_per_window: u32,
 }
 
 // A work item of the planner (src/plan/work_item.rs documents every field and asserts its

@@ -124,7 +124,7 @@ var<workgroup> a_s: array<f32, BM>;
 var<workgroup> pos_s: array<u32, BM>;
 var<workgroup> head_s: array<u32, BM>;
 // Key addresses (tiled; 1 entry in the tiled2 forms, which keep them in registers).
-var<workgroup> kbase_s: array<u32, KB_LEN>;
+var<workgroup> kbase_s: array<KB, KB_LEN>;
 
 // Phase A: vec4 column d4 of this thread's KPT keys a_j + i·KL (i < KPT) from kv_s.
 fn key_cols(a_j: u32, d4: u32) -> array<SH4, KPT> {
@@ -234,7 +234,7 @@ fn tiled_stage(t: u32, cn: u32, v: bool, scale: f32) {
         let c = u % D4;
         var x = vec4<f32>(0.0);
         if j < cn {
-            let e = kbase_s[min(j, KB_LEN - 1u)] + c * 4u;
+            let e = kb_add(kbase_s[min(j, KB_LEN - 1u)], c * 4u);
             if v {
                 x = v_load4(e);
             } else {
@@ -447,7 +447,7 @@ fn main(inp: Inputs) {
         acc[e] = vec4<f32>(0.0);
     }
     // tiled2: the key bases and raw K words of the next chunk, in registers.
-    var kb: array<u32, LPT>;
+    var kb: array<KB, LPT>;
     var raw: array<KV_RAW, LPT>;
     if TILED2 && lo < hi {
         kb = chunk_bases(t, lo, min(BN, hi - lo), kv_head, kv_row);

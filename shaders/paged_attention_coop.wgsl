@@ -264,7 +264,7 @@ fn main(inp: Inputs) {
     let range = key_range(kv_lo, kv_hi, p_min, p_max);
     let lo = range.x;
     let hi = range.y;
-    var kb: array<u32, LPT>;
+    var kb: array<KB, LPT>;
     var raw: array<KV_RAW, LPT>;
     if lo < hi && valid {
         kb = chunk_bases(t, lo, min(BN, hi - lo), kv_head, kv_row);

@@ -69,7 +69,6 @@
 // visible to some row (the rows are consecutive positions, and the union of their causal /
 // window intervals is the range `key_range` returns), so it is the request's own data.
 
-@group(0) @binding(2) var<storage, read> kv_buf: array<Gran>;
 @group(0) @binding(3) var<storage, read> block_table: array<i32>;
 
 // The K and V granules of one step's U keys (this lane's GPT granules of each).
@@ -83,7 +82,7 @@ var<workgroup> ml_s: array<vec2<f32>, NKG * ROWS>;
 
 // Element index of key `pos`'s K row for `kv_head` (add kv_stride for V). Power-of-two
 // block sizes (all of vLLM's) take a shift and a mask instead of a division.
-fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
+fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> KB {
     var b = 0u;
     var off = 0u;
     if params.block_shift < 32u {
@@ -94,7 +93,7 @@ fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
         off = pos % params.block_size;
     }
     let blk = u32(block_table[kv_row + b]);
-    return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;
+    return kv_addr(blk, off * params.tok_stride + kv_head * params.head_stride);
 }
 
 // Element bases of keys j0 .. j0 + U − 1, each key clamped to `last` = hi − 1 (the item's
@@ -105,14 +104,14 @@ fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {
 // clamped keys share a block: hi − 1 ≥ j0 lies in j0's block, or all of them are hi − 1)
 // one block-table read serves all of them. Needs hi ≥ 1 (the caller runs it only when
 // lo < hi).
-fn key_bases(j0: u32, last: u32, kv_head: u32, kv_row: u32, one_block: bool) -> array<u32, U> {
-    var kb: array<u32, U>;
+fn key_bases(j0: u32, last: u32, kv_head: u32, kv_row: u32, one_block: bool) -> array<KB, U> {
+    var kb: array<KB, U>;
     if one_block {
         let jc = min(j0, last);
         let b0 = key_base(jc, kv_head, kv_row);
         // @unroll
         for (var u = 0u; u < U; u = u + 1u) {
-            kb[u] = b0 + (min(j0 + u, last) - jc) * params.tok_stride;
+            kb[u] = kb_add(b0, (min(j0 + u, last) - jc) * params.tok_stride);
         }
         return kb;
     }
@@ -144,15 +143,15 @@ fn unmasked_range(lo: u32, hi: u32, p_min: u32, p_max: u32) -> vec2<u32> {
 
 // Lane c's granules of the keys at element bases `kb` (lanes past the last granule re-read
 // granule NG − 1; the scores and P·V mask them).
-fn load_step(kb: array<u32, U>, c: u32) -> Granules {
+fn load_step(kb: array<KB, U>, c: u32) -> Granules {
     var g: Granules;
     // @unroll
     for (var u = 0u; u < U; u = u + 1u) {
         // @unroll
         for (var k = 0u; k < GPT; k = k + 1u) {
             let gi = min(c + k * TPK, NG - 1u);
-            g.kgr[u * GPT + k] = kv_buf[(kb[u] + gi * G) / G];
-            g.vgr[u * GPT + k] = kv_buf[(kb[u] + params.kv_stride + gi * G) / G];
+            g.kgr[u * GPT + k] = kv_word(kb_add(kb[u], gi * G));
+            g.vgr[u * GPT + k] = kv_word(kb_add(kb[u], params.kv_stride + gi * G));
         }
     }
     return g;
@@ -243,7 +242,7 @@ fn main(
     // Element bases of the keys whose granules load next. The granules of step `it` + STEP
     // load while step `it` is computed (two steps of loads in flight).
     let last = hi - 1u;
-    var kb: array<u32, U>;
+    var kb: array<KB, U>;
     var nxt: Granules;
     if lo < hi {
         kb = key_bases(lo + kg * U, last, kv_head, kv_row, one_block);

@@ -31,7 +31,8 @@ struct Params {
     head_size: u32,
     k_scale: f32,
     v_scale: f32,
-    pad1: u32,
+    // Blocks per chunk of a cache stored in chunks (see `cache_binding`); unused otherwise.
+    blocks_per_window: u32,
     pad2: u32,
 }
 
@@ -62,8 +63,7 @@ fn main(
     let blk = slot / params.block_size;
     let off = slot % params.block_size;
     let src = (tok * params.num_kv_heads + h) * params.head_size + c * 4u;
-    let dst = blk * params.block_stride + off * params.tok_stride + h * params.head_stride
-        + c * 4u;
+    let dst = kv_addr(blk, off * params.tok_stride + h * params.head_stride + c * 4u);
     cache_store4(dst, key_load4(src), params.k_scale);
-    cache_store4(dst + params.kv_stride, value_load4(src), params.v_scale);
+    cache_store4(kb_add(dst, params.kv_stride), value_load4(src), params.v_scale);
 }

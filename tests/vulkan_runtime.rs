@@ -106,7 +106,8 @@ fn buffers_round_trip_and_merge_runs_under_validation() {
         pipe.bindings()[0],
         ModuleBinding {
             binding: 0,
-            kind: BindingKind::Uniform
+            kind: BindingKind::Uniform,
+            count: 1,
         }
     );
     assert_eq!(

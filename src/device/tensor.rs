@@ -71,7 +71,9 @@ impl Tensor {
             Device::Cpu(_) => Storage::Cpu(CpuStorage::try_zeros(n, dtype)?),
             Device::Cuda(d) => Storage::Cuda(d.zeros(n, dtype)?),
             Device::Hip(d) => Storage::Hip(d.zeros(n, dtype)?),
-            Device::Vulkan(d) => Storage::Vulkan(d.tensor_zeros(n, dtype)?),
+            Device::Vulkan(d) => {
+                Storage::Vulkan(d.tensor_zeros(n, dtype, shape.first().copied().unwrap_or(1))?)
+            }
             Device::Wgpu(d) => Storage::Wgpu(d.zeros(n, dtype)?),
         };
         Ok(Tensor {
@@ -152,7 +154,11 @@ impl Tensor {
             Device::Cpu(_) => Storage::Cpu(cpu),
             Device::Cuda(d) => Storage::Cuda(d.upload(&cpu, dtype)?),
             Device::Hip(d) => Storage::Hip(d.upload(&cpu, dtype)?),
-            Device::Vulkan(d) => Storage::Vulkan(d.tensor_upload(&cpu, dtype)?),
+            Device::Vulkan(d) => Storage::Vulkan(d.tensor_upload(
+                &cpu,
+                dtype,
+                shape.first().copied().unwrap_or(1),
+            )?),
             Device::Wgpu(d) => Storage::Wgpu(d.upload(&cpu, dtype)?),
         };
         Ok(Tensor {
@@ -217,7 +223,7 @@ impl Tensor {
             (Storage::Cuda(s), Device::Cuda(dev)) => dev.write_pod(s, 0, data),
             (Storage::Hip(s), Device::Hip(dev)) => dev.write_pod(s, 0, data),
             (Storage::Vulkan(s), Device::Vulkan(dev)) => {
-                dev.write(s.buffer(), 0, bytemuck::cast_slice(data))
+                dev.tensor_write(s, bytemuck::cast_slice(data))
             }
             (Storage::Wgpu(s), Device::Wgpu(dev)) => {
                 if !data.is_empty() {
@@ -258,9 +264,7 @@ impl Tensor {
             }
             (Storage::Cuda(d), Storage::Cuda(s), Device::Cuda(dev)) => dev.copy(s, d),
             (Storage::Hip(d), Storage::Hip(s), Device::Hip(dev)) => dev.copy(s, d),
-            (Storage::Vulkan(d), Storage::Vulkan(s), Device::Vulkan(dev)) => {
-                dev.copy(s.buffer(), d.buffer())
-            }
+            (Storage::Vulkan(d), Storage::Vulkan(s), Device::Vulkan(dev)) => dev.tensor_copy(s, d),
             (Storage::Wgpu(d), Storage::Wgpu(s), Device::Wgpu(dev)) => dev.copy(s, d),
             _ => Err(Error::Device {
                 backend: self.device.kind().as_str().into(),

@@ -106,6 +106,14 @@ pub struct WgslDeviceInfo {
     pub max_workgroups_per_dim: u32,
     /// Bytes one storage binding may cover.
     pub max_binding_bytes: u64,
+    /// Binding arrays of storage buffers (the native Vulkan runtime): a tensor larger than
+    /// one binding is then stored in chunks and bound as an array of them
+    /// ([`WgslRuntime::tensor_chunks`]).
+    pub binding_arrays: bool,
+    /// Binding arrays indexed by non-uniform values (Vulkan's
+    /// `shaderStorageBufferArrayNonUniformIndexing`); without it kernels pick a chunk through
+    /// a `switch` of constant indices.
+    pub binding_array_any_index: bool,
 }
 
 impl WgslDeviceInfo {
@@ -121,6 +129,16 @@ impl WgslDeviceInfo {
             )));
         }
         Ok((x as u32, z as u32))
+    }
+
+    /// Errors when a KV cache of `bytes` in blocks of `page_bytes` cannot be bound: it must
+    /// fit one storage binding, or — where the device binds arrays of storage buffers (the
+    /// cache is then stored and bound in chunks of whole blocks) — one block must.
+    pub fn check_cache(&self, bytes: u64, page_bytes: u64) -> Result<()> {
+        if self.binding_arrays && bytes > self.max_binding_bytes {
+            return self.check_binding(page_bytes, "one block of the KV cache");
+        }
+        self.check_binding(bytes, "the KV cache")
     }
 
     /// Errors when a buffer of `bytes` cannot be bound as one storage binding.
@@ -192,6 +210,23 @@ pub trait WgslRuntime: Clone + Debug + PartialEq + Send + Sync + 'static {
     /// The buffer of `t`, checked to live on this device and to fit one storage binding
     /// (`what` names it in errors).
     fn tensor_buffer(&self, t: &Tensor, what: &'static str) -> Result<Self::Buffer>;
+
+    /// The buffers of `t` as a kernel that binds them as one binding array sees them, with
+    /// the outermost rows of `row_bytes` bytes (a KV cache's blocks) each holds: the chunks
+    /// of a tensor stored in several buffers (only where the device has
+    /// [`WgslDeviceInfo::binding_arrays`]), each within one binding, or `t`'s one buffer
+    /// ([`WgslRuntime::tensor_buffer`]'s checks) with all its rows. An error when the chunks
+    /// are not whole rows.
+    fn tensor_chunks(
+        &self,
+        t: &Tensor,
+        row_bytes: u64,
+        what: &'static str,
+    ) -> Result<(Vec<Self::Buffer>, u32)> {
+        let b = self.tensor_buffer(t, what)?;
+        let rows = (Self::buffer_bytes(&b) / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
+        Ok((vec![b], rows as u32))
+    }
 
     /// A buffer's size in bytes.
     fn buffer_bytes(buffer: &Self::Buffer) -> u64;

@@ -24,7 +24,9 @@ use crate::metadata::AttentionMetadata;
 use super::layer_shaders::{cache_strides, LayerShaders};
 use super::metadata_builder::{PlanKey, WgslAttentionMetadata};
 use super::tuning::WgpuTuning;
-use crate::kernels::wgsl::{Bindings, CombineShader, ReshapeShader, ELEMENTWISE_WORKGROUP};
+use crate::kernels::wgsl::{
+    Bindings, CacheChunks, CombineShader, ReshapeShader, ELEMENTWISE_WORKGROUP,
+};
 
 /// Attention flags (see `shaders/paged_attention.wgsl`).
 const CAUSAL: u32 = 1;
@@ -138,9 +140,11 @@ impl<R: WgslRuntime> WgslAttentionImpl<R> {
             act_dtype: key.dtype(),
             cache_dtype: cache.spec().storage_dtype(),
         };
+        let (cache_bufs, chunk_blocks) = cache_chunks(&self.dev, cache)?;
+        let chunks = chunk_form(&self.dev, cache_bufs.len());
         let pipeline = self.dev.pipeline(
-            &shader.key(),
-            &|| shader.source(),
+            &shader.key_for(chunks),
+            &|| shader.source_for(chunks),
             Bindings::Reshape,
             false,
             LoopBounding::Forced,
@@ -158,6 +162,7 @@ impl<R: WgslRuntime> WgslAttentionImpl<R> {
             .u(p.head_size as u32)
             .f(ks)
             .f(vs)
+            .u(chunk_blocks)
             .w;
         let dev = &self.dev;
         let (x, z) = dev
@@ -166,12 +171,14 @@ impl<R: WgslRuntime> WgslAttentionImpl<R> {
         Ok(Some(Dispatch {
             pipeline,
             slot: SLOT_RESHAPE,
-            buffers: vec![
+            buffers: [
                 (1, dev.tensor_buffer(key, "key")?),
                 (2, dev.tensor_buffer(value, "value")?),
                 (3, md.slots.clone()),
-                (4, dev.tensor_buffer(cache.data(), "kv_cache")?),
-            ],
+            ]
+            .into_iter()
+            .chain(cache_bufs.into_iter().map(|b| (4, b)))
+            .collect(),
             groups: (x, 1, z),
         }))
     }
@@ -228,7 +235,7 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
     }
 
     fn check_cache(&self, cache: &KvCache, _: &WgslAttentionMetadata<R>) -> Result<()> {
-        self.dev.tensor_buffer(cache.data(), "kv_cache").map(|_| ())
+        cache_chunks(&self.dev, cache).map(|_| ())
     }
 
     /// The WGSL family has no cascade passes yet: a cascade batch runs as one full pass.
@@ -293,22 +300,31 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
             Some(t) => Some(dev.tensor_buffer(t, "output_lse")?),
             None => None,
         };
-        // Key source: dense inputs for encoder attention, else the cache and its block table.
-        let (k_buf, v_buf, kv_dtype, cache) = match io.keys {
+        // Key source: dense inputs for encoder attention, else the cache (one buffer or its
+        // chunks, bound at binding 2) and its block table.
+        let (k_bufs, v_buf, kv_dtype, cache, chunk_blocks) = match io.keys {
             Keys::Dense { key, value } => (
-                dev.tensor_buffer(key, "key")?,
+                vec![dev.tensor_buffer(key, "key")?],
                 dev.tensor_buffer(value, "value")?,
                 dtype,
                 None,
+                0,
             ),
-            Keys::Cache(cache) => (
-                dev.tensor_buffer(cache.data(), "kv_cache")?,
-                md.block_table.clone(),
-                cache.spec().storage_dtype(),
-                Some(cache),
-            ),
+            Keys::Cache(cache) => {
+                let (bufs, chunk_blocks) = cache_chunks(dev, cache)?;
+                (
+                    bufs,
+                    md.block_table.clone(),
+                    cache.spec().storage_dtype(),
+                    Some(cache),
+                    chunk_blocks,
+                )
+            }
         };
-        let cache_bytes = R::buffer_bytes(&k_buf);
+        let chunks = chunk_form(dev, k_bufs.len());
+        // Each chunk holds whole blocks, so the granule checks hold for all when they hold
+        // for the first.
+        let cache_bytes = R::buffer_bytes(&k_bufs[0]);
         let slots = &mut rec.slots;
         let passes = &mut rec.dispatches;
         rec.used_slots = SLOTS;
@@ -426,6 +442,7 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
                 .u(plan.n_part_tokens)
                 .u(block_shift)
                 .u(bt_width)
+                .u(chunk_blocks)
                 .w
         };
         let lse_binding = match &lse_buf {
@@ -436,16 +453,17 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
         // Both attention kernels (tiled and split-KV decode) bind the same buffers; only the
         // parameter slot and the work list differ.
         let attention_buffers = |items: &R::Buffer| {
-            vec![
-                (1, q_buf.clone()),
-                (2, k_buf.clone()),
+            let mut b = vec![(1, q_buf.clone())];
+            b.extend(k_bufs.iter().map(|k| (2, k.clone())));
+            b.extend([
                 (3, v_buf.clone()),
                 (4, items.clone()),
                 (5, self.layer_consts.clone()),
                 (6, lse_binding.clone()),
                 (7, scratch.clone()),
                 (8, out_buf.clone()),
-            ]
+            ]);
+            b
         };
         for (list, slot) in [(&plan.decode, SLOT_DECODE), (&plan.prefill, SLOT_PREFILL)] {
             let Some(list) = list else { continue };
@@ -456,8 +474,8 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
                     .tile_shader(false, dtype, kv_dtype, !encoder_attn)
             };
             let pipeline = dev.pipeline(
-                &shader.key(),
-                &|| shader.source(),
+                &shader.key_for(chunks),
+                &|| shader.source_for(chunks),
                 Bindings::Attention,
                 shader.subgroups,
                 LoopBounding::Off,
@@ -481,8 +499,8 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
                     Error::config("WGSL: the split-KV decode kernel cannot run this plan")
                 })?;
             let pipeline = dev.pipeline(
-                &shader.key(),
-                &|| shader.source(),
+                &shader.key_for(chunks),
+                &|| shader.source_for(chunks),
                 Bindings::Attention,
                 true,
                 LoopBounding::Off,
@@ -547,5 +565,20 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
         let state = self.lock();
         self.dev
             .submit(&state.params, &rec.slots[..rec.used_slots], &rec.dispatches)
+    }
+}
+
+/// The cache's buffers as the kernels bind them (one, or its chunks: a tensor larger than
+/// one binding on the Vulkan runtime) and the blocks each chunk holds.
+fn cache_chunks<R: WgslRuntime>(dev: &R, cache: &KvCache) -> Result<(Vec<R::Buffer>, u32)> {
+    let page = cache.spec().page_size_bytes()? as u64;
+    dev.tensor_chunks(cache.data(), page, "kv_cache")
+}
+
+/// How the kernels bind a cache of `buffers` buffers on `dev`.
+fn chunk_form<R: WgslRuntime>(dev: &R, buffers: usize) -> CacheChunks {
+    CacheChunks {
+        count: buffers as u32,
+        any_index: dev.info().binding_array_any_index,
     }
 }

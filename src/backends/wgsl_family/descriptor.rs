@@ -53,13 +53,15 @@ pub fn wgsl_capabilities(graph_capture: GraphCaptureSupport) -> BackendCapabilit
 }
 
 /// The device-dependent vetoes: a KV cache of the configuration's size (when given) must fit
-/// one storage binding, and a tile of the head size the workgroup memory.
+/// one storage binding — unless the device binds arrays of buffers, where a cache is stored
+/// in chunks of whole blocks (`check_kv_cache` checks a block then) — and a tile of the head
+/// size the workgroup memory.
 pub fn wgsl_combination_veto(
     info: &WgslDeviceInfo,
     caps: &BackendCapabilities,
     config: &SelectorConfig,
 ) -> Option<Reason> {
-    if let Some(bytes) = config.kv_cache_bytes {
+    if let Some(bytes) = config.kv_cache_bytes.filter(|_| !info.binding_arrays) {
         if let Err(e) = info.check_binding(bytes, "the KV cache") {
             return Some(Reason::new("KV cache too large", e.to_string()));
         }
@@ -111,7 +113,7 @@ pub fn wgsl_kv_cache_shape(
                     ),
                 )
             })?;
-        info.check_binding(bytes, "the KV cache")?;
+        info.check_cache(bytes, bytes / num_blocks.max(1) as u64)?;
     }
     Ok([num_blocks, 2, block_size, num_kv_heads, head_size])
 }
@@ -214,10 +216,13 @@ impl<R: WgslBackendRuntime> AttentionBackend for WgslBackend<R> {
         wgsl_combination_veto(dev.info(), &self.caps, config)
     }
 
-    /// The cache must fit one storage binding of the device.
+    /// The cache must fit one storage binding of the device, or be stored in chunks of whole
+    /// blocks where the device binds arrays of buffers ([`WgslDeviceInfo::check_cache`]).
     fn check_kv_cache(&self, spec: &KvCacheSpec, num_blocks: usize) -> Result<()> {
         let bytes = spec.cache_bytes(num_blocks)?;
-        R::open()?.info().check_binding(bytes, "the KV cache")
+        R::open()?
+            .info()
+            .check_cache(bytes, spec.page_size_bytes()? as u64)
     }
 
     fn kv_cache_shape(

@@ -377,6 +377,8 @@ mod tests {
             max_workgroup_size_x: 1024,
             max_workgroups_per_dim: 65535,
             max_binding_bytes: u64::from(u32::MAX),
+            binding_arrays: false,
+            binding_array_any_index: false,
         }
     }
 

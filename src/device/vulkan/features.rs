@@ -15,7 +15,14 @@
 //!   on the wgpu runtime;
 //! * bf16 cooperative matrices: the same with `VK_KHR_shader_bfloat16` (the bfloat16 type and
 //!   its cooperative matrices) and the 16 × 16 × 16 bf16 × bf16 → f32 configuration, for the
-//!   coop form over bf16 (ash predates the extension: its feature struct is declared here).
+//!   coop form over bf16 (ash predates the extension: its feature struct is declared here);
+//! * binding arrays of storage buffers indexed by any value (`shaderStorageBufferArrayDynamicIndexing`
+//!   and Vulkan 1.2's `shaderStorageBufferArrayNonUniformIndexing`): a tensor larger than one
+//!   buffer (a KV cache past one binding) is bound as an array of its chunks on every Vulkan
+//!   device, indexed directly where these are offered and through a `switch` of constant
+//!   indices (core Vulkan) where not;
+//! * the largest single allocation (Vulkan 1.1's `maxMemoryAllocationSize`), which bounds a
+//!   chunk.
 
 use ash::vk;
 
@@ -33,6 +40,12 @@ pub(crate) struct ShaderFeatures {
     /// bf16 cooperative matrices as well (implies `coop`); `VK_KHR_shader_bfloat16` is
     /// enabled with the device when set.
     pub coop_bf16: bool,
+    /// Storage-buffer binding arrays indexed by non-uniform values; the features are enabled
+    /// with the device when set.
+    pub array_any_index: bool,
+    /// The largest single allocation in bytes (`maxMemoryAllocationSize`; `u64::MAX` before
+    /// Vulkan 1.1).
+    pub max_allocation: u64,
 }
 
 /// `VK_KHR_shader_bfloat16`.
@@ -94,11 +107,16 @@ impl ShaderFeatures {
                 f16: false,
                 coop: false,
                 coop_bf16: false,
+                array_any_index: false,
+                max_allocation: u64::MAX,
             };
         }
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
         let mut size_control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
-        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut sub)
+            .push_next(&mut maintenance3);
         if api >= vk::API_VERSION_1_3 {
             props2 = props2.push_next(&mut size_control);
         }
@@ -129,34 +147,41 @@ impl ShaderFeatures {
         };
         let has_coop_extension = has(COOP_EXTENSION);
         let has_bf16_extension = has_coop_extension && has(BF16_EXTENSION);
-        let (f16, memory_model, coop_feature, bf16_feature) = if api >= vk::API_VERSION_1_2 {
-            let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
-            let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
-            let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
-            let mut fbf16 = Bfloat16Features::default();
-            let mut features = vk::PhysicalDeviceFeatures2::default()
-                .push_next(&mut f11)
-                .push_next(&mut f12);
-            if has_coop_extension {
-                features = features.push_next(&mut fcoop);
-            }
-            if has_bf16_extension {
-                features = features.push_next(&mut fbf16);
-            }
-            instance.get_physical_device_features2(physical, &mut features);
-            (
-                f12.shader_float16 == vk::TRUE
-                    && f11.storage_buffer16_bit_access == vk::TRUE
-                    && f11.uniform_and_storage_buffer16_bit_access == vk::TRUE,
-                f12.vulkan_memory_model == vk::TRUE
-                    && f12.vulkan_memory_model_device_scope == vk::TRUE,
-                fcoop.cooperative_matrix == vk::TRUE,
-                fbf16.shader_bfloat16_type == vk::TRUE
-                    && fbf16.shader_bfloat16_cooperative_matrix == vk::TRUE,
-            )
-        } else {
-            (false, false, false, false)
-        };
+        let (f16, memory_model, coop_feature, bf16_feature, array_any_index) =
+            if api >= vk::API_VERSION_1_2 {
+                let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
+                let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+                let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+                let mut fbf16 = Bfloat16Features::default();
+                let mut features = vk::PhysicalDeviceFeatures2::default()
+                    .push_next(&mut f11)
+                    .push_next(&mut f12);
+                if has_coop_extension {
+                    features = features.push_next(&mut fcoop);
+                }
+                if has_bf16_extension {
+                    features = features.push_next(&mut fbf16);
+                }
+                instance.get_physical_device_features2(physical, &mut features);
+                let dynamic_indexing = features
+                    .features
+                    .shader_storage_buffer_array_dynamic_indexing
+                    == vk::TRUE;
+                (
+                    f12.shader_float16 == vk::TRUE
+                        && f11.storage_buffer16_bit_access == vk::TRUE
+                        && f11.uniform_and_storage_buffer16_bit_access == vk::TRUE,
+                    f12.vulkan_memory_model == vk::TRUE
+                        && f12.vulkan_memory_model_device_scope == vk::TRUE,
+                    fcoop.cooperative_matrix == vk::TRUE,
+                    fbf16.shader_bfloat16_type == vk::TRUE
+                        && fbf16.shader_bfloat16_cooperative_matrix == vk::TRUE,
+                    dynamic_indexing
+                        && f12.shader_storage_buffer_array_non_uniform_indexing == vk::TRUE,
+                )
+            } else {
+                (false, false, false, false, false)
+            };
         let wanted = std::env::var(crate::device::wgpu::COOP_ENV).map_or(true, |v| v.trim() != "0");
         let coop = wanted
             && has_coop_extension
@@ -176,6 +201,8 @@ impl ShaderFeatures {
             f16,
             coop,
             coop_bf16,
+            array_any_index,
+            max_allocation: maintenance3.max_memory_allocation_size,
         }
     }
 }

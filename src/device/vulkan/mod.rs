@@ -126,6 +126,8 @@ pub(crate) struct Inner {
     cache_file: Option<std::path::PathBuf>,
     pub(crate) device: ash::Device,
     pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// The largest single allocation (`maxMemoryAllocationSize`).
+    pub(crate) max_allocation: u64,
     /// What the device offers the WGSL family's kernels.
     pub(crate) wgsl: WgslDeviceInfo,
     /// Valid bits of the compute queue's timestamps (0: no timestamps there).
@@ -343,6 +345,7 @@ impl VulkanDevice {
             .uniform_and_storage_buffer16_bit_access(caps.f16);
         let mut enable12 = vk::PhysicalDeviceVulkan12Features::default()
             .shader_float16(caps.f16)
+            .shader_storage_buffer_array_non_uniform_indexing(caps.array_any_index)
             .vulkan_memory_model(caps.coop)
             .vulkan_memory_model_device_scope(caps.coop);
         let mut enable_coop =
@@ -360,6 +363,9 @@ impl VulkanDevice {
         let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&device_extensions);
+        let enable10 = vk::PhysicalDeviceFeatures::default()
+            .shader_storage_buffer_array_dynamic_indexing(caps.array_any_index);
+        info = info.enabled_features(&enable10);
         if caps.api >= vk::API_VERSION_1_2 {
             info = info.push_next(&mut enable11).push_next(&mut enable12);
         }
@@ -468,6 +474,8 @@ impl VulkanDevice {
             max_workgroups_per_dim: props.limits.max_compute_work_group_count[0]
                 .min(props.limits.max_compute_work_group_count[2]),
             max_binding_bytes: u64::from(props.limits.max_storage_buffer_range),
+            binding_arrays: true,
+            binding_array_any_index: caps.array_any_index,
         };
         let inner = Arc::new(Inner {
             allocator: Mutex::new(Some(allocator)),
@@ -477,6 +485,7 @@ impl VulkanDevice {
             cache_file,
             device,
             limits: props.limits,
+            max_allocation: caps.max_allocation,
             timestamp_bits,
             name,
             kind: props.device_type,
@@ -629,6 +638,20 @@ impl VulkanDevice {
     /// The largest storage-buffer range one binding may cover.
     pub fn max_storage_range(&self) -> u64 {
         u64::from(self.inner.limits.max_storage_buffer_range)
+    }
+
+    /// Whether kernels index arrays of storage buffers by any value (Vulkan's non-uniform
+    /// indexing), rather than through a `switch` of constant indices: how a kernel picks the
+    /// chunk of a tensor stored in several buffers ([`VulkanStorage`]).
+    pub fn indexes_buffer_arrays(&self) -> bool {
+        self.inner.wgsl.binding_array_any_index
+    }
+
+    /// The largest buffer a tensor is stored in: one binding's range and one allocation, at
+    /// most, rounded down to 256 bytes. A larger tensor is stored in chunks of this size or
+    /// less where the device binds arrays of storage buffers ([`VulkanStorage`]).
+    pub fn max_chunk_bytes(&self) -> u64 {
+        self.max_storage_range().min(self.inner.max_allocation) & !255
     }
 
     pub(crate) fn raw(&self) -> &ash::Device {

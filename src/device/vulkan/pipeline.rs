@@ -1,6 +1,7 @@
 //! Compute pipelines from WGSL and their dispatch: naga parses and validates a module of the
 //! WGSL family, its group-0 bindings are reflected from the IR ([`ModuleBinding`]: uniform or
-//! storage buffer, read-only or not), naga writes SPIR-V (with the same restricting bounds
+//! storage buffer, read-only or not, one buffer or a binding array of them — how a tensor
+//! stored in chunks is bound), naga writes SPIR-V (with the same restricting bounds
 //! checks as the wgpu runtime), and [`ComputePipeline`] holds the shader module, descriptor
 //! set layout, pipeline layout and pipeline. [`VulkanDevice::dispatch`] binds buffers to those
 //! bindings and runs one dispatch; [`VulkanDevice::record`] records several ([`Step`]s) once
@@ -38,6 +39,9 @@ pub struct ModuleBinding {
     pub binding: u32,
     /// Uniform or storage.
     pub kind: BindingKind,
+    /// Buffers it binds: 1, or the length of a `binding_array` (given as that many
+    /// consecutive entries with this number).
+    pub count: u32,
 }
 
 fn compile_error(key: &str, message: String) -> Error {
@@ -81,6 +85,14 @@ pub fn translate(
         }
         caps |= Capabilities::COOPERATIVE_MATRIX;
     }
+    // A tensor stored in chunks, bound as a binding array (indexed by constants through a
+    // `switch`, or directly where the device takes non-uniform indices).
+    if source.contains("enable wgpu_binding_array;") {
+        caps |= Capabilities::STORAGE_BUFFER_BINDING_ARRAY;
+        if device.binding_array_any_index {
+            caps |= Capabilities::STORAGE_BUFFER_BINDING_ARRAY_NON_UNIFORM_INDEXING;
+        }
+    }
     let mut validator = Validator::new(ValidationFlags::all(), caps);
     if device.subgroups {
         validator
@@ -117,9 +129,26 @@ pub fn translate(
                 ))
             }
         };
+        let count = match module.types[var.ty].inner {
+            naga::TypeInner::BindingArray {
+                size: naga::ArraySize::Constant(n),
+                ..
+            } => n.get(),
+            naga::TypeInner::BindingArray { .. } => {
+                return Err(compile_error(
+                    key,
+                    format!(
+                        "binding {} is a binding array without a constant length",
+                        rb.binding
+                    ),
+                ))
+            }
+            _ => 1,
+        };
         bindings.push(ModuleBinding {
             binding: rb.binding,
             kind,
+            count,
         });
     }
     bindings.sort_by_key(|b| b.binding);
@@ -209,7 +238,7 @@ impl VulkanDevice {
                 vk::DescriptorSetLayoutBinding::default()
                     .binding(b.binding)
                     .descriptor_type(descriptor_type(b.kind))
-                    .descriptor_count(1)
+                    .descriptor_count(b.count)
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             })
             .collect();
@@ -271,9 +300,10 @@ impl VulkanDevice {
     }
 
     /// A descriptor set binding `buffers` as (binding, buffer) to `pipeline`'s bindings:
-    /// every binding of the module exactly once, each buffer within the device's limit for
-    /// its kind. It comes from `shared` where that pool has room, else from a pool of its own
-    /// (returned, for the caller to destroy once no submission uses the set).
+    /// every binding of the module exactly once (a binding array: as many consecutive
+    /// entries as its length, its elements in order), each buffer within the device's limit
+    /// for its kind. It comes from `shared` where that pool has room, else from a pool of
+    /// its own (returned, for the caller to destroy once no submission uses the set).
     fn descriptor_set(
         &self,
         pipeline: &ComputePipeline,
@@ -282,32 +312,44 @@ impl VulkanDevice {
     ) -> Result<(Option<vk::DescriptorPool>, vk::DescriptorSet)> {
         let mut infos = Vec::with_capacity(pipeline.bindings.len());
         for b in &pipeline.bindings {
-            let mut found = buffers.iter().filter(|(n, _)| *n == b.binding);
-            let (Some((_, buf)), None) = (found.next(), found.next()) else {
+            let given: Vec<&VulkanBuffer> = buffers
+                .iter()
+                .filter(|(n, _)| *n == b.binding)
+                .map(|(_, buf)| *buf)
+                .collect();
+            if given.len() != b.count as usize {
                 return Err(Error::config(format!(
-                    "{}: binding {} must be given exactly one buffer",
-                    pipeline.key, b.binding
+                    "{}: binding {} must be given exactly {} buffer{}, got {}",
+                    pipeline.key,
+                    b.binding,
+                    b.count,
+                    if b.count == 1 { "" } else { "s" },
+                    given.len()
                 )));
-            };
+            }
             let limit = match b.kind {
                 BindingKind::Uniform => u64::from(self.inner().limits.max_uniform_buffer_range),
                 BindingKind::Storage { .. } => self.max_storage_range(),
             };
-            if buf.len_bytes() > limit {
-                return Err(Error::config(format!(
-                    "{}: a {}-byte buffer at binding {} exceeds the device's {limit}-byte range",
-                    pipeline.key,
-                    buf.len_bytes(),
-                    b.binding
-                )));
+            let mut element_infos = Vec::with_capacity(given.len());
+            for buf in given {
+                if buf.len_bytes() > limit {
+                    return Err(Error::config(format!(
+                        "{}: a {}-byte buffer at binding {} exceeds the device's {limit}-byte \
+                         range",
+                        pipeline.key,
+                        buf.len_bytes(),
+                        b.binding
+                    )));
+                }
+                element_infos.push(
+                    vk::DescriptorBufferInfo::default()
+                        .buffer(buf.raw())
+                        .offset(0)
+                        .range(vk::WHOLE_SIZE),
+                );
             }
-            infos.push((
-                b,
-                [vk::DescriptorBufferInfo::default()
-                    .buffer(buf.raw())
-                    .offset(0)
-                    .range(vk::WHOLE_SIZE)],
-            ));
+            infos.push((b, element_infos));
         }
         if let Some((n, _)) = buffers
             .iter()
@@ -319,12 +361,15 @@ impl VulkanDevice {
             )));
         }
         let d = self.raw();
-        let uniforms = pipeline
-            .bindings
-            .iter()
-            .filter(|b| b.kind == BindingKind::Uniform)
-            .count() as u32;
-        let storages = pipeline.bindings.len() as u32 - uniforms;
+        let count = |uniform: bool| -> u32 {
+            pipeline
+                .bindings
+                .iter()
+                .filter(|b| (b.kind == BindingKind::Uniform) == uniform)
+                .map(|b| b.count)
+                .sum()
+        };
+        let (uniforms, storages) = (count(true), count(false));
         let mut sizes = Vec::new();
         if uniforms > 0 {
             sizes.push(vk::DescriptorPoolSize {

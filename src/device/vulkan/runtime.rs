@@ -68,7 +68,36 @@ fn device_error(message: String) -> Error {
     }
 }
 
+/// Rows of `row_bytes` in `bytes`, at least 1 and at most `u32::MAX`.
+fn whole_rows(bytes: u64, row_bytes: u64) -> u32 {
+    (bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX)) as u32
+}
+
 impl VulkanDevice {
+    /// The Vulkan storage of `t`, which must live on this device.
+    fn storage_of<'t>(
+        &self,
+        t: &'t Tensor,
+        what: &'static str,
+    ) -> Result<&'t crate::device::VulkanStorage> {
+        let s = match t.storage() {
+            Storage::Vulkan(s) => s,
+            _ => {
+                return Err(device_error(format!(
+                    "{what} lives on {}, not on the Vulkan device; create it with the \
+                     backend's device or move it with Tensor::to_device",
+                    t.device().kind().as_str()
+                )))
+            }
+        };
+        if s.device() != self {
+            return Err(device_error(format!(
+                "{what} lives on another Vulkan device"
+            )));
+        }
+        Ok(s)
+    }
+
     /// Number of pipelines compiled for the WGSL family's users so far.
     pub fn pipeline_count(&self) -> usize {
         self.caches
@@ -234,23 +263,40 @@ impl WgslRuntime for VulkanDevice {
     }
 
     fn tensor_buffer(&self, t: &Tensor, what: &'static str) -> Result<Arc<VulkanBuffer>> {
-        let s = match t.storage() {
-            Storage::Vulkan(s) => s,
-            _ => {
-                return Err(device_error(format!(
-                    "{what} lives on {}, not on the Vulkan device; create it with the \
-                     backend's device or move it with Tensor::to_device",
-                    t.device().kind().as_str()
-                )))
-            }
-        };
-        if s.device() != self {
+        let s = self.storage_of(t, what)?;
+        let Some(b) = s.single() else {
             return Err(device_error(format!(
-                "{what} lives on another Vulkan device"
+                "{what} is stored in {} chunks (a tensor of {} bytes, larger than one buffer); \
+                 this kernel binds one buffer",
+                s.chunks().len(),
+                s.len_bytes()
+            )));
+        };
+        self.info().check_binding(b.len_bytes(), what)?;
+        Ok(b.clone())
+    }
+
+    fn tensor_chunks(
+        &self,
+        t: &Tensor,
+        row_bytes: u64,
+        what: &'static str,
+    ) -> Result<(Vec<Arc<VulkanBuffer>>, u32)> {
+        let s = self.storage_of(t, what)?;
+        if s.single().is_some() {
+            let b = self.tensor_buffer(t, what)?;
+            return Ok((vec![b], whole_rows(s.len_bytes(), row_bytes)));
+        }
+        if row_bytes == 0 || s.chunk_bytes() % row_bytes != 0 {
+            return Err(device_error(format!(
+                "{what} is stored in chunks of {} bytes, not whole rows of {row_bytes}",
+                s.chunk_bytes()
             )));
         }
-        self.info().check_binding(s.buffer().len_bytes(), what)?;
-        Ok(s.buffer().clone())
+        for b in s.chunks() {
+            self.info().check_binding(b.len_bytes(), what)?;
+        }
+        Ok((s.chunks().to_vec(), whole_rows(s.chunk_bytes(), row_bytes)))
     }
 
     fn buffer_bytes(buffer: &Arc<VulkanBuffer>) -> u64 {

@@ -390,6 +390,8 @@ fn open_uncached() -> Result<WgpuDevice> {
         max_binding_bytes: limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
+        binding_arrays: false,
+        binding_array_any_index: false,
     };
     Ok(WgpuDevice {
         inner: Arc::new(Inner {

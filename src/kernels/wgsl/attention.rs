@@ -7,8 +7,8 @@
 use crate::dtype::DType;
 
 use super::preprocess::{
-    buffer, consts, coop_scalarise, cvt_body, cvt_body_f16, kv_buffer, kv_storage_type, short,
-    unpack_body, unroll, Access,
+    buffer, cache_binding, consts, coop_scalarise, cvt_body, cvt_body_f16, kv_buffer,
+    kv_storage_type, short, unpack_body, unroll, Access, CacheChunks,
 };
 use super::sources::{
     ATTENTION_CHUNKS, ATTENTION_COMMON, COMBINE_SPLITS, COMMON, PAGED_ATTENTION,
@@ -97,6 +97,15 @@ pub struct AttentionShader {
 impl AttentionShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
+        self.key_for(CacheChunks::ONE)
+    }
+
+    /// The key of [`AttentionShader::source_for`].
+    pub fn key_for(&self, cache_chunks: CacheChunks) -> String {
+        cache_chunks.key(self.plain_key())
+    }
+
+    fn plain_key(&self) -> String {
         format!(
             "attention d{} m{} n{} q{} kv{} {} {}{}{}",
             self.head_size,
@@ -170,6 +179,16 @@ impl AttentionShader {
     /// Panics when [`AttentionShader::blocking`] is `None` (a tiled2 shape the host must
     /// not pick: it checks `blocking()` first).
     pub fn source(&self) -> String {
+        self.source_for(CacheChunks::ONE)
+    }
+
+    /// The module for a paged cache bound as `cache_chunks` says. Dense K / V ignore it.
+    pub fn source_for(&self, cache_chunks: CacheChunks) -> String {
+        let cache_chunks = if self.paged {
+            cache_chunks
+        } else {
+            CacheChunks::ONE
+        };
         let wg = self.workgroup();
         let d4 = self.head_size / 4;
         let b = self
@@ -188,7 +207,8 @@ impl AttentionShader {
                 1
             }
         };
-        let mut s = format!("// generated: {}\n", self.key());
+        let mut s = format!("// generated: {}\n", self.key_for(cache_chunks));
+        s += cache_chunks.enable();
         // The bf16 coop form is the f16 one over bf16 bits: its K / V binding and workgroup
         // tiles are typed f16 here, and the runtime retypes every f16 as bfloat16 in the
         // SPIR-V (the module does no arithmetic in that type: it loads, stores, converts
@@ -326,18 +346,28 @@ impl AttentionShader {
             }
         );
         if self.paged {
-            s += &kv_buffer("kv", 2, tile_kv, half);
+            // The cache's words (`kv_word`) unpacked to f32 as `kv_load4` (f16 words of the
+            // tiled2h form convert in hardware).
+            let raw = kv_storage_type(tile_kv, half);
+            s += &cache_binding("kv", 2, raw, 4, cache_chunks, None);
+            s += "fn kv_load4(a: KB) -> vec4<f32> {\n    let w = kv_word(a);\n";
+            s += &if raw == "vec4<f16>" {
+                "    return vec4<f32>(w);\n".to_string()
+            } else {
+                cvt_body(tile_kv)
+            };
+            s += "}\n";
             s += "@group(0) @binding(3) var<storage, read> block_table: array<i32>;\n";
-            s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
+            s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> KB {\n\
                   \x20   let blk = u32(block_table[kv_row + pos / params.block_size]);\n\
-                  \x20   return blk * params.block_stride + (pos % params.block_size) * params.tok_stride\n\
-                  \x20       + kv_head * params.head_stride;\n}\n\
-                  fn k_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e);\n}\n\
-                  fn v_load4(e: u32) -> vec4<f32> {\n    return kv_load4(e + params.kv_stride);\n}\n\
-                  fn k_raw4(e: u32) -> KV_RAW {\n    return kv_buf[e >> 2u];\n}\n\
-                  fn v_raw4(e: u32) -> KV_RAW {\n    return kv_buf[(e + params.kv_stride) >> 2u];\n}\n";
+                  \x20   return kv_addr(blk, (pos % params.block_size) * params.tok_stride\n\
+                  \x20       + kv_head * params.head_stride);\n}\n\
+                  fn k_load4(a: KB) -> vec4<f32> {\n    return kv_load4(a);\n}\n\
+                  fn v_load4(a: KB) -> vec4<f32> {\n    return kv_load4(kb_add(a, params.kv_stride));\n}\n\
+                  fn k_raw4(a: KB) -> KV_RAW {\n    return kv_word(a);\n}\n\
+                  fn v_raw4(a: KB) -> KV_RAW {\n    return kv_word(kb_add(a, params.kv_stride));\n}\n";
             // Power-of-two block sizes (params.block_shift < 32) take a shift and a mask.
-            s += "fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
+            s += "fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> KB {\n\
                   \x20   var b = pos / params.block_size;\n\
                   \x20   var off = pos % params.block_size;\n\
                   \x20   if params.block_shift < 32u {\n\
@@ -345,10 +375,12 @@ impl AttentionShader {
                   \x20       off = pos & (params.block_size - 1u);\n\
                   \x20   }\n\
                   \x20   let blk = u32(block_table[kv_row + b]);\n\
-                  \x20   return blk * params.block_stride + off * params.tok_stride + kv_head * params.head_stride;\n}\n";
+                  \x20   return kv_addr(blk, off * params.tok_stride + kv_head * params.head_stride);\n}\n";
         } else {
             s += &kv_buffer("k", 2, tile_kv, half);
             s += &kv_buffer("v", 3, tile_kv, half);
+            // Dense K / V are addressed by a plain element index.
+            s += "alias KB = u32;\nfn kb_add(a: KB, d: u32) -> KB {\n    return a + d;\n}\n";
             s += "fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
                   \x20   return ((kv_row + pos) * params.num_kv_heads + kv_head) * D;\n}\n\
                   fn key_base_fast(pos: u32, kv_head: u32, kv_row: u32) -> u32 {\n\
@@ -558,6 +590,15 @@ impl DecodeShader {
 
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
+        self.key_for(CacheChunks::ONE)
+    }
+
+    /// The key of [`DecodeShader::source_for`].
+    pub fn key_for(&self, cache_chunks: CacheChunks) -> String {
+        cache_chunks.key(self.plain_key())
+    }
+
+    fn plain_key(&self) -> String {
         format!(
             "decode d{} r{} t{} u{} w{} q{} kv{}{}",
             self.head_size,
@@ -573,11 +614,17 @@ impl DecodeShader {
 
     /// The complete WGSL module.
     pub fn source(&self) -> String {
+        self.source_for(CacheChunks::ONE)
+    }
+
+    /// The module for a cache bound as `cache_chunks` says.
+    pub fn source_for(&self, cache_chunks: CacheChunks) -> String {
         let g = Self::granule(self.kv_dtype);
         let v4g = g / 4;
         let ng = self.head_size / g;
         let gpt = ng.div_ceil(self.lanes_per_key);
-        let mut s = format!("// generated: {}\n", self.key());
+        let mut s = format!("// generated: {}\n", self.key_for(cache_chunks));
+        s += cache_chunks.enable();
         let c = [
             ("D", self.head_size),
             ("D4", self.head_size / 4),
@@ -602,6 +649,7 @@ impl DecodeShader {
         };
         s += &buffer("q", 1, self.q_dtype, Access::Read);
         s += &buffer("out", 8, self.q_dtype, Access::Write);
+        s += &cache_binding("kv", 2, "Gran", g, cache_chunks, None);
         s += "// Elements 4i..4i+3 of a 16-byte granule of the cache, as f32.\n\
               fn unpack4(w: Gran, i: u32) -> vec4<f32> {\n";
         s += &unpack_body(self.kv_dtype);

@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 
-use super::preprocess::{buffer, consts, short, Access};
+use super::preprocess::{buffer, cache_binding, consts, short, storage_type, Access, CacheChunks};
 use super::sources::{COMMON, MERGE_ATTN_STATES, PROBE_COPY, PROBE_FMA, RESHAPE_AND_CACHE};
 
 /// Threads per workgroup of the element-wise kernels (reshape, merge, combine).
@@ -23,20 +23,38 @@ pub struct ReshapeShader {
 impl ReshapeShader {
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
-        format!(
+        self.key_for(CacheChunks::ONE)
+    }
+
+    /// The key of [`ReshapeShader::source_for`].
+    pub fn key_for(&self, cache_chunks: CacheChunks) -> String {
+        cache_chunks.key(format!(
             "reshape {} -> {}",
             short(self.act_dtype),
             short(self.cache_dtype)
-        )
+        ))
     }
 
     /// The complete WGSL module.
     pub fn source(&self) -> String {
-        let mut s = format!("// generated: {}\n", self.key());
+        self.source_for(CacheChunks::ONE)
+    }
+
+    /// The module for a cache bound as `cache_chunks` says.
+    pub fn source_for(&self, cache_chunks: CacheChunks) -> String {
+        let mut s = format!("// generated: {}\n", self.key_for(cache_chunks));
+        s += cache_chunks.enable();
         s += &consts(&[("WG", ELEMENTWISE_WORKGROUP)]);
         s += &buffer("key", 1, self.act_dtype, Access::Read);
         s += &buffer("value", 2, self.act_dtype, Access::Read);
-        s += &buffer("cache", 4, self.cache_dtype, Access::WriteScaled);
+        s += &cache_binding(
+            "cache",
+            4,
+            storage_type(self.cache_dtype),
+            4,
+            cache_chunks,
+            Some(self.cache_dtype),
+        );
         s += COMMON;
         s += RESHAPE_AND_CACHE;
         s

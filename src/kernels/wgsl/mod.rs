@@ -60,6 +60,6 @@ pub use catalog::*;
 pub use elementwise::*;
 pub use mla::*;
 pub use model_ops::*;
-pub use preprocess::unroll;
+pub use preprocess::{unroll, CacheChunks};
 pub use tiles::*;
 pub use tuning::*;

@@ -7,7 +7,7 @@
 use crate::dtype::DType;
 
 /// WGSL storage type, element count per array entry.
-fn storage_type(dtype: DType) -> &'static str {
+pub(super) fn storage_type(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "vec4<f32>",
         DType::F16 | DType::Bf16 => "vec2<u32>",
@@ -159,6 +159,136 @@ pub(super) fn buffer(name: &str, binding: u32, dtype: DType, access: Access) -> 
         }
     }
     s += "}\n";
+    s
+}
+
+/// How a kernel binds its KV cache: one buffer, or the chunks of a cache stored in several
+/// (the Vulkan runtime's tensors larger than one binding, see [`cache_binding`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CacheChunks {
+    /// Buffers: 1, or the chunks.
+    pub count: u32,
+    /// The device indexes a binding array by any value; otherwise a `switch` of constant
+    /// indices picks the chunk.
+    pub any_index: bool,
+}
+
+impl CacheChunks {
+    /// One buffer.
+    pub const ONE: CacheChunks = CacheChunks {
+        count: 1,
+        any_index: false,
+    };
+
+    /// `key` of a module that binds its cache this way.
+    pub(super) fn key(self, key: String) -> String {
+        match (self.count, self.any_index) {
+            (0 | 1, _) => key,
+            (n, true) => format!("{key} chunks{n}"),
+            (n, false) => format!("{key} chunks{n} switch"),
+        }
+    }
+
+    /// The directive a module needs before its first declaration (empty for one buffer).
+    pub(super) fn enable(self) -> &'static str {
+        if self.count > 1 {
+            "enable wgpu_binding_array;\n"
+        } else {
+            ""
+        }
+    }
+}
+
+/// A KV cache's binding and how kernels address it. With one buffer the cache is
+/// `<name>_buf: array<raw>` and an element's address `KB` is its u32 index. With chunks it is
+/// a binding array `<name>_chunks` of `chunks.count` buffers (a cache stored in chunks of
+/// `params.blocks_per_window` whole blocks) and `KB` is `vec2<u32>` (chunk, element index in
+/// the chunk), so no index ever exceeds one binding; the chunk is an index into the array
+/// where the device takes any index, else a `switch` whose cases index it by constants.
+/// Either way `kv_addr(blk, off)` is element `off` of block `blk` (`params.block_stride`
+/// elements per block), `kb_add(a, d)` moves `d` elements within the block, and
+/// `<name>_word(a)` reads the `raw` word holding element `a` (`per` elements a word, a power
+/// of two) — or, with `store`, `<name>_store4(a, v, scale)` writes the four elements at `a`
+/// (a multiple of 4) in that dtype. The one-buffer form is the arithmetic the kernels had
+/// before chunks existed, so it costs nothing.
+pub(super) fn cache_binding(
+    name: &str,
+    binding: u32,
+    raw: &str,
+    per: u32,
+    chunks: CacheChunks,
+    store: Option<DType>,
+) -> String {
+    let mode = if store.is_some() {
+        "read_write"
+    } else {
+        "read"
+    };
+    let n = chunks.count;
+    let mut s = if n > 1 {
+        format!(
+            "struct CacheChunk {{\n    w: array<{raw}>,\n}}\n\
+             @group(0) @binding({binding}) var<storage, {mode}> {name}_chunks: \
+             binding_array<CacheChunk, {n}>;\n\
+             alias KB = vec2<u32>;\n\
+             fn kv_addr(blk: u32, off: u32) -> KB {{\n\
+             \x20   return vec2<u32>(blk / params.blocks_per_window,\n\
+             \x20       (blk % params.blocks_per_window) * params.block_stride + off);\n}}\n\
+             fn kb_add(a: KB, d: u32) -> KB {{\n    return vec2<u32>(a.x, a.y + d);\n}}\n"
+        )
+    } else {
+        format!(
+            "@group(0) @binding({binding}) var<storage, {mode}> {name}_buf: array<{raw}>;\n\
+             alias KB = u32;\n\
+             fn kv_addr(blk: u32, off: u32) -> KB {{\n\
+             \x20   return blk * params.block_stride + off;\n}}\n\
+             fn kb_add(a: KB, d: u32) -> KB {{\n    return a + d;\n}}\n"
+        )
+    };
+    // The word at `a` as an expression of `a` (one buffer, or an index into the array), or
+    // `None` for the switch form.
+    let direct = match (n > 1, chunks.any_index) {
+        (false, _) => Some(format!("{name}_buf[a / {per}u]")),
+        (true, true) => Some(format!("{name}_chunks[a.x].w[a.y / {per}u]")),
+        (true, false) => None,
+    };
+    // The switch form: one case per chunk, each indexing the array by a constant.
+    let cases = |body: &dyn Fn(u32) -> String| -> String {
+        let mut c = "    switch a.x {\n".to_string();
+        for k in 0..n {
+            let label = if k + 1 == n {
+                "default".to_string()
+            } else {
+                format!("case {k}u")
+            };
+            c += &format!("        {label}: {{\n            {}\n        }}\n", body(k));
+        }
+        c + "    }\n"
+    };
+    match (store, &direct) {
+        (None, Some(word)) => {
+            s += &format!("fn {name}_word(a: KB) -> {raw} {{\n    return {word};\n}}\n");
+        }
+        (None, None) => {
+            s += &format!("fn {name}_word(a: KB) -> {raw} {{\n    let i = a.y / {per}u;\n");
+            s += &cases(&|k| format!("return {name}_chunks[{k}].w[i];"));
+            s += "}\n";
+        }
+        (Some(dtype), _) => {
+            let body = store_body(name, dtype);
+            let lvalue = format!("{name}_buf[e >> 2u]");
+            s += &format!("fn {name}_store4(a: KB, v: vec4<f32>, scale: f32) {{\n");
+            match &direct {
+                Some(word) => s += &body.replace(&lvalue, word),
+                None => {
+                    s += &body.replace(&format!("{lvalue} = "), "let w = ");
+                    s += &format!("    let i = a.y / {per}u;\n");
+                    s += &cases(&|k| format!("{name}_chunks[{k}].w[i] = w;"));
+                }
+            }
+            s += "}\n";
+        }
+    }
     s
 }
 
