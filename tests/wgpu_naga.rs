@@ -162,3 +162,132 @@ fn coop_shaders_translate_to_spirv() {
         );
     }
 }
+
+/// The kernels that read or write a KV cache, in their chunked forms (a cache stored in
+/// three buffers, bound as one binding array: `CacheChunks`): both the `switch` form and the
+/// indexed one validate with the binding-array capability and translate to SPIR-V; the
+/// indexed one needs non-uniform indexing and decorates its accesses `NonUniform` (what a
+/// driver must see to index descriptors per lane); neither validates without binding arrays.
+#[test]
+fn chunked_cache_shaders_translate_to_spirv() {
+    use polyattn::kernels::wgsl::{
+        coop_shader_typed, AttentionShader, CacheChunks, DecodeShader, ReshapeShader, Tiled2,
+        TILED2_DEFAULT_BLOCK,
+    };
+    use polyattn::DType;
+    let mut modules: Vec<(String, String, Capabilities, bool)> = Vec::new();
+    let sg = Capabilities::SUBGROUP;
+    for any_index in [false, true] {
+        let chunks = CacheChunks {
+            count: 3,
+            any_index,
+        };
+        for (act, cache) in [
+            (DType::F32, DType::F32),
+            (DType::Bf16, DType::Bf16),
+            (DType::F16, DType::Fp8E4m3),
+        ] {
+            let r = ReshapeShader {
+                act_dtype: act,
+                cache_dtype: cache,
+            };
+            modules.push((
+                r.key_for(chunks),
+                r.source_for(chunks),
+                Capabilities::empty(),
+                any_index,
+            ));
+            let d = DecodeShader::choose(128, 4, act, cache, (32, 32), 48 << 10, 4, 128)
+                .expect("a decode shader");
+            modules.push((d.key_for(chunks), d.source_for(chunks), sg, any_index));
+            let tiled = AttentionShader {
+                head_size: 128,
+                block_m: 16,
+                block_n: 32,
+                q_dtype: act,
+                kv_dtype: cache,
+                paged: true,
+                subgroups: true,
+                unrolled: true,
+                tiled2: None,
+            };
+            modules.push((
+                tiled.key_for(chunks),
+                tiled.source_for(chunks),
+                sg,
+                any_index,
+            ));
+            let t2 = AttentionShader {
+                block_m: 64,
+                tiled2: Some(Tiled2 {
+                    workgroup: 128,
+                    max_key_lanes: 32,
+                    half: act == DType::F16 && cache == DType::F16,
+                    block: TILED2_DEFAULT_BLOCK,
+                    coop: false,
+                }),
+                ..tiled
+            };
+            modules.push((t2.key_for(chunks), t2.source_for(chunks), sg, any_index));
+        }
+        let coop = coop_shader_typed(128, 64, 64, 1, true, DType::F16);
+        modules.push((
+            coop.key_for(chunks),
+            coop.source_for(chunks),
+            sg | Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX,
+            any_index,
+        ));
+    }
+    let mut failures = Vec::new();
+    for (key, source, caps, any_index) in &modules {
+        let module = match naga::front::wgsl::parse_str(source) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{key}: {}", e.emit_to_string(source)));
+                continue;
+            }
+        };
+        if Validator::new(ValidationFlags::all(), *caps)
+            .validate(&module)
+            .is_ok()
+        {
+            failures.push(format!("{key}: validated without binding arrays"));
+        }
+        let mut with = *caps | Capabilities::STORAGE_BUFFER_BINDING_ARRAY;
+        if *any_index {
+            with |= Capabilities::STORAGE_BUFFER_BINDING_ARRAY_NON_UNIFORM_INDEXING;
+        }
+        let info = match Validator::new(ValidationFlags::all(), with).validate(&module) {
+            Ok(i) => i,
+            Err(e) => {
+                failures.push(format!("{key}: validation: {}", e.emit_to_string(source)));
+                continue;
+            }
+        };
+        let opts = spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        };
+        let words = match spv::write_vec(&module, &info, &opts, None) {
+            Ok(w) => w,
+            Err(e) => {
+                failures.push(format!("{key}: spir-v: {e}"));
+                continue;
+            }
+        };
+        // OpDecorate (3 words, opcode 71) of any id with NonUniform (5300).
+        let non_uniform = words
+            .windows(3)
+            .any(|w| w[0] == (3 << 16 | 71) && w[2] == 5300);
+        if *any_index && !non_uniform {
+            failures.push(format!("{key}: no NonUniform decoration"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} failed:\n{}",
+        failures.len(),
+        modules.len(),
+        failures.join("\n")
+    );
+}
