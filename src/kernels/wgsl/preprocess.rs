@@ -163,7 +163,7 @@ pub(super) fn buffer(name: &str, binding: u32, dtype: DType, access: Access) -> 
 }
 
 /// How a kernel binds its KV cache: one buffer, or the chunks of a cache stored in several
-/// (the Vulkan runtime's tensors larger than one binding, see [`cache_binding`]).
+/// (the Vulkan runtime's tensors larger than one binding, see `cache_binding` in `kernels::wgsl::preprocess`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheChunks {
     /// Buffers: 1, or the chunks.
