@@ -163,7 +163,8 @@ pub(super) fn buffer(name: &str, binding: u32, dtype: DType, access: Access) -> 
 }
 
 /// How a kernel binds its KV cache: one buffer, or the chunks of a cache stored in several
-/// (the Vulkan runtime's tensors larger than one binding, see `cache_binding` in `kernels::wgsl::preprocess`).
+/// (the Vulkan runtime's tensors larger than one binding; the generated accessors are
+/// described at `cache_binding` in `kernels/wgsl/preprocess.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheChunks {
     /// Buffers: 1, or the chunks.
