@@ -5,6 +5,7 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
+# vulkan-chunks (build with --test cache_chunks),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
 # default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
@@ -250,6 +251,13 @@ for p in "${phases[@]}"; do
     bench)
       run bench 300 $B/bin-polyattn bench --backend cuda,wgpu --shapes $SHAPES_P,$SHAPES_P1,$SHAPES_D,$SHAPES_KG \
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
+    vulkan-chunks)
+      # KV caches past one binding on VULKAN (stored in chunks; indexed per lane on NVIDIA):
+      # the chunked test (caches of 2.5 × 4 GiB) and the D1 row whose cache needs two chunks,
+      # beside CUDA's.
+      run cache-chunks 300 $B/test-cache_chunks --nocapture
+      run chunks-bench 150 $B/bin-polyattn bench --backend cuda,vulkan --shapes D1.b256s4k,D1.b64s4k \
+        --budget 0.3 --json "$OUT/vulkan-chunks.json" --no-svg ;;
     torch)
       run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
         --shapes "$SHAPES_P,$SHAPES_P1,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;
