@@ -3,8 +3,9 @@
 //
 // For token t with slot s = slot_mapping[t] (i64): s < 0 (PAD_SLOT_ID) writes nothing;
 // otherwise vec4 column c of its latent (kv_c[t] for c < L4, then k_pe[t]) goes to column c
-// of cache row s (block s / block_size, offset s % block_size: the cache is [blocks]
-// [block_size][D], so the row is s itself), converted by `cache_store4` (fp8: x / scale,
+// of cache row s (block s / block_size, offset s % block_size of the cache's [blocks]
+// [block_size][D], addressed by the generated `kv_addr`: one buffer, or the chunk holding
+// the block), converted by `cache_store4` (fp8: x / scale,
 // correctly rounded, RNE, saturated — bit for bit src/fp8.rs; 16-bit formats: RNE; the same
 // dtype: an exact copy).
 //
@@ -25,6 +26,12 @@ struct Params {
     l4: u32,
     r4: u32,
     scale: f32,
+    block_size: u32,
+    // Elements per block (block_size · D).
+    block_stride: u32,
+    // Blocks per chunk of a cache stored in chunks; unused for one buffer.
+    blocks_per_window: u32,
+    pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -53,5 +60,7 @@ fn main(
     } else {
         v = k_pe_load4((tok * params.r4 + c - params.l4) * 4u);
     }
-    cache_store4((u32(s.x) * d4 + c) * 4u, v, params.scale);
+    let slot = u32(s.x);
+    let at = kv_addr(slot / params.block_size, ((slot % params.block_size) * d4 + c) * 4u);
+    cache_store4(at, v, params.scale);
 }

@@ -28,7 +28,8 @@
 // v_scale), `out_store4`.
 //
 // Layout: q [tokens][num_heads][D] (decode tokens first, q_len each: request y's token j is
-// token y·q_len + j); cache [blocks][block_size][D]; block_table [reqs][bt_stride] i32;
+// token y·q_len + j); cache [blocks][block_size][D] (one buffer, or chunks of whole
+// blocks: the generated `kv_addr`); block_table [reqs][bt_stride] i32;
 // seq_lens [reqs] i32; out [tokens][num_heads][L] (SPLIT: f32 [splits][tokens·num_heads][L]);
 // lse [num_heads][tokens] (SPLIT: [splits][tokens·num_heads]).
 //
@@ -46,8 +47,10 @@ struct Params {
     scale: f32,
     v_scale: f32,
     write_lse: u32,
-    pad0: u32,
-    pad1: u32,
+    // Elements per cache block (block_size · D).
+    block_stride: u32,
+    // Blocks per chunk of a cache stored in chunks; unused for one buffer.
+    blocks_per_window: u32,
     pad2: u32,
 }
 
@@ -107,9 +110,9 @@ fn main(
     for (var k0 = lo; k0 < hi; k0 = k0 + KEYS) {
         let n = min(KEYS, hi - k0);
         let blk = u32(block_table[bt + k0 / params.block_size]);
-        let base = (blk * params.block_size + k0 % params.block_size) * D4 * 4u;
+        let base = kv_addr(blk, (k0 % params.block_size) * D4 * 4u);
         for (var e = t; e < n * D4; e = e + WG) {
-            lat_s[e] = cache_load4(base + e * 4u);
+            lat_s[e] = cache_load4(kb_add(base, e * 4u));
         }
         workgroupBarrier();
         for (var k = 0u; k < KEYS; k = k + 1u) {

@@ -14,7 +14,8 @@
 // Work: threads of the workgroups of row y stride over (row, vec4 column) of request y's
 // positions, WG per workgroup.
 //
-// Layout: kv_c [Tp][L], k_pe [Tp][R] (the prefill tokens); cache [blocks][block_size][L + R];
+// Layout: kv_c [Tp][L], k_pe [Tp][R] (the prefill tokens); cache [blocks][block_size][L + R]
+// (one buffer, or chunks of whole blocks: the generated `kv_addr`);
 // block_table [reqs][bt_stride] i32; plan: per prefill request (q_start, q_len, seq_len,
 // batch request) i32 ×4, then per chunk the n + 1 row starts (from starts_off); lat f32 vec4.
 // Bounds relied on (host side): validated metadata (block ids of positions < seq_len within
@@ -30,6 +31,10 @@ struct Params {
     r4: u32,
     pe_off: u32,
     k_scale: f32,
+    // Elements per cache block (block_size · D).
+    block_stride: u32,
+    // Blocks per chunk of a cache stored in chunks; unused for one buffer.
+    blocks_per_window: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -59,8 +64,8 @@ fn main(
         var v: vec4<f32>;
         if pos < ctx {
             let blk = u32(block_table[req * params.bt_stride + pos / params.block_size]);
-            let slot = blk * params.block_size + pos % params.block_size;
-            v = cache_load4((slot * d4 + c) * 4u) * params.k_scale;
+            let at = kv_addr(blk, ((pos % params.block_size) * d4 + c) * 4u);
+            v = cache_load4(at) * params.k_scale;
         } else {
             let tok = q_start + pos - ctx;
             if c < params.l4 {

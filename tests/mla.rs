@@ -28,6 +28,8 @@ struct Case {
     /// New tokens per request: the builder sends the leading requests of one query length
     /// (up to 128) to `forward_mqa`, the rest to `forward_mha`.
     q_lens: Vec<usize>,
+    /// Blocks of the cache at least (the requests' blocks are spread over all of them).
+    min_blocks: usize,
 }
 
 impl Case {
@@ -81,7 +83,7 @@ fn run_with(b: &BackendRef, c: &Case, seed: u64, make: &MakeImpl<'_>) -> Outcome
     let bs = c.block_size;
     let per_req: Vec<usize> = c.seq_lens.iter().map(|s| s.div_ceil(bs)).collect();
     let width = *per_req.iter().max().unwrap();
-    let num_blocks = 1 + per_req.iter().sum::<usize>() + 2;
+    let num_blocks = (1 + per_req.iter().sum::<usize>() + 2).max(c.min_blocks);
     let mut pool: Vec<i32> = (1..num_blocks as i32).collect();
     rng.shuffle(&mut pool);
     let mut table = vec![0i32; c.seq_lens.len() * width];
@@ -104,13 +106,17 @@ fn run_with(b: &BackendRef, c: &Case, seed: u64, make: &MakeImpl<'_>) -> Outcome
             imp.do_kv_cache_update(&layer, kv_c, k_pe, cache, md.as_ref())?;
             Ok(())
         };
+    // NaN in every slot, written in pieces of at most 8192 slots (inputs of a few MiB).
     let all = num_blocks * bs;
-    write(
-        &mut cache,
-        &put(&vec![f32::NAN; all * l], &[all, l], c.dtype)?,
-        &put(&vec![f32::NAN; all * r], &[all, r], c.dtype)?,
-        (0..all as i64).collect(),
-    )?;
+    for lo in (0..all).step_by(8192) {
+        let n = (all - lo).min(8192);
+        write(
+            &mut cache,
+            &put(&vec![f32::NAN; n * l], &[n, l], c.dtype)?,
+            &put(&vec![f32::NAN; n * r], &[n, r], c.dtype)?,
+            (lo as i64..(lo + n) as i64).collect(),
+        )?;
+    }
     let mut slots = Vec::new();
     for (i, &s) in c.seq_lens.iter().enumerate() {
         for t in 0..s {
@@ -281,6 +287,7 @@ fn case(
         cache,
         seq_lens: seq_lens.to_vec(),
         q_lens: q_lens.to_vec(),
+        min_blocks: 0,
     }
 }
 
@@ -707,4 +714,69 @@ fn bad_input_is_a_typed_error_on_every_mla_backend() {
         }
         Ok(())
     });
+}
+
+/// Latent caches past one storage binding: VULKAN_MLA stores them in chunks of whole blocks
+/// (`VulkanDevice::max_chunk_bytes`) bound as one binding array, and the cache write, the
+/// latent decode and the prefill's gather read and write across chunks (a cache of about
+/// 2.5 chunks, NaN everywhere first, the requests' blocks shuffled over all of it, two
+/// decodes and a prefill over cached context, against the f64 reference); WGPU_MLA refuses
+/// such a cache with a typed error. Backends without a per-binding limit are skipped, and
+/// so is a device whose chunk exceeds 256 MiB (the NaN fill builds host buffers of the
+/// whole cache).
+#[test]
+fn latent_caches_past_one_binding() {
+    let mut failures = Vec::new();
+    let mut report = Vec::new();
+    for b in polyattn::registry::global().backends() {
+        if !b.capabilities().is_mla {
+            continue;
+        }
+        let device = match b.device() {
+            Ok(d) => d,
+            Err(e) => {
+                report.push(format!("skipped {} ({e})", b.name()));
+                continue;
+            }
+        };
+        let (chunk, chunked) = match &device {
+            Device::Vulkan(d) => (d.max_chunk_bytes(), true),
+            Device::Wgpu(d) => (d.max_binding_bytes(), false),
+            _ => {
+                report.push(format!("skipped {} (no per-binding limit)", b.name()));
+                continue;
+            }
+        };
+        if chunk > 256 << 20 {
+            report.push(format!(
+                "skipped {} (chunks of {chunk} bytes: too large a cache for this test's host \
+                 buffers)",
+                b.name()
+            ));
+            continue;
+        }
+        let mut c = case(
+            16,
+            64,
+            DType::F32,
+            CacheDType::Auto,
+            &[300, 1000, 70],
+            &[1, 1, 30],
+        );
+        let page = (c.block_size * 576 * 4) as u64;
+        c.min_blocks = (chunk * 5 / 2).div_ceil(page) as usize;
+        match (run(&b, &c, 4242), chunked) {
+            (Ok(()), true) => report.push(format!("ok {}: {} blocks", b.name(), c.min_blocks)),
+            (Err(e), false) if e.to_string().contains("storage binding") => {
+                report.push(format!("ok {}: refused ({e})", b.name()))
+            }
+            (Ok(()), false) => failures.push(format!(
+                "{}: a latent cache past one binding ran without binding arrays",
+                b.name()
+            )),
+            (Err(e), _) => failures.push(format!("{}: {e}", b.name())),
+        }
+    }
+    eprintln!("[latent caches past one binding] {}", report.join("; "));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -163,16 +163,17 @@ fn coop_shaders_translate_to_spirv() {
     }
 }
 
-/// The kernels that read or write a KV cache, in their chunked forms (a cache stored in
-/// three buffers, bound as one binding array: `CacheChunks`): both the `switch` form and the
-/// indexed one validate with the binding-array capability and translate to SPIR-V; the
-/// indexed one needs non-uniform indexing and decorates its accesses `NonUniform` (what a
-/// driver must see to index descriptors per lane); neither validates without binding arrays.
+/// The kernels that read or write a KV cache or an MLA latent cache, in their chunked forms
+/// (a cache stored in three buffers, bound as one binding array: `CacheChunks`): both the
+/// `switch` form and the indexed one validate with the binding-array capability and
+/// translate to SPIR-V; the indexed one needs non-uniform indexing and decorates its accesses
+/// `NonUniform` (what a driver must see to index descriptors per lane); neither validates
+/// without binding arrays.
 #[test]
 fn chunked_cache_shaders_translate_to_spirv() {
     use polyattn::kernels::wgsl::{
-        coop_shader_typed, AttentionShader, CacheChunks, DecodeShader, ReshapeShader, Tiled2,
-        TILED2_DEFAULT_BLOCK,
+        coop_shader_typed, AttentionShader, CacheChunks, DecodeShader, MlaDecodeShader, MlaShader,
+        ReshapeShader, Tiled2, TILED2_DEFAULT_BLOCK,
     };
     use polyattn::DType;
     let mut modules: Vec<(String, String, Capabilities, bool)> = Vec::new();
@@ -229,6 +230,34 @@ fn chunked_cache_shaders_translate_to_spirv() {
                 ..tiled
             };
             modules.push((t2.key_for(chunks), t2.source_for(chunks), sg, any_index));
+        }
+        for (act, cache) in [(DType::F32, DType::F32), (DType::Bf16, DType::Fp8E4m3)] {
+            let decode = MlaDecodeShader {
+                latent_dim: 576,
+                kv_lora_rank: 512,
+                keys: 8,
+                q_dtype: act,
+                cache_dtype: cache,
+                split: true,
+            };
+            for m in [
+                MlaShader::CacheWrite {
+                    act_dtype: act,
+                    cache_dtype: cache,
+                },
+                MlaShader::Gather {
+                    act_dtype: act,
+                    cache_dtype: cache,
+                },
+                MlaShader::Decode(decode),
+            ] {
+                modules.push((
+                    m.key_for(chunks),
+                    m.source_for(chunks),
+                    Capabilities::empty(),
+                    any_index,
+                ));
+            }
         }
         let coop = coop_shader_typed(128, 64, 64, 1, true, DType::F16);
         modules.push((

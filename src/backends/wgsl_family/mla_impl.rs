@@ -13,8 +13,9 @@ use crate::device::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{
-    MlaDecodeShader, MlaPrefillShader, MlaShader, MLA_ELEMENTWISE_WORKGROUP, MLA_ROWS,
+    CacheChunks, MlaDecodeShader, MlaPrefillShader, MlaShader, MLA_ELEMENTWISE_WORKGROUP, MLA_ROWS,
 };
+
 use crate::metadata::AttentionMetadata;
 use crate::mla::{AbsorbedWeights, MlaKvCache, MlaParams};
 
@@ -79,6 +80,18 @@ fn bytes_of(what: &'static str, factors: &[usize]) -> Result<u64> {
         .iter()
         .try_fold(1u64, |a, &x| a.checked_mul(x as u64))
         .ok_or_else(|| Error::overflow(what, format!("{factors:?}")))
+}
+
+/// The latent cache as the kernels that read or write it bind it.
+struct LatentChunks<R: WgslRuntime> {
+    /// One buffer, or the chunks in order.
+    buffers: Vec<R::Buffer>,
+    /// How the kernels bind them.
+    form: CacheChunks,
+    /// Blocks per chunk (all of them for one buffer).
+    blocks_per_chunk: u32,
+    /// Elements per block (`block_size · latent_dim`).
+    block_stride: u32,
 }
 
 /// The buffer in `slot`, replaced by a larger one when it holds fewer than `bytes`; checked
@@ -182,8 +195,30 @@ impl<R: WgslBackendRuntime> WgslMlaAttentionImpl<R> {
                 expected: format!("{act} (the activations') or fp8_e4m3"),
             });
         }
-        self.dev.tensor_buffer(cache.data(), "latent cache")?;
+        self.cache_chunks(cache)?;
         Ok(())
+    }
+
+    /// The latent cache as the kernels bind it: one buffer, or its chunks (a tensor larger
+    /// than one binding on the Vulkan runtime), with the blocks each chunk holds.
+    fn cache_chunks(&self, cache: &MlaKvCache) -> Result<LatentChunks<R>> {
+        let block_elems = bytes_of("MLA cache block", &[cache.block_size(), cache.latent_dim()])?;
+        let page = block_elems
+            .checked_mul(cache.storage_dtype().size_in_bytes() as u64)
+            .ok_or_else(|| Error::overflow("MLA cache block", format!("{block_elems} elements")))?;
+        let (buffers, blocks_per_chunk) =
+            self.dev.tensor_chunks(cache.data(), page, "latent cache")?;
+        Ok(LatentChunks {
+            form: CacheChunks {
+                count: buffers.len() as u32,
+                any_index: self.dev.info().binding_array_any_index,
+            },
+            buffers,
+            blocks_per_chunk,
+            block_stride: u32::try_from(block_elems).map_err(|_| {
+                Error::overflow("MLA cache block", format!("{block_elems} elements"))
+            })?,
+        })
     }
 
     /// The buffer of `t`, which must live on this device and fit one binding.
@@ -238,24 +273,30 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
         let groups =
             bytes_of("MLA cache write", &[t, d4])?.div_ceil(MLA_ELEMENTWISE_WORKGROUP as u64);
         let (x, z) = self.dev.info().grid(groups)?;
+        let cache = self.cache_chunks(kv_cache)?;
         let words = Words::new()
             .u(u32_of("tokens", t)?)
             .u((p.kv_lora_rank / 4) as u32)
             .u((p.qk_rope_head_dim / 4) as u32)
-            .f(kv_cache.dequant_scale(layer.k_scale)?);
+            .f(kv_cache.dequant_scale(layer.k_scale)?)
+            .u(u32_of("block size", kv_cache.block_size())?)
+            .u(cache.block_stride)
+            .u(cache.blocks_per_chunk);
         let mut rec = self.recording();
-        rec.mla(
+        let mut buffers = vec![
+            (1, kv_c_buf),
+            (2, k_pe_buf),
+            (3, self.buf(&md.arrays().slot_mapping, "slot_mapping")?),
+        ];
+        buffers.extend(cache.buffers.iter().map(|b| (4, b.clone())));
+        rec.mla_with(
             MlaShader::CacheWrite {
                 act_dtype: act,
                 cache_dtype: kv_cache.storage_dtype(),
             },
+            cache.form,
             words,
-            vec![
-                (1, kv_c_buf),
-                (2, k_pe_buf),
-                (3, self.buf(&md.arrays().slot_mapping, "slot_mapping")?),
-                (4, self.buf(kv_cache.data(), "latent cache")?),
-            ],
+            buffers,
             (x, 1, z),
         )?;
         rec.submit()
@@ -277,6 +318,7 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
         let (n, l) = (p.num_heads, p.kv_lora_rank);
         p.check_mqa(b, q, kv_cache, output, lse.as_deref())?;
         self.check_cache(kv_cache, act)?;
+        let cache = self.cache_chunks(kv_cache)?;
         let q_buf = self.buf(q, "q")?;
         let out_buf = self.buf(output, "output")?;
         let lse_buf = match lse.as_deref() {
@@ -318,7 +360,9 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
             .u(u32_of("query length", q_len)?)
             .f(p.scale * k_scale)
             .f(k_scale)
-            .u(lse_buf.is_some() as u32);
+            .u(lse_buf.is_some() as u32)
+            .u(cache.block_stride)
+            .u(cache.blocks_per_chunk);
         let arrays = md.arrays();
         let grid = (
             u32_of("row tiles", tiles)?,
@@ -335,12 +379,12 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
                 split,
             })
         };
-        let inputs = vec![
-            (1, q_buf),
-            (2, self.buf(kv_cache.data(), "latent cache")?),
+        let mut inputs = vec![(1, q_buf)];
+        inputs.extend(cache.buffers.iter().map(|b| (2, b.clone())));
+        inputs.extend([
             (3, self.buf(&arrays.block_table, "block_table")?),
             (4, self.buf(&arrays.seq_lens, "seq_lens")?),
-        ];
+        ]);
         let lse_or_dummy = match &lse_buf {
             Some(b) => b.clone(),
             None => self.dev.placeholder(0)?,
@@ -350,7 +394,7 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
         if splits == 1 {
             let mut buffers = inputs;
             buffers.extend([(5, out_buf), (6, lse_or_dummy)]);
-            rec.mla(shader(false), words, buffers, grid)?;
+            rec.mla_with(shader(false), cache.form, words, buffers, grid)?;
         } else {
             let out_bytes = bytes_of("MLA split partials", &[splits, total_rows, l, 4])?;
             let lse_bytes = bytes_of("MLA split LSEs", &[splits, total_rows, 4])?;
@@ -368,7 +412,7 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
             )?;
             let mut buffers = inputs;
             buffers.extend([(5, part.clone()), (6, part_lse.clone())]);
-            rec.mla(shader(true), words, buffers, grid)?;
+            rec.mla_with(shader(true), cache.form, words, buffers, grid)?;
             let groups = bytes_of("MLA combine", &[total_rows, l / 4])?
                 .div_ceil(MLA_ELEMENTWISE_WORKGROUP as u64);
             let (x, z) = self.dev.info().grid(groups)?;
@@ -514,7 +558,7 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
             cache_dtype: kv_cache.storage_dtype(),
         };
         let arrays = md.arrays();
-        let cache_buf = self.buf(kv_cache.data(), "latent cache")?;
+        let cache = self.cache_chunks(kv_cache)?;
         let bt_buf = self.buf(&arrays.block_table, "block_table")?;
         let max_groups = self.dev.info().max_workgroups_per_dim as u64;
         let mut rec = self.recording();
@@ -525,8 +569,12 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
             // Gather: request i's rows over the workgroups of grid row i.
             let per_req = (chunk * (l + r) / 4).div_ceil(MLA_ELEMENTWISE_WORKGROUP as usize);
             let gx = (per_req as u64).clamp(1, max_groups) as u32;
-            rec.mla(
+            let mut buffers = vec![(1, kv_c_buf.clone()), (2, k_pe_buf.clone())];
+            buffers.extend(cache.buffers.iter().map(|b| (3, b.clone())));
+            buffers.extend([(4, bt_buf.clone()), (5, plan_buf.clone()), (6, lat.clone())]);
+            rec.mla_with(
                 gather,
+                cache.form,
                 Words::new()
                     .u(u32_of("chunk start", lo)?)
                     .u(u32_of("plan offset", starts_off)?)
@@ -535,15 +583,10 @@ impl<R: WgslBackendRuntime> MlaAttentionImpl for WgslMlaAttentionImpl<R> {
                     .u((l / 4) as u32)
                     .u((r / 4) as u32)
                     .u(pe_off)
-                    .f(k_scale),
-                vec![
-                    (1, kv_c_buf.clone()),
-                    (2, k_pe_buf.clone()),
-                    (3, cache_buf.clone()),
-                    (4, bt_buf.clone()),
-                    (5, plan_buf.clone()),
-                    (6, lat.clone()),
-                ],
+                    .f(k_scale)
+                    .u(cache.block_stride)
+                    .u(cache.blocks_per_chunk),
+                buffers,
                 (gx, u32_of("prefill requests", n)?, 1),
             )?;
             rec.linear(

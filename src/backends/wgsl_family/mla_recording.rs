@@ -4,7 +4,7 @@
 
 use crate::device::wgsl::{Dispatch, LoopBounding, Slot, WgslRuntime, Words};
 use crate::error::{Error, Result};
-use crate::kernels::wgsl::{Bindings, MlaShader, ModelShader};
+use crate::kernels::wgsl::{Bindings, CacheChunks, MlaShader, ModelShader};
 
 /// Dispatches recorded for one call, submitted together by [`MlaRecording::submit`].
 pub(crate) struct MlaRecording<R: WgslRuntime> {
@@ -63,11 +63,24 @@ impl<R: WgslRuntime> MlaRecording<R> {
         buffers: Vec<(u32, R::Buffer)>,
         grid: (u32, u32, u32),
     ) -> Result<()> {
+        self.mla_with(shader, CacheChunks::ONE, words, buffers, grid)
+    }
+
+    /// [`MlaRecording::mla`] for a kernel that binds the latent cache as `chunks` says (its
+    /// buffers among `buffers`: one, or the chunks in order).
+    pub(crate) fn mla_with(
+        &mut self,
+        shader: MlaShader,
+        chunks: CacheChunks,
+        words: Words,
+        buffers: Vec<(u32, R::Buffer)>,
+        grid: (u32, u32, u32),
+    ) -> Result<()> {
         self.check_grid(grid, &shader.key())?;
         // Every loop of the MLA kernels steps a u32 towards a bound it cannot pass over.
         let pipeline = self.dev.pipeline(
-            &shader.key(),
-            &|| shader.source(),
+            &shader.key_for(chunks),
+            &|| shader.source_for(chunks),
             shader.bindings(),
             false,
             LoopBounding::Off,

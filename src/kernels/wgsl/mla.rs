@@ -13,7 +13,9 @@
 use crate::dtype::DType;
 
 use super::bindings::Bindings;
-use super::preprocess::{buffer, consts, short, Access};
+use super::preprocess::{
+    buffer, cache_binding, cache_reader, consts, short, storage_type, Access, CacheChunks,
+};
 use super::sources::{COMMON, MLA_CACHE_WRITE, MLA_COMBINE, MLA_DECODE, MLA_GATHER, MLA_PREFILL};
 
 /// Threads that share one query row's columns.
@@ -69,7 +71,12 @@ impl MlaDecodeShader {
 
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
-        format!(
+        self.key_for(CacheChunks::ONE)
+    }
+
+    /// The key of [`MlaDecodeShader::source_for`].
+    pub fn key_for(&self, cache_chunks: CacheChunks) -> String {
+        cache_chunks.key(format!(
             "mla decode d{} l{} k{} q {} kv {}{}",
             self.latent_dim,
             self.kv_lora_rank,
@@ -77,14 +84,20 @@ impl MlaDecodeShader {
             short(self.q_dtype),
             short(self.cache_dtype),
             if self.split { " split" } else { "" }
-        )
+        ))
     }
 
     /// The complete WGSL module.
     pub fn source(&self) -> String {
+        self.source_for(CacheChunks::ONE)
+    }
+
+    /// The module for a latent cache bound as `cache_chunks` says.
+    pub fn source_for(&self, cache_chunks: CacheChunks) -> String {
         let d4 = self.latent_dim / 4;
         let l4 = self.kv_lora_rank / 4;
-        let mut s = format!("// generated: {}\n", self.key());
+        let mut s = format!("// generated: {}\n", self.key_for(cache_chunks));
+        s += cache_chunks.enable();
         s += &consts(&[
             ("D4", d4),
             ("L4", l4),
@@ -97,7 +110,7 @@ impl MlaDecodeShader {
         ]);
         s += &format!("const SPLIT: bool = {};\n", self.split);
         s += &buffer("q", 1, self.q_dtype, Access::Read);
-        s += &buffer("cache", 2, self.cache_dtype, Access::Read);
+        s += &cache_reader("cache", 2, self.cache_dtype, cache_chunks);
         let out = if self.split { DType::F32 } else { self.q_dtype };
         s += &buffer("out", 5, out, Access::Write);
         s += COMMON;
@@ -224,7 +237,13 @@ impl MlaShader {
 
     /// The pipeline-cache key.
     pub fn key(&self) -> String {
-        match self {
+        self.key_for(CacheChunks::ONE)
+    }
+
+    /// The key of [`MlaShader::source_for`].
+    pub fn key_for(&self, cache_chunks: CacheChunks) -> String {
+        let cache_chunks = self.chunks(cache_chunks);
+        let key = match self {
             MlaShader::CacheWrite {
                 act_dtype,
                 cache_dtype,
@@ -237,18 +256,38 @@ impl MlaShader {
                 act_dtype,
                 cache_dtype,
             } => format!("mla gather {} / {}", short(*act_dtype), short(*cache_dtype)),
-            MlaShader::Decode(d) => d.key(),
+            MlaShader::Decode(d) => return d.key_for(cache_chunks),
             MlaShader::Combine {
                 kv_lora_rank,
                 out_dtype,
             } => format!("mla combine l{kv_lora_rank} {}", short(*out_dtype)),
             MlaShader::Prefill(p) => p.key(),
+        };
+        cache_chunks.key(key)
+    }
+
+    /// How this kernel binds the latent cache: `cache_chunks` for the kernels that read or
+    /// write it, one buffer (unused) for the others.
+    fn chunks(&self, cache_chunks: CacheChunks) -> CacheChunks {
+        match self {
+            MlaShader::CacheWrite { .. } | MlaShader::Gather { .. } | MlaShader::Decode(_) => {
+                cache_chunks
+            }
+            MlaShader::Combine { .. } | MlaShader::Prefill(_) => CacheChunks::ONE,
         }
     }
 
     /// The complete WGSL module.
     pub fn source(&self) -> String {
-        let mut s = format!("// generated: {}\n", self.key());
+        self.source_for(CacheChunks::ONE)
+    }
+
+    /// The module with the latent cache bound as `cache_chunks` says (the kernels that do
+    /// not touch the cache ignore it).
+    pub fn source_for(&self, cache_chunks: CacheChunks) -> String {
+        let cache_chunks = self.chunks(cache_chunks);
+        let mut s = format!("// generated: {}\n", self.key_for(cache_chunks));
+        s += cache_chunks.enable();
         match *self {
             MlaShader::CacheWrite {
                 act_dtype,
@@ -257,7 +296,14 @@ impl MlaShader {
                 s += &consts(&[("WG", MLA_ELEMENTWISE_WORKGROUP)]);
                 s += &buffer("kv_c", 1, act_dtype, Access::Read);
                 s += &buffer("k_pe", 2, act_dtype, Access::Read);
-                s += &buffer("cache", 4, cache_dtype, Access::WriteScaled);
+                s += &cache_binding(
+                    "cache",
+                    4,
+                    storage_type(cache_dtype),
+                    4,
+                    cache_chunks,
+                    Some(cache_dtype),
+                );
                 s += COMMON;
                 s += MLA_CACHE_WRITE;
             }
@@ -268,11 +314,11 @@ impl MlaShader {
                 s += &consts(&[("WG", MLA_ELEMENTWISE_WORKGROUP)]);
                 s += &buffer("kv_c", 1, act_dtype, Access::Read);
                 s += &buffer("k_pe", 2, act_dtype, Access::Read);
-                s += &buffer("cache", 3, cache_dtype, Access::Read);
+                s += &cache_reader("cache", 3, cache_dtype, cache_chunks);
                 s += COMMON;
                 s += MLA_GATHER;
             }
-            MlaShader::Decode(d) => return d.source(),
+            MlaShader::Decode(d) => return d.source_for(cache_chunks),
             MlaShader::Combine {
                 kv_lora_rank,
                 out_dtype,

@@ -128,8 +128,6 @@ pub(super) enum Access {
     Read,
     /// `<name>_store4(e, v)`.
     Write,
-    /// `<name>_store4(e, v, scale)`: the fp8 quantisation scale (ignored by other dtypes).
-    WriteScaled,
 }
 
 /// Declaration and accessor of one typed buffer.
@@ -151,10 +149,6 @@ pub(super) fn buffer(name: &str, binding: u32, dtype: DType, access: Access) -> 
         Access::Write => {
             s += &format!("fn {name}_store4(e: u32, v: vec4<f32>) {{\n");
             s += "    let scale = 1.0;\n";
-            s += &store_body(name, dtype);
-        }
-        Access::WriteScaled => {
-            s += &format!("fn {name}_store4(e: u32, v: vec4<f32>, scale: f32) {{\n");
             s += &store_body(name, dtype);
         }
     }
@@ -290,6 +284,16 @@ pub(super) fn cache_binding(
             s += "}\n";
         }
     }
+    s
+}
+
+/// [`cache_binding`] of a cache of `dtype` read as `<name>_load4(a)`: the four elements at
+/// `a` (a multiple of 4) as f32.
+pub(super) fn cache_reader(name: &str, binding: u32, dtype: DType, chunks: CacheChunks) -> String {
+    let mut s = cache_binding(name, binding, storage_type(dtype), 4, chunks, None);
+    s += &format!("fn {name}_load4(a: KB) -> vec4<f32> {{\n    let w = {name}_word(a);\n");
+    s += &cvt_body(dtype);
+    s += "}\n";
     s
 }
 
