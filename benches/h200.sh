@@ -253,11 +253,15 @@ for p in "${phases[@]}"; do
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
     vulkan-chunks)
       # KV caches past one binding on VULKAN (stored in chunks; indexed per lane on NVIDIA):
-      # the chunked test (caches of 2.5 × 4 GiB) and the D1 row whose cache needs two chunks,
-      # beside CUDA's.
+      # the chunked test (caches of 2.5 × 4 GiB; the MLA one skips chunks above 256 MiB) and
+      # the D1 row whose cache needs two chunks, beside CUDA's.
       run cache-chunks 300 $B/test-cache_chunks --nocapture
       run chunks-bench 150 $B/bin-polyattn bench --backend cuda,vulkan --shapes D1.b256s4k,D1.b64s4k \
-        --budget 0.3 --json "$OUT/vulkan-chunks.json" --no-svg ;;
+        --budget 0.3 --json "$OUT/vulkan-chunks.json" --no-svg
+      # the MLA rows whose latent caches exceed one binding (4.8 and 2.4 GB), beside CUDA_MLA.
+      run chunks-mla-bench 200 $B/bin-polyattn bench --backend CUDA_MLA,VULKAN_MLA \
+        --shapes M.h16.b128s32k.q1,M.h128.b64s32k.q1 --budget 0.3 \
+        --json "$OUT/vulkan-mla-chunks.json" --no-svg ;;
     torch)
       run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
         --shapes "$SHAPES_P,$SHAPES_P1,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;
