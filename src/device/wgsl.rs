@@ -110,6 +110,9 @@ pub struct WgslDeviceInfo {
     /// one binding is then stored in chunks and bound as an array of them
     /// ([`WgslRuntime::tensor_chunks`]).
     pub binding_arrays: bool,
+    /// Bytes of device memory a tensor may take at most (the largest device-local heap on
+    /// the Vulkan runtime; `u64::MAX` where the runtime does not say).
+    pub memory_bytes: u64,
     /// Binding arrays indexed by non-uniform values (Vulkan's
     /// `shaderStorageBufferArrayNonUniformIndexing`); without it kernels pick a chunk through
     /// a `switch` of constant indices.
@@ -131,10 +134,17 @@ impl WgslDeviceInfo {
         Ok((x as u32, z as u32))
     }
 
-    /// Errors when a KV cache of `bytes` in blocks of `page_bytes` cannot be bound: it must
-    /// fit one storage binding, or — where the device binds arrays of storage buffers (the
-    /// cache is then stored and bound in chunks of whole blocks) — one block must.
+    /// Errors when a KV cache of `bytes` in blocks of `page_bytes` cannot be held or bound: it
+    /// must fit the device's memory and one storage binding, or — where the device binds
+    /// arrays of storage buffers (the cache is then stored and bound in chunks of whole
+    /// blocks) — one block must fit a binding (`page_bytes` 0: the block is not known yet).
     pub fn check_cache(&self, bytes: u64, page_bytes: u64) -> Result<()> {
+        if bytes > self.memory_bytes {
+            return Err(Error::config(format!(
+                "the KV cache is {bytes} bytes, more than {} has ({} bytes of device memory)",
+                self.name, self.memory_bytes
+            )));
+        }
         if self.binding_arrays && bytes > self.max_binding_bytes {
             return self.check_binding(page_bytes, "one block of the KV cache");
         }

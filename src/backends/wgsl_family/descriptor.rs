@@ -53,16 +53,17 @@ pub fn wgsl_capabilities(graph_capture: GraphCaptureSupport) -> BackendCapabilit
 }
 
 /// The device-dependent vetoes: a KV cache of the configuration's size (when given) must fit
-/// one storage binding — unless the device binds arrays of buffers, where a cache is stored
-/// in chunks of whole blocks (`check_kv_cache` checks a block then) — and a tile of the head
-/// size the workgroup memory.
+/// one storage binding — or, where the device binds arrays of buffers and stores a larger
+/// cache in chunks of whole blocks, its memory ([`WgslDeviceInfo::check_cache`]) — and a
+/// tile of the head size the workgroup memory.
 pub fn wgsl_combination_veto(
     info: &WgslDeviceInfo,
     caps: &BackendCapabilities,
     config: &SelectorConfig,
 ) -> Option<Reason> {
-    if let Some(bytes) = config.kv_cache_bytes.filter(|_| !info.binding_arrays) {
-        if let Err(e) = info.check_binding(bytes, "the KV cache") {
+    // The block size may be unknown here: a block is checked against a binding at allocation.
+    if let Some(bytes) = config.kv_cache_bytes {
+        if let Err(e) = info.check_cache(bytes, 0) {
             return Some(Reason::new("KV cache too large", e.to_string()));
         }
     }

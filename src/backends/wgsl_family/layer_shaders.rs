@@ -378,6 +378,7 @@ mod tests {
             max_workgroups_per_dim: 65535,
             max_binding_bytes: u64::from(u32::MAX),
             binding_arrays: false,
+            memory_bytes: u64::MAX,
             binding_array_any_index: false,
         }
     }

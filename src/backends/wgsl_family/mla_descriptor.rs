@@ -91,13 +91,14 @@ impl<R: WgslBackendRuntime> AttentionBackend for WgslMlaBackend<R> {
     }
 
     /// Adapter-dependent checks: a latent cache of the configuration's size (when given)
-    /// must fit one storage binding (where the device has no binding arrays to bind it in
-    /// chunks), and a decode step of the latent the workgroup memory.
+    /// must fit one storage binding (or, where the device binds arrays of buffers to hold it
+    /// in chunks, its memory), and a decode step of the latent the workgroup memory.
     fn supports_combination(&self, config: &SelectorConfig) -> Option<Reason> {
         let dev = R::open().ok()?;
-        // Devices with binding arrays store a larger cache in chunks of whole blocks.
-        if let Some(bytes) = config.kv_cache_bytes.filter(|_| !dev.info().binding_arrays) {
-            if let Err(e) = dev.info().check_binding(bytes, "the latent cache") {
+        // Devices with binding arrays store a larger cache in chunks of whole blocks, up to
+        // their memory (a block is checked against a binding at allocation).
+        if let Some(bytes) = config.kv_cache_bytes {
+            if let Err(e) = dev.info().check_cache(bytes, 0) {
                 return Some(Reason::new("KV cache too large", e.to_string()));
             }
         }

@@ -460,6 +460,15 @@ impl VulkanDevice {
             .device_name_as_c_str()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "(unnamed)".into());
+        // The largest device-local heap: no tensor can be larger.
+        // SAFETY: a plain query of a physical device of this instance.
+        let memory = unsafe { instance.get_physical_device_memory_properties(physical) };
+        let memory_bytes = memory.memory_heaps[..memory.memory_heap_count as usize]
+            .iter()
+            .filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+            .map(|h| h.size)
+            .max()
+            .unwrap_or(u64::MAX);
         let wgsl = WgslDeviceInfo {
             name: name.clone(),
             is_cpu: props.device_type == vk::PhysicalDeviceType::CPU,
@@ -476,6 +485,7 @@ impl VulkanDevice {
             max_binding_bytes: u64::from(props.limits.max_storage_buffer_range),
             binding_arrays: true,
             binding_array_any_index: caps.array_any_index,
+            memory_bytes,
         };
         let inner = Arc::new(Inner {
             allocator: Mutex::new(Some(allocator)),

@@ -106,6 +106,17 @@ impl VulkanDevice {
     /// cannot bind arrays of buffers, or when the rows do not divide it evenly; else the
     /// most whole rows one buffer holds. A row larger than one buffer is an error.
     fn chunk_plan(&self, bytes: u64, rows: usize) -> Result<u64> {
+        let memory = self.inner().wgsl.memory_bytes;
+        if bytes > memory {
+            return Err(Error::Device {
+                backend: "VULKAN".into(),
+                message: format!(
+                    "a tensor of {bytes} bytes is larger than {}'s {memory} bytes of device \
+                     memory",
+                    self.name()
+                ),
+            });
+        }
         let max = self.max_chunk_bytes();
         if bytes <= max || !self.inner().wgsl.binding_arrays || rows == 0 {
             return Ok(bytes);
@@ -251,9 +262,15 @@ impl VulkanDevice {
             );
         }
         extras.push(format!(
-            "{} KiB shared, {} MiB per binding",
+            "{} KiB shared, {} MiB per binding, larger caches in chunks of {} MiB ({})",
             w.max_workgroup_storage / 1024,
-            w.max_binding_bytes >> 20
+            w.max_binding_bytes >> 20,
+            self.max_chunk_bytes() >> 20,
+            if w.binding_array_any_index {
+                "indexed"
+            } else {
+                "switch"
+            }
         ));
         if self.validation_enabled() {
             extras.push("validation".into());

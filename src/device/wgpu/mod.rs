@@ -391,6 +391,7 @@ fn open_uncached() -> Result<WgpuDevice> {
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
         binding_arrays: false,
+        memory_bytes: u64::MAX,
         binding_array_any_index: false,
     };
     Ok(WgpuDevice {
