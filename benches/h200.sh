@@ -5,7 +5,7 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
-# vulkan-chunks (build with --test cache_chunks),
+# vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
 # default) and at POLYATTN_CUDA_MMA_ROWS=64; ncu: one launch of that
@@ -253,9 +253,10 @@ for p in "${phases[@]}"; do
         --budget 0.3 --json "$OUT/ours.json" --no-svg ;;
     vulkan-chunks)
       # KV caches past one binding on VULKAN (stored in chunks; indexed per lane on NVIDIA):
-      # the chunked test (caches of 2.5 × 4 GiB; the MLA one skips chunks above 256 MiB) and
-      # the D1 row whose cache needs two chunks, beside CUDA's.
+      # the chunked tests (caches of 2.5 × 4 GiB) and the D1 row whose cache needs two chunks,
+      # beside CUDA's.
       run cache-chunks 300 $B/test-cache_chunks --nocapture
+      run mla-chunks 300 $B/test-mla --nocapture latent_caches_past_one_binding
       run chunks-bench 150 $B/bin-polyattn bench --backend cuda,vulkan --shapes D1.b256s4k,D1.b64s4k \
         --budget 0.3 --json "$OUT/vulkan-chunks.json" --no-svg
       # the MLA rows whose latent caches exceed one binding (4.8 and 2.4 GB), beside CUDA_MLA.
