@@ -429,11 +429,13 @@ __device__ __forceinline__ float mo_block_sum(float a, float* red) {
 // total Σp; the top-p threshold as the largest bit pattern t with Σ_{p ≥ t} p ≥ top_p · total
 // by 30 bisection steps over [0, bits(1.0) + 1), each a block sum in the total's order
 // (skipped when top_p ≥ 1 or NaN); and the draw: target = uniform · kept mass, thread i owns
-// the contiguous columns [i·C, (i+1)·C), an inclusive scan of the threads' kept masses in
-// shared memory tiles [0, scanned total) exactly (a thread's start is its predecessor's
-// end, read from the same word), and the one thread whose interval holds the target walks
-// its columns to the first whose running mass exceeds it; a target past the scanned total
-// (rounding) takes the last kept column. The rule in f64: src/compute/cpu.rs sample_row.
+// the contiguous columns [i·C, (i+1)·C), and the threads' kept masses are added in order
+// (each warp's by its lane 0, then the warps' totals by thread 0: every prefix is the one
+// before plus a non-negative mass, so the prefixes never decrease, and thread i's interval
+// starts at thread i−1's end, the same shared word), so exactly one interval holds a target
+// below the total; that thread walks its columns to the first whose running mass exceeds
+// it; a target past the scanned total (rounding) takes the last kept column. The rule in
+// f64: src/compute/cpu.rs sample_row.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_sample(const SampleParams p) {
     PA_DEPENDENT_PROLOGUE();
     __shared__ float red_v[MO_WARPS];
@@ -494,25 +496,31 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_sample(const 
                 last = c + 1;
             }
         }
-        // Inclusive scan: within warps by shuffles, then the warps' totals in order.
-        float inc = own;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float up = __shfl_up_sync(PA_FULL_MASK, inc, o);
-            if (lane >= o) inc += up;
-        }
+        // Serial scans: each warp's lane 0 adds its lanes' masses in order (scan holds the
+        // warp-local inclusive prefixes), thread 0 the warps' totals; then every thread's
+        // inclusive prefix is its warp's start plus its local prefix (monotone: the warp's
+        // start is the previous warp's last prefix, the same sum).
+        scan[tid] = own;
         int lst = last;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) lst = max(lst, __shfl_xor_sync(PA_FULL_MASK, lst, o));
-        if (lane == 31) red_v[warp] = inc;
-        if (lane == 0) red_i[warp] = lst;
+        __syncwarp();
+        if (lane == 0) {
+            float run = 0.0f;
+            for (int i = 0; i < 32; ++i) {
+                run += scan[tid + i];
+                scan[tid + i] = run;
+            }
+            red_v[warp] = run;
+            red_i[warp] = lst;
+        }
         __syncthreads();
         if (tid == 0) {
             float run = 0.0f;
             int mx = 0;
             for (int w = 0; w < MO_WARPS; ++w) {
                 const float w_sum = red_v[w];
-                red_v[w] = run;  // exclusive prefix of warp w
+                red_v[w] = run;  // start of warp w
                 run += w_sum;
                 mx = max(mx, red_i[w]);
             }
@@ -520,7 +528,11 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_sample(const 
             pick_s = 0;
         }
         __syncthreads();
-        scan[tid] = red_v[warp] + inc;
+        const float local = scan[tid];
+        __syncthreads();
+        // A warp's last lane gets red_v[w] + total, the sum thread 0 formed as the next
+        // warp's start: the intervals meet exactly.
+        scan[tid] = red_v[warp] + local;
         __syncthreads();
         const float uu = s.z >= 0.0f ? fminf(s.z, 0.99999994f) : 0.0f;
         const float target = uu * kept;

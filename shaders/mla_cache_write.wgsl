@@ -1,7 +1,8 @@
 // mla_cache_write.wgsl — writes each new token's latent [kv_c | k_pe] into its slot of the
 // MLA latent cache (vLLM's concat_and_cache_mla).
 //
-// For token t with slot s = slot_mapping[t] (i64): s < 0 (PAD_SLOT_ID) writes nothing;
+// For token t with slot s = slot_mapping[t] (i64, read as (low, high) words): s < 0
+// (PAD_SLOT_ID; its high word is not 0) writes nothing;
 // otherwise vec4 column c of its latent (kv_c[t] for c < L4, then k_pe[t]) goes to column c
 // of cache row s (block s / block_size, offset s % block_size of the cache's [blocks]
 // [block_size][D], addressed by the generated `kv_addr`: one buffer, or the chunk holding
@@ -18,7 +19,8 @@
 //
 // Layout: kv_c [tokens][L], k_pe [tokens][R]; slots i64 as (low, high) i32 pairs; cache
 // [blocks][block_size][L + R].
-// Bounds: slots were validated against blocks × block_size (< 2^31) on the host; tokens <
+// Bounds: slots were validated against blocks × block_size (≤ u32::MAX: the impl refuses a
+// larger cache) on the host, so a slot is its low word as a u32; tokens <
 // num_tokens ≤ rows of kv_c and k_pe.
 
 struct Params {
@@ -51,7 +53,7 @@ fn main(
     let tok = u / d4;
     let c = u % d4;
     let s = slots[tok];
-    if s.y != 0 || s.x < 0 {
+    if s.y != 0 {
         return;
     }
     var v: vec4<f32>;
@@ -60,7 +62,7 @@ fn main(
     } else {
         v = k_pe_load4((tok * params.r4 + c - params.l4) * 4u);
     }
-    let slot = u32(s.x);
+    let slot = bitcast<u32>(s.x);
     let at = kv_addr(slot / params.block_size, ((slot % params.block_size) * d4 + c) * 4u);
     cache_store4(at, v, params.scale);
 }

@@ -19,11 +19,13 @@
 //      the row summed exactly as step 1 is (so S(0) is the total bit for bit). Skipped when
 //      top_p ≥ 1 (or NaN): everything is kept.
 //   3. The draw: target = u · K (K the kept mass). Thread i owns the contiguous columns
-//      [i·C, (i+1)·C), C = ceil(V / WG); an inclusive scan of the threads' kept masses
-//      gives each thread its interval [before, before + own) of the running mass, and the
-//      one thread whose interval holds the target walks its columns in order to the first
-//      whose running mass exceeds it. A target past the scanned total (rounding) takes the
-//      row's last kept column.
+//      [i·C, (i+1)·C), C = ceil(V / WG); thread 0 adds the threads' kept masses in order (a
+//      serial scan: every prefix is the previous one plus a non-negative mass, so the
+//      prefixes never decrease and thread i's interval [prefix(i−1), prefix(i)) starts where
+//      thread i−1's ends, the same f32 word), so exactly one interval holds a target below
+//      the total, and that thread walks its columns in order to the first whose running
+//      mass exceeds it. A target past the scanned total (rounding) takes the row's last
+//      kept column.
 //   The threshold, the total and the scan are workgroup-wide values every thread reads
 //   after a barrier, so all threads take the same branches.
 //
@@ -197,20 +199,15 @@ fn main(
     red_v[lid] = own;
     red_i[lid] = last;
     workgroupBarrier();
-    // Inclusive scan (Hillis–Steele) of the kept masses; red_i ends as the running max of
+    // Inclusive serial scan of the kept masses by thread 0; red_i ends as the running max of
     // last + 1, so red_i[WG − 1] is the row's last kept column + 1.
-    for (var d = 1u; d < WG; d = d << 1u) {
-        var add = 0.0;
-        var lst = 0u;
-        if lid >= d {
-            add = red_v[lid - d];
-            lst = red_i[lid - d];
+    if lid == 0u {
+        for (var i = 1u; i < WG; i = i + 1u) {
+            red_v[i] = red_v[i - 1u] + red_v[i];
+            red_i[i] = max(red_i[i - 1u], red_i[i]);
         }
-        workgroupBarrier();
-        red_v[lid] = red_v[lid] + add;
-        red_i[lid] = max(red_i[lid], lst);
-        workgroupBarrier();
     }
+    workgroupBarrier();
     let u = select(0.0, min(s.z, BELOW_ONE), s.z >= 0.0);
     let goal_mass = u * kept;
     let after = red_v[lid];

@@ -50,8 +50,9 @@
 // (queries, accumulators, loaded granules, scores) is then indexed by constants only and
 // lives in registers.
 //
-// Layout: as paged_attention.wgsl (partials at `partial_row`); the cache is bound as
-// array<Gran> (granules).
+// Layout: as paged_attention.wgsl (partials at `partial_row`); the cache's words are
+// granules (`Gran`), read by the generated `kv_word` from one buffer or from the chunk of a
+// cache stored in chunks.
 //
 // Bounds relied on: the host uses this kernel only when the cache's element strides (block,
 // K→V, token, head) and D are multiples of G and the cache buffer is a whole number of
@@ -80,7 +81,7 @@ struct Granules {
 var<workgroup> red_s: array<vec4<f32>, NKG * D4>;
 var<workgroup> ml_s: array<vec2<f32>, NKG * ROWS>;
 
-// Element index of key `pos`'s K row for `kv_head` (add kv_stride for V). Power-of-two
+// Address of key `pos`'s K row for `kv_head` (kb_add kv_stride for V). Power-of-two
 // block sizes (all of vLLM's) take a shift and a mask instead of a division.
 fn key_base(pos: u32, kv_head: u32, kv_row: u32) -> KB {
     var b = 0u;

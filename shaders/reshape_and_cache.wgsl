@@ -1,7 +1,8 @@
 // reshape_and_cache.wgsl — writes each new token's keys and values into its cache slot
 // (vLLM's reshape_and_cache_flash).
 //
-// For token t with slot s = slot_mapping[t] (i64): s < 0 (PAD_SLOT_ID) writes nothing;
+// For token t with slot s = slot_mapping[t] (i64, read as (low, high) words): s < 0
+// (PAD_SLOT_ID; its high word is not 0) writes nothing;
 // otherwise block s / block_size, offset s % block_size, and every KV head's D key and value
 // elements are converted to the cache dtype by `cache_store4` (fp8: x / scale, correctly
 // rounded, then round-to-nearest-even and saturated — bit for bit src/fp8.rs; 16-bit
@@ -16,7 +17,8 @@
 //
 // Layout: key / value [tokens, Hkv, D]; slots i64 as (low, high) i32 pairs; the cache
 // [blocks, 2, ...] with the element strides in Params (NHD and HND alike).
-// Bounds: slots were validated against blocks × block_size (< 2^31) on the host and
+// Bounds: slots were validated against blocks × block_size (≤ u32::MAX: the WGSL descriptor
+// refuses larger caches, so a slot is its low word as a u32) on the host and
 // duplicate slots removed (last write wins, as a sequential reference would do); tokens <
 // num_tokens ≤ rows of key and value.
 
@@ -56,10 +58,10 @@ fn main(
     let h = rem / d4;
     let c = rem % d4;
     let s = slots[tok];
-    if s.y != 0 || s.x < 0 {
+    if s.y != 0 {
         return;
     }
-    let slot = u32(s.x);
+    let slot = bitcast<u32>(s.x);
     let blk = slot / params.block_size;
     let off = slot % params.block_size;
     let src = (tok * params.num_kv_heads + h) * params.head_size + c * 4u;

@@ -19,13 +19,25 @@ use polyattn::DType;
 static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn open() -> Option<VulkanDevice> {
-    let validated = VulkanDevice::open(VulkanOptions { validation: true });
+    open_with(true)
+}
+
+/// [`open`] with push descriptors on or off (off: every dispatch allocates and writes a
+/// descriptor set, the path of devices without `VK_KHR_push_descriptor`).
+fn open_with(push_descriptors: bool) -> Option<VulkanDevice> {
+    let validated = VulkanDevice::open(VulkanOptions {
+        validation: true,
+        push_descriptors,
+    });
     // A release build (the GPU machine's, which has no validation layer) runs without it;
     // a debug build (what CI runs, with the layer installed) never does.
     let opened = match validated {
         Err(e) if !cfg!(debug_assertions) && e.to_string().contains("is not installed") => {
             println!("vulkan_runtime: no validation layer in this release run ({e}); without it");
-            VulkanDevice::open(VulkanOptions { validation: false })
+            VulkanDevice::open(VulkanOptions {
+                validation: false,
+                push_descriptors,
+            })
         }
         other => other,
     };
@@ -52,13 +64,19 @@ fn words(v: &[f32]) -> Vec<u8> {
 #[test]
 fn buffers_round_trip_and_merge_runs_under_validation() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(dev) = open() else { return };
-    println!(
-        "Vulkan device: {} (CPU implementation: {})",
-        dev.name(),
-        dev.is_cpu()
-    );
+    for push in [true, false] {
+        let Some(dev) = open_with(push) else { return };
+        println!(
+            "Vulkan device: {} (CPU implementation: {}), push descriptors asked: {push}",
+            dev.name(),
+            dev.is_cpu()
+        );
+        round_trip_and_merge(dev, push);
+    }
+}
 
+/// The body of [`buffers_round_trip_and_merge_runs_under_validation`] on one device.
+fn round_trip_and_merge(dev: VulkanDevice, push: bool) {
     // Buffers: upload, partial write, download; zeros.
     let mut rng = Rng::new(7);
     let data: Vec<f32> = (0..1000).map(|_| rng.normal()).collect();
@@ -102,6 +120,10 @@ fn buffers_round_trip_and_merge_runs_under_validation() {
     }
     let shader = MergeShader { dtype: DType::F32 };
     let pipe = dev.pipeline(&shader.key(), &shader.source()).unwrap();
+    assert!(
+        push || !pipe.pushes_descriptors(),
+        "a device opened without push descriptors pushes them"
+    );
     assert_eq!(
         pipe.bindings()[0],
         ModuleBinding {
@@ -191,11 +213,19 @@ fn buffers_round_trip_and_merge_runs_under_validation() {
 /// Two merges recorded once (the second reads the first's output) and submitted again after
 /// new inputs are written: each submission equals the same two dispatches run eagerly on the
 /// same inputs, bit for bit.
+/// With push descriptors and without.
 #[test]
 fn a_recorded_step_resubmitted_equals_eager_dispatches() {
-    use polyattn::device::vulkan::Step;
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(dev) = open() else { return };
+    for push in [true, false] {
+        let Some(dev) = open_with(push) else { return };
+        recorded_equals_eager(dev);
+    }
+}
+
+/// The body of [`a_recorded_step_resubmitted_equals_eager_dispatches`] on one device.
+fn recorded_equals_eager(dev: VulkanDevice) {
+    use polyattn::device::vulkan::Step;
     let mut rng = Rng::new(11);
     let (t, h, d) = (19usize, 2usize, 32usize);
     let n = t * h * d;

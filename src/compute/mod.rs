@@ -416,11 +416,16 @@ pub fn add_assign(x: &mut Tensor, y: &Tensor) -> Result<()> {
 }
 
 fn argmax_dims(logits: &Tensor) -> Result<(usize, usize)> {
-    let (r, v) = rank2("argmax input", logits, "[num_rows, vocab]")?;
-    logits.expect_dtype("argmax input", DType::F32)?;
+    logits_dims("argmax input", logits)
+}
+
+/// `[R, V]` of a logits tensor (f32, rows of 1..=i32::MAX elements); `what` names it.
+fn logits_dims(what: &'static str, logits: &Tensor) -> Result<(usize, usize)> {
+    let (r, v) = rank2(what, logits, "[num_rows, vocab]")?;
+    logits.expect_dtype(what, DType::F32)?;
     if v == 0 || v > i32::MAX as usize {
         return Err(Error::shape(
-            "argmax input",
+            what,
             logits.shape(),
             "rows of 1..=i32::MAX elements",
         ));
@@ -507,7 +512,7 @@ impl SamplingRow {
 /// boundary between two tokens (or of the nucleus threshold) may fall on either side;
 /// anywhere else every device picks the reference's token.
 pub fn sample(logits: &Tensor, rows: &Tensor) -> Result<Tensor> {
-    let (r, _) = argmax_dims(logits)?;
+    let (r, _) = logits_dims("sample input", logits)?;
     let mut out = Tensor::zeros(logits.device(), &[r], DType::I32)?;
     sample_into(logits, rows, &mut out)?;
     Ok(out)
@@ -515,7 +520,7 @@ pub fn sample(logits: &Tensor, rows: &Tensor) -> Result<Tensor> {
 
 /// [`sample`] into `out [R]` (i32).
 pub fn sample_into(logits: &Tensor, rows: &Tensor, out: &mut Tensor) -> Result<()> {
-    let (r, v) = argmax_dims(logits)?;
+    let (r, v) = logits_dims("sample input", logits)?;
     rows.expect_shape("sampling rows", &[r, 4])?;
     rows.expect_dtype("sampling rows", DType::F32)?;
     out.expect_shape("sample output", &[r])?;

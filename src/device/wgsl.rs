@@ -113,6 +113,12 @@ pub struct WgslDeviceInfo {
     /// Bytes of device memory a tensor may take at most (the largest device-local heap on
     /// the Vulkan runtime; `u64::MAX` where the runtime does not say).
     pub memory_bytes: u64,
+    /// The largest buffer a chunked tensor's chunk may be (one binding and one allocation;
+    /// `max_binding_bytes` where tensors are never chunked).
+    pub chunk_bytes: u64,
+    /// Chunks one binding array may bind: the device's storage-buffer descriptors per
+    /// kernel less those of a kernel's other bindings (1 where tensors are never chunked).
+    pub max_chunks: u32,
     /// Binding arrays indexed by non-uniform values (Vulkan's
     /// `shaderStorageBufferArrayNonUniformIndexing`); without it kernels pick a chunk through
     /// a `switch` of constant indices.
@@ -145,10 +151,31 @@ impl WgslDeviceInfo {
                 self.name, self.memory_bytes
             )));
         }
-        if self.binding_arrays && bytes > self.max_binding_bytes {
-            return self.check_binding(page_bytes, "one block of the KV cache");
+        if !self.binding_arrays || bytes <= self.max_binding_bytes {
+            return self.check_binding(bytes, "the KV cache");
         }
-        self.check_binding(bytes, "the KV cache")
+        // Stored in chunks of whole blocks: a block must fit a chunk, and the chunks one
+        // binding array.
+        if page_bytes > self.chunk_bytes || page_bytes % 4 != 0 {
+            return Err(Error::config(format!(
+                "a KV cache block of {page_bytes} bytes does not fit the {} -byte chunks a \
+                 cache larger than one binding is stored in on {} (whole 4-byte words)",
+                self.chunk_bytes, self.name
+            )));
+        }
+        let per_chunk = match page_bytes {
+            0 => self.chunk_bytes,
+            p => self.chunk_bytes / p * p,
+        };
+        let chunks = bytes.div_ceil(per_chunk.max(1));
+        if chunks > u64::from(self.max_chunks) {
+            return Err(Error::config(format!(
+                "the KV cache is {bytes} bytes: {chunks} chunks of at most {per_chunk} bytes, \
+                 more than the {} one kernel may bind on {}",
+                self.max_chunks, self.name
+            )));
+        }
+        Ok(())
     }
 
     /// Errors when a buffer of `bytes` cannot be bound as one storage binding.

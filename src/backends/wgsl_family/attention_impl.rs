@@ -570,9 +570,27 @@ impl<R: WgslRuntime> ForwardKernels for WgslAttentionImpl<R> {
 
 /// The cache's buffers as the kernels bind them (one, or its chunks: a tensor larger than
 /// one binding on the Vulkan runtime) and the blocks each chunk holds.
+/// A cache of more than `u32::MAX` slots is refused: the cache write reads a slot as a u32.
 fn cache_chunks<R: WgslRuntime>(dev: &R, cache: &KvCache) -> Result<(Vec<R::Buffer>, u32)> {
+    check_slots(cache.num_blocks(), cache.block_size())?;
     let page = cache.spec().page_size_bytes()? as u64;
     dev.tensor_chunks(cache.data(), page, "kv_cache")
+}
+
+/// Errors for a cache of more than `u32::MAX` slots (the WGSL kernels address a slot as a
+/// u32).
+pub(crate) fn check_slots(num_blocks: usize, block_size: usize) -> Result<()> {
+    if num_blocks
+        .checked_mul(block_size)
+        .is_none_or(|s| s > u32::MAX as usize)
+    {
+        return Err(Error::config(format!(
+            "a cache of {num_blocks} blocks of {block_size} tokens has more than {} slots, \
+             the most the WGSL kernels address",
+            u32::MAX
+        )));
+    }
+    Ok(())
 }
 
 /// How the kernels bind a cache of `buffers` buffers on `dev`.

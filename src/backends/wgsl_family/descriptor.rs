@@ -220,6 +220,7 @@ impl<R: WgslBackendRuntime> AttentionBackend for WgslBackend<R> {
     /// The cache must fit one storage binding of the device, or be stored in chunks of whole
     /// blocks where the device binds arrays of buffers ([`WgslDeviceInfo::check_cache`]).
     fn check_kv_cache(&self, spec: &KvCacheSpec, num_blocks: usize) -> Result<()> {
+        super::attention_impl::check_slots(num_blocks, spec.block_size)?;
         let bytes = spec.cache_bytes(num_blocks)?;
         R::open()?
             .info()

@@ -380,6 +380,8 @@ mod tests {
             binding_arrays: false,
             memory_bytes: u64::MAX,
             binding_array_any_index: false,
+            chunk_bytes: u64::from(u32::MAX),
+            max_chunks: 1,
         }
     }
 

@@ -202,6 +202,7 @@ impl<R: WgslBackendRuntime> WgslMlaAttentionImpl<R> {
     /// The latent cache as the kernels bind it: one buffer, or its chunks (a tensor larger
     /// than one binding on the Vulkan runtime), with the blocks each chunk holds.
     fn cache_chunks(&self, cache: &MlaKvCache) -> Result<LatentChunks<R>> {
+        super::attention_impl::check_slots(cache.num_blocks(), cache.block_size())?;
         let block_elems = bytes_of("MLA cache block", &[cache.block_size(), cache.latent_dim()])?;
         let page = block_elems
             .checked_mul(cache.storage_dtype().size_in_bytes() as u64)

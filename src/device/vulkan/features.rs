@@ -22,7 +22,9 @@
 //!   device, indexed directly where these are offered and through a `switch` of constant
 //!   indices (core Vulkan) where not;
 //! * the largest single allocation (Vulkan 1.1's `maxMemoryAllocationSize`), which bounds a
-//!   chunk.
+//!   chunk;
+//! * `VK_KHR_push_descriptor` and its `maxPushDescriptors`: a dispatch's buffers recorded
+//!   into its command buffer, with no descriptor set to allocate and update.
 
 use ash::vk;
 
@@ -46,7 +48,13 @@ pub(crate) struct ShaderFeatures {
     /// The largest single allocation in bytes (`maxMemoryAllocationSize`; `u64::MAX` before
     /// Vulkan 1.1).
     pub max_allocation: u64,
+    /// Descriptors one push may set (`maxPushDescriptors`); 0 without
+    /// `VK_KHR_push_descriptor`.
+    pub max_push_descriptors: u32,
 }
+
+/// `VK_KHR_push_descriptor`.
+pub(crate) const PUSH_EXTENSION: &std::ffi::CStr = ash::khr::push_descriptor::NAME;
 
 /// `VK_KHR_shader_bfloat16`.
 pub(crate) const BF16_EXTENSION: &std::ffi::CStr = c"VK_KHR_shader_bfloat16";
@@ -109,6 +117,7 @@ impl ShaderFeatures {
                 coop_bf16: false,
                 array_any_index: false,
                 max_allocation: u64::MAX,
+                max_push_descriptors: 0,
             };
         }
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
@@ -144,6 +153,14 @@ impl ShaderFeatures {
             extensions
                 .iter()
                 .any(|e| e.extension_name_as_c_str().ok() == Some(name))
+        };
+        let max_push_descriptors = if has(PUSH_EXTENSION) {
+            let mut push = vk::PhysicalDevicePushDescriptorPropertiesKHR::default();
+            let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut push);
+            instance.get_physical_device_properties2(physical, &mut props2);
+            push.max_push_descriptors
+        } else {
+            0
         };
         let has_coop_extension = has(COOP_EXTENSION);
         let has_bf16_extension = has_coop_extension && has(BF16_EXTENSION);
@@ -203,6 +220,7 @@ impl ShaderFeatures {
             coop_bf16,
             array_any_index,
             max_allocation: maintenance3.max_memory_allocation_size,
+            max_push_descriptors,
         }
     }
 }

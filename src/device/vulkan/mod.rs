@@ -80,6 +80,9 @@ pub use pipeline::{BindingKind, ComputePipeline, ModuleBinding, Recording, Step}
 pub struct VulkanOptions {
     /// Enable the Khronos validation layer and record its errors.
     pub validation: bool,
+    /// Record a dispatch's buffers with `VK_KHR_push_descriptor` where the device offers it
+    /// (the process device does); off, every dispatch allocates and writes a descriptor set.
+    pub push_descriptors: bool,
 }
 
 /// What the validation messenger collected.
@@ -126,8 +129,8 @@ pub(crate) struct Inner {
     cache_file: Option<std::path::PathBuf>,
     pub(crate) device: ash::Device,
     pub(crate) limits: vk::PhysicalDeviceLimits,
-    /// The largest single allocation (`maxMemoryAllocationSize`).
-    pub(crate) max_allocation: u64,
+    /// `VK_KHR_push_descriptor` and its `maxPushDescriptors`, where enabled.
+    pub(crate) push: Option<(ash::khr::push_descriptor::Device, u32)>,
     /// What the device offers the WGSL family's kernels.
     pub(crate) wgsl: WgslDeviceInfo,
     /// Valid bits of the compute queue's timestamps (0: no timestamps there).
@@ -245,6 +248,18 @@ fn type_rank(t: vk::PhysicalDeviceType) -> u32 {
     }
 }
 
+/// Storage-buffer descriptors the kernels leave to one binding array: the device's per-stage,
+/// per-set and per-stage-resource limits, less 12 for a kernel's other bindings (the WGSL
+/// family's kernels bind at most 9 others).
+fn max_chunks(limits: &vk::PhysicalDeviceLimits) -> u32 {
+    limits
+        .max_per_stage_descriptor_storage_buffers
+        .min(limits.max_descriptor_set_storage_buffers)
+        .min(limits.max_per_stage_resources)
+        .saturating_sub(12)
+        .max(1)
+}
+
 impl VulkanDevice {
     /// Opens the preferred device (see the module docs), or says why none opens.
     pub fn open(options: VulkanOptions) -> Result<Self> {
@@ -359,6 +374,10 @@ impl VulkanDevice {
         }
         if caps.coop_bf16 {
             device_extensions.push(features::BF16_EXTENSION.as_ptr());
+        }
+        let push = options.push_descriptors && caps.max_push_descriptors > 0;
+        if push {
+            device_extensions.push(features::PUSH_EXTENSION.as_ptr());
         }
         let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
@@ -486,7 +505,16 @@ impl VulkanDevice {
             binding_arrays: true,
             binding_array_any_index: caps.array_any_index,
             memory_bytes,
+            chunk_bytes: u64::from(props.limits.max_storage_buffer_range).min(caps.max_allocation)
+                & !255,
+            max_chunks: max_chunks(&props.limits),
         };
+        let push = push.then(|| {
+            (
+                ash::khr::push_descriptor::Device::new(&instance, &device),
+                caps.max_push_descriptors,
+            )
+        });
         let inner = Arc::new(Inner {
             allocator: Mutex::new(Some(allocator)),
             queue: Mutex::new(QueueState::new(queue)),
@@ -495,7 +523,7 @@ impl VulkanDevice {
             cache_file,
             device,
             limits: props.limits,
-            max_allocation: caps.max_allocation,
+            push,
             timestamp_bits,
             name,
             kind: props.device_type,
@@ -619,7 +647,11 @@ impl VulkanDevice {
         DEVICE
             .get_or_init(|| {
                 let validation = cfg!(debug_assertions) && validation_layer_installed();
-                VulkanDevice::open(VulkanOptions { validation }).map_err(|e| match e {
+                VulkanDevice::open(VulkanOptions {
+                    validation,
+                    push_descriptors: true,
+                })
+                .map_err(|e| match e {
                     Error::Device { message, .. } => message,
                     e => e.to_string(),
                 })
@@ -661,7 +693,7 @@ impl VulkanDevice {
     /// most, rounded down to 256 bytes. A larger tensor is stored in chunks of this size or
     /// less where the device binds arrays of storage buffers ([`VulkanStorage`]).
     pub fn max_chunk_bytes(&self) -> u64 {
-        self.max_storage_range().min(self.inner.max_allocation) & !255
+        self.inner.wgsl.chunk_bytes
     }
 
     pub(crate) fn raw(&self) -> &ash::Device {

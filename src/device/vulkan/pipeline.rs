@@ -178,6 +178,9 @@ pub struct ComputePipeline {
     set_layout: vk::DescriptorSetLayout,
     layout: vk::PipelineLayout,
     pipeline: vk::Pipeline,
+    /// Its buffers are pushed into the command buffer (`VK_KHR_push_descriptor`) rather
+    /// than bound as an allocated descriptor set.
+    push: bool,
 }
 
 impl std::fmt::Debug for ComputePipeline {
@@ -208,6 +211,22 @@ impl ComputePipeline {
     pub fn bindings(&self) -> &[ModuleBinding] {
         &self.bindings
     }
+
+    /// Whether its dispatches push their buffers (`VK_KHR_push_descriptor`: no descriptor
+    /// set is allocated or written per dispatch); false where the device has no push
+    /// descriptors or the module binds more than one push may set.
+    pub fn pushes_descriptors(&self) -> bool {
+        self.push
+    }
+}
+
+/// How a step's buffers reach its pipeline.
+pub(crate) enum Bind {
+    /// An allocated and written descriptor set.
+    Set(vk::DescriptorSet),
+    /// Descriptors pushed into the command buffer before the dispatch: per binding its
+    /// number, type and buffers.
+    Push(Vec<(u32, vk::DescriptorType, Vec<vk::DescriptorBufferInfo>)>),
 }
 
 fn descriptor_type(kind: BindingKind) -> vk::DescriptorType {
@@ -231,6 +250,12 @@ impl VulkanDevice {
         loops: LoopBounding,
     ) -> Result<ComputePipeline> {
         let (words, bindings) = translate(key, source, &self.inner().wgsl, loops)?;
+        let descriptors: u32 = bindings.iter().map(|b| b.count).sum();
+        let push = self
+            .inner()
+            .push
+            .as_ref()
+            .is_some_and(|(_, max)| descriptors <= *max);
         let d = self.raw();
         let entries: Vec<_> = bindings
             .iter()
@@ -248,8 +273,15 @@ impl VulkanDevice {
             let shader = d
                 .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
                 .map_err(|e| vk_error("vkCreateShaderModule", e))?;
+            let flags = if push {
+                vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR
+            } else {
+                vk::DescriptorSetLayoutCreateFlags::empty()
+            };
             let set_layout = match d.create_descriptor_set_layout(
-                &vk::DescriptorSetLayoutCreateInfo::default().bindings(&entries),
+                &vk::DescriptorSetLayoutCreateInfo::default()
+                    .flags(flags)
+                    .bindings(&entries),
                 None,
             ) {
                 Ok(l) => l,
@@ -295,21 +327,23 @@ impl VulkanDevice {
                 set_layout,
                 layout,
                 pipeline,
+                push,
             })
         }
     }
 
-    /// A descriptor set binding `buffers` as (binding, buffer) to `pipeline`'s bindings:
-    /// every binding of the module exactly once (a binding array: as many consecutive
-    /// entries as its length, its elements in order), each buffer within the device's limit
-    /// for its kind. It comes from `shared` where that pool has room, else from a pool of
-    /// its own (returned, for the caller to destroy once no submission uses the set).
-    fn descriptor_set(
+    /// How `buffers`, given as (binding, buffer), reach `pipeline`'s bindings: every binding
+    /// of the module exactly once (a binding array: as many consecutive entries as its
+    /// length, its elements in order), each buffer within the device's limit for its kind.
+    /// Pushed into the command buffer where the pipeline pushes descriptors; otherwise a
+    /// descriptor set from `shared` where that pool has room, else from a pool of its own
+    /// (returned, for the caller to destroy once no submission uses the set).
+    fn bind(
         &self,
         pipeline: &ComputePipeline,
         buffers: &[(u32, &VulkanBuffer)],
         shared: Option<vk::DescriptorPool>,
-    ) -> Result<(Option<vk::DescriptorPool>, vk::DescriptorSet)> {
+    ) -> Result<(Option<vk::DescriptorPool>, Bind)> {
         let mut infos = Vec::with_capacity(pipeline.bindings.len());
         for b in &pipeline.bindings {
             let given: Vec<&VulkanBuffer> = buffers
@@ -360,6 +394,13 @@ impl VulkanDevice {
                 pipeline.key
             )));
         }
+        if pipeline.push {
+            let pushed = infos
+                .into_iter()
+                .map(|(b, i)| (b.binding, descriptor_type(b.kind), i))
+                .collect();
+            return Ok((None, Bind::Push(pushed)));
+        }
         let d = self.raw();
         let count = |uniform: bool| -> u32 {
             pipeline
@@ -409,7 +450,7 @@ impl VulkanDevice {
                 )
             } {
                 writes(sets[0]);
-                return Ok((None, sets[0]));
+                return Ok((None, Bind::Set(sets[0])));
             }
         }
         // SAFETY: valid create infos; the caller destroys the pool once no submission that
@@ -435,12 +476,12 @@ impl VulkanDevice {
                 }
             };
             writes(set);
-            Ok((Some(pool), set))
+            Ok((Some(pool), Bind::Set(set)))
         }
     }
 
     /// Records `steps` into `cmd`, each dispatch's writes visible to the next one's reads.
-    fn record_steps(&self, cmd: vk::CommandBuffer, steps: &[(&Step<'_>, vk::DescriptorSet)]) {
+    fn record_steps(&self, cmd: vk::CommandBuffer, steps: &[(&Step<'_>, &Bind)]) {
         let d = self.raw();
         for (k, (step, set)) in steps.iter().enumerate() {
             // SAFETY: `cmd` is recording; the pipeline, its layout and the set are live for as
@@ -463,14 +504,36 @@ impl VulkanDevice {
                     );
                 }
                 d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, step.pipeline.pipeline);
-                d.cmd_bind_descriptor_sets(
-                    cmd,
-                    vk::PipelineBindPoint::COMPUTE,
-                    step.pipeline.layout,
-                    0,
-                    &[*set],
-                    &[],
-                );
+                match set {
+                    Bind::Set(set) => d.cmd_bind_descriptor_sets(
+                        cmd,
+                        vk::PipelineBindPoint::COMPUTE,
+                        step.pipeline.layout,
+                        0,
+                        &[*set],
+                        &[],
+                    ),
+                    Bind::Push(bindings) => {
+                        if let Some((push, _)) = &self.inner().push {
+                            let writes: Vec<_> = bindings
+                                .iter()
+                                .map(|(n, ty, infos)| {
+                                    vk::WriteDescriptorSet::default()
+                                        .dst_binding(*n)
+                                        .descriptor_type(*ty)
+                                        .buffer_info(infos)
+                                })
+                                .collect();
+                            push.cmd_push_descriptor_set(
+                                cmd,
+                                vk::PipelineBindPoint::COMPUTE,
+                                step.pipeline.layout,
+                                0,
+                                &writes,
+                            );
+                        }
+                    }
+                }
                 let (x, y, z) = step.groups;
                 d.cmd_dispatch(cmd, x, y, z);
             }
@@ -508,10 +571,10 @@ impl VulkanDevice {
         let slot = self.begin_slot(&mut q)?;
         let mut pairs = Vec::with_capacity(steps.len());
         for step in steps {
-            match self.descriptor_set(step.pipeline, &step.buffers, Some(slot.sets)) {
-                Ok((pool, set)) => {
+            match self.bind(step.pipeline, &step.buffers, Some(slot.sets)) {
+                Ok((pool, bind)) => {
                     keep.pools.extend(pool);
-                    pairs.push((step, set));
+                    pairs.push((step, bind));
                 }
                 Err(e) => {
                     self.abandon(&mut q, slot, keep);
@@ -519,6 +582,7 @@ impl VulkanDevice {
                 }
             }
         }
+        let pairs: Vec<_> = pairs.iter().map(|(s, b)| (*s, b)).collect();
         self.record_steps(slot.cmd, &pairs);
         self.launch(&mut q, slot, keep)
     }
@@ -549,10 +613,10 @@ impl VulkanDevice {
             }
         };
         for step in steps {
-            match self.descriptor_set(step.pipeline, &step.buffers, None) {
-                Ok((pool, set)) => {
+            match self.bind(step.pipeline, &step.buffers, None) {
+                Ok((pool, bind)) => {
                     pools.extend(pool);
-                    sets.push(set);
+                    sets.push(bind);
                 }
                 Err(e) => {
                     free(&pools);
@@ -614,7 +678,7 @@ impl VulkanDevice {
                 d.cmd_reset_query_pool(cmd, q, 0, 2);
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
             }
-            let pairs: Vec<_> = steps.iter().zip(sets.iter().copied()).collect();
+            let pairs: Vec<_> = steps.iter().zip(sets.iter()).collect();
             self.record_steps(cmd, &pairs);
             if let Some(q) = queries {
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);

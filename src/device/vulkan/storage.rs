@@ -102,37 +102,42 @@ impl std::fmt::Debug for VulkanStorage {
 
 impl VulkanDevice {
     /// Bytes per chunk of a tensor of `bytes` bytes in `rows` outermost rows: `bytes` itself
-    /// (one buffer) when it fits one ([`VulkanDevice::max_chunk_bytes`]), when the device
-    /// cannot bind arrays of buffers, or when the rows do not divide it evenly; else the
-    /// most whole rows one buffer holds. A row larger than one buffer is an error.
+    /// (one buffer) when it fits one ([`VulkanDevice::max_chunk_bytes`]) or when its rows
+    /// cannot be chunked (they do not divide it evenly, a row is larger than a chunk or not
+    /// whole 4-byte words: such a tensor stays one buffer, which only kernels that bind no
+    /// more than one binding's range can use); else the most whole rows one buffer holds.
+    /// Errors for a tensor larger than the device's memory, or one that would need more
+    /// chunks than a kernel may bind.
     fn chunk_plan(&self, bytes: u64, rows: usize) -> Result<u64> {
-        let memory = self.inner().wgsl.memory_bytes;
-        if bytes > memory {
-            return Err(Error::Device {
-                backend: "VULKAN".into(),
-                message: format!(
-                    "a tensor of {bytes} bytes is larger than {}'s {memory} bytes of device \
-                     memory",
-                    self.name()
-                ),
-            });
+        let info = &self.inner().wgsl;
+        let too_large = |why: String| Error::Device {
+            backend: "VULKAN".into(),
+            message: format!("a tensor of {bytes} bytes {why} ({})", self.name()),
+        };
+        if bytes > info.memory_bytes {
+            return Err(too_large(format!(
+                "is larger than the device's {} bytes of memory",
+                info.memory_bytes
+            )));
         }
         let max = self.max_chunk_bytes();
-        if bytes <= max || !self.inner().wgsl.binding_arrays || rows == 0 {
-            return Ok(bytes);
-        }
         let rows = rows as u64;
-        if bytes % rows != 0 {
+        if bytes <= max || !info.binding_arrays || rows == 0 || bytes % rows != 0 {
             return Ok(bytes);
         }
         let row = bytes / rows;
         if row > max || row % 4 != 0 {
-            return Err(Error::config(format!(
-                "a tensor of {bytes} bytes in rows of {row} bytes cannot be stored in buffers                  of at most {max} bytes on {} (a row must fit one buffer, 4-byte aligned)",
-                self.name()
+            return Ok(bytes);
+        }
+        let chunk = max / row * row;
+        let chunks = bytes.div_ceil(chunk);
+        if chunks > u64::from(info.max_chunks) {
+            return Err(too_large(format!(
+                "needs {chunks} chunks of {chunk} bytes, more than the {} a kernel may bind",
+                info.max_chunks
             )));
         }
-        Ok(max / row * row)
+        Ok(chunk)
     }
 
     fn chunk_lens(bytes: u64, chunk: u64) -> impl Iterator<Item = u64> {
@@ -272,6 +277,9 @@ impl VulkanDevice {
                 "switch"
             }
         ));
+        if self.inner().push.is_some() {
+            extras.push("push descriptors".into());
+        }
         if self.validation_enabled() {
             extras.push("validation".into());
         }

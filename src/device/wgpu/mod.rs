@@ -393,6 +393,10 @@ fn open_uncached() -> Result<WgpuDevice> {
         binding_arrays: false,
         memory_bytes: u64::MAX,
         binding_array_any_index: false,
+        chunk_bytes: limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),
+        max_chunks: 1,
     };
     Ok(WgpuDevice {
         inner: Arc::new(Inner {

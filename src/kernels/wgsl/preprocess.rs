@@ -204,8 +204,8 @@ impl CacheChunks {
 /// elements per block), `kb_add(a, d)` moves `d` elements within the block, and
 /// `<name>_word(a)` reads the `raw` word holding element `a` (`per` elements a word, a power
 /// of two) — or, with `store`, `<name>_store4(a, v, scale)` writes the four elements at `a`
-/// (a multiple of 4) in that dtype. The one-buffer form is the arithmetic the kernels had
-/// before chunks existed, so it costs nothing.
+/// (a multiple of 4) in that dtype. The one-buffer form is plain u32 index arithmetic, so a
+/// cache that fits one binding pays nothing for chunks.
 pub(super) fn cache_binding(
     name: &str,
     binding: u32,

@@ -40,7 +40,7 @@ pub fn attention_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32
         + block_n * (d4 + 1) * 16 // keys, then values (rows padded by one vec4)
         + block_m * (block_n + 1) * 4 // scores / probabilities
         + block_m * 5 * 4 // m, l, alpha, position, head
-        + block_n * 4 // key addresses
+        + block_n * 8 // key addresses (8 bytes: a chunked cache's (chunk, element) pairs)
 }
 
 /// The first tile shape of `kind` whose workgroup memory fits `max_shared_bytes`.
@@ -180,7 +180,7 @@ fn tiled2_bytes_with(head_size: u32, block_m: u32, block_n: u32, elem: u32) -> u
         + block_n * (d4 + 1) * 4 * elem // keys, then values
         + block_m * (block_n + 4) * elem // probabilities
         + block_m * 6 * 4 // m (2 halves), l, alpha, position, head
-        + 4 // the unused key-address slot
+        + 8 // the unused key-address slot (8 bytes for a chunked cache)
 }
 
 /// Query rows per tile of the coop form by default (4 subgroups of 16 rows).
@@ -380,20 +380,20 @@ mod tests {
     #[test]
     fn tiled2h_halves_the_tiles() {
         // Queries, keys / values and probabilities at 2 bytes instead of 4; the per-row
-        // statistics (6 words per row) and the key-address slot unchanged.
+        // statistics (6 words per row) and the key-address slot (8 bytes) unchanged.
         for (d, m, n) in [
             (128u32, 64u32, 16u32),
             (128, 32, 32),
             (64, 64, 64),
             (4, 4, 8),
         ] {
-            let f32_tiles = tiled2_shared_bytes(d, m, n) - m * 24 - 4;
-            assert_eq!(tiled2h_shared_bytes(d, m, n) - m * 24 - 4, f32_tiles / 2);
+            let f32_tiles = tiled2_shared_bytes(d, m, n) - m * 24 - 8;
+            assert_eq!(tiled2h_shared_bytes(d, m, n) - m * 24 - 8, f32_tiles / 2);
         }
         // The H200's 64 x 16 tile at head size 128: 24.1 KiB instead of 46.8 (of 48), so
         // 64 x 32 or 128 x 16 tiles would fit as well.
-        assert_eq!(tiled2h_shared_bytes(128, 64, 16), 24_708);
-        assert_eq!(tiled2_shared_bytes(128, 64, 16), 47_876);
+        assert_eq!(tiled2h_shared_bytes(128, 64, 16), 24_712);
+        assert_eq!(tiled2_shared_bytes(128, 64, 16), 47_880);
         assert!(tiled2h_shared_bytes(128, 64, 32) <= 48 * 1024);
         assert!(tiled2h_shared_bytes(128, 128, 16) <= 48 * 1024);
     }
