@@ -257,7 +257,8 @@ for p in "${phases[@]}"; do
       # beside CUDA's.
       run cache-chunks 300 $B/test-cache_chunks --nocapture
       run mla-chunks 300 $B/test-mla --nocapture latent_caches_past_one_binding
-      run chunks-bench 150 $B/bin-polyattn bench --backend cuda,vulkan --shapes D1.b256s4k,D1.b64s4k \
+      # (with the D rows: VULKAN's decode now pushes its descriptors)
+      run chunks-bench 200 $B/bin-polyattn bench --backend cuda,vulkan --shapes D1.b256s4k,$SHAPES_D \
         --budget 0.3 --json "$OUT/vulkan-chunks.json" --no-svg
       # the MLA rows whose latent caches exceed one binding (4.8 and 2.4 GB), beside CUDA_MLA.
       run chunks-mla-bench 200 $B/bin-polyattn bench --backend CUDA_MLA,VULKAN_MLA \
