@@ -459,8 +459,8 @@ pub fn argmax_into(logits: &Tensor, out: &mut Tensor) -> Result<()> {
             *out = host_out.to_device(logits.device())?;
             Ok(())
         }
-        Device::Vulkan(d) => wgsl::argmax(d, logits, r, v, out),
-        Device::Wgpu(d) => wgsl::argmax(d, logits, r, v, out),
+        Device::Vulkan(d) => wgsl::tokens(d, logits, None, (r, v), out),
+        Device::Wgpu(d) => wgsl::tokens(d, logits, None, (r, v), out),
     }
 }
 
@@ -537,8 +537,8 @@ pub fn sample_into(logits: &Tensor, rows: &Tensor, out: &mut Tensor) -> Result<(
             *out = host_out.to_device(logits.device())?;
             Ok(())
         }
-        Device::Vulkan(d) => wgsl::sample(d, logits, rows, r, v, out),
-        Device::Wgpu(d) => wgsl::sample(d, logits, rows, r, v, out),
+        Device::Vulkan(d) => wgsl::tokens(d, logits, Some(rows), (r, v), out),
+        Device::Wgpu(d) => wgsl::tokens(d, logits, Some(rows), (r, v), out),
     }
 }
 

@@ -237,46 +237,27 @@ pub(super) fn add_assign<R: WgslRuntime>(dev: &R, x: &mut Tensor, y: &Tensor) ->
     )
 }
 
-pub(super) fn argmax<R: WgslRuntime>(
+/// The token of each row of `logits [r, v]` into `out`: the argmax, or with `rows` the
+/// sampling kernel (one module, `model_ops_sample.wgsl`, with or without SAMPLING).
+pub(super) fn tokens<R: WgslRuntime>(
     dev: &R,
     logits: &Tensor,
-    r: usize,
-    v: usize,
+    rows: Option<&Tensor>,
+    (r, v): (usize, usize),
     out: &mut Tensor,
 ) -> Result<()> {
     if r == 0 {
         return Ok(());
     }
-    let xb = dev.tensor_buffer(logits, "argmax input")?;
-    let ob = dev.tensor_buffer(out, "argmax output")?;
+    let (shader, rows) = match rows {
+        Some(t) => (ModelShader::Sample, dev.tensor_buffer(t, "sampling rows")?),
+        None => (ModelShader::Argmax, dev.placeholder(0)?),
+    };
+    let xb = dev.tensor_buffer(logits, "logits")?;
+    let ob = dev.tensor_buffer(out, "token ids")?;
     let words = Words::new().u(u32_of("rows", r)?).u(u32_of("vocab", v)?);
     let (gx, gz) = dev.info().grid(r as u64)?;
-    run(
-        dev,
-        ModelShader::Argmax,
-        words,
-        [xb, dev.placeholder(0)?, ob],
-        (gx, 1, gz),
-    )
-}
-
-pub(super) fn sample<R: WgslRuntime>(
-    dev: &R,
-    logits: &Tensor,
-    rows: &Tensor,
-    r: usize,
-    v: usize,
-    out: &mut Tensor,
-) -> Result<()> {
-    if r == 0 {
-        return Ok(());
-    }
-    let xb = dev.tensor_buffer(logits, "sample input")?;
-    let sb = dev.tensor_buffer(rows, "sampling rows")?;
-    let ob = dev.tensor_buffer(out, "sample output")?;
-    let words = Words::new().u(u32_of("rows", r)?).u(u32_of("vocab", v)?);
-    let (gx, gz) = dev.info().grid(r as u64)?;
-    run(dev, ModelShader::Sample, words, [xb, sb, ob], (gx, 1, gz))
+    run(dev, shader, words, [xb, rows, ob], (gx, 1, gz))
 }
 
 pub(super) fn swiglu<R: WgslRuntime>(
