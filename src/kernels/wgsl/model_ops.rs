@@ -492,28 +492,17 @@ impl ModelShader {
                   fn lane(v: VT, j: u32) -> f32 {\n    return v;\n}\n";
         }
         let body = match self {
-            ModelShader::LinearTiled { .. }
-            | ModelShader::LinearGemv { .. }
-            | ModelShader::LinearFusedTiled { .. }
-            | ModelShader::LinearFusedGemv { .. } => {
-                let (vec4, tok4, fusion) = self.linear_form().expect("a linear kernel");
-                s += &fusion.header();
-                s += &fusion.weight_header(vec4);
-                match tok4 {
-                    None => {
-                        s += &consts(&[
-                            ("BM", LINEAR_TILE),
-                            ("BN", LINEAR_TILE),
-                            ("BK", LINEAR_TILE_K),
-                        ]);
-                        MODEL_OPS_LINEAR
-                    }
-                    Some(tok4) => {
-                        let rows = if fusion.pairs() { 2 } else { 1 };
-                        s += &consts(&[("LANES", GEMV_LANES), ("TOK4", tok4), ("ROWS", rows)]);
-                        MODEL_OPS_GEMV
-                    }
-                }
+            ModelShader::LinearTiled { vec4 } => {
+                linear_header(&mut s, *vec4, None, LinearFusion::PLAIN)
+            }
+            ModelShader::LinearGemv { vec4, tok4 } => {
+                linear_header(&mut s, *vec4, Some(*tok4), LinearFusion::PLAIN)
+            }
+            ModelShader::LinearFusedTiled { vec4, fusion } => {
+                linear_header(&mut s, *vec4, None, *fusion)
+            }
+            ModelShader::LinearFusedGemv { vec4, tok4, fusion } => {
+                linear_header(&mut s, *vec4, Some(*tok4), *fusion)
             }
             ModelShader::RmsNorm { .. } => MODEL_OPS_RMS_NORM,
             ModelShader::Gather { .. } => MODEL_OPS_GATHER,
@@ -556,6 +545,33 @@ impl ModelShader {
         }
         s += body;
         s
+    }
+}
+
+/// The header of a linear kernel (its fusion, weight type and tile or GEMV constants) and its
+/// body: the tiled GEMM (`tok4` `None`) or the GEMV with `tok4` vec4 accumulators.
+fn linear_header(
+    s: &mut String,
+    vec4: bool,
+    tok4: Option<u32>,
+    fusion: LinearFusion,
+) -> &'static str {
+    *s += &fusion.header();
+    *s += &fusion.weight_header(vec4);
+    match tok4 {
+        None => {
+            *s += &consts(&[
+                ("BM", LINEAR_TILE),
+                ("BN", LINEAR_TILE),
+                ("BK", LINEAR_TILE_K),
+            ]);
+            MODEL_OPS_LINEAR
+        }
+        Some(tok4) => {
+            let rows = if fusion.pairs() { 2 } else { 1 };
+            *s += &consts(&[("LANES", GEMV_LANES), ("TOK4", tok4), ("ROWS", rows)]);
+            MODEL_OPS_GEMV
+        }
     }
 }
 
