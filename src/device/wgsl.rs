@@ -143,7 +143,8 @@ impl WgslDeviceInfo {
     /// Errors when a KV cache of `bytes` in blocks of `page_bytes` cannot be held or bound: it
     /// must fit the device's memory and one storage binding, or — where the device binds
     /// arrays of storage buffers (the cache is then stored and bound in chunks of whole
-    /// blocks) — one block must fit a binding (`page_bytes` 0: the block is not known yet).
+    /// blocks) — one block must fit a chunk and the chunks one binding array (`page_bytes`
+    /// 0: the block is not known yet).
     pub fn check_cache(&self, bytes: u64, page_bytes: u64) -> Result<()> {
         if bytes > self.memory_bytes {
             return Err(Error::config(format!(
@@ -158,7 +159,7 @@ impl WgslDeviceInfo {
         // binding array.
         if page_bytes > self.chunk_bytes || page_bytes % 4 != 0 {
             return Err(Error::config(format!(
-                "a KV cache block of {page_bytes} bytes does not fit the {} -byte chunks a \
+                "a KV cache block of {page_bytes} bytes does not fit the {}-byte chunks a \
                  cache larger than one binding is stored in on {} (whole 4-byte words)",
                 self.chunk_bytes, self.name
             )));
@@ -190,6 +191,12 @@ impl WgslDeviceInfo {
         }
         Ok(())
     }
+}
+
+/// Rows of `row_bytes` in `bytes`, at least 1 and at most `u32::MAX` (the rows a chunk of a
+/// tensor holds, [`WgslRuntime::tensor_chunks`]).
+pub(crate) fn whole_rows(bytes: u64, row_bytes: u64) -> u32 {
+    (bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX)) as u32
 }
 
 /// One dispatch: a pipeline, the parameter slot bound at binding 0, the storage buffers at
@@ -261,8 +268,8 @@ pub trait WgslRuntime: Clone + Debug + PartialEq + Send + Sync + 'static {
         what: &'static str,
     ) -> Result<(Vec<Self::Buffer>, u32)> {
         let b = self.tensor_buffer(t, what)?;
-        let rows = (Self::buffer_bytes(&b) / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
-        Ok((vec![b], rows as u32))
+        let rows = whole_rows(Self::buffer_bytes(&b), row_bytes);
+        Ok((vec![b], rows))
     }
 
     /// A buffer's size in bytes.

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::device::wgsl::{
-    Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime, PARAM_SLOT_BYTES,
+    whole_rows, Dispatch, LoopBounding, Slot, WgslDeviceInfo, WgslRuntime, PARAM_SLOT_BYTES,
 };
 use crate::device::{Device, Storage, Tensor};
 use crate::error::{Error, Result};
@@ -66,11 +66,6 @@ fn device_error(message: String) -> Error {
         backend: "VULKAN".into(),
         message,
     }
-}
-
-/// Rows of `row_bytes` in `bytes`, at least 1 and at most `u32::MAX`.
-fn whole_rows(bytes: u64, row_bytes: u64) -> u32 {
-    (bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX)) as u32
 }
 
 impl VulkanDevice {
