@@ -2,7 +2,8 @@
 //! [`WgslBackendRuntime`]) and what it declares and checks, whichever runtime opens the
 //! device: the capabilities (the kernels unpack 16-bit and fp8 elements from u32 words, so
 //! they hold on every device), the device-dependent vetoes (a tile of the head size must fit
-//! the workgroup memory, a KV cache one storage binding) and the KV-cache shape.
+//! the workgroup memory, a KV cache one storage binding — or device memory where the runtime
+//! stores larger caches in chunks) and the KV-cache shape.
 
 use std::marker::PhantomData;
 
