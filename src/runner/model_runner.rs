@@ -54,8 +54,19 @@ pub trait CausalLm {
     /// Shapes the runner allocates for.
     fn config(&self) -> ModelConfig;
 
-    /// The attention backend every layer runs on (its device holds the model).
+    /// The attention backend of the model's first rank: its device holds the step's inputs,
+    /// the metadata the runner builds and the logits (every layer's, unless the model places
+    /// ranks on several devices: [`CausalLm::cache_backend`]).
     fn backend(&self) -> BackendRef;
+
+    /// The backend whose device holds KV cache `cache` (an index into
+    /// [`ModelConfig::kv_cache_heads`]). The default is [`CausalLm::backend`]; a model whose
+    /// tensor-parallel ranks run on several devices (`crate::parallel::RankGroup`) names each
+    /// rank's, and builds its ranks' metadata from [`StepBatch::common`] itself.
+    fn cache_backend(&self, cache: usize) -> BackendRef {
+        let _ = cache;
+        self.backend()
+    }
 
     /// Runs all layers for the batch and returns f32 logits `[num_logits, vocab_size]` for the
     /// rows in `batch.logits_indices`. `kv_caches[l]` is layer `l`'s cache.
@@ -180,8 +191,8 @@ pub struct ModelRunner<M: CausalLm> {
 }
 
 impl<M: CausalLm> ModelRunner<M> {
-    /// Allocates the model's KV caches (one per entry of `kv_cache_heads`) on its backend and
-    /// an empty scheduler.
+    /// Allocates the model's KV caches (one per entry of `kv_cache_heads`, each on its
+    /// [`CausalLm::cache_backend`]) and an empty scheduler.
     pub fn new(model: M, runner: RunnerConfig) -> Result<Self> {
         let config = model.config();
         let backend = model.backend();
@@ -224,12 +235,13 @@ impl<M: CausalLm> ModelRunner<M> {
         let caches = config
             .kv_cache_heads
             .iter()
-            .map(|&num_kv_heads| {
+            .enumerate()
+            .map(|(i, &num_kv_heads)| {
                 let spec = KvCacheSpec {
                     num_kv_heads,
                     ..spec
                 };
-                KvCache::new(backend.as_ref(), spec, num_blocks)
+                KvCache::new(model.cache_backend(i).as_ref(), spec, num_blocks)
             })
             .collect::<Result<Vec<_>>>()?;
         let builder = backend.make_builder(&spec)?;
@@ -275,7 +287,7 @@ impl<M: CausalLm> ModelRunner<M> {
         &self.model
     }
 
-    /// The device the model and caches live on.
+    /// The device of the model's first rank: the step's inputs, the metadata and the logits.
     pub fn device(&self) -> &Device {
         &self.device
     }

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example generate -- [--model tiny|smollm2|PATH] [--max-tokens N]
 //!     [--temperature T] [--top-p P] [--seed S] [--chat] [--backends all|NAME,…]
-//!     [--tensor-parallel N] "prompt" ["prompt" …]
+//!     [--tensor-parallel N [--rank-devices auto|one|each]] "prompt" ["prompt" …]
 //! ```
 //!
 //! The generated text streams to stdout (several prompts run batched together; their texts
@@ -38,7 +38,7 @@ use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
 use polyattn::DType;
 
 use crate::glass::GlassTokenizer;
-use crate::model::{HostWeights, Llama, LlamaConfig, LoadOptions};
+use crate::model::{HostWeights, Llama, LlamaConfig, LoadOptions, Placement};
 
 /// The embedded model's weights (glassllm 0.1.0 `en.npz`, MIT).
 pub const EMBEDDED_WEIGHTS: &[u8] = include_bytes!("fixtures/en.npz");
@@ -95,17 +95,66 @@ struct Args {
     /// a fraction of the weight-streaming limit (weights read once per step).
     #[arg(long)]
     roofline: bool,
-    /// Split every layer's heads and MLP over N rank shards (tensor parallelism), run on the
-    /// one device with the shards' partial outputs summed in place: the math of N GPUs,
-    /// checked against the unsharded model (`polyattn::parallel::heads`).
+    /// Split every layer's heads and MLP over N rank shards (tensor parallelism,
+    /// `polyattn::parallel::heads`); `--rank-devices` says where they run.
     #[arg(long, default_value_t = 1)]
     tensor_parallel: usize,
+    /// Where the tensor-parallel ranks run: `each` puts rank r on CUDA GPU r with the partial
+    /// outputs summed through NCCL (where the backend is not CUDA or has fewer GPUs, the ranks
+    /// share its device, each with its own residual stream, and sum through the host); `one`
+    /// runs every shard on the one device with the partial outputs added in place; `auto` is
+    /// `each` when the backend is CUDA with N GPUs, else `one`.
+    #[arg(long, value_enum, default_value_t = RankDevices::Auto)]
+    rank_devices: RankDevices,
     /// The projections' dtype: `f32`, or `bf16` / `f16` (half the bytes a decode step reads;
     /// widened to f32 as they are read).
     #[arg(long, default_value = "f32", value_parser = parse_weight_dtype)]
     weights: DType,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
+}
+
+/// `--rank-devices`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RankDevices {
+    /// `each` when the backend is CUDA with enough GPUs, else `one`.
+    Auto,
+    /// Every shard on the one device.
+    One,
+    /// A device per rank where there are enough, else ranks of their own on one device.
+    Each,
+}
+
+/// Where `--tensor-parallel N` runs its ranks (`--rank-devices`), for the backend the
+/// selector picks for the model's attention.
+fn placement(args: &Args, config: &LlamaConfig) -> Result<Placement, String> {
+    let n = args.tensor_parallel;
+    if n <= 1 || args.rank_devices == RankDevices::One {
+        return Ok(Placement::OneDevice);
+    }
+    let params =
+        polyattn::AttentionParams::new(config.num_heads, config.head_size, config.num_kv_heads);
+    let selector = polyattn::backend::SelectorConfig::for_layer(&params, DType::F32, Some(16));
+    let first = polyattn::selector::get_attn_backend(&selector).map_err(|e| e.to_string())?;
+    let gpus = if first.device_kind() == polyattn::DeviceKind::Cuda {
+        (0..n)
+            .take_while(|&o| polyattn::device::cuda::CudaDevice::new(o).is_ok())
+            .count()
+    } else {
+        0
+    };
+    Ok(match args.rank_devices {
+        _ if gpus >= n => Placement::PerRank(
+            (0..n)
+                .map(|o| {
+                    std::sync::Arc::new(polyattn::backends::cuda::CudaBackend::with_ordinal(o))
+                        as polyattn::BackendRef
+                })
+                .collect(),
+        ),
+        RankDevices::Each => Placement::PerRank(vec![first; n]),
+        RankDevices::Auto | RankDevices::One => Placement::OneDevice,
+    })
 }
 
 /// A tokenizer of either example model.
@@ -238,10 +287,16 @@ fn run(args: Args) -> Result<(), String> {
     }
     let options = LoadOptions {
         tensor_parallel: args.tensor_parallel,
+        placement: placement(&args, &config)?,
         weight_dtype: args.weights,
     };
     let model = Llama::load_with(config.clone(), loaded.weights, None, options)
         .map_err(|e| e.to_string())?;
+    let sharding = match (args.tensor_parallel, model.rank_transport()) {
+        (1, _) => None,
+        (n, None) => Some(format!("{n} tensor-parallel shards on this one device")),
+        (n, Some(t)) => Some(format!("{n} tensor-parallel ranks, a device each, {t}")),
+    };
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
     let max_len = args.max_model_len.unwrap_or(config.max_model_len);
@@ -361,9 +416,10 @@ fn run(args: Args) -> Result<(), String> {
         );
         machine.finish();
         let record = polyattn_tools::bench::generation::GenerationRecord {
-            model: match (args.weights, args.tensor_parallel) {
-                (DType::F32, 1) => loaded.name.clone(),
-                (w, n) => format!("{} [{w} projections, {n} shard(s)]", loaded.name),
+            model: match (args.weights, &sharding) {
+                (DType::F32, None) => loaded.name.clone(),
+                (w, None) => format!("{} [{w} projections]", loaded.name),
+                (w, Some(s)) => format!("{} [{w} projections, {s}]", loaded.name),
             },
             backend: backend.name().to_string(),
             device: device.clone(),
@@ -387,9 +443,10 @@ fn run(args: Args) -> Result<(), String> {
         "\n[polyattn] backend {} on {device}; model {}{}",
         backend.name(),
         loaded.name,
-        match (args.tensor_parallel, args.weights) {
-            (1, DType::F32) => String::new(),
-            (n, w) => format!("; {w} projections, {n} tensor-parallel shard(s) on this one device"),
+        match (args.weights, &sharding) {
+            (DType::F32, None) => String::new(),
+            (w, None) => format!("; {w} projections"),
+            (w, Some(s)) => format!("; {w} projections, {s}"),
         }
     );
     eprintln!(

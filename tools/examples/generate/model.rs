@@ -6,12 +6,16 @@
 //! final RMSNorm and the output head (tied to the embedding or separate), one layer again.
 //! Four launches per layer besides attention's own ([`compute::linear_fused`]).
 //!
-//! With `tensor_parallel` N > 1 ([`Llama::load_with`]) each layer runs as N rank shards on
-//! the one device, as N GPUs would run it (`polyattn::parallel::heads`): a shard owns whole
-//! GQA groups (its rows of W_q / W_k / W_v, its own attention layer and KV cache, its columns
-//! of W_o) and a slice of the MLP (its rows of gate / up, its columns of down); every shard's
-//! output projection and down projection add into the residual stream, which is the
-//! all-reduce of the multi-GPU form done in place.
+//! With `tensor_parallel` N > 1 ([`Llama::load_with`]) each layer runs as N rank shards
+//! (`polyattn::parallel::heads`): a shard owns whole GQA groups (its rows of W_q / W_k / W_v,
+//! its own attention layer and KV cache, its columns of W_o) and a slice of the MLP (its rows
+//! of gate / up, its columns of down). [`Placement`] says where the shards run: all on one
+//! device, where every shard's output and down projections add into the one residual stream
+//! (the all-reduce done in place), or each rank on a device of its own with its own copy of
+//! the residual stream, where the first rank adds its partial output into its copy, the others
+//! write theirs, and a [`RankGroup`] sums the copies (NCCL between CUDA GPUs) — twice per
+//! layer, as Megatron-style tensor parallelism does. One host thread drives every rank: the
+//! launches are asynchronous on GPUs, and NCCL's grouped calls keep the ranks together.
 //!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
 //! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32 by
@@ -24,15 +28,16 @@
 //! and the runner can capture it as a graph ([`CausalLm::capturable`]).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Mutex;
 
-use std::ops::Range;
-
 use polyattn::compute::{self, InputNorm, LinearOutput, Rope, RopeStyle};
-use polyattn::parallel::HeadSharding;
+use polyattn::metadata::{AttentionMetadata, AttentionMetadataBuilder};
+use polyattn::parallel::{HeadSharding, RankGroup, Transport};
 use polyattn::runner::{CausalLm, ModelConfig, StepBatch};
 use polyattn::{
-    Attention, AttentionLayer, AttentionParams, BackendRef, DType, Device, KvCache, Tensor,
+    Attention, AttentionLayer, AttentionParams, BackendRef, CacheDType, DType, Device, KvCache,
+    KvCacheSpec, Tensor,
 };
 
 /// Hyperparameters of a Llama-family model.
@@ -98,11 +103,37 @@ pub struct HostWeights {
     pub lm_head: Option<Vec<f32>>,
 }
 
+/// Where a tensor-parallel model's rank shards run (module docs).
+#[derive(Clone, Default)]
+pub enum Placement {
+    /// Every shard on the one device, their partial outputs added into one residual stream.
+    #[default]
+    OneDevice,
+    /// Rank `r` on `backends[r]`'s device (one backend per rank), with its own copies of the
+    /// embedding, the norms and the residual stream, the partial outputs summed by a
+    /// [`RankGroup`]. Ranks may share a device: the same code then runs with host sums.
+    PerRank(Vec<BackendRef>),
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Placement::OneDevice => f.write_str("OneDevice"),
+            Placement::PerRank(b) => {
+                let names: Vec<&str> = b.iter().map(|b| b.name()).collect();
+                write!(f, "PerRank({names:?})")
+            }
+        }
+    }
+}
+
 /// How [`Llama::load_with`] lays the model out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Rank shards per layer on the one device (1: unsharded).
+    /// Rank shards per layer (1: unsharded).
     pub tensor_parallel: usize,
+    /// Where the shards run.
+    pub placement: Placement,
     /// The projections' and the output head's dtype: f32, or f16 / bf16 (half the bytes a
     /// decode step streams; the CPU widens them as it reads). Norms and the embedding stay
     /// f32.
@@ -113,12 +144,14 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             tensor_parallel: 1,
+            placement: Placement::OneDevice,
             weight_dtype: DType::F32,
         }
     }
 }
 
-/// One layer on the device: its norms and its rank shards (one without tensor parallelism).
+/// One layer: its norms (on the first rank's device) and its rank shards (one without tensor
+/// parallelism), each on its rank's device.
 struct Layer {
     attn_norm: Tensor,
     ffn_norm: Tensor,
@@ -141,9 +174,12 @@ struct LayerShard {
 
 /// One step's activations for `t` tokens and `r` logits rows.
 struct Scratch {
-    /// The residual stream `[t, hidden]`.
+    /// The residual stream `[t, hidden]` (the first rank's copy when ranks have devices of
+    /// their own).
     x: Tensor,
-    /// Per rank shard.
+    /// The other ranks' copies of the residual stream, with [`Placement::PerRank`].
+    rank_x: Vec<Tensor>,
+    /// Per rank shard, on its rank's device.
     shards: Vec<ShardScratch>,
     /// The rows whose logits are wanted `[r, hidden]`.
     last: Tensor,
@@ -170,7 +206,10 @@ impl Scratch {
             .shards()
             .iter()
             .zip(&m.mlp_slices)
-            .map(|(sh, mlp)| {
+            .enumerate()
+            .map(|(rank, (sh, mlp))| {
+                let device = m.rank_device(rank);
+                let z = |shape: &[usize]| Tensor::zeros(device, shape, DType::F32);
                 Ok(ShardScratch {
                     q: z(&[t, sh.num_heads(), d])?,
                     k: z(&[t, sh.num_kv_heads(), d])?,
@@ -180,8 +219,17 @@ impl Scratch {
                 })
             })
             .collect::<polyattn::Result<Vec<_>>>()?;
+        let rank_x = match &m.ranks {
+            Some(ranks) => ranks
+                .others
+                .iter()
+                .map(|o| Tensor::zeros(&o.device, &[t, h], DType::F32))
+                .collect::<polyattn::Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         Ok(Scratch {
             x: z(&[t, h])?,
+            rank_x,
             shards,
             last: z(&[r, h])?,
         })
@@ -200,7 +248,33 @@ fn columns_of(m: &[f32], cols: usize, keep: Range<usize>) -> Vec<f32> {
         .collect()
 }
 
-/// The model on one backend's device.
+/// The ranks of a [`Placement::PerRank`] model past the first (which holds the model's own
+/// embedding, norms and output head), and the group that sums the partial outputs.
+struct Ranks {
+    group: Mutex<RankGroup>,
+    /// Ranks 1.. in order.
+    others: Vec<OtherRank>,
+}
+
+/// A rank past the first: its device, its copies of what every rank reads, and its metadata
+/// builder (made for the runner's block size on the first step).
+struct OtherRank {
+    backend: BackendRef,
+    device: Device,
+    embedding: Tensor,
+    /// Per layer: the attention norm and the MLP norm.
+    norms: Vec<(Tensor, Tensor)>,
+    builder: Mutex<Option<(usize, Box<dyn AttentionMetadataBuilder>)>>,
+}
+
+/// One step's inputs on a rank past the first.
+struct RankInputs {
+    input_ids: Tensor,
+    positions: Tensor,
+    metadata: Box<dyn AttentionMetadata>,
+}
+
+/// The model on one backend's device, or on one device per rank ([`Placement::PerRank`]).
 pub struct Llama {
     config: LlamaConfig,
     backend: BackendRef,
@@ -213,6 +287,8 @@ pub struct Llama {
     mlp_slices: Vec<Range<usize>>,
     final_norm: Tensor,
     lm_head: Option<Tensor>,
+    /// With [`Placement::PerRank`]: the ranks past the first and the group summing them.
+    ranks: Option<Ranks>,
     /// `forward_into`'s activations per (tokens, logits rows), kept so that a captured step
     /// finds them where it recorded them.
     scratch: Mutex<HashMap<(usize, usize), Scratch>>,
@@ -229,8 +305,10 @@ impl Llama {
         Self::load_with(config, weights, backend, LoadOptions::default())
     }
 
-    /// [`Llama::load`] with `options`: each layer split into rank shards on the one device
-    /// (module docs), the projection weights stored in f16 or bf16.
+    /// [`Llama::load`] with `options`: each layer split into rank shards, on the one device or
+    /// one device per rank (module docs), the projection weights stored in f16 or bf16. With
+    /// [`Placement::PerRank`] the ranks' backends come from the placement and `backend` must
+    /// be `None`.
     pub fn load_with(
         config: LlamaConfig,
         weights: HostWeights,
@@ -239,6 +317,7 @@ impl Llama {
     ) -> polyattn::Result<Self> {
         let LoadOptions {
             tensor_parallel,
+            placement,
             weight_dtype,
         } = options;
         let c = &config;
@@ -250,6 +329,22 @@ impl Llama {
             )));
         }
         let sharding = HeadSharding::new(c.num_heads, c.num_kv_heads, tensor_parallel)?;
+        let rank_backends = match placement {
+            Placement::OneDevice => None,
+            Placement::PerRank(b) if b.len() != tensor_parallel => {
+                return Err(polyattn::Error::Config(format!(
+                    "{} rank backends for {tensor_parallel} ranks",
+                    b.len()
+                )))
+            }
+            Placement::PerRank(_) if backend.is_some() => {
+                return Err(polyattn::Error::Config(
+                    "give one backend, or one per rank in Placement::PerRank, not both".into(),
+                ))
+            }
+            Placement::PerRank(b) => Some(b),
+        };
+        let backend = backend.or_else(|| rank_backends.as_ref().map(|b| b[0].clone()));
         if tensor_parallel > c.intermediate {
             return Err(polyattn::Error::Config(format!(
                 "{tensor_parallel} ranks for {} MLP features",
@@ -279,6 +374,13 @@ impl Llama {
         };
         let backend = first.backend_ref();
         let device = backend.device()?;
+        let rank_backend = |r: usize| match &rank_backends {
+            Some(b) => b[r].clone(),
+            None => backend.clone(),
+        };
+        let rank_devices = (0..tensor_parallel)
+            .map(|r| rank_backend(r).device())
+            .collect::<polyattn::Result<Vec<Device>>>()?;
         if !matches!(weight_dtype, DType::F32 | DType::F16 | DType::Bf16) {
             return Err(polyattn::Error::Config(format!(
                 "weights in {weight_dtype}: the model stores f32, f16 or bf16 weights"
@@ -286,8 +388,10 @@ impl Llama {
         }
         let up = |data: &[f32], shape: &[usize]| Tensor::from_f32(&device, data, shape, DType::F32);
         // The projections (and the output head): what a decode step streams.
-        let proj =
-            |data: &[f32], shape: &[usize]| Tensor::from_f32(&device, data, shape, weight_dtype);
+        let proj_on = |device: &Device, data: &[f32], shape: &[usize]| {
+            Tensor::from_f32(device, data, shape, weight_dtype)
+        };
+        let proj = |data: &[f32], shape: &[usize]| proj_on(&device, data, shape);
         let (h, q, kv, i, d) = (
             c.hidden,
             c.num_heads * c.head_size,
@@ -319,9 +423,10 @@ impl Llama {
                     None => Attention::on_backend(
                         AttentionLayer::new(format!("layers.{l}.attn.rank{r}")),
                         shard_params(r)?,
-                        backend.clone(),
+                        rank_backend(r),
                     )?,
                 };
+                let proj = |data: &[f32], shape: &[usize]| proj_on(&rank_devices[r], data, shape);
                 let (qh, kvh) = (sh.q_heads.clone(), sh.kv_heads.clone());
                 let (qr, kvr) = (qh.start * d..qh.end * d, kvh.start * d..kvh.end * d);
                 let mlp = mlp_slices[r].clone();
@@ -350,6 +455,15 @@ impl Llama {
                 shards,
             });
         }
+        let ranks = match &rank_backends {
+            None => None,
+            Some(b) => Some(Ranks {
+                group: Mutex::new(RankGroup::new(rank_devices.clone())?),
+                others: (1..tensor_parallel)
+                    .map(|r| OtherRank::load(b[r].clone(), &rank_devices[r], c, &weights))
+                    .collect::<polyattn::Result<Vec<_>>>()?,
+            }),
+        };
         Ok(Llama {
             embedding: up(&weights.embedding, &[c.vocab_size, h])?,
             final_norm: up(&weights.final_norm, &[h])?,
@@ -362,6 +476,7 @@ impl Llama {
             layers,
             sharding,
             mlp_slices,
+            ranks,
             backend,
             device,
             config,
@@ -400,9 +515,75 @@ impl Llama {
                 .size_in_bytes()
     }
 
-    /// The device holding the weights.
+    /// The device holding the weights (the first rank's with [`Placement::PerRank`]).
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// How the ranks' partial outputs are summed with [`Placement::PerRank`] (`None` for
+    /// one device).
+    pub fn rank_transport(&self) -> Option<Transport> {
+        let ranks = self.ranks.as_ref()?;
+        let group = ranks.group.lock().ok()?;
+        Some(group.transport().clone())
+    }
+
+    /// Rank `r`'s device.
+    fn rank_device(&self, r: usize) -> &Device {
+        match &self.ranks {
+            Some(ranks) if r > 0 => &ranks.others[r - 1].device,
+            _ => &self.device,
+        }
+    }
+}
+
+impl OtherRank {
+    /// The rank's copies of the embedding and the norms on `device`.
+    fn load(
+        backend: BackendRef,
+        device: &Device,
+        c: &LlamaConfig,
+        weights: &HostWeights,
+    ) -> polyattn::Result<Self> {
+        let up = |data: &[f32], shape: &[usize]| Tensor::from_f32(device, data, shape, DType::F32);
+        let norms = weights
+            .layers
+            .iter()
+            .map(|w| {
+                Ok((
+                    up(&w.attn_norm, &[c.hidden])?,
+                    up(&w.ffn_norm, &[c.hidden])?,
+                ))
+            })
+            .collect::<polyattn::Result<Vec<_>>>()?;
+        Ok(OtherRank {
+            embedding: up(&weights.embedding, &[c.vocab_size, c.hidden])?,
+            norms,
+            backend,
+            device: device.clone(),
+            builder: Mutex::new(None),
+        })
+    }
+
+    /// The step's inputs on this rank's device: the token ids and positions copied, the
+    /// metadata built by this rank's backend from the runner's batch.
+    fn inputs(&self, batch: &StepBatch<'_>, spec: KvCacheSpec) -> polyattn::Result<RankInputs> {
+        let mut builder = self.builder.lock().map_err(|_| {
+            polyattn::Error::Config("a step panicked while holding a rank's builder".into())
+        })?;
+        let builder = match &mut *builder {
+            Some((bs, b)) if *bs == spec.block_size => b,
+            slot => {
+                &mut slot
+                    .insert((spec.block_size, self.backend.make_builder(&spec)?))
+                    .1
+            }
+        };
+        Ok(RankInputs {
+            input_ids: batch.input_ids.to_device(&self.device)?,
+            positions: batch.positions.to_device(&self.device)?,
+            metadata: builder.build(0, batch.common, false)?,
+        })
     }
 }
 
@@ -428,6 +609,15 @@ impl CausalLm for Llama {
         self.backend.clone()
     }
 
+    fn cache_backend(&self, cache: usize) -> BackendRef {
+        // Caches run layer after layer, rank after rank within a layer.
+        let rank = cache % self.sharding.world_size();
+        match &self.ranks {
+            Some(ranks) if rank > 0 => ranks.others[rank - 1].backend.clone(),
+            _ => self.backend.clone(),
+        }
+    }
+
     fn forward(
         &self,
         batch: &StepBatch<'_>,
@@ -441,7 +631,8 @@ impl CausalLm for Llama {
     }
 
     fn capturable(&self) -> bool {
-        true
+        // Ranks on devices of their own take copies of the step's inputs every step.
+        self.ranks.is_none()
     }
 
     fn forward_into(
@@ -496,6 +687,9 @@ impl Llama {
                 self.layers.len()
             )));
         }
+        if let Some(ranks) = &self.ranks {
+            return self.run_ranks(ranks, batch, kv_caches, s, logits);
+        }
         for (layer, caches) in self.layers.iter().zip(kv_caches.chunks_exact_mut(n)) {
             // Every shard's attention reads the residual stream before any shard adds to it.
             for ((sh, ss), cache) in layer.shards.iter().zip(&mut s.shards).zip(caches) {
@@ -539,12 +733,155 @@ impl Llama {
                 compute::linear_accumulate(&ss.act, &sh.w_down, &mut s.x)?;
             }
         }
+        self.head(batch, s, logits)
+    }
+
+    /// The final norm and the output head over the rows of `s.x` the runner samples.
+    fn head(
+        &self,
+        batch: &StepBatch<'_>,
+        s: &mut Scratch,
+        logits: &mut Tensor,
+    ) -> polyattn::Result<()> {
         compute::gather_rows_into(&s.x, batch.logits_indices, &mut s.last)?;
+        let norm = InputNorm {
+            weight: &self.final_norm,
+            eps: self.config.rms_eps,
+        };
         compute::linear_fused(
             &s.last,
-            norm(&self.final_norm),
+            Some(norm),
             self.lm_head.as_ref().unwrap_or(&self.embedding),
             LinearOutput::Store(logits),
         )
+    }
+
+    /// [`Llama::run`] with each rank on its own device ([`Placement::PerRank`]): every rank
+    /// keeps a copy of the residual stream; after each row-parallel projection (the output
+    /// projection, the down projection) the first rank holds residual + its part, the others
+    /// their parts, and the group's all-reduce leaves the new residual on every rank. The
+    /// first rank computes the logits.
+    fn run_ranks(
+        &self,
+        ranks: &Ranks,
+        batch: &StepBatch<'_>,
+        kv_caches: &mut [KvCache],
+        s: &mut Scratch,
+        logits: &mut Tensor,
+    ) -> polyattn::Result<()> {
+        let c = &self.config;
+        let (t, d) = (batch.input_ids.numel(), c.head_size);
+        let rope = Rope {
+            base: c.rope_base,
+            style: c.rope_style,
+        };
+        let others = ranks
+            .others
+            .iter()
+            .zip(&self.sharding.shards()[1..])
+            .map(|(o, sh)| {
+                let spec = KvCacheSpec {
+                    block_size: batch.common.block_size(),
+                    num_kv_heads: sh.num_kv_heads(),
+                    head_size: d,
+                    dtype: DType::F32,
+                    cache_dtype: CacheDType::Auto,
+                };
+                o.inputs(batch, spec)
+            })
+            .collect::<polyattn::Result<Vec<_>>>()?;
+        let positions: Vec<&Tensor> = std::iter::once(batch.positions)
+            .chain(others.iter().map(|i| &i.positions))
+            .collect();
+        let metadata: Vec<&dyn AttentionMetadata> = std::iter::once(batch.attn_metadata)
+            .chain(others.iter().map(|i| i.metadata.as_ref()))
+            .collect();
+        let mut group = ranks.group.lock().map_err(|_| {
+            polyattn::Error::Config("a step panicked while holding the rank group".into())
+        })?;
+        let mut xs: Vec<&mut Tensor> = std::iter::once(&mut s.x)
+            .chain(s.rank_x.iter_mut())
+            .collect();
+        compute::embedding_into(&self.embedding, batch.input_ids, xs[0])?;
+        for ((o, i), x) in ranks.others.iter().zip(&others).zip(&mut xs[1..]) {
+            compute::embedding_into(&o.embedding, &i.input_ids, x)?;
+        }
+        let n = xs.len();
+        for (l, (layer, caches)) in self
+            .layers
+            .iter()
+            .zip(kv_caches.chunks_exact_mut(n))
+            .enumerate()
+        {
+            let norms = |r: usize| match r {
+                0 => (&layer.attn_norm, &layer.ffn_norm),
+                _ => {
+                    let (a, f) = &ranks.others[r - 1].norms[l];
+                    (a, f)
+                }
+            };
+            let norm = |weight| {
+                Some(InputNorm {
+                    weight,
+                    eps: c.rms_eps,
+                })
+            };
+            for (r, ((sh, ss), cache)) in layer
+                .shards
+                .iter()
+                .zip(&mut s.shards)
+                .zip(caches)
+                .enumerate()
+            {
+                compute::linear_fused(
+                    xs[r],
+                    norm(norms(r).0),
+                    &sh.wqkv,
+                    LinearOutput::RopeSplitQkv {
+                        positions: positions[r],
+                        rope,
+                        q: &mut ss.q,
+                        k: &mut ss.k,
+                        v: &mut ss.v,
+                    },
+                )?;
+                sh.attn.forward(
+                    &ss.q,
+                    Some(&ss.k),
+                    Some(&ss.v),
+                    cache,
+                    metadata[r],
+                    &mut ss.o,
+                )?;
+                let heads = ss.o.shape()[1];
+                ss.o.reshape_in_place(&[t, heads * d])?;
+                row_parallel(r, &ss.o, &sh.wo, xs[r])?;
+                ss.o.reshape_in_place(&[t, heads, d])?;
+            }
+            group.all_reduce_sum(&mut xs)?;
+            for (r, (sh, ss)) in layer.shards.iter().zip(&mut s.shards).enumerate() {
+                compute::linear_fused(
+                    xs[r],
+                    norm(norms(r).1),
+                    &sh.w_gate_up,
+                    LinearOutput::SwiGlu(&mut ss.act),
+                )?;
+                row_parallel(r, &ss.act, &sh.w_down, xs[r])?;
+            }
+            group.all_reduce_sum(&mut xs)?;
+        }
+        drop(xs);
+        self.head(batch, s, logits)
+    }
+}
+
+/// A row-parallel projection's part on rank `r` before the all-reduce: the first rank adds
+/// it to its residual copy, the others overwrite theirs with it, so the sum over ranks is
+/// residual + Σ parts.
+fn row_parallel(r: usize, x: &Tensor, w: &Tensor, residual: &mut Tensor) -> polyattn::Result<()> {
+    if r == 0 {
+        compute::linear_accumulate(x, w, residual)
+    } else {
+        compute::linear_fused(x, None, w, LinearOutput::Store(residual))
     }
 }

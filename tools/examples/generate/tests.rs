@@ -7,7 +7,7 @@ use polyattn::backend::Availability;
 use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
 use polyattn::BackendRef;
 
-use crate::model::{Llama, LoadOptions};
+use crate::model::{Llama, LoadOptions, Placement};
 use crate::{load_tiny, smollm, Loaded};
 
 /// Prints to stderr unbuffered (libtest captures print! of passing tests; coverage and SKIP
@@ -54,22 +54,25 @@ fn generate(
     tokens: usize,
     runner: RunnerConfig,
 ) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
-    generate_sharded(loaded, backend, prompts, tokens, runner, 1)
+    generate_sharded(
+        loaded,
+        backend,
+        prompts,
+        tokens,
+        runner,
+        LoadOptions::default(),
+    )
 }
 
-/// [`generate`] with every layer split into `tensor_parallel` rank shards on one device.
+/// [`generate`] with the model laid out by `options` (rank shards and where they run).
 fn generate_sharded(
     loaded: &Loaded,
     backend: Option<BackendRef>,
     prompts: &[Vec<u32>],
     tokens: usize,
     runner: RunnerConfig,
-    tensor_parallel: usize,
+    options: LoadOptions,
 ) -> polyattn::Result<(Vec<Vec<u32>>, String)> {
-    let options = LoadOptions {
-        tensor_parallel,
-        ..LoadOptions::default()
-    };
     let model = Llama::load_with(
         loaded.config.clone(),
         loaded.weights.clone(),
@@ -261,8 +264,11 @@ fn tiny_model_greedy_tokens_are_identical_on_every_backend() {
 }
 
 /// Greedy tokens of the model split into 2, 3 and 4 tensor-parallel shards (those its heads
-/// allow) equal the unsharded model's, on every available backend: the shards' partial
-/// projections summed into the residual stream are the unsharded layer.
+/// allow) equal the unsharded model's, on every available backend, in both placements: every
+/// shard on the one device (partial projections summed into the residual stream in place),
+/// and every rank with its own residual stream, KV caches and metadata, summed by a
+/// `RankGroup` (here the ranks share the backend's device, so the group sums through the
+/// host; the same code runs one rank per GPU over NCCL).
 fn sharded_equals_unsharded(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], tokens: usize) {
     let c = &loaded.config;
     let sizes: Vec<usize> = (2..=4)
@@ -275,31 +281,83 @@ fn sharded_equals_unsharded(what: &str, loaded: &Loaded, prompts: &[Vec<u32>], t
         c.num_kv_heads
     );
     on_every_backend(what, "sharded tokens equal unsharded on", &[], |b| {
-        let run = |n| {
+        let run = |n, per_rank: bool| {
+            let (backend, placement) = match per_rank {
+                false => (Some(b.clone()), Placement::OneDevice),
+                true => (None, Placement::PerRank(vec![b.clone(); n])),
+            };
+            let options = LoadOptions {
+                tensor_parallel: n,
+                placement,
+                ..LoadOptions::default()
+            };
             generate_sharded(
                 loaded,
-                Some(b.clone()),
+                backend,
                 prompts,
                 tokens,
                 RunnerConfig::default(),
-                n,
+                options,
             )
             .map(|r| r.0)
-            .map_err(|e| format!("{n} shard(s): {e}"))
+            .map_err(|e| format!("{n} shard(s), per rank {per_rank}: {e}"))
         };
-        let want = run(1)?;
+        let want = run(1, false)?;
         let mut done = Vec::new();
         for &n in &sizes {
-            let got = run(n)?;
-            if got != want {
-                return Err(format!(
-                    "{n} shards: greedy tokens differ\n  unsharded: {want:?}\n  sharded:   {got:?}"
-                ));
+            for per_rank in [false, true] {
+                let got = run(n, per_rank)?;
+                if got != want {
+                    return Err(format!(
+                        "{n} shards (per rank: {per_rank}): greedy tokens differ\n  \
+                         unsharded: {want:?}\n  sharded:   {got:?}"
+                    ));
+                }
             }
             done.push(format!("{} ×{n}", b.name()));
         }
         Ok(done)
     });
+}
+
+/// Ranks on different backends' devices (the first on the CPU, the others on each available
+/// GPU backend in turn) give the unsharded model's greedy tokens: every rank builds its own
+/// metadata, holds its own caches, and the group sums across device kinds through the host.
+#[test]
+fn tiny_model_ranks_on_different_devices_give_the_unsharded_tokens() {
+    let tiny = load_tiny().unwrap();
+    let prompts = glass_reference().prompts;
+    let (want, _) = generate(&tiny, Some(cpu()), &prompts, 16, RunnerConfig::default()).unwrap();
+    on_every_backend(
+        "tiny, ranks on CPU and another device, 16 tokens",
+        "ranks on cpu + device give the unsharded tokens on",
+        &["CPU"],
+        |b| {
+            let options = LoadOptions {
+                tensor_parallel: 2,
+                placement: Placement::PerRank(vec![cpu(), b.clone()]),
+                ..LoadOptions::default()
+            };
+            let model = Llama::load_with(tiny.config.clone(), tiny.weights.clone(), None, options)
+                .map_err(|e| e.to_string())?;
+            match model.rank_transport() {
+                Some(polyattn::parallel::Transport::Host { .. }) => {}
+                other => return Err(format!("expected host sums, the group uses {other:?}")),
+            }
+            let mut runner =
+                ModelRunner::new(model, RunnerConfig::default()).map_err(|e| e.to_string())?;
+            let got = runner
+                .generate(&prompts, &SamplingParams::greedy(16))
+                .map_err(|e| e.to_string())?;
+            if got != want {
+                return Err(format!(
+                    "greedy tokens differ\n  unsharded: {want:?}\n  cpu + {}: {got:?}",
+                    b.name()
+                ));
+            }
+            Ok(vec![format!("CPU + {}", b.name())])
+        },
+    );
 }
 
 #[test]
@@ -311,6 +369,21 @@ fn tiny_model_tensor_parallel_shards_give_the_unsharded_tokens() {
         &glass_reference().prompts,
         24,
     );
+    // A placement that names the wrong number of ranks, or a backend beside one, is an error.
+    let options = |n, ranks| LoadOptions {
+        tensor_parallel: n,
+        placement: Placement::PerRank(vec![cpu(); ranks]),
+        ..LoadOptions::default()
+    };
+    let load = |backend, options| {
+        Llama::load_with(tiny.config.clone(), tiny.weights.clone(), backend, options)
+            .err()
+            .map(|e| e.to_string())
+    };
+    let e = load(None, options(2, 3)).expect("3 backends for 2 ranks accepted");
+    assert!(e.contains("3 rank backends for 2 ranks"), "{e}");
+    let e = load(Some(cpu()), options(2, 2)).expect("a backend and rank backends accepted");
+    assert!(e.contains("not both"), "{e}");
     // Shard counts the heads cannot take are errors, not panics.
     for n in [0, 64] {
         let options = LoadOptions {
