@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Attention across ranks on the H200 (one GPU): decode context parallelism's one-device form
 # on every backend, NCCL over one rank, the sharded forms under compute-sanitizer, and the
-# example Llama split into tensor-parallel shards on one device (tiny; SmolLM2 when its GGUF
-# was joined, as benches/h200_model.sh does).
+# example Llama split into tensor-parallel shards (tiny; SmolLM2 when its GGUF was joined, as
+# benches/h200_model.sh does): every shard on the one device, and every rank with its own
+# residual stream and caches summed by a RankGroup (host sums for ranks sharing the GPU; NCCL
+# over one rank); on a machine with N GPUs, `--rank-devices each` puts rank r on GPU r.
 # Binaries (../shared/gpu/pack.sh --test dcp --test nccl --example generate, plus the
 # example's test harness as test-generate) in $B.
 # Usage: bash benches/h200_parallel.sh PHASE... (phases: dcp, nccl, sanitize, tp, generate)
@@ -18,13 +20,16 @@ for p in "$@"; do
     nccl) run nccl 120 $B/test-nccl --nocapture --test-threads 1 ;;
     sanitize)
       run memcheck-dcp 300 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-dcp sharded
-      run memcheck-nccl 200 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-nccl dcp_across ;;
-    tp) run tp 400 $B/test-generate --nocapture tensor_parallel ;;
+      run memcheck-nccl 200 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-nccl dcp_across rank_groups ;;
+    tp) run tp 400 $B/test-generate --nocapture tensor_parallel ranks_on ;;
     generate)
       for n in 1 3; do
-        run "generate-tp$n" 200 env POLYATTN_BACKEND=cuda $B/example-generate --model smollm2 \
-          --max-tokens 48 --tensor-parallel $n "The capital of France is"
-        sed -n '1,3p' "$OUT/generate-tp$n.log"
+        for place in one each; do
+          run "generate-tp$n-$place" 200 env POLYATTN_BACKEND=cuda $B/example-generate \
+            --model smollm2 --max-tokens 48 --tensor-parallel $n --rank-devices $place \
+            "The capital of France is"
+          sed -n '1,3p' "$OUT/generate-tp$n-$place.log"
+        done
       done ;;
     *) echo "unknown phase $p" ;;
   esac

@@ -4,13 +4,16 @@
 //! What one GPU can check: NCCL is found or reported unavailable with a reason (never a
 //! panic); two ranks on one GPU are refused; an all-reduce and a broadcast over one rank leave
 //! the data as it was; the across-devices DCP path over one rank equals the f64 reference.
-//! The runs with two or more GPUs need a machine with several; this file says it skipped them.
+//! A `RankGroup` sums through NCCL over distinct GPUs and through the host for two ranks on
+//! one GPU. The runs with two or more GPUs need a machine with several; this file says it
+//! skipped them.
 
 #[macro_use]
 mod common;
 
 use polyattn::device::cuda::{nccl_status, CudaDevice, NcclComms};
 use polyattn::parallel::dcp::{self, DcpDecodeBatch, DcpRank};
+use polyattn::parallel::{RankGroup, Transport};
 use polyattn::reference;
 use polyattn::testing::fuzz::{fill_cache_outside, StaleFill};
 use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
@@ -170,4 +173,60 @@ fn dcp_across_devices_matches_reference() {
         assert!(cmp.pass, "rank {r}'s combined output: {cmp}");
     }
     report!("[dcp_across_devices] {world} rank(s) over NCCL match the f64 reference");
+}
+
+/// `RankGroup` picks NCCL for distinct GPUs and host sums for two ranks on one GPU, and both
+/// leave the sum on every rank.
+#[test]
+fn rank_groups_sum_through_nccl_or_the_host() {
+    let n = device_count();
+    if n == 0 {
+        report!("SKIP rank_groups_sum_through_nccl_or_the_host: no CUDA device");
+        return;
+    }
+    let gpus: Vec<Device> = (0..n.min(4))
+        .map(|o| Device::Cuda(CudaDevice::new(o).unwrap()))
+        .collect();
+    let shared = vec![gpus[0].clone(), gpus[0].clone()];
+    for devices in [gpus.clone(), shared] {
+        let mut group = RankGroup::new(devices.clone()).unwrap();
+        let distinct = devices.len() == 1 || devices[0] != devices[1];
+        match (group.transport(), nccl_status(), distinct) {
+            (Transport::Nccl, Ok(_), true) => {}
+            (Transport::Host { why }, Err(_), _) => assert!(why.contains("unavailable"), "{why}"),
+            (Transport::Host { why }, Ok(_), false) => assert!(why.contains("twice"), "{why}"),
+            (t, status, _) => panic!("{} ranks, NCCL {status:?}: transport {t}", devices.len()),
+        }
+        let mut rng = Rng::new(17);
+        let parts: Vec<Vec<f32>> = devices.iter().map(|_| rng.normals(4096)).collect();
+        let mut ts: Vec<Tensor> = parts
+            .iter()
+            .zip(&devices)
+            .map(|(p, d)| Tensor::from_f32(d, p, &[4, 1024], DType::F32).unwrap())
+            .collect();
+        let mut refs: Vec<&mut Tensor> = ts.iter_mut().collect();
+        group.all_reduce_sum(&mut refs).unwrap();
+        let want: Vec<f32> = (0..4096)
+            .map(|i| parts.iter().map(|p| p[i]).sum())
+            .collect();
+        for (r, t) in ts.iter().enumerate() {
+            let got = t.to_f32_vec().unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 1e-5,
+                "rank {r}: off by {worst} ({})",
+                group.transport()
+            );
+        }
+        report!(
+            "[rank_groups] {} rank(s) on {} GPU(s): {}",
+            devices.len(),
+            if distinct { devices.len() } else { 1 },
+            group.transport()
+        );
+    }
 }
