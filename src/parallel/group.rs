@@ -32,7 +32,7 @@ impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Transport::Nccl => f.write_str("NCCL"),
-            Transport::Host { why } => write!(f, "host sums ({why})"),
+            Transport::Host { why } => write!(f, "the host ({why})"),
         }
     }
 }

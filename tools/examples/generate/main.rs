@@ -295,7 +295,9 @@ fn run(args: Args) -> Result<(), String> {
     let sharding = match (args.tensor_parallel, model.rank_transport()) {
         (1, _) => None,
         (n, None) => Some(format!("{n} tensor-parallel shards on this one device")),
-        (n, Some(t)) => Some(format!("{n} tensor-parallel ranks, a device each, {t}")),
+        (n, Some(t)) => Some(format!(
+            "{n} tensor-parallel ranks, each with its own residual stream, summed through {t}"
+        )),
     };
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
