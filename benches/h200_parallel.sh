@@ -5,9 +5,11 @@
 # benches/h200_model.sh does): every shard on the one device, and every rank with its own
 # residual stream and caches summed by a RankGroup (host sums for ranks sharing the GPU; NCCL
 # over one rank); on a machine with N GPUs, `--rank-devices each` puts rank r on GPU r.
-# Binaries (../shared/gpu/pack.sh --test dcp --test nccl --example generate, plus the
-# example's test harness as test-generate) in $B.
-# Usage: bash benches/h200_parallel.sh PHASE... (phases: dcp, nccl, sanitize, tp, generate)
+# Binaries (../shared/gpu/pack.sh --test dcp --test nccl --example generate --bin polyattn,
+# plus the example's test harness as test-generate) in $B.
+# Usage: bash benches/h200_parallel.sh PHASE... (phases: dcp, nccl, sanitize, tp, generate,
+# dcp-bench: the DCP benchmark group on CUDA — with N GPUs its rN rows run rank r on GPU r
+# over NCCL, with fewer the ranks share GPU 0 — JSON in $OUT/dcp-bench.json)
 set -u
 . "$(dirname "$0")/h200_common.sh"
 # PyTorch's NCCL wheel (nvidia-nccl-cu13) holds libnccl.so.2; NVLink multicast stays off.
@@ -31,6 +33,9 @@ for p in "$@"; do
           sed -n '1,3p' "$OUT/generate-tp$n-$place.log"
         done
       done ;;
+    dcp-bench)
+      run dcp-bench 560 $B/polyattn bench --shapes DCP --backend cuda --no-svg --quiet \
+        --json "$OUT/dcp-bench.json" ;;
     *) echo "unknown phase $p" ;;
   esac
 done

@@ -39,7 +39,7 @@ import time
 
 SCHEMA = "polyattn-bench/1"
 HERE = os.path.dirname(os.path.abspath(__file__))
-GROUPS = ["P1", "P2", "P3", "P4", "P5", "D1", "D2", "D3", "D4", "D5", "M", "K", "G", "C"]
+GROUPS = ["P1", "P2", "P3", "P4", "P5", "D1", "D2", "D3", "D4", "D5", "M", "K", "G", "C", "DCP"]
 BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "float16": 2, "bfloat16": 2}
 
 
@@ -224,7 +224,7 @@ def select(cases, spec):
         hit = False
         for c in cases:
             if name.lower() == "all":
-                m = c["group"] != "C"
+                m = c["group"] not in ("C", "DCP")
             else:
                 m = c["group"].lower() == name.lower() or c["id"].lower() == name.lower()
             if m:
@@ -266,6 +266,8 @@ def blank_row(case, backend, device, dtype, kv):
 def why_not(case, kv):
     if case["family"] not in ("prefill", "decode"):
         return f"{case['family']}: no torch SDPA equivalent"
+    if case.get("ranks", 0) > 1:
+        return "cache sharded over ranks: the reference is one device (its r1 row)"
     if kv != "auto":
         return f"kv cache {kv}: SDPA has no quantised KV"
     if len(case["requests"]) > 1:

@@ -28,6 +28,7 @@
 //! region timers) are the library's: [`polyattn::probe`]. The progress bar is `indicatif`'s.
 
 pub mod chart;
+pub mod dcp;
 pub mod formulas;
 pub mod generation;
 pub mod inputs;
@@ -67,8 +68,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "auto")]
     pub backend: String,
 
-    /// Shapes, comma-separated: groups of perf-anchors §10 (P1–P5, D1–D5, M, K, G, C), case
-    /// ids (`--list` prints them) or `all` (every group but C).
+    /// Shapes, comma-separated: groups of perf-anchors §10 (P1–P5, D1–D5, M, K, G, C), DCP
+    /// (decode context parallelism), case ids (`--list` prints them) or `all` (every group
+    /// but C and DCP).
     #[arg(long, default_value = "C")]
     pub shapes: String,
 
@@ -941,6 +943,9 @@ fn time_job(
     let mut timer = timing::timer_for(device);
     let seed_of = |i: usize| seed ^ ((i as u64 + 1) * 0x9e37_79b9);
     let samples = match case.family {
+        Family::Decode if case.ranks > 0 => {
+            return dcp::time(backend, device, case, (job.dtype, job.kv), sets, seed, cfg);
+        }
         Family::Decode if graphs && replays_graph(backend, device, case) => {
             let (imp, layer) = inputs::make_impl(backend, case, job.kv)?;
             let mut v = (0..sets)

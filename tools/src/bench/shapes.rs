@@ -21,8 +21,11 @@
 //! | K | `reshape_and_cache`: T ∈ {1,…,65536}, Hkv ∈ {8,128}, D 128, block 16, NHD and HND |
 //! | G | `merge_attn_states`: T ∈ {1,256,1024,65536}, H ∈ {16,32}, D ∈ {128,512} |
 //! | C | the CPU set: P2 and D1 at B=1, S ∈ {512, 2048, 4096}, f32 and f16-KV |
+//! | DCP | decode context parallelism: D1's layer at B=1, S ∈ {128k, 1M} and B=8, S=128k, the cache over 1, 2 and 4 ranks |
 //!
-//! `all` is every group but C (the GPU table); C is small enough for a 2-core machine.
+//! `all` is every group of §10 (the GPU table): not C, which is small enough for a 2-core
+//! machine, and not DCP, whose rows with several ranks want as many GPUs
+//! (`super::dcp`).
 //!
 //! Zipf-skewed lengths are deterministic: request `i` (from 0) gets `max(min, ⌊max_len/(i+1)⌋)`
 //! tokens, one long sequence and a tail of short ones. Uniform lengths are drawn from a
@@ -102,6 +105,9 @@ pub struct Case {
     pub layout: Option<KvLayout>,
     /// Default `(activation, KV-cache)` dtypes; `--dtype` / `--kv-dtype` replace them.
     pub dtypes: Vec<(DType, CacheDType)>,
+    /// Decode rows of the DCP group: ranks the cache is sharded over (1: one device, timed as
+    /// the group times its rows); 0 everywhere else.
+    pub ranks: usize,
 }
 
 impl Case {
@@ -188,12 +194,17 @@ impl Case {
         let reqs = describe_requests(&self.requests);
         match self.family {
             Family::Prefill | Family::Decode => format!(
-                "{reqs} Hq={} Hkv={} D={} {} page {}",
+                "{reqs} Hq={} Hkv={} D={} {} page {}{}",
                 self.num_heads,
                 self.num_kv_heads,
                 self.head_size,
                 if self.causal { "causal" } else { "non-causal" },
-                self.block_size
+                self.block_size,
+                match self.ranks {
+                    0 => String::new(),
+                    1 => ", one rank".to_string(),
+                    r => format!(", cache over {r} ranks"),
+                }
             ),
             Family::Mla => format!(
                 "{reqs} Hq={} latent {}/{} page {}",
@@ -245,9 +256,11 @@ fn min_max(it: impl Iterator<Item = usize>) -> (usize, usize) {
     it.fold((usize::MAX, 0), |(a, b), x| (a.min(x), b.max(x)))
 }
 
-/// `512`, `1k`, `16k`, `2000`.
+/// `512`, `1k`, `16k`, `2000`, `1m`.
 fn tok(n: usize) -> String {
-    if n >= 1024 && n % 1024 == 0 {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}m", n >> 20)
+    } else if n >= 1024 && n % 1024 == 0 {
         format!("{}k", n / 1024)
     } else {
         n.to_string()
@@ -257,8 +270,8 @@ fn tok(n: usize) -> String {
 const BF16: (DType, CacheDType) = (DType::Bf16, CacheDType::Auto);
 
 /// Every group id, in table order.
-pub const GROUPS: [&str; 14] = [
-    "P1", "P2", "P3", "P4", "P5", "D1", "D2", "D3", "D4", "D5", "M", "K", "G", "C",
+pub const GROUPS: [&str; 15] = [
+    "P1", "P2", "P3", "P4", "P5", "D1", "D2", "D3", "D4", "D5", "M", "K", "G", "C", "DCP",
 ];
 
 #[allow(clippy::too_many_arguments)]
@@ -288,6 +301,7 @@ fn attn(
         tokens: 0,
         layout: None,
         dtypes,
+        ranks: 0,
     }
 }
 
@@ -606,11 +620,30 @@ pub fn table() -> Vec<Case> {
             c_dtypes.clone(),
         ));
     }
+    // DCP: one layer's decode with its cache sharded over ranks (block round-robin).
+    for (b, s) in [(1, 131072), (1, 1 << 20), (8, 131072)] {
+        for ranks in [1, 2, 4] {
+            let mut c = attn(
+                format!("DCP.b{b}s{}.r{ranks}", tok(s)),
+                "DCP",
+                Family::Decode,
+                uniform(b, 1, s),
+                32,
+                8,
+                128,
+                true,
+                16,
+                vec![BF16],
+            );
+            c.ranks = ranks;
+            v.push(c);
+        }
+    }
     v
 }
 
 /// The cases named by a `--shapes` list: comma-separated group ids (`P2`), case ids
-/// (`D1.b64s4k`) or `all` (every group but C), case-insensitive, in table order, each once.
+/// (`D1.b64s4k`) or `all` (every group but C and DCP), case-insensitive, in table order, each once.
 /// An unknown name is an error that lists the valid ones.
 pub fn select(spec: &str) -> Result<Vec<Case>> {
     let all = table();
@@ -630,7 +663,7 @@ pub fn select(spec: &str) -> Result<Vec<Case>> {
         let mut hit = false;
         for (i, c) in all.iter().enumerate() {
             let m = if name.eq_ignore_ascii_case("all") {
-                c.group != "C"
+                c.group != "C" && c.group != "DCP"
             } else {
                 c.group.eq_ignore_ascii_case(name) || c.id.eq_ignore_ascii_case(name)
             };
@@ -687,6 +720,8 @@ pub struct CaseRecord {
     pub layout: Option<String>,
     /// Default `[dtype, kv_dtype]` pairs.
     pub dtypes: Vec<[String; 2]>,
+    /// DCP: ranks the cache is sharded over (0 outside the group).
+    pub ranks: usize,
     /// FLOPs and element counts.
     pub traffic: Traffic,
 }
@@ -735,6 +770,7 @@ impl From<&Case> for CaseRecord {
                 .iter()
                 .map(|(a, k)| [a.as_str().to_string(), k.as_str().to_string()])
                 .collect(),
+            ranks: c.ranks,
             traffic: c.traffic(),
         }
     }
@@ -772,7 +808,7 @@ mod tests {
             .all(|c| c.batch() == 1 && c.num_heads == 32 && c.num_kv_heads == 8));
         assert_eq!(c[0].dtypes.len(), 2);
         let all = select("all").unwrap();
-        assert!(all.iter().all(|c| c.group != "C"));
+        assert!(all.iter().all(|c| c.group != "C" && c.group != "DCP"));
         assert_eq!(select("c.p2.s4k,C").unwrap().len(), 6);
     }
 
@@ -802,7 +838,7 @@ mod tests {
         assert!(
             committed == table_json().unwrap(),
             "benches/shapes.json is stale: regenerate it with \
-             `cargo run --release -- bench --shapes all,C --dump-shapes benches/shapes.json`"
+             `cargo run --release -- bench --shapes all,C,DCP --dump-shapes benches/shapes.json`"
         );
         assert_eq!(runs(&[Request { sq: 1, sk: 2 }; 3]), vec![[3, 1, 2]]);
     }
