@@ -19,7 +19,7 @@ export NCCL_NVLS_ENABLE=0
 for p in "$@"; do
   case $p in
     dcp) run dcp 300 $B/test-dcp --nocapture ;;
-    nccl) run nccl 120 $B/test-nccl --nocapture --test-threads 1 ;;
+    nccl) run nccl 300 $B/test-nccl --nocapture --test-threads 1 ;;
     sanitize)
       run memcheck-dcp 300 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-dcp sharded
       run memcheck-nccl 200 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-nccl dcp_across rank_groups ;;

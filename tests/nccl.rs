@@ -230,3 +230,140 @@ fn rank_groups_sum_through_nccl_or_the_host() {
         );
     }
 }
+
+/// The multi-GPU run of decode context parallelism: one request with 1M cached tokens
+/// (Llama-3-8B's 32 / 8 heads, bf16, 4 GiB of KV) decoded with its cache over two GPUs equals
+/// the same decode on one GPU. Needs two GPUs with ~5 GB free each and ~9 GB of host memory.
+#[test]
+fn a_million_token_context_over_two_gpus_equals_one_gpu() {
+    let n = device_count();
+    if n < 2 {
+        report!(
+            "SKIP a_million_token_context_over_two_gpus_equals_one_gpu: {n} CUDA device(s); \
+             the run needs 2"
+        );
+        return;
+    }
+    if let Err(why) = nccl_status() {
+        report!(
+            "SKIP a_million_token_context_over_two_gpus_equals_one_gpu: NCCL unavailable: {why}"
+        );
+        return;
+    }
+    let (s, bs, hq, hk, d) = (1usize << 20, 16, 32, 8, 128);
+    let params = AttentionParams::new(hq, d, hk);
+    let spec = KvCacheSpec {
+        block_size: bs,
+        num_kv_heads: hk,
+        head_size: d,
+        dtype: DType::Bf16,
+        cache_dtype: polyattn::CacheDType::Auto,
+    };
+    let blocks = s / bs;
+    let desc = polyattn::metadata::BatchDescription {
+        query_start_loc: vec![0, 1],
+        seq_lens: vec![s as i32],
+        block_table: (0..blocks as i32).collect(),
+        max_blocks_per_req: blocks,
+        slot_mapping: vec![-1],
+        causal: true,
+        block_size: bs,
+        is_prefilling: None,
+    };
+    let backends: Vec<_> = (0..2)
+        .map(polyattn::backends::cuda::CudaBackend::with_ordinal)
+        .collect();
+    let gpus: Vec<CudaDevice> = (0..2).map(|o| CudaDevice::new(o).unwrap()).collect();
+    let devices: Vec<Device> = gpus.iter().cloned().map(Device::Cuda).collect();
+    // Random keys and values: a chunk of normals whose length is no multiple of a block,
+    // repeated, so that every block differs from every other.
+    let chunk = Rng::new(5).normals((1 << 24) + 7);
+    let mut cache = polyattn::KvCache::new(&backends[0], spec, blocks).unwrap();
+    let shape = cache.data().shape().to_vec();
+    let numel: usize = shape.iter().product();
+    let data: Vec<half::bf16> = (0..numel)
+        .map(|i| half::bf16::from_f32(chunk[i % chunk.len()]))
+        .collect();
+    *cache.data_mut() = Tensor::from_cpu_storage(
+        &devices[0],
+        polyattn::device::CpuStorage::Bf16(data),
+        &shape,
+        DType::Bf16,
+    )
+    .unwrap();
+    let q_host = Rng::new(6).normals(hq * d);
+    let query = Tensor::from_f32(&devices[0], &q_host, &[1, hq, d], DType::Bf16).unwrap();
+
+    // One GPU.
+    let imp = polyattn::AttentionBackend::make_impl(&backends[0], params.clone()).unwrap();
+    let builder = polyattn::AttentionBackend::make_builder(&backends[0], &spec).unwrap();
+    let common = polyattn::CommonAttentionMetadata::new(&devices[0], desc.clone()).unwrap();
+    let md = builder.build(0, &common, false).unwrap();
+    let layer = polyattn::AttentionLayer::new("dcp-1m");
+    let mut one = Tensor::zeros(&devices[0], &[1, hq, d], DType::Bf16).unwrap();
+    imp.forward(
+        &layer,
+        &query,
+        None,
+        None,
+        &mut cache,
+        md.as_ref(),
+        &mut one,
+    )
+    .unwrap();
+    let want: Vec<f64> = one
+        .to_f32_vec()
+        .unwrap()
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+
+    // Two GPUs: each rank's cache is a copy of the pool (from_unsharded keeps block ids), of
+    // which it reads its own blocks.
+    let dcp = DcpDecodeBatch::from_unsharded(&desc, 2).unwrap();
+    let mut comms = NcclComms::new(&gpus).unwrap();
+    let imps: Vec<_> = backends
+        .iter()
+        .map(|b| polyattn::AttentionBackend::make_impl(b, params.clone()).unwrap())
+        .collect();
+    let mds: Vec<_> = (0..2)
+        .map(|r| {
+            let builder = polyattn::AttentionBackend::make_builder(&backends[r], &spec).unwrap();
+            dcp.build_rank(r, &devices[r], builder.as_ref()).unwrap()
+        })
+        .collect();
+    let queries: Vec<Tensor> = devices
+        .iter()
+        .map(|dev| query.to_device(dev).unwrap())
+        .collect();
+    let mut caches = vec![cache.to_device(&devices[1]).unwrap()];
+    caches.insert(0, cache);
+    let mut outs: Vec<Tensor> = devices
+        .iter()
+        .map(|dev| Tensor::zeros(dev, &[1, hq, d], DType::Bf16).unwrap())
+        .collect();
+    let mut ranks: Vec<DcpRank<'_>> = imps
+        .iter()
+        .zip(&queries)
+        .zip(caches.iter_mut())
+        .zip(&mds)
+        .zip(outs.iter_mut())
+        .map(|((((imp, query), cache), md), output)| DcpRank {
+            imp: imp.as_ref(),
+            query,
+            key: None,
+            value: None,
+            cache,
+            metadata: md.as_deref(),
+            output,
+        })
+        .collect();
+    dcp::forward_decode_across(&mut comms, &layer, &dcp, &mut ranks).unwrap();
+    drop(ranks);
+    for (r, o) in outs.iter().enumerate() {
+        let got = o.to_f32_vec().unwrap();
+        let cmp = reference::compare(&got, &want, Tolerance::for_dtype(DType::Bf16));
+        assert!(cmp.pass, "rank {r}'s combined output vs one GPU: {cmp}");
+    }
+    report!("[dcp_1m] 1M cached tokens over 2 GPUs (NCCL) equal the one-GPU decode");
+}
