@@ -15,7 +15,9 @@
 //! the residual stream, where the first rank adds its partial output into its copy, the others
 //! write theirs, and a [`RankGroup`] sums the copies (NCCL between CUDA GPUs) — twice per
 //! layer, as Megatron-style tensor parallelism does. One host thread drives every rank: the
-//! launches are asynchronous on GPUs, and NCCL's grouped calls keep the ranks together.
+//! launches are asynchronous on GPUs, NCCL's grouped calls keep the ranks together, and a rank
+//! whose operation fails ends the step before any rank has issued the next collective, so no
+//! rank is left waiting in one.
 //!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
 //! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32 by
