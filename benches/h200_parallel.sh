@@ -8,8 +8,8 @@
 # Binaries (../shared/gpu/pack.sh --test dcp --test nccl --example generate --bin polyattn,
 # plus the example's test harness as test-generate) in $B.
 # Usage: bash benches/h200_parallel.sh PHASE... (phases: dcp, nccl, sanitize, tp, generate,
-# dcp-bench: the DCP benchmark group on CUDA — with N GPUs its rN rows run rank r on GPU r
-# over NCCL, with fewer the ranks share GPU 0 — JSON in $OUT/dcp-bench.json)
+# dcp-bench: the DCP benchmark group on CUDA — with N GPUs and NCCL its rN rows run rank r
+# on GPU r, with fewer the ranks share GPU 0 — JSON in $OUT/dcp-bench.json)
 set -u
 . "$(dirname "$0")/h200_common.sh"
 # PyTorch's NCCL wheel (nvidia-nccl-cu13) holds libnccl.so.2; NVLink multicast stays off.
@@ -26,7 +26,9 @@ for p in "$@"; do
     tp) run tp 400 $B/test-generate --nocapture tensor_parallel ranks_on ;;
     generate)
       for n in 1 3; do
-        for place in one each; do
+        # One rank is one placement.
+        places="one each"; [ $n = 1 ] && places=one
+        for place in $places; do
           run "generate-tp$n-$place" 200 env POLYATTN_BACKEND=cuda $B/example-generate \
             --model smollm2 --max-tokens 48 --tensor-parallel $n --rank-devices $place \
             "The capital of France is"
@@ -34,7 +36,7 @@ for p in "$@"; do
         done
       done ;;
     dcp-bench)
-      run dcp-bench 560 $B/polyattn bench --shapes DCP --backend cuda --no-svg --quiet \
+      run dcp-bench 560 $B/bin-polyattn bench --shapes DCP --backend cuda --no-svg --quiet \
         --json "$OUT/dcp-bench.json" ;;
     *) echo "unknown phase $p" ;;
   esac

@@ -115,9 +115,10 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock (the host's monotonic clock by default), synchronising the device at both ends.
+/// A clock (the host's monotonic clock by default), synchronising the device (or every device
+/// of a region that spans several) at both ends.
 pub struct WallTimer {
-    device: Device,
+    devices: Vec<Device>,
     clock: Box<dyn Clock>,
     t0: Option<Duration>,
     method: String,
@@ -136,11 +137,29 @@ impl WallTimer {
             _ => "wall clock between device synchronisations (no device timer yet)".to_string(),
         };
         WallTimer {
-            device: device.clone(),
+            devices: vec![device.clone()],
             clock,
             t0: None,
             method,
         }
+    }
+
+    /// A wall-clock timer for a region whose work spans `devices` (one rank per GPU): it
+    /// synchronises every one at both ends, so the region ends with the last device's work.
+    pub fn across(devices: &[Device]) -> Self {
+        WallTimer {
+            devices: devices.to_vec(),
+            clock: Box::new(MonotonicClock::new()),
+            t0: None,
+            method: format!(
+                "wall clock between synchronisations of {} device(s)",
+                devices.len()
+            ),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.devices.iter().try_for_each(Device::synchronize)
     }
 }
 
@@ -150,13 +169,13 @@ impl RegionTimer for WallTimer {
     }
 
     fn start(&mut self) -> Result<()> {
-        self.device.synchronize()?;
+        self.synchronize()?;
         self.t0 = Some(self.clock.now());
         Ok(())
     }
 
     fn stop(&mut self) -> Result<f64> {
-        self.device.synchronize()?;
+        self.synchronize()?;
         let now = self.clock.now();
         Ok(self
             .t0

@@ -20,7 +20,7 @@ use polyattn::testing::{BatchSpec, CaseConfig, RandomBatch, Rng, Tolerance};
 use polyattn::{AttentionParams, DType, Device, KvCacheSpec, Tensor};
 
 fn device_count() -> usize {
-    (0..8).take_while(|&o| CudaDevice::new(o).is_ok()).count()
+    CudaDevice::count()
 }
 
 #[test]
@@ -193,8 +193,10 @@ fn rank_groups_sum_through_nccl_or_the_host() {
         let distinct = devices.len() == 1 || devices[0] != devices[1];
         match (group.transport(), nccl_status(), distinct) {
             (Transport::Nccl, Ok(_), true) => {}
-            (Transport::Host { why }, Err(_), _) => assert!(why.contains("unavailable"), "{why}"),
-            (Transport::Host { why }, Ok(_), false) => assert!(why.contains("twice"), "{why}"),
+            (Transport::Host { why }, Err(_), true) => {
+                assert!(why.contains("unavailable"), "{why}")
+            }
+            (Transport::Host { why }, _, false) => assert!(why.contains("share GPU 0"), "{why}"),
             (t, status, _) => panic!("{} ranks, NCCL {status:?}: transport {t}", devices.len()),
         }
         let mut rng = Rng::new(17);
@@ -233,7 +235,8 @@ fn rank_groups_sum_through_nccl_or_the_host() {
 
 /// The multi-GPU run of decode context parallelism: one request with 1M cached tokens
 /// (Llama-3-8B's 32 / 8 heads, bf16, 4 GiB of KV) decoded with its cache over two GPUs equals
-/// the same decode on one GPU. Needs two GPUs with ~5 GB free each and ~9 GB of host memory.
+/// the same decode on one GPU. Needs ~9 GB free on the first GPU (the zeroed cache and its
+/// random contents), ~5 GB on the second and ~9 GB of host memory.
 #[test]
 fn a_million_token_context_over_two_gpus_equals_one_gpu() {
     let n = device_count();

@@ -59,12 +59,22 @@ impl RankGroup {
                 _ => None,
             })
             .collect();
-        let (nccl, transport) = match gpus {
-            Some(gpus) => match NcclComms::new(&gpus) {
+        let shared = gpus.as_ref().and_then(|g| {
+            g.iter()
+                .enumerate()
+                .find(|(i, d)| g[..*i].contains(d))
+                .map(|(_, d)| d.ordinal())
+        });
+        let (nccl, transport) = match (gpus, shared) {
+            (Some(_), Some(o)) => {
+                let why = format!("ranks share GPU {o}: NCCL needs a GPU per rank");
+                (None, Transport::Host { why })
+            }
+            (Some(gpus), None) => match NcclComms::new(&gpus) {
                 Ok(comms) => (Some(comms), Transport::Nccl),
                 Err(e) => (None, Transport::Host { why: e.to_string() }),
             },
-            None => {
+            (None, _) => {
                 let kinds: Vec<&str> = devices.iter().map(|d| d.kind().as_str()).collect();
                 let why = format!("ranks on {}: NCCL serves CUDA GPUs only", kinds.join(", "));
                 (None, Transport::Host { why })
@@ -175,6 +185,36 @@ mod tests {
                 assert_eq!(t.to_f32_vec().unwrap(), want, "{dtype}");
             }
         }
+    }
+
+    #[test]
+    fn ranks_on_different_device_kinds_sum_through_the_host() {
+        let cpu = Device::cpu();
+        let other = ["VULKAN", "WGPU"].iter().find_map(|name| {
+            let b = crate::registry::global().get(name)?;
+            b.availability()
+                .is_available()
+                .then(|| b.device().ok())
+                .flatten()
+        });
+        let Some(other) = other else {
+            eprintln!(
+                "SKIP ranks_on_different_device_kinds_sum_through_the_host: no device besides \
+                 the CPU (no Vulkan driver)"
+            );
+            return;
+        };
+        let mut group = RankGroup::new(vec![cpu.clone(), other.clone()]).unwrap();
+        assert!(matches!(group.transport(), Transport::Host { .. }));
+        let mut a = Tensor::from_f32(&cpu, &[1.0, 2.0, 3.0], &[3], DType::F32).unwrap();
+        let mut b = Tensor::from_f32(&other, &[0.5, -4.0, 8.0], &[3], DType::F32).unwrap();
+        group.all_reduce_sum(&mut [&mut a, &mut b]).unwrap();
+        assert_eq!(a.to_f32_vec().unwrap(), [1.5, -2.0, 11.0]);
+        assert_eq!(b.to_f32_vec().unwrap(), [1.5, -2.0, 11.0]);
+        // A part on another rank's device is refused, naming the rank.
+        let mut c = Tensor::zeros(&cpu, &[3], DType::F32).unwrap();
+        let e = group.all_reduce_sum(&mut [&mut a, &mut c]).unwrap_err();
+        assert!(e.to_string().contains("rank 1's tensor lives on"), "{e}");
     }
 
     #[test]

@@ -22,7 +22,8 @@ use crate::metadata::{
 pub struct ModelConfig {
     /// KV heads of each KV cache the model reads, in the order `forward` receives the caches:
     /// one cache per decoder layer, or one per layer and rank when the model splits its heads
-    /// over ranks on one device (`crate::parallel::heads`), whose head counts may differ.
+    /// over ranks (`crate::parallel::heads`; on one device or on each rank's,
+    /// [`CausalLm::cache_backend`]), whose head counts may differ.
     pub kv_cache_heads: Vec<usize>,
     /// Head size.
     pub head_size: usize,
@@ -34,7 +35,7 @@ pub struct ModelConfig {
     pub dtype: DType,
 }
 
-/// One step's inputs, on the model's device.
+/// One step's inputs, on the device of the model's [`CausalLm::backend`].
 pub struct StepBatch<'a> {
     /// `[num_tokens]` i32 token ids, request after request.
     pub input_ids: &'a Tensor,
@@ -43,7 +44,8 @@ pub struct StepBatch<'a> {
     /// `[num_logits]` i32: rows whose logits the runner samples (each request's last new
     /// token, for requests that reached the end of their known tokens).
     pub logits_indices: &'a Tensor,
-    /// The backend's metadata, built once for the step; every layer uses it.
+    /// The metadata of the model's backend, built once for the step: every layer on that
+    /// backend uses it (ranks on other devices build theirs from `common`).
     pub attn_metadata: &'a dyn AttentionMetadata,
     /// The validated batch (host and device copies of the arrays).
     pub common: &'a CommonAttentionMetadata,
@@ -69,7 +71,8 @@ pub trait CausalLm {
     }
 
     /// Runs all layers for the batch and returns f32 logits `[num_logits, vocab_size]` for the
-    /// rows in `batch.logits_indices`. `kv_caches[l]` is layer `l`'s cache.
+    /// rows in `batch.logits_indices`. `kv_caches[i]` is the cache of entry `i` of
+    /// [`ModelConfig::kv_cache_heads`].
     fn forward(&self, batch: &StepBatch<'_>, kv_caches: &mut [KvCache]) -> Result<Tensor>;
 
     /// Whether [`CausalLm::forward_into`] may be captured as a graph: once it has run for a

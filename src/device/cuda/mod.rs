@@ -169,6 +169,18 @@ impl CudaDevice {
         driver_status()
     }
 
+    /// The number of CUDA GPUs the driver sees (0 without a driver), counted without opening
+    /// a context on any.
+    pub fn count() -> usize {
+        if driver_status().is_err() {
+            return 0;
+        }
+        std::panic::catch_unwind(CudaContext::device_count)
+            .ok()
+            .and_then(|c| c.ok())
+            .map_or(0, |c| usize::try_from(c).unwrap_or(0))
+    }
+
     /// Opens GPU `ordinal` (or returns the already open one). Errors when the driver is
     /// missing, the ordinal does not exist, or the context cannot be created.
     pub fn new(ordinal: usize) -> Result<Self> {

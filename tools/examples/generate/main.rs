@@ -1,5 +1,6 @@
 //! Generates text with a Llama-family model whose attention runs through polyattn — the same
-//! code on every backend; `POLYATTN_BACKEND` alone moves the whole model.
+//! code on every backend; `POLYATTN_BACKEND` alone moves the whole model (and
+//! `--tensor-parallel N` spreads its ranks over N CUDA GPUs where there are that many).
 //!
 //! ```text
 //! cargo run --release --example generate -- [--model tiny|smollm2|PATH] [--max-tokens N]
@@ -34,6 +35,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
+use polyattn::parallel::Transport;
 use polyattn::runner::{ModelRunner, RunnerConfig, SamplingParams};
 use polyattn::DType;
 
@@ -99,11 +101,12 @@ struct Args {
     /// `polyattn::parallel::heads`); `--rank-devices` says where they run.
     #[arg(long, default_value_t = 1)]
     tensor_parallel: usize,
-    /// Where the tensor-parallel ranks run: `each` puts rank r on CUDA GPU r with the partial
-    /// outputs summed through NCCL (where the backend is not CUDA or has fewer GPUs, the ranks
-    /// share its device, each with its own residual stream, and sum through the host); `one`
-    /// runs every shard on the one device with the partial outputs added in place; `auto` is
-    /// `each` when the backend is CUDA with N GPUs, else `one`.
+    /// Where the tensor-parallel ranks run: `each` puts rank r on the r-th CUDA GPU from the
+    /// chosen one, the partial outputs summed through NCCL (through the host without NCCL;
+    /// where the backend is not CUDA or has fewer GPUs, the ranks share its device, each with
+    /// its own residual stream, and sum through the host); `one` runs every shard on the one
+    /// device with the partial outputs added in place; `auto` is `each` when the backend is
+    /// CUDA with N GPUs and NCCL loads, else `one`.
     #[arg(long, value_enum, default_value_t = RankDevices::Auto)]
     rank_devices: RankDevices,
     /// The projections' dtype: `f32`, or `bf16` / `f16` (half the bytes a decode step reads;
@@ -117,7 +120,7 @@ struct Args {
 /// `--rank-devices`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum RankDevices {
-    /// `each` when the backend is CUDA with enough GPUs, else `one`.
+    /// `each` when the backend is CUDA with enough GPUs and NCCL loads, else `one`.
     Auto,
     /// Every shard on the one device.
     One,
@@ -126,35 +129,51 @@ enum RankDevices {
 }
 
 /// Where `--tensor-parallel N` runs its ranks (`--rank-devices`), for the backend the
-/// selector picks for the model's attention.
+/// selector picks for the model's attention: rank `r` on the GPU `r` places after the chosen
+/// one where the backend is CUDA and that many GPUs exist (`auto`: and NCCL loads, since
+/// without it the ranks' sums go through the host).
 fn placement(args: &Args, config: &LlamaConfig) -> Result<Placement, String> {
     let n = args.tensor_parallel;
     if n <= 1 || args.rank_devices == RankDevices::One {
         return Ok(Placement::OneDevice);
     }
+    // The shard count must fit the heads before anything is made per rank.
+    polyattn::parallel::HeadSharding::new(config.num_heads, config.num_kv_heads, n)
+        .map_err(|e| e.to_string())?;
     let params =
         polyattn::AttentionParams::new(config.num_heads, config.head_size, config.num_kv_heads);
-    let selector = polyattn::backend::SelectorConfig::for_layer(&params, DType::F32, Some(16));
+    let selector =
+        polyattn::backend::SelectorConfig::for_layer(&params, DType::F32, Some(model::BLOCK_SIZE));
     let first = polyattn::selector::get_attn_backend(&selector).map_err(|e| e.to_string())?;
-    let gpus = if first.device_kind() == polyattn::DeviceKind::Cuda {
-        (0..n)
-            .take_while(|&o| polyattn::device::cuda::CudaDevice::new(o).is_ok())
-            .count()
-    } else {
-        0
-    };
-    Ok(match args.rank_devices {
-        _ if gpus >= n => Placement::PerRank(
-            (0..n)
-                .map(|o| {
-                    std::sync::Arc::new(polyattn::backends::cuda::CudaBackend::with_ordinal(o))
+    let first_gpu = match first.device() {
+        Ok(polyattn::Device::Cuda(d)) => Some(d.ordinal()),
+        _ => None,
+    }
+    .filter(|o| o + n <= polyattn::device::cuda::CudaDevice::count());
+    let each = args.rank_devices == RankDevices::Each;
+    let across = first_gpu.filter(|_| each || polyattn::device::cuda::nccl_status().is_ok());
+    Ok(match across {
+        Some(o) => Placement::PerRank(
+            (o..o + n)
+                .map(|k| {
+                    std::sync::Arc::new(polyattn::backends::cuda::CudaBackend::with_ordinal(k))
                         as polyattn::BackendRef
                 })
                 .collect(),
         ),
-        RankDevices::Each => Placement::PerRank(vec![first; n]),
-        RankDevices::Auto | RankDevices::One => Placement::OneDevice,
+        None if each => Placement::PerRank(vec![first; n]),
+        None => Placement::OneDevice,
     })
+}
+
+/// The model's name with how its projections are stored and its ranks placed, if not the
+/// defaults.
+fn model_label(name: &str, weights: DType, sharding: Option<&str>) -> String {
+    match (weights, sharding) {
+        (DType::F32, None) => name.to_string(),
+        (w, None) => format!("{name} [{w} projections]"),
+        (w, Some(s)) => format!("{name} [{w} projections, {s}]"),
+    }
 }
 
 /// A tokenizer of either example model.
@@ -299,6 +318,13 @@ fn run(args: Args) -> Result<(), String> {
             "{n} tensor-parallel ranks, each with its own residual stream, summed through {t}"
         )),
     };
+    if args.roofline && matches!(model.rank_transport(), Some(Transport::Nccl)) {
+        return Err(
+            "--roofline measures one device's bandwidth; with ranks on several GPUs use \
+             --rank-devices one"
+                .into(),
+        );
+    }
     let backend = polyattn::runner::CausalLm::backend(&model);
     let device = model.device().description();
     let max_len = args.max_model_len.unwrap_or(config.max_model_len);
@@ -418,11 +444,7 @@ fn run(args: Args) -> Result<(), String> {
         );
         machine.finish();
         let record = polyattn_tools::bench::generation::GenerationRecord {
-            model: match (args.weights, &sharding) {
-                (DType::F32, None) => loaded.name.clone(),
-                (w, None) => format!("{} [{w} projections]", loaded.name),
-                (w, Some(s)) => format!("{} [{w} projections, {s}]", loaded.name),
-            },
+            model: model_label(&loaded.name, args.weights, sharding.as_deref()),
             backend: backend.name().to_string(),
             device: device.clone(),
             prompts: prompts.len(),
@@ -442,14 +464,9 @@ fn run(args: Args) -> Result<(), String> {
         record.append_to(path).map_err(|e| e.to_string())?;
     }
     eprintln!(
-        "\n[polyattn] backend {} on {device}; model {}{}",
+        "\n[polyattn] backend {} on {device}; model {}",
         backend.name(),
-        loaded.name,
-        match (args.weights, &sharding) {
-            (DType::F32, None) => String::new(),
-            (w, None) => format!("; {w} projections"),
-            (w, Some(s)) => format!("; {w} projections, {s}"),
-        }
+        model_label(&loaded.name, args.weights, sharding.as_deref()),
     );
     eprintln!(
         "[polyattn] {} prompt(s): {prompt_tokens} prompt tokens, {total_generated} generated in {} steps; \

@@ -20,7 +20,8 @@
 //! rank is left waiting in one.
 //!
 //! Every operation runs on the attention backend's device through [`polyattn::compute`], so
-//! the model moves with `POLYATTN_BACKEND` and nothing else. Weights and activations are f32 by
+//! the model moves with `POLYATTN_BACKEND` and nothing else (ranks placed per device run on
+//! their own backends' devices). Weights and activations are f32 by
 //! default: both example models are small, and f32 makes greedy decoding agree across
 //! backends; [`LoadOptions::weight_dtype`] stores the projections in f16 or bf16 instead.
 //!
@@ -38,9 +39,12 @@ use polyattn::metadata::{AttentionMetadata, AttentionMetadataBuilder};
 use polyattn::parallel::{HeadSharding, RankGroup, Transport};
 use polyattn::runner::{CausalLm, ModelConfig, StepBatch};
 use polyattn::{
-    Attention, AttentionLayer, AttentionParams, BackendRef, CacheDType, DType, Device, KvCache,
-    KvCacheSpec, Tensor,
+    Attention, AttentionLayer, AttentionParams, BackendRef, DType, Device, KvCache, KvCacheSpec,
+    Tensor,
 };
+
+/// The block size the attention backend is chosen for (the runner's default).
+pub const BLOCK_SIZE: u32 = 16;
 
 /// Hyperparameters of a Llama-family model.
 #[derive(Clone, Debug, PartialEq)]
@@ -255,18 +259,18 @@ fn columns_of(m: &[f32], cols: usize, keep: Range<usize>) -> Vec<f32> {
 struct Ranks {
     group: Mutex<RankGroup>,
     /// Ranks 1.. in order.
-    others: Vec<OtherRank>,
+    others: Vec<PeerRank>,
 }
 
 /// A rank past the first: its device, its copies of what every rank reads, and its metadata
-/// builder (made for the runner's block size on the first step).
-struct OtherRank {
+/// builder (made for its caches' spec on the first step).
+struct PeerRank {
     backend: BackendRef,
     device: Device,
     embedding: Tensor,
     /// Per layer: the attention norm and the MLP norm.
     norms: Vec<(Tensor, Tensor)>,
-    builder: Mutex<Option<(usize, Box<dyn AttentionMetadataBuilder>)>>,
+    builder: Mutex<Option<(KvCacheSpec, Box<dyn AttentionMetadataBuilder>)>>,
 }
 
 /// One step's inputs on a rank past the first.
@@ -359,7 +363,6 @@ impl Llama {
             })
             .collect();
         let params = AttentionParams::new(c.num_heads, c.head_size, c.num_kv_heads);
-        let block_size = 16;
         let shard_params = |r: usize| sharding.params_for(&params, r);
         let first = match backend {
             Some(b) => Attention::on_backend(
@@ -371,7 +374,7 @@ impl Llama {
                 AttentionLayer::new("layers.0.attn.rank0"),
                 shard_params(0)?,
                 DType::F32,
-                Some(block_size),
+                Some(BLOCK_SIZE),
             )?,
         };
         let backend = first.backend_ref();
@@ -462,7 +465,7 @@ impl Llama {
             Some(b) => Some(Ranks {
                 group: Mutex::new(RankGroup::new(rank_devices.clone())?),
                 others: (1..tensor_parallel)
-                    .map(|r| OtherRank::load(b[r].clone(), &rank_devices[r], c, &weights))
+                    .map(|r| PeerRank::load(b[r].clone(), &rank_devices[r], c, &weights))
                     .collect::<polyattn::Result<Vec<_>>>()?,
             }),
         };
@@ -539,7 +542,7 @@ impl Llama {
     }
 }
 
-impl OtherRank {
+impl PeerRank {
     /// The rank's copies of the embedding and the norms on `device`.
     fn load(
         backend: BackendRef,
@@ -558,7 +561,7 @@ impl OtherRank {
                 ))
             })
             .collect::<polyattn::Result<Vec<_>>>()?;
-        Ok(OtherRank {
+        Ok(PeerRank {
             embedding: up(&weights.embedding, &[c.vocab_size, c.hidden])?,
             norms,
             backend,
@@ -574,12 +577,8 @@ impl OtherRank {
             polyattn::Error::Config("a step panicked while holding a rank's builder".into())
         })?;
         let builder = match &mut *builder {
-            Some((bs, b)) if *bs == spec.block_size => b,
-            slot => {
-                &mut slot
-                    .insert((spec.block_size, self.backend.make_builder(&spec)?))
-                    .1
-            }
+            Some((made_for, b)) if *made_for == spec => b,
+            slot => &mut slot.insert((spec, self.backend.make_builder(&spec)?)).1,
         };
         Ok(RankInputs {
             input_ids: batch.input_ids.to_device(&self.device)?,
@@ -626,9 +625,15 @@ impl CausalLm for Llama {
         kv_caches: &mut [KvCache],
     ) -> polyattn::Result<Tensor> {
         let (t, r) = (batch.input_ids.numel(), batch.logits_indices.numel());
-        let mut scratch = Scratch::new(self, t, r)?;
         let mut logits = Tensor::zeros(&self.device, &[r, self.config.vocab_size], DType::F32)?;
-        self.run(batch, kv_caches, &mut scratch, &mut logits)?;
+        if self.ranks.is_some() {
+            // Not captured, so the runner calls `forward` every step: keep the activations
+            // of every rank per token count rather than allocating them on every device.
+            self.forward_into(batch, kv_caches, &mut logits)?;
+        } else {
+            let mut scratch = Scratch::new(self, t, r)?;
+            self.run(batch, kv_caches, &mut scratch, &mut logits)?;
+        }
         Ok(logits)
     }
 
@@ -658,8 +663,9 @@ impl CausalLm for Llama {
 }
 
 impl Llama {
-    /// The decoder over `batch`, every activation in `s`, the logits into `logits`: device
-    /// work only (no allocation, upload or download).
+    /// The decoder over `batch`, every activation in `s`, the logits into `logits`. On one
+    /// device it is device work only (no allocation, upload or download); ranks on devices
+    /// of their own take copies of the step's inputs first ([`Llama::run_ranks`]).
     fn run(
         &self,
         batch: &StepBatch<'_>,
@@ -667,20 +673,6 @@ impl Llama {
         s: &mut Scratch,
         logits: &mut Tensor,
     ) -> polyattn::Result<()> {
-        let c = &self.config;
-        let t = batch.input_ids.numel();
-        let rope = Rope {
-            base: c.rope_base,
-            style: c.rope_style,
-        };
-        let d = c.head_size;
-        compute::embedding_into(&self.embedding, batch.input_ids, &mut s.x)?;
-        let norm = |weight| {
-            Some(InputNorm {
-                weight,
-                eps: c.rms_eps,
-            })
-        };
         let n = self.sharding.world_size();
         if kv_caches.len() != self.layers.len() * n {
             return Err(polyattn::Error::Config(format!(
@@ -692,50 +684,45 @@ impl Llama {
         if let Some(ranks) = &self.ranks {
             return self.run_ranks(ranks, batch, kv_caches, s, logits);
         }
+        let ctx = self.step_context();
+        compute::embedding_into(&self.embedding, batch.input_ids, &mut s.x)?;
         for (layer, caches) in self.layers.iter().zip(kv_caches.chunks_exact_mut(n)) {
             // Every shard's attention reads the residual stream before any shard adds to it.
             for ((sh, ss), cache) in layer.shards.iter().zip(&mut s.shards).zip(caches) {
-                compute::linear_fused(
+                let norm = ctx.norm(&layer.attn_norm);
+                sh.attend(
                     &s.x,
-                    norm(&layer.attn_norm),
-                    &sh.wqkv,
-                    LinearOutput::RopeSplitQkv {
-                        positions: batch.positions,
-                        rope,
-                        q: &mut ss.q,
-                        k: &mut ss.k,
-                        v: &mut ss.v,
-                    },
-                )?;
-                sh.attn.forward(
-                    &ss.q,
-                    Some(&ss.k),
-                    Some(&ss.v),
+                    norm,
+                    batch.positions,
+                    ctx.rope,
                     cache,
                     batch.attn_metadata,
-                    &mut ss.o,
+                    ss,
                 )?;
             }
             // Each shard's output projection adds into the residual stream (the all-reduce).
             for (sh, ss) in layer.shards.iter().zip(&mut s.shards) {
-                let heads = ss.o.shape()[1];
-                ss.o.reshape_in_place(&[t, heads * d])?;
-                compute::linear_accumulate(&ss.o, &sh.wo, &mut s.x)?;
-                ss.o.reshape_in_place(&[t, heads, d])?;
+                sh.project_heads(ss, &mut s.x, true)?;
             }
             for (sh, ss) in layer.shards.iter().zip(&mut s.shards) {
-                compute::linear_fused(
-                    &s.x,
-                    norm(&layer.ffn_norm),
-                    &sh.w_gate_up,
-                    LinearOutput::SwiGlu(&mut ss.act),
-                )?;
+                sh.gate_up(&s.x, ctx.norm(&layer.ffn_norm), ss)?;
             }
             for (sh, ss) in layer.shards.iter().zip(&mut s.shards) {
-                compute::linear_accumulate(&ss.act, &sh.w_down, &mut s.x)?;
+                sh.down(ss, &mut s.x, true)?;
             }
         }
         self.head(batch, s, logits)
+    }
+
+    /// What every layer reads besides its weights.
+    fn step_context(&self) -> StepContext {
+        StepContext {
+            rope: Rope {
+                base: self.config.rope_base,
+                style: self.config.rope_style,
+            },
+            eps: self.config.rms_eps,
+        }
     }
 
     /// The final norm and the output head over the rows of `s.x` the runner samples.
@@ -771,26 +758,15 @@ impl Llama {
         s: &mut Scratch,
         logits: &mut Tensor,
     ) -> polyattn::Result<()> {
-        let c = &self.config;
-        let (t, d) = (batch.input_ids.numel(), c.head_size);
-        let rope = Rope {
-            base: c.rope_base,
-            style: c.rope_style,
-        };
+        let ctx = self.step_context();
+        let n = self.sharding.world_size();
+        // The other ranks' inputs, their metadata built for the spec of their first cache
+        // (every layer's cache of a rank has the same spec).
         let others = ranks
             .others
             .iter()
-            .zip(&self.sharding.shards()[1..])
-            .map(|(o, sh)| {
-                let spec = KvCacheSpec {
-                    block_size: batch.common.block_size(),
-                    num_kv_heads: sh.num_kv_heads(),
-                    head_size: d,
-                    dtype: DType::F32,
-                    cache_dtype: CacheDType::Auto,
-                };
-                o.inputs(batch, spec)
-            })
+            .enumerate()
+            .map(|(i, o)| o.inputs(batch, *kv_caches[i + 1].spec()))
             .collect::<polyattn::Result<Vec<_>>>()?;
         let positions: Vec<&Tensor> = std::iter::once(batch.positions)
             .chain(others.iter().map(|i| &i.positions))
@@ -808,7 +784,6 @@ impl Llama {
         for ((o, i), x) in ranks.others.iter().zip(&others).zip(&mut xs[1..]) {
             compute::embedding_into(&o.embedding, &i.input_ids, x)?;
         }
-        let n = xs.len();
         for (l, (layer, caches)) in self
             .layers
             .iter()
@@ -822,53 +797,18 @@ impl Llama {
                     (a, f)
                 }
             };
-            let norm = |weight| {
-                Some(InputNorm {
-                    weight,
-                    eps: c.rms_eps,
-                })
-            };
-            for (r, ((sh, ss), cache)) in layer
-                .shards
-                .iter()
-                .zip(&mut s.shards)
-                .zip(caches)
-                .enumerate()
-            {
-                compute::linear_fused(
-                    xs[r],
-                    norm(norms(r).0),
-                    &sh.wqkv,
-                    LinearOutput::RopeSplitQkv {
-                        positions: positions[r],
-                        rope,
-                        q: &mut ss.q,
-                        k: &mut ss.k,
-                        v: &mut ss.v,
-                    },
-                )?;
-                sh.attn.forward(
-                    &ss.q,
-                    Some(&ss.k),
-                    Some(&ss.v),
-                    cache,
-                    metadata[r],
-                    &mut ss.o,
-                )?;
-                let heads = ss.o.shape()[1];
-                ss.o.reshape_in_place(&[t, heads * d])?;
-                row_parallel(r, &ss.o, &sh.wo, xs[r])?;
-                ss.o.reshape_in_place(&[t, heads, d])?;
+            let shards = layer.shards.iter().zip(&mut s.shards).zip(caches);
+            for (r, ((sh, ss), cache)) in shards.enumerate() {
+                let norm = ctx.norm(norms(r).0);
+                sh.attend(xs[r], norm, positions[r], ctx.rope, cache, metadata[r], ss)?;
+                // Rank 0 adds its part to its residual copy, the others store theirs: the
+                // sum over ranks is residual + every part.
+                sh.project_heads(ss, xs[r], r == 0)?;
             }
             group.all_reduce_sum(&mut xs)?;
             for (r, (sh, ss)) in layer.shards.iter().zip(&mut s.shards).enumerate() {
-                compute::linear_fused(
-                    xs[r],
-                    norm(norms(r).1),
-                    &sh.w_gate_up,
-                    LinearOutput::SwiGlu(&mut ss.act),
-                )?;
-                row_parallel(r, &ss.act, &sh.w_down, xs[r])?;
+                sh.gate_up(xs[r], ctx.norm(norms(r).1), ss)?;
+                sh.down(ss, xs[r], r == 0)?;
             }
             group.all_reduce_sum(&mut xs)?;
         }
@@ -877,13 +817,89 @@ impl Llama {
     }
 }
 
-/// A row-parallel projection's part on rank `r` before the all-reduce: the first rank adds
-/// it to its residual copy, the others overwrite theirs with it, so the sum over ranks is
-/// residual + Σ parts.
-fn row_parallel(r: usize, x: &Tensor, w: &Tensor, residual: &mut Tensor) -> polyattn::Result<()> {
-    if r == 0 {
-        compute::linear_accumulate(x, w, residual)
+/// What every layer reads besides its weights.
+#[derive(Clone, Copy)]
+struct StepContext {
+    rope: Rope,
+    eps: f32,
+}
+
+impl StepContext {
+    /// The RMSNorm with `weight` before a projection.
+    fn norm(self, weight: &Tensor) -> Option<InputNorm<'_>> {
+        Some(InputNorm {
+            weight,
+            eps: self.eps,
+        })
+    }
+}
+
+impl LayerShard {
+    /// The shard's attention over the residual stream `x`: the normed Q/K/V projection,
+    /// split and rotated into `ss.q / k / v`, then attention into `ss.o`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        x: &Tensor,
+        norm: Option<InputNorm<'_>>,
+        positions: &Tensor,
+        rope: Rope,
+        cache: &mut KvCache,
+        metadata: &dyn AttentionMetadata,
+        ss: &mut ShardScratch,
+    ) -> polyattn::Result<()> {
+        compute::linear_fused(
+            x,
+            norm,
+            &self.wqkv,
+            LinearOutput::RopeSplitQkv {
+                positions,
+                rope,
+                q: &mut ss.q,
+                k: &mut ss.k,
+                v: &mut ss.v,
+            },
+        )?;
+        self.attn
+            .forward(&ss.q, Some(&ss.k), Some(&ss.v), cache, metadata, &mut ss.o)
+    }
+
+    /// The shard's output projection of its heads' attention into `out`: added to it
+    /// (`add`), or stored.
+    fn project_heads(
+        &self,
+        ss: &mut ShardScratch,
+        out: &mut Tensor,
+        add: bool,
+    ) -> polyattn::Result<()> {
+        let (t, heads, d) = (ss.o.shape()[0], ss.o.shape()[1], ss.o.shape()[2]);
+        ss.o.reshape_in_place(&[t, heads * d])?;
+        let done = project(&ss.o, &self.wo, out, add);
+        ss.o.reshape_in_place(&[t, heads, d])?;
+        done
+    }
+
+    /// The shard's gate and up projections of the normed `x`, SwiGLU into `ss.act`.
+    fn gate_up(
+        &self,
+        x: &Tensor,
+        norm: Option<InputNorm<'_>>,
+        ss: &mut ShardScratch,
+    ) -> polyattn::Result<()> {
+        compute::linear_fused(x, norm, &self.w_gate_up, LinearOutput::SwiGlu(&mut ss.act))
+    }
+
+    /// The shard's down projection of `ss.act` into `out`: added (`add`), or stored.
+    fn down(&self, ss: &ShardScratch, out: &mut Tensor, add: bool) -> polyattn::Result<()> {
+        project(&ss.act, &self.w_down, out, add)
+    }
+}
+
+/// `out += x · wᵀ` (`add`) or `out = x · wᵀ`.
+fn project(x: &Tensor, w: &Tensor, out: &mut Tensor, add: bool) -> polyattn::Result<()> {
+    if add {
+        compute::linear_accumulate(x, w, out)
     } else {
-        compute::linear_fused(x, None, w, LinearOutput::Store(residual))
+        compute::linear_fused(x, None, w, LinearOutput::Store(out))
     }
 }

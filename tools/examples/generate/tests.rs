@@ -214,6 +214,9 @@ fn on_every_backend(
             Err(e) => failures.push(format!("{}: {e}", b.name())),
         }
     }
+    if ran.is_empty() && failures.is_empty() {
+        report!("SKIP [{what}]: no backend it needs is available here");
+    }
     report!(
         "[{what}] {done}: {}; skipped: {}",
         ran.join(", "),

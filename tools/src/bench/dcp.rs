@@ -3,8 +3,8 @@
 //! cache holding only its blocks), timed end to end — every rank's attention, the exchange of
 //! the partial results and the combine.
 //!
-//! Where the ranks run: on a CUDA backend with at least `ranks` GPUs and NCCL, rank `r` on
-//! GPU `r` and the partial results all-gathered through NCCL
+//! Where the ranks run: on a CUDA backend with `ranks` GPUs from its own on and NCCL, rank `r`
+//! on the `r`-th of them and the partial results all-gathered through NCCL
 //! (`dcp::forward_decode_across`); otherwise every rank's shard on the backend's one device
 //! (`dcp::forward_decode`, the one-device form), which measures what sharding costs there,
 //! not what it gains. The timer text of each row says which.
@@ -25,54 +25,12 @@ use polyattn::kv_cache::{KvCache, KvCacheSpec};
 use polyattn::metadata::AttentionMetadata;
 use polyattn::parallel::dcp::{self, DcpDecodeBatch, DcpLayout, DcpMetadata, DcpRank};
 use polyattn::parallel::RankBlockTable;
-use polyattn::probe::RegionTimer;
-use polyattn::{AttentionImpl, AttentionLayer, DeviceKind};
+use polyattn::probe::{RegionTimer, WallTimer};
+use polyattn::{AttentionImpl, AttentionLayer};
 
 use super::inputs;
 use super::shapes::Case;
 use super::timing::{self, Samples, TimingConfig};
-
-/// The wall clock between synchronisations of every device a row uses.
-struct SyncedWallTimer {
-    devices: Vec<Device>,
-    method: String,
-    start: std::time::Instant,
-}
-
-impl SyncedWallTimer {
-    fn new(devices: Vec<Device>) -> Self {
-        let method = format!(
-            "wall clock between synchronisations of {} device(s)",
-            devices.len()
-        );
-        SyncedWallTimer {
-            devices,
-            method,
-            start: std::time::Instant::now(),
-        }
-    }
-
-    fn sync(&self) -> Result<()> {
-        self.devices.iter().try_for_each(Device::synchronize)
-    }
-}
-
-impl RegionTimer for SyncedWallTimer {
-    fn method(&self) -> &str {
-        &self.method
-    }
-
-    fn start(&mut self) -> Result<()> {
-        self.sync()?;
-        self.start = std::time::Instant::now();
-        Ok(())
-    }
-
-    fn stop(&mut self) -> Result<f64> {
-        self.sync()?;
-        Ok(self.start.elapsed().as_secs_f64())
-    }
-}
 
 /// One input set: the split batch and, per rank, its shard of the cache, every request's
 /// query and the combined output on its device, and its metadata (across devices) — or the
@@ -86,16 +44,19 @@ struct DcpSet {
     one_device: Option<DcpMetadata>,
 }
 
-/// GPUs `0..ranks` when `backend` is CUDA, that many exist and NCCL loads; `None` otherwise.
-fn gpus_for(backend: &dyn AttentionBackend, ranks: usize) -> Option<Vec<CudaDevice>> {
-    if backend.device_kind() != DeviceKind::Cuda || nccl_status().is_err() {
+/// The ordinals of `ranks` GPUs from `backend`'s on, when `backend` is CUDA, that many GPUs
+/// follow its and NCCL loads; `None` otherwise.
+fn gpus_for(backend: &dyn AttentionBackend, ranks: usize) -> Option<Vec<usize>> {
+    let Ok(Device::Cuda(first)) = backend.device() else {
         return None;
-    }
-    let gpus: Vec<CudaDevice> = (0..ranks).map_while(|o| CudaDevice::new(o).ok()).collect();
-    (gpus.len() == ranks).then_some(gpus)
+    };
+    let first = first.ordinal();
+    let enough = first + ranks <= CudaDevice::count();
+    (enough && nccl_status().is_ok()).then(|| (first..first + ranks).collect())
 }
 
-/// Times one DCP row (module docs): `sets` input sets of `case` in `dtype` / `kv`.
+/// Times one DCP row (module docs): `sets` input sets of `case` in `dtype` / `kv`. Returns the
+/// samples, how they were timed and where the ranks ran, and how many devices ran them.
 pub fn time(
     backend: &dyn AttentionBackend,
     device: &Device,
@@ -104,7 +65,7 @@ pub fn time(
     sets: usize,
     seed: u64,
     cfg: &TimingConfig,
-) -> Result<(Samples, String)> {
+) -> Result<(Samples, String, usize)> {
     let layer = AttentionLayer::new("bench");
     let params = inputs::params(case, kv);
     let seed_of = |i: usize| seed ^ ((i as u64 + 1) * 0x9e37_79b9);
@@ -113,7 +74,7 @@ pub fn time(
         let mut v = (0..sets)
             .map(|i| inputs::attention_set(backend, case, dtype, kv, seed_of(i)))
             .collect::<Result<Vec<_>>>()?;
-        let mut timer = SyncedWallTimer::new(vec![device.clone()]);
+        let mut timer = WallTimer::across(std::slice::from_ref(device));
         let s = timing::measure(&mut timer, cfg, |i| {
             let n = v.len();
             let set = &mut v[i % n];
@@ -128,7 +89,7 @@ pub fn time(
             )
         })?;
         super::check_finite(&v[0].output)?;
-        return Ok((s, format!("{}; one rank", timer.method())));
+        return Ok((s, format!("{}; one rank", timer.method()), 1));
     }
     let ranks = case.ranks;
     let spec = KvCacheSpec {
@@ -139,8 +100,15 @@ pub fn time(
         cache_dtype: kv,
     };
     match gpus_for(backend, ranks) {
-        Some(gpus) => {
-            let backends: Vec<CudaBackend> = (0..ranks).map(CudaBackend::with_ordinal).collect();
+        Some(ordinals) => {
+            let backends: Vec<CudaBackend> = ordinals
+                .iter()
+                .map(|&o| CudaBackend::with_ordinal(o))
+                .collect();
+            let gpus = ordinals
+                .iter()
+                .map(|&o| CudaDevice::new(o))
+                .collect::<Result<Vec<_>>>()?;
             let devices: Vec<Device> = gpus.iter().cloned().map(Device::Cuda).collect();
             let imps = backends
                 .iter()
@@ -154,7 +122,7 @@ pub fn time(
                 .map(|i| dcp_set(case, &rank_backends, &spec, false, seed_of(i)))
                 .collect::<Result<Vec<_>>>()?;
             let mut comms = NcclComms::new(&gpus)?;
-            let mut timer = SyncedWallTimer::new(devices);
+            let mut timer = WallTimer::across(&devices);
             let s = timing::measure(&mut timer, cfg, |i| {
                 let n = v.len();
                 let set = &mut v[i % n];
@@ -180,9 +148,11 @@ pub fn time(
             Ok((
                 s,
                 format!(
-                    "{}; rank r on CUDA GPU r, partial results all-gathered through NCCL",
+                    "{}; ranks on CUDA GPUs {ordinals:?}, partial results all-gathered through \
+                     NCCL",
                     timer.method()
                 ),
+                ranks,
             ))
         }
         None => {
@@ -191,7 +161,7 @@ pub fn time(
             let mut v = (0..sets)
                 .map(|i| dcp_set(case, &rank_backends, &spec, true, seed_of(i)))
                 .collect::<Result<Vec<_>>>()?;
-            let mut timer = SyncedWallTimer::new(vec![device.clone()]);
+            let mut timer = WallTimer::across(std::slice::from_ref(device));
             let s = timing::measure(&mut timer, cfg, |i| {
                 let n = v.len();
                 one_device_forward(imp.as_ref(), &layer, &mut v[i % n])
@@ -204,6 +174,7 @@ pub fn time(
                      sharding costs here, not what it gains)",
                     timer.method()
                 ),
+                1,
             ))
         }
     }
@@ -341,7 +312,7 @@ mod tests {
             (2, "share the device"),
             (4, "share the device"),
         ] {
-            let (s, timer) = time(
+            let (s, timer, devices) = time(
                 backend.as_ref(),
                 &device,
                 &small(ranks),
@@ -352,6 +323,7 @@ mod tests {
             )
             .unwrap();
             assert_eq!(s.len(), 2, "{ranks} ranks");
+            assert_eq!(devices, 1, "{ranks} ranks on the one CPU");
             assert!(timer.contains(says), "{ranks} ranks: {timer}");
         }
     }

@@ -856,8 +856,20 @@ fn run_benchmarks(args: &BenchArgs) -> Result<BenchFile> {
             args.graphs,
         );
         match result {
-            Ok((samples, timer)) => {
-                fill_timing(&mut row, &samples, peaks.as_ref());
+            Ok((samples, timer, devices)) => {
+                // A row that ran on several devices (DCP across GPUs) is held to their
+                // combined ceilings.
+                let ceilings = peaks.as_ref().map(|p| Peaks {
+                    compute_tflops: p.compute_tflops * devices as f64,
+                    mem_gbps: p.mem_gbps * devices as f64,
+                    ..p.clone()
+                });
+                fill_timing(&mut row, &samples, ceilings.as_ref());
+                if devices > 1 {
+                    row.note = Some(format!(
+                        "ran on {devices} devices: ceilings are {devices}× one device's"
+                    ));
+                }
                 row.sets = sets;
                 row.timer = Some(timer);
             }
@@ -929,7 +941,8 @@ fn replays_graph(backend: &dyn AttentionBackend, device: &Device, case: &Case) -
             >= polyattn::GraphCaptureSupport::UniformSingleTokenDecode
 }
 
-/// Builds the input sets of one row, times it, and checks the output is finite.
+/// Builds the input sets of one row, times it, and checks the output is finite: the samples,
+/// how they were timed, and how many devices ran the row.
 fn time_job(
     backend: &dyn AttentionBackend,
     device: &Device,
@@ -938,7 +951,7 @@ fn time_job(
     seed: u64,
     cfg: &TimingConfig,
     graphs: bool,
-) -> Result<(Samples, String)> {
+) -> Result<(Samples, String, usize)> {
     let case = &job.case;
     let mut timer = timing::timer_for(device);
     let seed_of = |i: usize| seed ^ ((i as u64 + 1) * 0x9e37_79b9);
@@ -965,6 +978,7 @@ fn time_job(
                     "{}; each repetition replays a captured graph of the forward",
                     timer.method()
                 ),
+                1,
             ));
         }
         Family::Prefill | Family::Decode => {
@@ -1037,7 +1051,7 @@ fn time_job(
             s
         }
     };
-    Ok((samples, timer.method().to_string()))
+    Ok((samples, timer.method().to_string(), 1))
 }
 
 /// One forward of an attention row over input set `set` (its queries, cache and metadata).
