@@ -77,28 +77,13 @@ pub fn time(
         let mut timer = WallTimer::across(std::slice::from_ref(device));
         let s = timing::measure(&mut timer, cfg, |i| {
             let n = v.len();
-            let set = &mut v[i % n];
-            imp.forward(
-                &layer,
-                &set.query,
-                None,
-                None,
-                &mut set.cache,
-                set.metadata.as_ref(),
-                &mut set.output,
-            )
+            super::forward_set(imp.as_ref(), &layer, &mut v[i % n])
         })?;
         super::check_finite(&v[0].output)?;
         return Ok((s, format!("{}; one rank", timer.method()), 1));
     }
     let ranks = case.ranks;
-    let spec = KvCacheSpec {
-        block_size: case.block_size,
-        num_kv_heads: case.num_kv_heads,
-        head_size: case.head_size,
-        dtype,
-        cache_dtype: kv,
-    };
+    let spec = inputs::cache_spec(case, dtype, kv);
     match gpus_for(backend, ranks) {
         Some(ordinals) => {
             let backends: Vec<CudaBackend> = ordinals
@@ -334,13 +319,7 @@ mod tests {
         // gives what one cache of the same data gives: the shards really are the batch.
         let backend = polyattn::registry::global().get("CPU").unwrap();
         let case = small(3);
-        let spec = KvCacheSpec {
-            block_size: case.block_size,
-            num_kv_heads: case.num_kv_heads,
-            head_size: case.head_size,
-            dtype: DType::F32,
-            cache_dtype: CacheDType::Auto,
-        };
+        let spec = inputs::cache_spec(&case, DType::F32, CacheDType::Auto);
         let layer = AttentionLayer::new("bench");
         let imp = backend
             .make_impl(inputs::params(&case, CacheDType::Auto))

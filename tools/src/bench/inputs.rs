@@ -196,13 +196,7 @@ fn build_attention_set(
     graph: bool,
 ) -> Result<AttentionSet> {
     let device = backend.device()?;
-    let spec = KvCacheSpec {
-        block_size: case.block_size,
-        num_kv_heads: case.num_kv_heads,
-        head_size: case.head_size,
-        dtype,
-        cache_dtype: kv,
-    };
+    let spec = cache_spec(case, dtype, kv);
     let desc = attention_description(&case.requests, case.block_size, case.causal, seed);
     let mut cache = KvCache::new(backend, spec, num_blocks(&case.requests, case.block_size))?;
     fill_cache(&device, &mut cache, seed ^ 0xcac4e)?;
@@ -221,6 +215,17 @@ fn build_attention_set(
         cache,
         metadata,
     })
+}
+
+/// The KV-cache spec of an attention case's layer in `dtype` / `kv`.
+pub fn cache_spec(case: &Case, dtype: DType, kv: CacheDType) -> KvCacheSpec {
+    KvCacheSpec {
+        block_size: case.block_size,
+        num_kv_heads: case.num_kv_heads,
+        head_size: case.head_size,
+        dtype,
+        cache_dtype: kv,
+    }
 }
 
 /// Replaces a cache's contents with random normals in its storage dtype.
