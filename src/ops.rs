@@ -73,7 +73,10 @@ pub fn merge_attn_states(
                 d,
                 prefill_tokens_with_context,
             );
-            let storage = output.as_cpu_mut().expect("cpu output");
+            let storage = output.as_cpu_mut().ok_or_else(|| Error::Device {
+                backend: "cpu".into(),
+                message: "merge_attn_states: the output is not on the CPU".into(),
+            })?;
             crate::backends::cpu::kernels::convert::store(storage, dtype, 0, &out, 1.0);
             if let Some(l) = output_lse {
                 if let Some(CpuStorage::F32(v)) = l.as_cpu_mut() {

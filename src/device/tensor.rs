@@ -285,7 +285,11 @@ impl Tensor {
             CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::U8(v) => {
-                let t = fp8::table(self.dtype).expect("u8 storage holds fp8");
+                let t = fp8::table(self.dtype).ok_or_else(|| Error::DType {
+                    what: "byte tensor",
+                    got: self.dtype.to_string(),
+                    expected: "fp8_e4m3 or fp8_e5m2 (the dtypes stored as bytes)".into(),
+                })?;
                 v.iter().map(|&b| t[b as usize]).collect()
             }
             CpuStorage::I32(v) => v.iter().map(|&x| x as f32).collect(),

@@ -86,10 +86,9 @@ impl Scheduler {
     }
 
     fn preempt_last(&mut self) -> Result<()> {
-        let mut seq = self
-            .running
-            .pop()
-            .expect("preempt_last on a non-empty list");
+        let Some(mut seq) = self.running.pop() else {
+            return Ok(());
+        };
         self.pool.free(&seq.blocks)?;
         seq.blocks.clear();
         seq.num_computed = 0;
@@ -134,8 +133,9 @@ impl Scheduler {
             self.running.push(seq);
             let index = self.running.len() - 1;
             if !self.grow(index, take) {
-                let seq = self.running.pop().expect("just pushed");
-                self.waiting.push_front(seq);
+                if let Some(seq) = self.running.pop() {
+                    self.waiting.push_front(seq);
+                }
                 break;
             }
             out.push(Scheduled {

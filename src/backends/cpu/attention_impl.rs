@@ -211,7 +211,7 @@ impl ForwardKernels for CpuAttentionImpl {
         let kv = RowsView::new(key.as_cpu().ok_or_else(not_cpu)?, dtype)?;
         let vv = RowsView::new(value.as_cpu().ok_or_else(not_cpu)?, dtype)?;
         let slots = md.common.slot_mapping_cpu();
-        reshape_and_cache(kv, vv, cache, slots, layer.k_scale, layer.v_scale);
+        reshape_and_cache(kv, vv, cache, slots, layer.k_scale, layer.v_scale)?;
         Ok(())
     }
 

@@ -24,13 +24,13 @@ pub enum RowsView<'a> {
 impl<'a> RowsView<'a> {
     /// Views `storage` holding elements of `dtype`.
     pub fn new(storage: &'a CpuStorage, dtype: DType) -> Result<Self> {
+        if let (CpuStorage::U8(v), Some(table)) = (storage, fp8::table(dtype)) {
+            return Ok(RowsView::Fp8(v, table));
+        }
         Ok(match (storage, dtype) {
             (CpuStorage::F32(v), DType::F32) => RowsView::F32(v),
             (CpuStorage::F16(v), DType::F16) => RowsView::F16(v),
             (CpuStorage::Bf16(v), DType::Bf16) => RowsView::Bf16(v),
-            (CpuStorage::U8(v), DType::Fp8E4m3 | DType::Fp8E5m2) => {
-                RowsView::Fp8(v, fp8::table(dtype).expect("fp8 dtype"))
-            }
             _ => {
                 return Err(Error::DType {
                     what: "cpu kernel input",

@@ -9,6 +9,7 @@
 
 use crate::device::CpuStorage;
 use crate::dtype::DType;
+use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 
 use super::convert::{store, RowsView};
@@ -21,7 +22,7 @@ pub fn reshape_and_cache(
     slot_mapping: &[i64],
     k_scale: f32,
     v_scale: f32,
-) {
+) -> Result<()> {
     let spec = *cache.spec();
     let (h, d, bs) = (spec.num_kv_heads, spec.head_size, spec.block_size);
     let dtype: DType = spec.storage_dtype();
@@ -42,10 +43,10 @@ pub fn reshape_and_cache(
         })
         .map(|(t, hh, b, o)| (t, hh, cache.offset(b, 0, o, hh), cache.offset(b, 1, o, hh)))
         .collect();
-    let storage: &mut CpuStorage = cache
-        .data_mut()
-        .as_cpu_mut()
-        .expect("cpu kernel called with a cpu cache");
+    let storage: &mut CpuStorage = cache.data_mut().as_cpu_mut().ok_or_else(|| Error::Device {
+        backend: "cpu".into(),
+        message: "the CPU cache write was given a cache on another device".into(),
+    })?;
     for (t, hh, ko, vo) in targets {
         let src = (t * h + hh) * d;
         key.load(src, &mut row, 1.0);
@@ -53,4 +54,5 @@ pub fn reshape_and_cache(
         value.load(src, &mut row, 1.0);
         store(storage, dtype, vo, &row, v_scale);
     }
+    Ok(())
 }
