@@ -459,7 +459,12 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) model_sample(const 
             continue;  // uniform: every thread read the same values
         }
         float part = 0.0f;
-        for (int c = tid; c < p.v; c += ARGMAX_THREADS) part += mo_prob(__ldg(xr + c), m, temp);
+        // A NaN probability (an overflowing x − m over an infinite temperature) counts as
+        // nothing, as in the WGSL kernel.
+        for (int c = tid; c < p.v; c += ARGMAX_THREADS) {
+            const float pr = mo_prob(__ldg(xr + c), m, temp);
+            part += pr >= 0.0f ? pr : 0.0f;
+        }
         const float total = mo_block_sum(part, red_v);
         unsigned lo = 0u;
         float kept = total;

@@ -51,6 +51,18 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
         .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i32 range")))
 }
 
+/// The vocabulary of the argmax and sampling kernels: each thread strides over a row by the
+/// block width in `int` arithmetic, which must not pass `i32::MAX`.
+fn vocab_of(v: usize) -> Result<i32> {
+    const MAX: usize = 1 << 30;
+    if v > MAX {
+        return Err(Error::config(format!(
+            "a vocabulary of {v} exceeds the CUDA argmax and sampling kernels' {MAX}"
+        )));
+    }
+    i32_of("vocab", v)
+}
+
 fn i64_of(what: &str, v: usize) -> Result<i64> {
     i64::try_from(v)
         .map_err(|_| Error::config(format!("{what} = {v} exceeds the kernels' i64 range")))
@@ -396,7 +408,7 @@ pub(super) fn argmax(
         x: ptr(dev, logits, "argmax input")?,
         out: ptr(dev, out, "argmax output")?,
         num_rows: i64_of("rows", r)?,
-        v: i32_of("vocab", v)?,
+        v: vocab_of(v)?,
         pad: 0,
     };
     // One block per row (the kernel strides over rows past the grid's limit).
@@ -420,7 +432,7 @@ pub(super) fn sample(
         rows: ptr(dev, rows, "sampling rows")?,
         out: ptr(dev, out, "sample output")?,
         num_rows: i64_of("rows", r)?,
-        v: i32_of("vocab", v)?,
+        v: vocab_of(v)?,
         pad: 0,
     };
     let blocks = r.min(i32::MAX as usize) as u32;
