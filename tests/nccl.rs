@@ -23,8 +23,16 @@ fn device_count() -> usize {
     CudaDevice::count()
 }
 
+/// Collectives of different tests over the same GPUs must not interleave (see `NcclComms`):
+/// the tests take turns.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn nccl_is_found_or_reported_unavailable() {
+    let _serial = serial();
     match nccl_status() {
         Ok(v) => report!("[nccl] NCCL {v} found"),
         Err(why) => report!("[nccl] NCCL unavailable: {why}"),
@@ -55,6 +63,7 @@ fn nccl_is_found_or_reported_unavailable() {
 
 #[test]
 fn one_rank_collectives_keep_the_data() {
+    let _serial = serial();
     let Ok(dev) = CudaDevice::new(0) else {
         report!("SKIP one_rank_collectives_keep_the_data: no CUDA device");
         return;
@@ -87,6 +96,7 @@ fn one_rank_collectives_keep_the_data() {
 
 #[test]
 fn dcp_across_devices_matches_reference() {
+    let _serial = serial();
     let n = device_count();
     if n == 0 {
         report!("SKIP dcp_across_devices_matches_reference: no CUDA device");
@@ -179,6 +189,7 @@ fn dcp_across_devices_matches_reference() {
 /// leave the sum on every rank.
 #[test]
 fn rank_groups_sum_through_nccl_or_the_host() {
+    let _serial = serial();
     let n = device_count();
     if n == 0 {
         report!("SKIP rank_groups_sum_through_nccl_or_the_host: no CUDA device");
@@ -239,6 +250,7 @@ fn rank_groups_sum_through_nccl_or_the_host() {
 /// random contents), ~5 GB on the second and ~9 GB of host memory.
 #[test]
 fn a_million_token_context_over_two_gpus_equals_one_gpu() {
+    let _serial = serial();
     let n = device_count();
     if n < 2 {
         report!(

@@ -71,6 +71,7 @@ fn launch_with<P: bytemuck::Pod>(
             cfg.grid_dim, cfg.block_dim
         )));
     }
+    device.bind()?;
     if cfg.shared_mem_bytes > 48 * 1024 {
         if cfg.shared_mem_bytes > device.max_shared_memory_per_block() {
             return Err(device_error(format!(

@@ -606,6 +606,18 @@ impl CudaDevice {
 /// Makes the context current on this thread. Unlike cudarc's `bind_to_thread`, it does not
 /// first return (and clear) an error recorded by an earlier drop, which must never stop a
 /// capture from ending or a graph from being destroyed.
+impl CudaDevice {
+    /// Makes this device's context current on the calling thread, if it is not already: the
+    /// raw driver calls (function attributes, `cuLaunchKernelEx`) act on the current context,
+    /// and one thread may drive several devices (one rank per GPU).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("binding the CUDA context", e))
+    }
+}
+
 fn make_current(ctx: &CudaContext) -> Result<()> {
     // SAFETY: `cu_ctx` is the live context owned by `ctx`.
     unsafe { cudarc::driver::result::ctx::set_current(ctx.cu_ctx()) }

@@ -133,7 +133,10 @@ pub fn nccl_status() -> std::result::Result<i32, String> {
 
 /// One NCCL communicator per device of one process; rank `r` is `devices[r]`.
 ///
-/// Collectives take `&mut self`: a communicator serves one collective call at a time.
+/// Collectives take `&mut self`: a communicator serves one collective call at a time. Two
+/// sets of communicators over the same GPUs must not run collectives from different threads
+/// at once: every device runs polyattn's work on one stream, and two collectives queued in
+/// opposite orders on two GPUs would each wait for the other forever.
 pub struct NcclComms {
     api: &'static NcclApi,
     devices: Vec<CudaDevice>,
@@ -268,14 +271,19 @@ impl NcclComms {
         let f = self.api.ncclBroadcast().map_err(nccl_error)?;
         self.group(|me| {
             for (i, &(root, send, bytes)) in sends.iter().enumerate() {
-                for ((dev, &comm), recv) in me.devices.iter().zip(&me.comms).zip(&recvs) {
+                for (d, ((dev, &comm), recv)) in
+                    me.devices.iter().zip(&me.comms).zip(&recvs).enumerate()
+                {
                     let stream = dev.stream().cu_stream() as *mut c_void;
+                    // Only the root's send buffer is read; the others name their own receive
+                    // buffer, so every pointer a rank passes lives on its device.
+                    let from = if d == root { send } else { recv[i] };
                     // SAFETY: `send` (read on the root only) and the receive buffers hold
                     // `bytes` bytes on their ranks' devices (checked above) and outlive the
                     // queued copy: frees are ordered after work on the same stream.
                     let r = unsafe {
                         f(
-                            send,
+                            from,
                             recv[i],
                             bytes,
                             NCCL_UINT8,
