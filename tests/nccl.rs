@@ -162,25 +162,43 @@ fn dcp_across_devices_matches_reference() {
             Tensor::zeros(&device, batch.query.shape(), DType::Bf16).unwrap(),
         ));
     }
-    let mut ranks: Vec<DcpRank<'_>> = fixed
-        .iter()
-        .zip(owned.iter_mut())
-        .map(|((imp, md, q, k, v), (cache, out))| DcpRank {
-            imp: imp.as_ref(),
-            query: q,
-            key: Some(k),
-            value: Some(v),
-            cache,
-            metadata: md.as_deref(),
-            output: out,
-        })
-        .collect();
-    dcp::forward_decode_across(&mut comms, &batch.layer, &dcp, &mut ranks).unwrap();
-    drop(ranks);
-    for (r, o) in owned.iter().enumerate() {
-        let got = o.1.to_f32_vec().unwrap();
-        let cmp = reference::compare(&got, &want.out, Tolerance::for_dtype(DType::Bf16));
-        assert!(cmp.pass, "rank {r}'s combined output: {cmp}");
+    // Once with buffers of its own, then twice through one workspace (made, then reused;
+    // rewriting the step's new token writes the same key and value again).
+    let mut workspace = dcp::DcpWorkspace::default();
+    for call in 0..3 {
+        for (_, out) in owned.iter_mut() {
+            *out = Tensor::zeros(out.device(), out.shape(), DType::Bf16).unwrap();
+        }
+        let mut ranks: Vec<DcpRank<'_>> = fixed
+            .iter()
+            .zip(owned.iter_mut())
+            .map(|((imp, md, q, k, v), (cache, out))| DcpRank {
+                imp: imp.as_ref(),
+                query: q,
+                key: Some(k),
+                value: Some(v),
+                cache,
+                metadata: md.as_deref(),
+                output: out,
+            })
+            .collect();
+        match call {
+            0 => dcp::forward_decode_across(&mut comms, &batch.layer, &dcp, &mut ranks),
+            _ => dcp::forward_decode_across_in(
+                &mut comms,
+                &batch.layer,
+                &dcp,
+                &mut ranks,
+                &mut workspace,
+            ),
+        }
+        .unwrap();
+        drop(ranks);
+        for (r, o) in owned.iter().enumerate() {
+            let got = o.1.to_f32_vec().unwrap();
+            let cmp = reference::compare(&got, &want.out, Tolerance::for_dtype(DType::Bf16));
+            assert!(cmp.pass, "call {call}: rank {r}'s combined output: {cmp}");
+        }
     }
     report!("[dcp_across_devices] {world} rank(s) over NCCL match the f64 reference");
 }

@@ -42,7 +42,7 @@ pub mod forward;
 pub mod layout;
 pub mod mla;
 
-pub use across::{forward_decode_across, DcpRank};
+pub use across::{forward_decode_across, forward_decode_across_in, DcpRank, DcpWorkspace};
 pub use batch::{DcpDecodeBatch, DcpMetadata, RankBlockTable};
 pub use forward::{check_impl, combine, forward_decode, Partial};
 pub use layout::DcpLayout;

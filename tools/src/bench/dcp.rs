@@ -23,7 +23,9 @@ use polyattn::dtype::{CacheDType, DType};
 use polyattn::error::Result;
 use polyattn::kv_cache::{KvCache, KvCacheSpec};
 use polyattn::metadata::AttentionMetadata;
-use polyattn::parallel::dcp::{self, DcpDecodeBatch, DcpLayout, DcpMetadata, DcpRank};
+use polyattn::parallel::dcp::{
+    self, DcpDecodeBatch, DcpLayout, DcpMetadata, DcpRank, DcpWorkspace,
+};
 use polyattn::parallel::RankBlockTable;
 use polyattn::probe::{RegionTimer, WallTimer};
 use polyattn::{AttentionImpl, AttentionLayer};
@@ -107,6 +109,8 @@ pub fn time(
                 .map(|i| dcp_set(case, &rank_backends, &spec, false, seed_of(i)))
                 .collect::<Result<Vec<_>>>()?;
             let mut comms = NcclComms::new(&gpus)?;
+            // Every set has the same shape: one workspace serves them all.
+            let mut workspace = DcpWorkspace::default();
             let mut timer = WallTimer::across(&devices);
             let s = timing::measure(&mut timer, cfg, |i| {
                 let n = v.len();
@@ -127,7 +131,13 @@ pub fn time(
                         output,
                     })
                     .collect();
-                dcp::forward_decode_across(&mut comms, &layer, &set.batch, &mut rank_args)
+                dcp::forward_decode_across_in(
+                    &mut comms,
+                    &layer,
+                    &set.batch,
+                    &mut rank_args,
+                    &mut workspace,
+                )
             })?;
             super::check_finite(&v[0].outputs[0])?;
             Ok((
