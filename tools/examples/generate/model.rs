@@ -35,7 +35,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use polyattn::compute::{self, InputNorm, LinearOutput, Rope, RopeStyle};
-use polyattn::metadata::{AttentionMetadata, AttentionMetadataBuilder};
+use polyattn::metadata::{AttentionMetadata, AttentionMetadataBuilder, CommonAttentionMetadata};
 use polyattn::parallel::{HeadSharding, RankGroup, Transport};
 use polyattn::runner::{CausalLm, ModelConfig, StepBatch};
 use polyattn::{
@@ -571,7 +571,8 @@ impl PeerRank {
     }
 
     /// The step's inputs on this rank's device: the token ids and positions copied, the
-    /// metadata built by this rank's backend from the runner's batch.
+    /// metadata built by this rank's backend from the runner's batch (its arrays uploaded
+    /// from the host copies, not read back from the first rank's device).
     fn inputs(&self, batch: &StepBatch<'_>, spec: KvCacheSpec) -> polyattn::Result<RankInputs> {
         let mut builder = self.builder.lock().map_err(|_| {
             polyattn::Error::Config("a step panicked while holding a rank's builder".into())
@@ -580,10 +581,12 @@ impl PeerRank {
             Some((made_for, b)) if *made_for == spec => b,
             slot => &mut slot.insert((spec, self.backend.make_builder(&spec)?)).1,
         };
+        let common =
+            CommonAttentionMetadata::new(&self.device, batch.common.description().clone())?;
         Ok(RankInputs {
             input_ids: batch.input_ids.to_device(&self.device)?,
             positions: batch.positions.to_device(&self.device)?,
-            metadata: builder.build(0, batch.common, false)?,
+            metadata: builder.build(0, &common, false)?,
         })
     }
 }
