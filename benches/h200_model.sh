@@ -6,16 +6,20 @@
 # The speed phase appends one JSON line per run to $OUT/generate-h200.jsonl (the source of the
 # "Model generation" section of benches/RESULTS.md).
 # SmolLM2's GGUF is too large for one transfer (93 MB > 64 MiB): it travels in three parts
-# (.m1/p .m2/p .m3/p, consecutive calls on one warm machine) and is joined here.
-# Usage: bash benches/h200_model.sh PHASE... (phases: join, compute, sanitize, graphs,
+# (.m1/p .m2/p .m3/p), one per call on one warm machine. A path carried by one call is gone in
+# the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
+# Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
 # identity, attention, tiny, smollm2, speed, weights, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
 for p in "$@"; do
   case $p in
+    stash)
+      for i in 1 2 3; do [ -f .m$i/p ] && cp .m$i/p /tmp/m$i; done; ls -la /tmp/m? ;;
     join)
-      cat .m1/p .m2/p .m3/p >"$GGUF" && sha256sum "$GGUF" ;;
+      for i in 1 2 3; do [ -f .m$i/p ] && cp .m$i/p /tmp/m$i; done
+      cat /tmp/m1 /tmp/m2 /tmp/m3 >"$GGUF" && sha256sum "$GGUF" ;;
     compute)
       run compute 200 $B/test-compute --nocapture ;;
     sanitize)
