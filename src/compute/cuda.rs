@@ -411,9 +411,19 @@ pub(super) fn argmax(
         v: vocab_of(v)?,
         pad: 0,
     };
-    // One block per row (the kernel strides over rows past the grid's limit).
+    launch_per_row(dev, "model_argmax", r, &params)
+}
+
+/// The token kernels' launch: one block of [`ARGMAX_THREADS`] per row (each kernel strides
+/// over the rows past the grid's limit).
+fn launch_per_row<P: bytemuck::Pod>(
+    dev: &CudaDevice,
+    kernel: &str,
+    r: usize,
+    params: &P,
+) -> Result<()> {
     let blocks = r.min(i32::MAX as usize) as u32;
-    launch(dev, "model_argmax", (blocks, 1, 1), ARGMAX_THREADS, &params)
+    launch(dev, kernel, (blocks, 1, 1), ARGMAX_THREADS, params)
 }
 
 pub(super) fn sample(
@@ -435,8 +445,7 @@ pub(super) fn sample(
         v: vocab_of(v)?,
         pad: 0,
     };
-    let blocks = r.min(i32::MAX as usize) as u32;
-    launch(dev, "model_sample", (blocks, 1, 1), ARGMAX_THREADS, &params)
+    launch_per_row(dev, "model_sample", r, &params)
 }
 
 pub(super) fn swiglu(
