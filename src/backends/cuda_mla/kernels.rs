@@ -56,9 +56,14 @@ impl MlaRuntime for CudaDevice {
     }
 
     fn decode_form(&self, rows: usize) -> MlaDecodeForm {
-        match CudaTuning::get().mla_decode {
+        let tuning = CudaTuning::get();
+        match tuning.mla_decode {
             MlaDecodeKernel::TensorCores => {
-                MlaDecodeForm::TensorCores(MlaDecodeShape::for_rows(rows))
+                let mut shape = MlaDecodeShape::for_rows(rows);
+                if let Some(w) = tuning.mla_group_warps {
+                    shape.group_warps = w;
+                }
+                MlaDecodeForm::TensorCores(shape)
             }
             MlaDecodeKernel::Portable => MlaDecodeForm::Portable,
         }
