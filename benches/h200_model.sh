@@ -9,7 +9,7 @@
 # (.m1/p .m2/p .m3/p), one per call on one warm machine. A path carried by one call is gone in
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
-# identity, attention, tiny, smollm2, speed, weights, profile). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# identity, attention, tiny, smollm2, speed, weights, prefetch-ab, profile, profile-graphs). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
@@ -68,6 +68,38 @@ for p in "$@"; do
           done
         done
       done ;;
+    prefetch-ab)
+      # The GEMV's weight prefetch (POLYATTN_CUDA_GEMV_PREFETCH) on and off, graphs, one and
+      # eight prompts, twice each, interleaved, into $OUT/generate-h200-prefetch.jsonl.
+      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for rep in 1 2; do
+        for n in 1 8; do
+          for pf in 1 0; do
+            run "smollm2-prefetch$pf-$n-$rep" 180 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_GEMV_PREFETCH=$pf $B/example-generate \
+              --model smollm2 --max-tokens 128 --json "$OUT/generate-h200-prefetch$pf.jsonl" "${P[@]:0:$n}"
+          done
+        done
+      done ;;
+    profile-graphs)
+      # Every kernel of replayed decode steps (ncu profiles each graph node), 1 and 8 prompts,
+      # 48 tokens: $OUT/ncu-graphs-{1,8}.csv for benches/ncu_steps.py; then the 8-token GEMV
+      # bodies in detail (speed of light, warp states, occupancy): $OUT/ncu-gemv8.log.
+      PR=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+          "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for n in 1 8; do
+        say "ncu graphs smollm2 $n"
+        POLYATTN_BACKEND=cuda timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum \
+          --csv --print-units base $B/example-generate --model smollm2 --no-warmup --max-tokens 48 \
+          "${PR[@]:0:$n}" >"$OUT/ncu-graphs-$n.csv" 2>"$OUT/ncu-graphs-$n.log"
+        echo "-- rc=$? $(wc -l <"$OUT/ncu-graphs-$n.csv") lines"
+      done
+      say "ncu gemv8"
+      POLYATTN_BACKEND=cuda timeout 300 ncu --clock-control none --kernel-name regex:'model_linear_gemv(8|1)_' \
+        --launch-skip 400 --launch-count 12 --section SpeedOfLight --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        $B/example-generate --model smollm2 --eager --no-warmup --max-tokens 12 "${PR[@]}" >"$OUT/ncu-gemv8.log" 2>&1
+      echo "-- rc=$?" ;;
     profile)
       for n in 1 8; do
         PR=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
