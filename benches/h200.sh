@@ -14,7 +14,8 @@
 # (instructions, tensor-pipe activity, active warps, stalls); wgpu-modes: the large WGPU decode rows in a WGPU-only
 # process and after CUDA, traced per repetition; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0;
-# mla-warps: the MLA decode at 4 warps per row group (tests, racecheck, M rows beside 2 warps);
+# mla-warps-tests / mla-warps-bench: the MLA decode at 4 warps per row group (tests and
+# sanitizers; M rows beside 2 warps);
 # sanitize-fp8: fp8 caches on the tensor-core decode kernel (memcheck / racecheck of the fp8
 # decode test); fp8-bench: the D rows with an fp8 cache; mma-shapes: every CTA shape of the tensor-core
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
@@ -267,13 +268,16 @@ for p in "${phases[@]}"; do
       run chunks-mla-bench 200 $B/bin-polyattn bench --backend CUDA_MLA,VULKAN_MLA \
         --shapes M.h16.b128s32k.q1,M.h128.b64s32k.q1 --budget 0.3 \
         --json "$OUT/vulkan-mla-chunks.json" --no-svg ;;
-    mla-warps)
+    mla-warps-tests)
       # The MLA tensor-core decode at 4 warps per row group (POLYATTN_CUDA_MLA_WARPS=4;
-      # build with --test mla --bin polyattn): the MLA test bodies and racecheck of the decode,
-      # then the M rows at 2 and 4 warps, twice each, interleaved.
+      # build with --test mla): the MLA test bodies, racecheck and memcheck of the decode.
       run mla-w4 300 env POLYATTN_CUDA_MLA_WARPS=4 $B/test-mla --nocapture latent_decode
       run racecheck-mla-w4 300 env POLYATTN_CUDA_MLA_WARPS=4 compute-sanitizer --tool racecheck \
         --error-exitcode 3 $B/test-mla latent_decode_equals
+      run memcheck-mla-w4 300 env POLYATTN_CUDA_MLA_WARPS=4 compute-sanitizer --tool memcheck \
+        --error-exitcode 3 $B/test-mla latent_decode_equals ;;
+    mla-warps-bench)
+      # The M rows at 2 and 4 warps per row group, twice each, interleaved (--bin polyattn).
       for rep in 1 2; do
         for w in 2 4; do
           run "mla-bench-w$w-$rep" 200 env POLYATTN_CUDA_MLA_WARPS=$w $B/bin-polyattn bench \
