@@ -40,7 +40,7 @@ set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
 export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
-B=.devbin
+B=${B:-.devbin}
 SHAPES_P=P2.b1s1k.p16,P2.b1s4k.p16,P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16
 # P1 at head size 128 (issue #4 names these rows for the WGPU backend): MHA 16 heads, paged.
 SHAPES_P1=P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
