@@ -312,17 +312,11 @@ __device__ __forceinline__ void pa_visible(const AttnParams& p, int pos, int kv_
 // then lets the next kernel start launching (griddepcontrol.launch_dependents; it too waits
 // before reading anything): each kernel's launch latency hides behind the one before it.
 // Elsewhere, and for a kernel launched the ordinary way, both are no-ops.
-// PA_DEPENDENT_LAUNCHES is 1 where a kernel can run as a dependent. The only work allowed
-// before the prologue is an L2 prefetch (pa_prefetch_l2): L2 is the device's point of
-// coherence, so a prefetch never makes a later load see stale data. It pays for data that
-// no kernel before writes (the GEMV's weights): their DRAM round trip overlaps the wait.
 #if PA_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define PA_DEPENDENT_LAUNCHES 1
 #define PA_DEPENDENT_PROLOGUE()                                    \
     asm volatile("griddepcontrol.wait;" ::: "memory");            \
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
-#define PA_DEPENDENT_LAUNCHES 0
 #define PA_DEPENDENT_PROLOGUE() \
     do {                        \
     } while (0)

@@ -11,10 +11,9 @@
 // Work: CTA (blockIdx.x, blockIdx.y, blockIdx.z) = (row tile, request, split): rows
 // [16 RG * x, 16 RG * (x + 1)) of request y, keys [lo, hi) of split z, where lo = z * per,
 // per = ceil(seq_len / num_splits) rounded up to MLA_KEYS, and hi also stops at the last
-// position any row of the tile sees. RG row groups of W = MLA_GROUP_WARPS warps (2 or 4, a
-// build option): warp w owns rows 16 (w / W) .. + 16, score dims 576 / W * (w % W) .. + 576 / W
-// and value columns 512 / W * (w % W) .. + 512 / W (the 16 x 512 / W f32 accumulator is 128
-// registers a thread at W = 2, 64 at W = 4: more warps per SM to hide the chunk's latencies).
+// position any row of the tile sees. RG row groups of W = 2 warps: warp w owns rows
+// 16 (w / W) .. + 16, score dims 576 / W * (w % W) .. + 576 / W and value columns
+// 512 / W * (w % W) .. + 512 / W (the 16 x 256 f32 accumulator is 128 registers a thread).
 //
 // Barriers per chunk: the CTA's (chunk landed; stage, fp8 tile and exchange free again) and
 // the row group's own (named barrier 1 + group: its partial scores written).
@@ -60,9 +59,7 @@
 #define MLA_STAGES 2         // shared-memory stages
 #define MLA_S (MLA_LAT + 8)  // 16-bit row stride in elements (16-byte rows, no bank conflicts)
 #define MLA_RAW_S (MLA_LAT + 16)  // fp8 raw row stride in bytes
-#ifndef MLA_GROUP_WARPS
-#define MLA_GROUP_WARPS 2    // warps per 16-row group (2 or 4: a build option)
-#endif
+#define MLA_GROUP_WARPS 2    // warps per 16-row group
 
 template <bool BF16>
 __device__ __forceinline__ void mla_store2(void* out, pa_i64 i, float a, float b) {

@@ -51,8 +51,7 @@
 //     per token stay in registers, shuffles reduce them, and lane tt writes token tt's
 //     outputs. The _norm forms sum each row's squares in the same pass and compute
 //     (x · g) · Wᵀ, scaled by inv at the end (the same product as (x · inv · g) · Wᵀ up to
-//     rounding). Launched as a dependent (sm_90+), each wave first asks L2 for its first
-//     pair's weight bytes, then waits for the kernel before (linear_gemv_prefetch).
+//     rounding).
 //
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
@@ -499,38 +498,10 @@ __device__ __forceinline__ void linear_gemv(const LinearParams& p) {
     }
 }
 
-// Before the dependent-launch wait: the weight bytes of the wave's first pair asked into
-// L2 (the vec4 layout; the weights are never written by the kernel before). A decode
-// step's GEMV then finds them there when its input arrives, instead of starting a DRAM round
-// trip only then.
-template <int SPLIT>
-__device__ __forceinline__ void linear_gemv_prefetch(const LinearParams& p) {
-    constexpr int WAVES = GEMV_THREADS / PA_WAVE;
-    constexpr int S = SPLIT < WAVES ? SPLIT : WAVES;
-    const int lane = threadIdx.x & (PA_WAVE - 1);
-    const int wave = threadIdx.x >> PA_WAVE_LOG2;
-    const int u = blockIdx.x * (WAVES / S) + wave / S;
-    if (!p.vec4 || u >= lin_units(p)) return;
-    int r0, r1;
-    lin_pair_rows(p, u, &r0, &r1);
-    constexpr int EB = LIN_W == 0 ? 4 : 2;  // bytes per weight element
-    const char* w = (const char*)(const void*)p.w;
-    const int kv = p.k / 4;
-    for (int c = (wave % S) * PA_WAVE + lane; c < kv; c += S * PA_WAVE) {
-        pa_prefetch_l2(w + ((pa_i64)r0 * p.k + 4 * (pa_i64)c) * EB);
-        pa_prefetch_l2(w + ((pa_i64)r1 * p.k + 4 * (pa_i64)c) * EB);
-    }
-}
-
-#ifndef LIN_PREFETCH
-#define LIN_PREFETCH 1
-#endif
-
 // MIN_BLOCKS bounds the registers (more resident blocks keep more loads in flight).
 #define LIN_GEMV_ENTRY(NAME, MAXT, NORM, SPLIT, MIN_BLOCKS)                               \
     extern "C" __global__ void PA_LAUNCH_BOUNDS(GEMV_THREADS, MIN_BLOCKS)                  \
         NAME(const LinearParams p) {                                                       \
-        if (PA_DEPENDENT_LAUNCHES && LIN_PREFETCH) linear_gemv_prefetch<SPLIT>(p);         \
         PA_DEPENDENT_PROLOGUE();                                                           \
         linear_gemv<MAXT, NORM, SPLIT>(p);                                                 \
     }

@@ -13,7 +13,6 @@
 //   pa_shfl_xor(v, m)        v of lane (lane ^ m) of the same warp / wavefront
 //   pa_shfl(v, src)          v of lane `src` of the same warp / wavefront
 //   pa_ldg(p)                *p through the read-only data path where there is one
-//   pa_prefetch_l2(p)        asks for p's cache line in L2 (NVIDIA; a no-op on AMD)
 //   PA_LAUNCH_BOUNDS(t, b)   at most t threads per CTA (NVIDIA: and b CTAs per SM wanted)
 //
 // Shuffles require every lane of the warp / wavefront to take part (the kernels call them
@@ -58,9 +57,6 @@ __device__ __forceinline__ float pa_shfl(float v, int src) {
 template <typename T>
 __device__ __forceinline__ T pa_ldg(const T* p) {
     return __ldg(p);
-}
-__device__ __forceinline__ void pa_prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 #else  // PA_AMD
@@ -198,7 +194,6 @@ template <typename T>
 __device__ __forceinline__ T pa_ldg(const T* p) {
     return *p;
 }
-__device__ __forceinline__ void pa_prefetch_l2(const void*) {}
 #endif  // PA_AMD
 
 #endif  // POLYATTN_PORTABILITY_CUH

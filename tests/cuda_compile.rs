@@ -168,22 +168,6 @@ fn run_time_variants_select_their_entry_points() {
         let defines = cuda::linear_weight_options(dtype).expect("a 16-bit weight type");
         check(&cuda::MODEL_LINEAR, defines, cuda::MODEL_LINEAR.functions);
     }
-    // Every CTA shape of the MLA tensor-core decode (row groups × warps per group), each
-    // built alone as the backend builds it.
-    for row_groups in [1, 2, 4] {
-        for group_warps in [2, 4] {
-            let form = cuda::MlaDecodeForm::TensorCores(cuda::MlaDecodeShape {
-                row_groups,
-                group_warps,
-            });
-            for (bf16, fp8) in [(true, false), (false, true)] {
-                let variant = form.defines(bf16, fp8);
-                let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
-                let name = form.function_name(bf16, fp8);
-                check(&cuda::MLA_DECODE_MMA, &defines, &[name.as_str()]);
-            }
-        }
-    }
     // The HIP family's matrix-core prefill in the form the CUDA backend runs it (WMMA layout,
     // product emulated by shuffles: `POLYATTN_CUDA_MMA=amd-wmma`).
     let variant = cuda::matrix_variant(cuda::MatrixCores::Wmma);

@@ -29,10 +29,10 @@ use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    gemv_entry, gemv_split, linear_weight_options, ArgmaxParams, CudaTuning, EltwiseParams,
-    GatherParams, LinearEpilogue, LinearParams, RmsNormParams, RopeParams, RopeSplitParams,
-    SampleParams, SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE,
-    MODEL_LINEAR, MODEL_OPS, MODEL_THREADS,
+    gemv_entry, gemv_split, linear_weight_options, ArgmaxParams, EltwiseParams, GatherParams,
+    LinearEpilogue, LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SampleParams,
+    SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR,
+    MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -209,14 +209,10 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Resu
         let split = gemv_split(units, dev.sm_count() as usize);
         let per_block = if split { 1 } else { GEMV_THREADS as usize / 32 };
         let blocks = units.div_ceil(per_block).min(i32::MAX as usize) as u32;
-        let mut options = options.to_vec();
-        if !CudaTuning::get().gemv_prefetch {
-            options.push("-DLIN_PREFETCH=0");
-        }
         launch_built(
             dev,
             gemv_entry(t, params.norm != 0, split),
-            &options,
+            options,
             (blocks, 1, 1),
             GEMV_THREADS,
             params,

@@ -56,14 +56,9 @@ impl MlaRuntime for CudaDevice {
     }
 
     fn decode_form(&self, rows: usize) -> MlaDecodeForm {
-        let tuning = CudaTuning::get();
-        match tuning.mla_decode {
+        match CudaTuning::get().mla_decode {
             MlaDecodeKernel::TensorCores => {
-                let mut shape = MlaDecodeShape::for_rows(rows);
-                if let Some(w) = tuning.mla_group_warps {
-                    shape.group_warps = w;
-                }
-                MlaDecodeForm::TensorCores(shape)
+                MlaDecodeForm::TensorCores(MlaDecodeShape::for_rows(rows))
             }
             MlaDecodeKernel::Portable => MlaDecodeForm::Portable,
         }

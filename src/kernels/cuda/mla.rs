@@ -220,33 +220,27 @@ const _: () = assert!(std::mem::size_of::<MlaGatherParams>() == 120);
 const _: () = assert!(std::mem::size_of::<MlaPrefillParams>() == 120);
 
 /// The decode kernel's CTA shape: `row_groups` (1, 2 or 4) groups of 16 rows, each on
-/// `group_warps` (2 or 4) warps that share its score dims and value columns.
+/// [`MLA_GROUP_WARPS`] warps that share its score dims and value columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlaDecodeShape {
     /// Groups of 16 rows (1, 2 or 4).
     pub row_groups: usize,
-    /// Warps per group (2 or 4: `MLA_GROUP_WARPS` of `mla_decode_mma.cu`); each owns
-    /// `576 / group_warps` score dims and `512 / group_warps` value columns.
-    pub group_warps: usize,
 }
 
-/// The warps per 16-row group of [`MlaDecodeShape::for_rows`].
+/// Warps per 16-row group of the tensor-core decode (`MLA_GROUP_WARPS` of
+/// `mla_decode_mma.cu`).
 pub const MLA_GROUP_WARPS: usize = 2;
 
 impl MlaDecodeShape {
     /// The smallest shape that holds `rows_per_request` rows (`q_len * heads`) in one CTA,
-    /// else the largest (64 rows, several CTAs per request), on [`MLA_GROUP_WARPS`] warps
-    /// per group.
+    /// else the largest (64 rows, several CTAs per request).
     pub fn for_rows(rows_per_request: usize) -> Self {
         let row_groups = match rows_per_request.div_ceil(16) {
             0 | 1 => 1,
             2 => 2,
             _ => 4,
         };
-        MlaDecodeShape {
-            row_groups,
-            group_warps: MLA_GROUP_WARPS,
-        }
+        MlaDecodeShape { row_groups }
     }
 
     /// Rows per CTA.
@@ -256,7 +250,7 @@ impl MlaDecodeShape {
 
     /// Threads per CTA.
     pub fn threads(self) -> u32 {
-        (32 * self.group_warps * self.row_groups) as u32
+        (32 * MLA_GROUP_WARPS * self.row_groups) as u32
     }
 
     /// Dynamic shared memory: Q, the stages (fp8: raw, then one converted tile), the score
@@ -270,7 +264,7 @@ impl MlaDecodeShape {
             MLA_KEYS * s * 2
         };
         let conv = if fp8 { MLA_KEYS * s * 2 } else { 0 };
-        let exchange = self.group_warps * self.row_groups * 16 * 32 * 4;
+        let exchange = MLA_GROUP_WARPS * self.row_groups * 16 * 32 * 4;
         (q + MLA_STAGES * stage + conv + exchange) as u32
     }
 
@@ -317,7 +311,6 @@ impl MlaDecodeForm {
         match self {
             MlaDecodeForm::TensorCores(shape) => vec![
                 format!("-DMLA_RG={}", shape.row_groups),
-                format!("-DMLA_GROUP_WARPS={}", shape.group_warps),
                 format!("-DMLA_BF16={}", bf16 as i32),
                 format!("-DMLA_KV={}", fp8 as i32),
             ],
@@ -433,15 +426,9 @@ mod tests {
         assert_eq!(MlaDecodeShape::for_rows(33).rows(), 64);
         assert_eq!(MlaDecodeShape::for_rows(128).rows(), 64);
         assert_eq!(MlaDecodeShape::for_rows(128).threads(), 256);
-        let forms = [1, 2, 4].into_iter().flat_map(|row_groups| {
-            [2, 4].map(|group_warps| {
-                MlaDecodeForm::TensorCores(MlaDecodeShape {
-                    row_groups,
-                    group_warps,
-                })
-            })
-        });
-        for form in forms.chain([MlaDecodeForm::Portable]) {
+        let forms =
+            [1, 2, 4].map(|row_groups| MlaDecodeForm::TensorCores(MlaDecodeShape { row_groups }));
+        for form in forms.into_iter().chain([MlaDecodeForm::Portable]) {
             for fp8 in [false, true] {
                 assert!(
                     form.smem_bytes(fp8) as usize <= NVIDIA_SHARED_PER_SM,
@@ -461,7 +448,7 @@ mod tests {
         assert!(MlaDecodeForm::Portable.smem_bytes(true) <= 64 * 1024);
         assert_eq!(MlaDecodeForm::Portable.resident(false, 64 * 1024), 1);
         assert_eq!(
-            MlaDecodeShape::for_rows(64).function_name(true, true),
+            MlaDecodeShape { row_groups: 4 }.function_name(true, true),
             "mla_decode_bf16_e4m3_r4"
         );
         assert!(check_mla_block_size(64).is_ok());

@@ -32,11 +32,6 @@ pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
 pub const MLA_DECODE_ENV: &str = "POLYATTN_CUDA_MLA_DECODE";
 /// Turns dependent launches off (`0`) or on (`1`); see [`CudaTuning::dependent_launch`].
 pub const DEPENDENT_LAUNCH_ENV: &str = "POLYATTN_CUDA_DEPENDENT_LAUNCH";
-/// Turns the GEMV's weight prefetch off (`0`) or on (`1`); see [`CudaTuning::gemv_prefetch`].
-pub const GEMV_PREFETCH_ENV: &str = "POLYATTN_CUDA_GEMV_PREFETCH";
-/// Forces the warps per 16-row group of the MLA tensor-core decode (`2` or `4`); see
-/// [`CudaTuning::mla_group_warps`].
-pub const MLA_WARPS_ENV: &str = "POLYATTN_CUDA_MLA_WARPS";
 
 /// Which kernel runs `CUDA_MLA`'s latent decode ([`CudaTuning::mla_decode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,13 +102,6 @@ pub struct CudaTuning {
     /// most of a small kernel's launch latency in a decode step of many. [`DEPENDENT_LAUNCH_ENV`]:
     /// `0` / `1`; default on.
     pub dependent_launch: bool,
-    /// Launched as a dependent, a GEMV of `model_linear.cu` first asks L2 for its weight
-    /// rows, then waits for the kernel before ([`GEMV_PREFETCH_ENV`]: `0` / `1`; default on).
-    pub gemv_prefetch: bool,
-    /// Warps that share a 16-row group of `mla_decode_mma.cu` (each takes a share of the score
-    /// dims and value columns): 2 or 4; `None` (the default) chooses per launch
-    /// (`MlaDecodeShape::for_rows`). [`MLA_WARPS_ENV`].
-    pub mla_group_warps: Option<usize>,
 }
 
 impl Default for CudaTuning {
@@ -128,8 +116,6 @@ impl Default for CudaTuning {
             mla_prefill_chunk: None,
             mla_decode: MlaDecodeKernel::TensorCores,
             dependent_launch: true,
-            gemv_prefetch: true,
-            mla_group_warps: None,
         }
     }
 }
@@ -172,10 +158,6 @@ impl CudaTuning {
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
             dependent_launch: env.switch(DEPENDENT_LAUNCH_ENV, d.dependent_launch),
-            gemv_prefetch: env.switch(GEMV_PREFETCH_ENV, d.gemv_prefetch),
-            mla_group_warps: env
-                .one_of(MLA_WARPS_ENV, &[2, 4], "chosen per launch")
-                .map(|n| n as usize),
             decode_splits: env.get(
                 DECODE_SPLITS_ENV,
                 &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
@@ -291,8 +273,6 @@ mod tests {
             (MLA_PREFILL_CHUNK_ENV, "64"),
             (MLA_DECODE_ENV, "portable"),
             (DEPENDENT_LAUNCH_ENV, "0"),
-            (GEMV_PREFETCH_ENV, "off"),
-            (MLA_WARPS_ENV, "4"),
         ]);
         assert_eq!(
             t,
@@ -309,8 +289,6 @@ mod tests {
                 mla_prefill_chunk: Some(64),
                 mla_decode: MlaDecodeKernel::Portable,
                 dependent_launch: false,
-                gemv_prefetch: false,
-                mla_group_warps: Some(4),
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
@@ -341,7 +319,6 @@ mod tests {
             (DECODE_SPLITS_ENV, "0"),
             (CUDA_DEVICE_ENV, "-1"),
             (MLA_DECODE_ENV, "fast"),
-            (MLA_WARPS_ENV, "3"),
         ]);
         assert_eq!(t, CudaTuning::default());
         assert_eq!(tuning(&[(DECODE_SPLITS_ENV, "129")]).decode_splits, None);
