@@ -14,8 +14,6 @@
 # (instructions, tensor-pipe activity, active warps, stalls); wgpu-modes: the large WGPU decode rows in a WGPU-only
 # process and after CUDA, traced per repetition; wgpu-unroll: WGPU rows
 # with the unrolled kernels (the default on GPUs) beside POLYATTN_WGPU_UNROLL=0;
-# mla-warps-tests / mla-warps-bench: the MLA decode at 4 warps per row group (tests and
-# sanitizers; M rows beside 2 warps);
 # sanitize-fp8: fp8 caches on the tensor-core decode kernel (memcheck / racecheck of the fp8
 # decode test); fp8-bench: the D rows with an fp8 cache; mma-shapes: every CTA shape of the tensor-core
 # prefill kernel (POLYATTN_CUDA_MMA_ROWS / _WARPS): long_prefill and the P2 rows each;
@@ -47,8 +45,6 @@ SHAPES_P1=P1.d128.b16s1k.nc,P1.d128.b4s4k.nc,P1.d128.b4s4k.c,P1.d128.b1s16k.c
 # P2 rows of the wgpu-f16 phase (f16 activations).
 SHAPES_PH=P2.b1s4k.p16,P2.b1s16k.p16
 SHAPES_D=D1.b1s4k,D1.b8s4k,D1.b64s4k,D1.b16s16k,D4.b1s32k
-# M rows of the mla-warps phase: memory-bound 16 heads and compute-bound 128 heads.
-SHAPES_M=M.h16.b64s8k.q1,M.h16.b128s8k.q1,M.h16.b128s32k.q1,M.h16.b64s8k.q2,M.h128.b64s8k.q1,M.h128.b64s32k.q1,M.h128.b128s8k.q1
 SHAPES_KG=K.t1.h8.hnd,K.t4096.h8.hnd,K.t65536.h8.hnd,G.t1024.h32.d128,G.t65536.h32.d128
 # Warp stall reasons (warps per issue slot) for the ncu phase.
 STALLS=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier \
@@ -268,22 +264,6 @@ for p in "${phases[@]}"; do
       run chunks-mla-bench 200 $B/bin-polyattn bench --backend CUDA_MLA,VULKAN_MLA \
         --shapes M.h16.b128s32k.q1,M.h128.b64s32k.q1 --budget 0.3 \
         --json "$OUT/vulkan-mla-chunks.json" --no-svg ;;
-    mla-warps-tests)
-      # The MLA tensor-core decode at 4 warps per row group (POLYATTN_CUDA_MLA_WARPS=4;
-      # build with --test mla): the MLA test bodies, racecheck and memcheck of the decode.
-      run mla-w4 300 env POLYATTN_CUDA_MLA_WARPS=4 $B/test-mla --nocapture latent_decode
-      run racecheck-mla-w4 300 env POLYATTN_CUDA_MLA_WARPS=4 compute-sanitizer --tool racecheck \
-        --error-exitcode 3 $B/test-mla latent_decode_equals
-      run memcheck-mla-w4 300 env POLYATTN_CUDA_MLA_WARPS=4 compute-sanitizer --tool memcheck \
-        --error-exitcode 3 $B/test-mla latent_decode_equals ;;
-    mla-warps-bench)
-      # The M rows at 2 and 4 warps per row group, twice each, interleaved (--bin polyattn).
-      for rep in 1 2; do
-        for w in 2 4; do
-          run "mla-bench-w$w-$rep" 200 env POLYATTN_CUDA_MLA_WARPS=$w $B/bin-polyattn bench \
-            --backend CUDA_MLA --shapes $SHAPES_M --budget 0.3 --json "$OUT/mla-w$w-$rep.json" --no-svg
-        done
-      done ;;
     torch)
       run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
         --shapes "$SHAPES_P,$SHAPES_P1,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;

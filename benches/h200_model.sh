@@ -9,7 +9,7 @@
 # (.m1/p .m2/p .m3/p), one per call on one warm machine. A path carried by one call is gone in
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
-# identity, attention, tiny, smollm2, speed, weights, prefetch-ab, profile, profile-graphs). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
@@ -65,19 +65,6 @@ for p in "$@"; do
         for n in 1 8; do
           for w in f32 bf16 f16; do
             run "smollm2-$be-$w-$n" 180 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 --max-tokens 128 --roofline --weights $w --json "$OUT/generate-h200-weights.jsonl" "${P[@]:0:$n}"
-          done
-        done
-      done ;;
-    prefetch-ab)
-      # The GEMV's weight prefetch (POLYATTN_CUDA_GEMV_PREFETCH) on and off, graphs, one and
-      # eight prompts, twice each, interleaved, into $OUT/generate-h200-prefetch.jsonl.
-      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
-         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
-      for rep in 1 2; do
-        for n in 1 8; do
-          for pf in 1 0; do
-            run "smollm2-prefetch$pf-$n-$rep" 180 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_GEMV_PREFETCH=$pf $B/example-generate \
-              --model smollm2 --max-tokens 128 --json "$OUT/generate-h200-prefetch$pf.jsonl" "${P[@]:0:$n}"
           done
         done
       done ;;
