@@ -26,12 +26,10 @@
 //     in chunks of 16 positions aligned to 16 (a chunk never crosses a cache block, because
 //     block sizes are multiples of 16): the whole CTA loads K and V of the chunk from the
 //     paged cache (or from dense K/V for encoder attention), dequantised to f32, into shared
-//     memory. Up to head size 2 * PA_WAVE the loads of the next chunk are issued into
-//     registers before the warps work on this one, so their latency overlaps the arithmetic.
+//     memory.
 //  3. Each warp, for each of its rows: the lanes j, j+16, j+32, ... (PA_WAVE / 16 of them)
-//     compute parts of the dot product of the row with key j (lane j & 15; up to head size
-//     4 * PA_WAVE contiguous parts in four interleaved chains of float2s, else strided),
-//     combined by log2(PA_WAVE / 16) shuffles; then s = c*tanh(s/c) (soft cap), then
+//     compute strided parts of the dot product of the row with key j (lane j & 15), combined
+//     by log2(PA_WAVE / 16) shuffles; then s = c*tanh(s/c) (soft cap), then
 //     s -= slope*|pos - j| (ALiBi, FlashAttention's form: slope*(j - pos) under a causal
 //     mask, symmetric when bidirectional), then the mask; the running max m, denominator l and the
 //     per-lane accumulators (lane owns dims lane + PA_WAVE*e) are rescaled by exp(m_old - m_new)
@@ -134,84 +132,43 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
     span_hi = min(span_hi, it.kv_hi);
     const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
 
-    // Piece i of chunk c0 (key c0 + i / D8, dims 8 * (i % D8) ..): K and V dequantised to
-    // f32, zeros for a position outside the span.
-    auto fetch = [&](int c0, int i, float* kv, float* vv) {
-        const int j = i / D8;
-        const int d = (i - j * D8) * 8;
-        const int kp = c0 + j;
+    for (int c0 = span_lo - span_lo % PA_KC; c0 < span_hi; c0 += PA_KC) {
+        __syncthreads();  // previous chunk consumed (and, first time, q_s written)
+        for (int i = tid; i < PA_KC * D8; i += blockDim.x) {
+            const int j = i / D8;
+            const int d = (i - j * D8) * 8;
+            const int kp = c0 + j;
+            float kv[8], vv[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) kv[e] = vv[e] = 0.0f;
-        if (kp < span_lo || kp >= span_hi) return;
-        if (p.dense) {
-            const pa_i64 o = ((pa_i64)(qsl0 + kp) * p.num_kv_heads + it.kv_head) * D + d;
-            pa_load8(p.k_dense, o, p.q_dtype, kv);
-            pa_load8(p.v_dense, o, p.q_dtype, vv);
-        } else {
-            const pa_i64 block = bt[kp / p.block_size];
-            const int off = kp % p.block_size;
-            const pa_i64 ko = pa_cache_offset(block, 0, off, it.kv_head, p.block_size,
-                                              p.num_kv_heads, D, p.layout_hnd);
-            const pa_i64 vo = pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
-                                              p.num_kv_heads, D, p.layout_hnd);
-            pa_load8(p.cache, ko + d, p.cache_dtype, kv);
-            pa_load8(p.cache, vo + d, p.cache_dtype, vv);
+            for (int e = 0; e < 8; ++e) kv[e] = vv[e] = 0.0f;
+            if (kp >= span_lo && kp < span_hi) {
+                if (p.dense) {
+                    const pa_i64 o = ((pa_i64)(qsl0 + kp) * p.num_kv_heads + it.kv_head) * D + d;
+                    pa_load8(p.k_dense, o, p.q_dtype, kv);
+                    pa_load8(p.v_dense, o, p.q_dtype, vv);
+                } else {
+                    const pa_i64 block = bt[kp / p.block_size];
+                    const int off = kp % p.block_size;
+                    const pa_i64 ko = pa_cache_offset(block, 0, off, it.kv_head, p.block_size,
+                                                      p.num_kv_heads, D, p.layout_hnd);
+                    const pa_i64 vo = pa_cache_offset(block, 1, off, it.kv_head, p.block_size,
+                                                      p.num_kv_heads, D, p.layout_hnd);
+                    pa_load8(p.cache, ko + d, p.cache_dtype, kv);
+                    pa_load8(p.cache, vo + d, p.cache_dtype, vv);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        kv[e] *= p.k_scale;
+                        vv[e] *= p.v_scale;
+                    }
+                }
+            }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                kv[e] *= p.k_scale;
-                vv[e] *= p.v_scale;
-            }
-        }
-    };
-    auto stash = [&](int i, const float* kv, const float* vv) {
-        const int j = i / D8;
-        const int d = (i - j * D8) * 8;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            k_s[j * SK + d + e] = kv[e];
-            v_s[j * D + d + e] = vv[e];
-        }
-    };
-    // Head sizes up to 2 * PA_WAVE prefetch: the next chunk's pieces are loaded into
-    // registers while the warps work on this one (NP pieces per thread: PA_KC * D8 pieces,
-    // D8 <= PA_WAVE * DPL / 8, over 4 * PA_WAVE threads). Larger heads load each chunk after
-    // the barrier (their accumulators leave no registers for it: it would spill).
-    constexpr bool PREFETCH = DPL <= 2;
-    constexpr int NP = PREFETCH ? (DPL + 1) / 2 : 1;
-    const int pieces = PA_KC * D8;
-    float kn[NP][8], vn[NP][8];
-    const int c_first = span_lo - span_lo % PA_KC;
-    if (PREFETCH && c_first < span_hi) {
-#pragma unroll
-        for (int n = 0; n < NP; ++n) {
-            const int i = tid + n * PA_ATTN_THREADS;
-            if (i < pieces) fetch(c_first, i, kn[n], vn[n]);
-        }
-    }
-
-    for (int c0 = c_first; c0 < span_hi; c0 += PA_KC) {
-        __syncthreads();  // previous chunk consumed (and, first time, q_s written)
-        if (PREFETCH) {
-#pragma unroll
-            for (int n = 0; n < NP; ++n) {
-                const int i = tid + n * PA_ATTN_THREADS;
-                if (i < pieces) stash(i, kn[n], vn[n]);
-            }
-        } else {
-            for (int i = tid; i < pieces; i += blockDim.x) {
-                float kv[8], vv[8];
-                fetch(c0, i, kv, vv);
-                stash(i, kv, vv);
+                k_s[j * SK + d + e] = kv[e];
+                v_s[j * D + d + e] = vv[e];
             }
         }
         __syncthreads();
-        if (PREFETCH && c0 + PA_KC < span_hi) {
-#pragma unroll
-            for (int n = 0; n < NP; ++n) {
-                const int i = tid + n * PA_ATTN_THREADS;
-                if (i < pieces) fetch(c0 + PA_KC, i, kn[n], vn[n]);
-            }
-        }
 
         // 3. Scores and online softmax, one row at a time per warp.
         const int j = lane & (PA_KC - 1);
@@ -220,38 +177,9 @@ __device__ __forceinline__ void pa_attend(const AttnParams& p) {
 #pragma unroll
         for (int k = 0; k < PA_RPW; ++k) {
             if (lo[k] >= hi[k] || c0 >= hi[k] || c0 + PA_KC <= lo[k]) continue;  // warp-uniform
-            // Lane part of key j sums its share of the dims. Up to head size 4 * PA_WAVE:
-            // dims [part * D / PA_PARTS, ..) in four interleaved chains of float2s (D /
-            // PA_PARTS is a multiple of 2, SK of 2: 8-byte aligned); above, where the
-            // accumulators leave no registers for more, dims part, part + PA_PARTS, ...
-            const float* qrow = q_s + (k * PA_WARPS + warp) * D;
+            const float* qr = q_s + (k * PA_WARPS + warp) * D;
             float s = 0.0f;
-            if (DPL <= 4) {
-                const int dspan = D / PA_PARTS;
-                const float* qr = qrow + part * dspan;
-                const float* kr = k_s + j * SK + part * dspan;
-                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-                int d = 0;
-                for (; d + 4 <= dspan; d += 4) {
-                    const float2 qa = *(const float2*)(qr + d);
-                    const float2 qb = *(const float2*)(qr + d + 2);
-                    const float2 ka = *(const float2*)(kr + d);
-                    const float2 kb = *(const float2*)(kr + d + 2);
-                    s0 = fmaf(qa.x, ka.x, s0);
-                    s1 = fmaf(qa.y, ka.y, s1);
-                    s2 = fmaf(qb.x, kb.x, s2);
-                    s3 = fmaf(qb.y, kb.y, s3);
-                }
-                if (d < dspan) {
-                    const float2 qa = *(const float2*)(qr + d);
-                    const float2 ka = *(const float2*)(kr + d);
-                    s0 = fmaf(qa.x, ka.x, s0);
-                    s1 = fmaf(qa.y, ka.y, s1);
-                }
-                s = (s0 + s1) + (s2 + s3);
-            } else {
-                for (int d = part; d < D; d += PA_PARTS) s += qrow[d] * k_s[j * SK + d];
-            }
+            for (int d = part; d < D; d += PA_PARTS) s += qr[d] * k_s[j * SK + d];
 #pragma unroll
             for (int o = PA_KC; o < PA_WAVE; o <<= 1) s += pa_shfl_xor(s, o);
             if (p.soft_cap > 0.0f) s = p.soft_cap * tanhf(s / p.soft_cap);

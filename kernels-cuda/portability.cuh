@@ -129,9 +129,6 @@ struct __attribute__((aligned(8))) uint2 {
 struct __attribute__((aligned(8))) int2 {
     int x, y;
 };
-struct __attribute__((aligned(8))) float2 {
-    float x, y;
-};
 struct __attribute__((aligned(16))) float4 {
     float x, y, z, w;
 };
