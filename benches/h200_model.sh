@@ -71,8 +71,7 @@ for p in "$@"; do
     decode-cores)
       # The CUDA-core decode kernel (paged_decode_cores.cu; build with --test cuda_gpu
       # --test attention_correctness --example generate and the example's test harness):
-      # its test and sanitizers before the Vulkan loader is unpacked (CUDA alone under the
-      # sanitizer), the shared attention bodies, one launch of each kernel under ncu for the
+      # its test (CUDA only) under memcheck and racecheck, the shared attention bodies, one launch of each kernel under ncu for the
       # same batches (POLYATTN_CUDA_DECODE=1: the new kernel; 0: paged_attention.cu), then
       # SmolLM2 with it on and off, one and eight prompts, twice, interleaved
       # ($OUT/generate-h200-decode{1,0}.jsonl), and the greedy-token identity.
