@@ -32,7 +32,7 @@
 // Layouts: q and out [T][num_heads][64] f32; cache (num_blocks, 2, block_size,
 // num_kv_heads, 64) NHD or HND, f32; lse [num_heads][num_tokens]; part_out
 // [num_splits][n_part_tokens][num_heads][64], part_lse [num_splits][n_part_tokens][num_heads].
-// Shared memory (dynamic, paged_decode_cores_smem_bytes in src/kernels/cuda/attn_pass.rs):
+// Shared memory (dynamic, decode_cores_smem_bytes in src/kernels/cuda/shapes.rs):
 // Q [PDC_H][64], then per warp a value tile [32][68] (rows start 4 banks apart: the lanes'
 // float4 stores of one column land in distinct banks), reused by step 4 for the warps'
 // (m, l, O).

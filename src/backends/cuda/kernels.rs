@@ -252,6 +252,10 @@ pub(crate) fn launch_decode_cores(
     let Some(mut params) = plan.item_params(base) else {
         return Ok(());
     };
+    // The kernel reads none of these (the band that launches it excludes them).
+    debug_assert!(plan.work.items.iter().all(|it| it.q_len == 1));
+    debug_assert!(base.dense == 0 && base.alibi == 0 && base.use_sinks == 0);
+    debug_assert!(base.soft_cap == 0.0);
     set_partials(&mut params, p, plan, md)?;
     let most = plan
         .work
