@@ -9,7 +9,7 @@
 # (.m1/p .m2/p .m3/p), one per call on one warm machine. A path carried by one call is gone in
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
-# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, decode-cores). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
@@ -68,6 +68,36 @@ for p in "$@"; do
           done
         done
       done ;;
+    decode-cores)
+      # The CUDA-core decode kernel (paged_decode_cores.cu; build with --test cuda_gpu
+      # --test attention_correctness --example generate and the example's test harness):
+      # its test (CUDA only) under memcheck and racecheck, the shared attention bodies, one launch of each kernel under ncu for the
+      # same batches (POLYATTN_CUDA_DECODE=1: the new kernel; 0: paged_attention.cu), then
+      # SmolLM2 with it on and off, one and eight prompts, twice, interleaved
+      # ($OUT/generate-h200-decode{1,0}.jsonl), and the greedy-token identity.
+      run decode-cores 120 $B/test-cuda_gpu --nocapture decode_cores
+      run memcheck-decode-cores 120 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-cuda_gpu decode_cores
+      run racecheck-decode-cores 200 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-cuda_gpu decode_cores
+      run attention 200 $B/test-attention_correctness
+      for dec in 1 0; do
+        say "ncu decode $dec"
+        POLYATTN_CUDA_DECODE=$dec timeout 120 ncu --clock-control none \
+          --kernel-name regex:'paged_decode_cores|paged_attention_dpl2|combine_splits' \
+          --metrics gpu__time_duration.sum --csv --print-units base $B/test-cuda_gpu decode_cores \
+          >"$OUT/ncu-decode$dec.csv" 2>&1
+        echo "-- rc=$?"
+      done
+      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for rep in 1 2; do
+        for n in 1 8; do
+          for dec in 1 0; do
+            run "smollm2-decode$dec-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_DECODE=$dec $B/example-generate \
+              --model smollm2 --max-tokens 128 --roofline --json "$OUT/generate-h200-decode$dec.jsonl" "${P[@]:0:$n}"
+          done
+        done
+      done
+      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris ;;
     profile-graphs)
       # Every kernel of replayed decode steps (ncu profiles each graph node), 1 and 8 prompts,
       # 48 tokens: $OUT/ncu-graphs-{1,8}.csv for benches/ncu_steps.py; then the 8-token GEMV

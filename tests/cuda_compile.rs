@@ -163,6 +163,15 @@ fn run_time_variants_select_their_entry_points() {
             }
         }
     }
+    // The CUDA-core decode kernel, each head-slot variant built alone.
+    for n in cuda::DECODE_CORES_HEADS {
+        let (_, define, name) = cuda::decode_cores_variant(n).expect("a variant");
+        check(
+            &cuda::PAGED_DECODE_CORES,
+            &[define.as_str()],
+            &[name.as_str()],
+        );
+    }
     // The linear layers with f16 and bf16 weights (every entry point, widened loads).
     for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
         let defines = cuda::linear_weight_options(dtype).expect("a 16-bit weight type");

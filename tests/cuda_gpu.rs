@@ -181,6 +181,42 @@ fn split_kv_decode_matches_reference() {
     }
 }
 
+/// The CUDA-core decode kernel (`paged_decode_cores.cu`: f32 activations and cache, head size
+/// 64): every head-slot variant, full and partly used (GQA groups of 3, 5, 8, 12 and 16
+/// heads, MQA with 32 in two items of 16), contexts long enough for the planner to split
+/// them, with and without a sliding window (1000 keys: still split, from an unaligned
+/// start), both cache layouts; the batch generator fills the slots no request may read with
+/// NaN. With `POLYATTN_CUDA_DECODE=0` the same cases run on `paged_attention.cu`.
+#[test]
+fn decode_cores_matches_reference() {
+    let Some(b) = cuda("decode_cores") else {
+        return;
+    };
+    if std::env::var("POLYATTN_CUDA_DECODE").is_ok_and(|v| v.trim() == "0") {
+        report!("[decode_cores] POLYATTN_CUDA_DECODE=0: these cases run on paged_attention.cu");
+    }
+    let spec = BatchSpec::new(&[(1, 3000), (1, 700), (1, 33), (1, 1)]);
+    let mut seed = 500;
+    for (h, hkv) in [(9, 3), (15, 3), (16, 2), (24, 2), (32, 2), (32, 1)] {
+        for window in [None, Some(1000)] {
+            for other_layout in [false, true] {
+                let mut p = params(h, hkv, 64, CacheDType::Auto);
+                p.sliding_window = window;
+                let case = CaseConfig::new(p, DType::F32, 16);
+                seed += 1;
+                check_layout(
+                    &b,
+                    &format!("f32 decode {h}/{hkv} heads, window {window:?}, other layout {other_layout}"),
+                    &case,
+                    &spec,
+                    seed,
+                    other_layout,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn long_prefill_matches_reference() {
     let Some(b) = cuda("long_prefill") else {

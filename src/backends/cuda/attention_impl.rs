@@ -3,8 +3,9 @@
 //! `combine_splits` for the CUDA-core kernel's split tokens (the tensor-core decode kernel
 //! merges its own splits) and `merge_attn_states` for cascade. A full pass over the cache
 //! goes by query length ([`CudaKernel`]): decodes to the tensor-core decode kernel when the
-//! layer allows it (`paged_decode.cu`), long queries to the tensor-core prefill kernel, the
-//! rest to the CUDA-core kernel. Nothing waits for the GPU; the caller synchronises (a
+//! layer allows it (`paged_decode.cu`; f32 layers to the CUDA-core decode kernel,
+//! `paged_decode_cores.cu`), long queries to the tensor-core prefill kernel, the rest to the
+//! CUDA-core kernel. Nothing waits for the GPU; the caller synchronises (a
 //! download does).
 
 use std::sync::OnceLock;
@@ -26,8 +27,8 @@ use super::metadata_builder::CudaAttentionMetadata;
 use super::tuning::{CudaTuning, MmaKernel};
 use crate::kernels::cuda::{
     attention_function_name, decode_function_name, decode_smem_bytes, decode_variant,
-    matrix_function_name, mma_function_name, AttnParams, DECODE_ROWS_PER_ITEM, DECODE_THREADS,
-    MATRIX_ROWS, NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
+    matrix_function_name, mma_function_name, AttnParams, DECODE_CORES_HEAD_SIZE,
+    DECODE_ROWS_PER_ITEM, DECODE_THREADS, MATRIX_ROWS, NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
 };
 use crate::plan::{Pass, SplitRule};
 
@@ -101,6 +102,20 @@ impl CudaAttentionImpl {
         decode_function_name(dtype, cache_dtype, self.params.head_size)
     }
 
+    /// Whether single-token decodes of this layer run on the CUDA-core decode kernel
+    /// (`paged_decode_cores.cu`): f32 activations and an f32 cache at head size 64, without
+    /// soft cap, ALiBi or sinks (the kernel has none of them), when decode kernels are on.
+    fn decode_cores_applies(&self, dtype: DType, cache_dtype: DType) -> bool {
+        let p = &self.params;
+        CudaTuning::get().decode
+            && dtype == DType::F32
+            && cache_dtype == DType::F32
+            && p.head_size == DECODE_CORES_HEAD_SIZE
+            && p.alibi_slopes.is_none()
+            && p.logits_soft_cap.is_none_or(|c| c == 0.0)
+            && p.sinks.is_none()
+    }
+
     /// The decode kernel `name` (variant of `dtype`), its shared-memory limit raised and its
     /// shared-memory carve-out preferred, with the number of its CTAs the GPU runs at once.
     fn decode_function(
@@ -139,6 +154,9 @@ impl CudaAttentionImpl {
 pub enum CudaKernel {
     /// The tensor-core decode kernel (`paged_decode.cu`), by function name.
     Decode(&'static str),
+    /// The CUDA-core decode kernel (`paged_decode_cores.cu`), split-KV with the CUDA-core
+    /// kernel's combine.
+    DecodeCores,
     /// The CUDA-core kernel (`paged_attention.cu`), split-KV with its combine.
     CudaCores,
     /// The tensor-core prefill kernel (`paged_attention_mma.cu`), by function name.
@@ -288,6 +306,10 @@ impl ForwardKernels for CudaAttentionImpl {
                 band(0, CudaKernel::Decode(name)),
                 band(2, CudaKernel::CudaCores),
             ]),
+            None if self.decode_cores_applies(io.dtype, cache_dtype) => bands.extend([
+                band(0, CudaKernel::DecodeCores),
+                band(2, CudaKernel::CudaCores),
+            ]),
             None => bands.push(band(0, CudaKernel::CudaCores)),
         }
         if let Some(kernel) = self.mma_kernel(io.dtype, cache_dtype) {
@@ -357,6 +379,13 @@ impl ForwardKernels for CudaAttentionImpl {
                     &f,
                     cache_dtype,
                 )
+            }
+            CudaKernel::DecodeCores => {
+                let split = SplitRule::TwoPerSm {
+                    sm_count: self.device.sm_count() as usize,
+                };
+                let plan = md.plan(&job.plan_key(&self.params, false, ROWS_PER_ITEM, split))?;
+                kernels::launch_decode_cores(&self.device, &self.params, &plan, &base, md)
             }
             CudaKernel::CudaCores => {
                 // Split-KV only for a full pass over the cache (the cascade passes and dense

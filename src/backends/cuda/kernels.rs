@@ -13,10 +13,11 @@ use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    attention_function_name, attention_smem_bytes, attention_variant, decode_smem_bytes,
-    matrix_smem_bytes, matrix_threads, matrix_variant, mma_smem_bytes, mma_variant, AttnParams,
-    MatrixCores, MergeBuffers, MergeShape, MmaShape, ATTN_THREADS, DECODE_THREADS, MERGE_STATES,
-    NVIDIA_WARP, PAGED_ATTENTION, PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, RESHAPE_AND_CACHE,
+    attention_function_name, attention_smem_bytes, attention_variant, decode_cores_smem_bytes,
+    decode_cores_variant, decode_smem_bytes, matrix_smem_bytes, matrix_threads, matrix_variant,
+    mma_smem_bytes, mma_variant, AttnParams, MatrixCores, MergeBuffers, MergeShape, MmaShape,
+    ATTN_THREADS, DECODE_THREADS, MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION,
+    PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, PAGED_DECODE_CORES, RESHAPE_AND_CACHE,
 };
 use crate::kernels::cuda::{merge_launch, ReshapeLaunch};
 
@@ -230,6 +231,56 @@ pub(crate) fn launch_attention(
         let f = function(device, &PAGED_ATTENTION, &[&variant], "combine_splits")?;
         let cfg = LaunchConfig {
             grid_dim: (plan.work.groups.len() as u32, h as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch_dependent(device, &f, cfg, &params, Some(list.device_ptr()))?;
+    }
+    Ok(())
+}
+
+/// Queues the CUDA-core decode kernel (`paged_decode_cores.cu`) over `plan`'s items (every
+/// one a single query token; [`CudaKernel::DecodeCores`](super::attention_impl::CudaKernel)
+/// takes only those), then `combine_splits` for its split tokens.
+pub(crate) fn launch_decode_cores(
+    device: &CudaDevice,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    base: &AttnParams,
+    md: &CudaAttentionMetadata,
+) -> Result<()> {
+    let Some(mut params) = plan.item_params(base) else {
+        return Ok(());
+    };
+    // The kernel reads none of these (the band that launches it excludes them).
+    debug_assert!(plan.work.items.iter().all(|it| it.q_len == 1));
+    debug_assert!(base.dense == 0 && base.alibi == 0 && base.use_sinks == 0);
+    debug_assert!(base.soft_cap == 0.0);
+    set_partials(&mut params, p, plan, md)?;
+    let most = plan
+        .work
+        .items
+        .iter()
+        .map(|it| it.head_count)
+        .max()
+        .unwrap_or(1);
+    let (heads, define, name) = decode_cores_variant(most.max(1) as usize).ok_or_else(|| {
+        Error::config(format!(
+            "the CUDA-core decode kernel holds 16 heads per work item, the plan has {most}"
+        ))
+    })?;
+    let f = function(device, &PAGED_DECODE_CORES, &[&define], &name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: decode_cores_smem_bytes(heads),
+    };
+    launch_dependent(device, &f, cfg, &params, None)?;
+    if let Some(list) = &plan.groups_dev {
+        let variant = attention_variant(p.head_size, NVIDIA_WARP);
+        let f = function(device, &PAGED_ATTENTION, &[&variant], "combine_splits")?;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.work.groups.len() as u32, p.num_heads as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };

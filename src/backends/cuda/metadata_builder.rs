@@ -378,8 +378,9 @@ impl CudaAttentionMetadata {
 ///
 /// Graph capture level: [`GraphCaptureSupport::UniformSingleTokenDecode`]. What is
 /// capturable: a forward (`reshape_and_cache` plus attention, every kernel path: the
-/// tensor-core decode kernel, and the CUDA-core kernel for fp8 caches, f32 and other head
-/// sizes, with sinks, windows, ALiBi and soft caps) over a batch whose requests all have query
+/// tensor-core decode kernel, the CUDA-core decode kernel for f32 at head size 64, and the
+/// general CUDA-core kernel for fp8 caches, other f32 layers and head sizes, with sinks,
+/// windows, ALiBi and soft caps) over a batch whose requests all have query
 /// length 1, with metadata from [`CudaMetadataBuilder::build_graph`] (the trait's
 /// `build_for_graph_capture`), after one eager forward of every layer with metadata of that
 /// batch shape (it plans, uploads and compiles). Not capturable: prefills and mixed batches

@@ -32,6 +32,29 @@ pub fn attention_smem_bytes(head_size: usize) -> u32 {
     ((ROWS_PER_ITEM * d + KEYS_PER_CHUNK * (d + 2) + KEYS_PER_CHUNK * d) * 4) as u32
 }
 
+/// Head size of the CUDA-core decode kernel (`PDC_D` of `paged_decode_cores.cu`).
+pub const DECODE_CORES_HEAD_SIZE: usize = 64;
+
+/// The head slots of the CUDA-core decode kernel's variants (`PDC_H`), fewest first.
+pub const DECODE_CORES_HEADS: [usize; 3] = [4, 8, 16];
+
+/// The CUDA-core decode variant (head slots, `-D` option, entry point) for work items of at
+/// most `head_count` heads: the fewest slots that hold them; `None` past 16.
+pub fn decode_cores_variant(head_count: usize) -> Option<(usize, String, String)> {
+    let h = DECODE_CORES_HEADS.into_iter().find(|&h| head_count <= h)?;
+    Some((
+        h,
+        format!("-DPDC_ONLY_H={h}"),
+        format!("paged_decode_cores_h{h}"),
+    ))
+}
+
+/// Dynamic shared memory of the CUDA-core decode kernel with `heads` head slots: the query
+/// rows, then a `[32][68]` f32 value tile per warp.
+pub fn decode_cores_smem_bytes(heads: usize) -> u32 {
+    ((heads * DECODE_CORES_HEAD_SIZE + ATTN_WARPS * 32 * (DECODE_CORES_HEAD_SIZE + 4)) * 4) as u32
+}
+
 /// The CTA shape of the tensor-core prefill kernel: query rows per CTA (and per work item)
 /// and warps per CTA. Every warp owns `rows / (16 warps)` m16 tiles (1 or 2) and every warp
 /// reads each K/V tile of the CTA, so more rows per CTA means less K/V traffic per FLOP, and
@@ -133,5 +156,27 @@ mod tests {
             decode_smem_bytes(128, DType::Fp8E4m3),
             16 * 136 * 2 + 4 * (3 * 2 * 16 * 144 + 2 * 16 * 136 * 2)
         );
+        // CUDA-core decode: Q [16][64] + 4 warps x [32][68] f32, inside the 48 KiB a kernel
+        // gets without opting in.
+        assert_eq!(decode_cores_smem_bytes(16), (16 * 64 + 4 * 32 * 68) * 4);
+        assert!(decode_cores_smem_bytes(16) <= 48 * 1024);
+    }
+
+    #[test]
+    fn decode_cores_variants() {
+        let v = |n| decode_cores_variant(n).map(|(h, _, name)| (h, name));
+        assert_eq!(v(1), Some((4, "paged_decode_cores_h4".to_string())));
+        assert_eq!(v(3), Some((4, "paged_decode_cores_h4".to_string())));
+        assert_eq!(v(5), Some((8, "paged_decode_cores_h8".to_string())));
+        assert_eq!(v(16), Some((16, "paged_decode_cores_h16".to_string())));
+        assert_eq!(v(17), None);
+        // Every variant is an entry point of its source.
+        for n in DECODE_CORES_HEADS {
+            let (_, define, name) = decode_cores_variant(n).unwrap();
+            assert!(super::super::PAGED_DECODE_CORES
+                .functions
+                .contains(&name.as_str()));
+            assert_eq!(define, format!("-DPDC_ONLY_H={n}"));
+        }
     }
 }

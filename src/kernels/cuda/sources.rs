@@ -34,6 +34,17 @@ pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
     functions: &["reshape_and_cache"],
 };
 
+/// `paged_decode_cores.cu`.
+pub const PAGED_DECODE_CORES: KernelSource = KernelSource {
+    name: "paged_decode_cores",
+    source: include_str!("../../../kernels-cuda/paged_decode_cores.cu"),
+    functions: &[
+        "paged_decode_cores_h4",
+        "paged_decode_cores_h8",
+        "paged_decode_cores_h16",
+    ],
+};
+
 /// `paged_attention.cu`.
 pub const PAGED_ATTENTION: KernelSource = KernelSource {
     name: "paged_attention",
@@ -220,11 +231,12 @@ pub const MLA_PREFILL: KernelSource = KernelSource {
 };
 
 /// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
-pub const ALL_SOURCES: [KernelSource; 12] = [
+pub const ALL_SOURCES: [KernelSource; 13] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
     PAGED_DECODE,
+    PAGED_DECODE_CORES,
     MERGE_STATES,
     PROBES,
     MODEL_OPS,
@@ -236,9 +248,9 @@ pub const ALL_SOURCES: [KernelSource; 12] = [
 ];
 
 /// The sources that compile for AMD as well (`PA_AMD`): no inline PTX, lane math in
-/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `mla_decode_mma`,
-/// `model_ops`, `probes`) use NVIDIA's tensor-core, `cp.async` or warp-synchronous
-/// instructions.
+/// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `paged_decode_cores`,
+/// `mla_decode_mma`, `model_ops`, `probes`) use NVIDIA's tensor-core, `cp.async` or
+/// warp-synchronous instructions.
 pub const PORTABLE_SOURCES: [KernelSource; 7] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,

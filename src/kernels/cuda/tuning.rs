@@ -20,7 +20,7 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 /// Forces the keys per online-softmax step of the tensor-core prefill kernel; see
 /// [`CudaTuning::mma_subk`].
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
-/// Turns the tensor-core decode kernel off (`0`) or on (`1`); see [`CudaTuning::decode`].
+/// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
 /// Forces the split count of every decode token; see [`CudaTuning::decode_splits`].
 pub const DECODE_SPLITS_ENV: &str = "POLYATTN_CUDA_DECODE_SPLITS";
@@ -76,10 +76,12 @@ pub struct CudaTuning {
     /// 32 or 64. `None` (the default): 64, except 32 in the soft cap / ALiBi build with two
     /// m16 tiles per warp, where 64 keys spill registers. [`MMA_SUBK_ENV`].
     pub mma_subk: Option<u32>,
-    /// Run single-token decodes (f16 / bf16 activations with a same-dtype or fp8 cache,
-    /// head size 64 / 96 / 128, sm_80+) on the tensor-core split-KV decode kernel
-    /// (`paged_decode.cu`); off, they run on the CUDA-core split-KV kernel. [`DECODE_ENV`]:
-    /// `0` / `1`; default on.
+    /// Run single-token decodes on the decode kernels: f16 / bf16 activations with a
+    /// same-dtype or fp8 cache, head size 64 / 96 / 128, sm_80+, on the tensor-core split-KV
+    /// decode kernel (`paged_decode.cu`); f32 activations and cache at head size 64 without
+    /// soft cap, ALiBi or sinks on the CUDA-core decode kernel (`paged_decode_cores.cu`).
+    /// Off, they run on the general CUDA-core split-KV kernel. [`DECODE_ENV`]: `0` / `1`;
+    /// default on.
     pub decode: bool,
     /// Splits asked of every splittable decode token on the decode kernel (1 to
     /// [`DECODE_MAX_SPLITS`], still capped by the fewest keys per split); `None` (the
