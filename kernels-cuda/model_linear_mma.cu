@@ -20,8 +20,8 @@
 // each) and feeds them to four k8 steps s = 0..3, step s taking features 8t + 2s (logical k t)
 // and 8t + 2s + 1 (logical k t + 4): a permutation of the block's features applied alike to
 // the A (weights, row-major m16 x k8) and B (inputs, k8 x n8 with n = token) fragments, which
-// a dot product does not see. Tokens past T (and the second n8 tile past T when T <= 8)
-// recompute the last token and are not written.
+// a dot product does not see. Token columns past T recompute the last token and are not
+// written.
 //
 // Norm (RMSNorm of the input rows): the B values are x · g (the norm weight); each lane also
 // sums x² of its token's features, and the CTA adds the lanes and warps of each token in a
@@ -29,7 +29,11 @@
 //
 // Layout: as model_linear.cu (x [T][K], W [N][K], 16-byte aligned, vec4), and K a multiple
 // of 32 (host check). Shared memory (static): the warps' accumulators [MMA_WARPS][NT][32][4]
-// and sums of squares [MMA_WARPS][16][4].
+// and sums of squares [MMA_WARPS][16].
+//
+// The two small-term products accumulate apart from the big one (acc_lo) and join it at the
+// end: a tensor core's f32 accumulation may truncate, and a separate small sum keeps that
+// bias off the hundreds of small additions.
 //
 // Bounds relied on (host side, src/compute/cuda.rs): 2 <= T <= 16, K % 32 == 0, vec4, the
 // sizes as model_linear.cu's; grid.x = ceil(units / 8); pairs past the last unit load the
@@ -64,8 +68,8 @@ __device__ __forceinline__ void mma_split(float v, pa_u32* big, pa_u32* small) {
 // NT n8 tiles of tokens (1: T <= 8, 2: T <= 16).
 template <int NT, bool NORM>
 __device__ __forceinline__ void linear_mma(const LinearParams& p) {
-    __shared__ float acc_s[MMA_WARPS][NT][32][4];
-    __shared__ float ss_s[MMA_WARPS][16][4];
+    __shared__ __attribute__((aligned(16))) float acc_s[MMA_WARPS][NT][32][4];
+    __shared__ float ss_s[MMA_WARPS][16];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
@@ -81,10 +85,12 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
     for (int n = 0; n < NT; ++n) xrow[n] = p.x + (pa_i64)min(8 * n + g, p.t - 1) * p.k;
 
     float acc[NT][4];
+    float acc_lo[NT][4];
     float ss[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        acc_lo[n][0] = acc_lo[n][1] = acc_lo[n][2] = acc_lo[n][3] = 0.0f;
         ss[n] = 0.0f;
     }
     const int blocks = p.k / 32;
@@ -130,9 +136,8 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
                 pa_u32 b0, b0s, b1, b1s;
                 mma_split(xv[n][2 * s], &b0, &b0s);
                 mma_split(xv[n][2 * s + 1], &b1, &b1s);
-                // Small terms first.
-                if (LIN_W == 0) mma_m16n8k8(acc[n], as, b0, b1);
-                mma_m16n8k8(acc[n], ab, b0s, b1s);
+                if (LIN_W == 0) mma_m16n8k8(acc_lo[n], as, b0, b1);
+                mma_m16n8k8(acc_lo[n], ab, b0s, b1s);
                 mma_m16n8k8(acc[n], ab, b0, b1);
             }
         }
@@ -141,8 +146,9 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
     // The warps' accumulators and sums of squares, added in warp order.
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[warp][n][lane][e] = acc[n][e];
+        *(float4*)acc_s[warp][n][lane] =
+            make_float4(acc[n][0] + acc_lo[n][0], acc[n][1] + acc_lo[n][1],
+                        acc[n][2] + acc_lo[n][2], acc[n][3] + acc_lo[n][3]);
     }
     if (NORM) {
 #pragma unroll
@@ -151,7 +157,7 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
             float v = ss[n];
             v += pa_shfl_xor(v, 1);
             v += pa_shfl_xor(v, 2);
-            if (t == 0) ss_s[warp][8 * n + g][0] = v;
+            if (t == 0) ss_s[warp][8 * n + g] = v;
         }
     }
     __syncthreads();
@@ -180,9 +186,9 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
             float a0 = tot[n][c];
             float a1 = tot[n][2 + c];
             if (NORM) {
-                float sq = ss_s[0][tok][0];
+                float sq = ss_s[0][tok];
 #pragma unroll
-                for (int w = 1; w < MMA_WARPS; ++w) sq += ss_s[w][tok][0];
+                for (int w = 1; w < MMA_WARPS; ++w) sq += ss_s[w][tok];
                 const float inv = 1.0f / sqrtf(sq / (float)p.k + p.eps);
                 a0 *= inv;
                 a1 *= inv;

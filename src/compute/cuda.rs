@@ -209,7 +209,9 @@ pub(super) fn rms_norm(
     )
 }
 
-/// Launches `model_linear.cu`, built for weights of `weight` type, for `params`: a GEMV up to
+/// Launches `model_linear.cu` or `model_linear_mma.cu`, built for weights of `weight` type,
+/// for `params`: the tensor-core form for 2 to 16 tokens where it applies (K a multiple of
+/// 32, aligned operands, sm_80+, [`CudaTuning::gemv_mma`]), else a GEMV up to
 /// [`GEMV_MAX_TOKENS`] tokens (a warp per pair of weight rows), the tiled kernel above (64
 /// rows, or 32 pairs, per tile column).
 fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Result<()> {
@@ -274,7 +276,8 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Resu
     }
 }
 
-/// [`super::linear_fused`]: one launch of `model_linear.cu` with the norm and output step.
+/// [`super::linear_fused`]: one launch of `model_linear.cu` (or `model_linear_mma.cu`) with
+/// the norm and output step.
 pub(super) fn linear_fused(
     dev: &CudaDevice,
     a: &FusedLinear<'_>,
