@@ -9,7 +9,8 @@
 # (.m1/p .m2/p .m3/p), one per call on one warm machine. A path carried by one call is gone in
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
-# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, decode-cores). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, decode-cores,
+# gemv-mma). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
@@ -94,6 +95,26 @@ for p in "$@"; do
           for dec in 1 0; do
             run "smollm2-decode$dec-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_DECODE=$dec $B/example-generate \
               --model smollm2 --max-tokens 128 --roofline --json "$OUT/generate-h200-decode$dec.jsonl" "${P[@]:0:$n}"
+          done
+        done
+      done
+      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris ;;
+    gemv-mma)
+      # The tensor-core linear layers of 2 to 16 tokens (model_linear_mma.cu; build with
+      # --test compute --example generate and the example's test harness): the linear bodies
+      # under memcheck and racecheck, then SmolLM2 with them on and off
+      # (POLYATTN_CUDA_GEMV_MMA), eight and one prompts, twice, interleaved
+      # ($OUT/generate-h200-gemv-mma{1,0}.jsonl), and the greedy-token identity.
+      run compute-linear 200 $B/test-compute --nocapture linear
+      run memcheck-linear-mma 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
+      run racecheck-linear-mma 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_fused
+      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for rep in 1 2; do
+        for n in 8 1; do
+          for mma in 1 0; do
+            run "smollm2-gemv-mma$mma-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_GEMV_MMA=$mma $B/example-generate \
+              --model smollm2 --max-tokens 128 --roofline --json "$OUT/generate-h200-gemv-mma$mma.jsonl" "${P[@]:0:$n}"
           done
         done
       done

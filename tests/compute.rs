@@ -30,10 +30,14 @@ fn check(what: &str, got: &Tensor, want: &[f64]) -> Outcome {
 /// T = 16 and T = 17 sit either side of the GPU kernels' GEMV / tiled switch, 4 / 5 and 8 / 9
 /// either side of the GEMV's accumulator widths, with K a multiple of 4 (vector loads) and
 /// not; N = 600 000 at T = 1 needs 75 000 GEMV workgroups
-/// of 8 features on wgpu, more than one dispatch dimension holds (65 535).
+/// of 8 features on wgpu, more than one dispatch dimension holds (65 535). On CUDA (sm_80+),
+/// 2 ≤ T ≤ 16 with K a multiple of 32 runs the tensor-core form: K = 32 and 64 leave some of
+/// its warps without features, and T = 6 at K = 100 keeps the vector GEMV covered.
 const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (1, 128, 64),
     (1, 576, 1536),
+    (2, 32, 5),
+    (3, 96, 1),
     (3, 341, 128),
     (4, 576, 100),
     (4, 35, 67),
@@ -41,7 +45,9 @@ const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (5, 35, 67),
     (7, 33, 5),
     (8, 576, 100),
+    (6, 100, 67),
     (9, 35, 67),
+    (12, 64, 67),
     (16, 576, 100),
     (16, 35, 67),
     (17, 128, 1024),

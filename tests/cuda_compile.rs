@@ -176,6 +176,11 @@ fn run_time_variants_select_their_entry_points() {
     for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
         let defines = cuda::linear_weight_options(dtype).expect("a 16-bit weight type");
         check(&cuda::MODEL_LINEAR, defines, cuda::MODEL_LINEAR.functions);
+        check(
+            &cuda::MODEL_LINEAR_MMA,
+            defines,
+            cuda::MODEL_LINEAR_MMA.functions,
+        );
     }
     // The HIP family's matrix-core prefill in the form the CUDA backend runs it (WMMA layout,
     // product emulated by shuffles: `POLYATTN_CUDA_MMA=amd-wmma`).

@@ -27,6 +27,10 @@ pub const PORTABILITY: &str = include_str!("../../../kernels-cuda/portability.cu
 /// the two decode forms.
 pub const MLA_PARAMS: &str = include_str!("../../../kernels-cuda/mla_params.cuh");
 
+/// `linear_params.cuh`: the linear layers' parameter block and shared helpers, pasted in
+/// place of `#include "linear_params.cuh"`.
+pub const LINEAR_PARAMS: &str = include_str!("../../../kernels-cuda/linear_params.cuh");
+
 /// `reshape_and_cache.cu`.
 pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
     name: "reshape_and_cache",
@@ -179,6 +183,19 @@ pub const MODEL_LINEAR: KernelSource = KernelSource {
     ],
 };
 
+/// `model_linear_mma.cu`: the linear layers for 2 to 16 tokens on tensor cores, in f32
+/// accuracy (3xTF32; NVIDIA sm_80+).
+pub const MODEL_LINEAR_MMA: KernelSource = KernelSource {
+    name: "model_linear_mma",
+    source: include_str!("../../../kernels-cuda/model_linear_mma.cu"),
+    functions: &[
+        "model_linear_mma8",
+        "model_linear_mma16",
+        "model_linear_mma8_norm",
+        "model_linear_mma16_norm",
+    ],
+};
+
 /// `mla_decode.cu`: MLA's latent-space decode on the vector ALUs, for every compiler of the
 /// family (f16 / bf16 with a same-dtype or E4M3 cache; 16 rows per CTA), and the split
 /// combine both decode forms use.
@@ -231,7 +248,7 @@ pub const MLA_PREFILL: KernelSource = KernelSource {
 };
 
 /// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
-pub const ALL_SOURCES: [KernelSource; 13] = [
+pub const ALL_SOURCES: [KernelSource; 14] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
@@ -241,6 +258,7 @@ pub const ALL_SOURCES: [KernelSource; 13] = [
     PROBES,
     MODEL_OPS,
     MODEL_LINEAR,
+    MODEL_LINEAR_MMA,
     MLA_DECODE,
     MLA_DECODE_MMA,
     MLA_CACHE,
@@ -249,8 +267,8 @@ pub const ALL_SOURCES: [KernelSource; 13] = [
 
 /// The sources that compile for AMD as well (`PA_AMD`): no inline PTX, lane math in
 /// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `paged_decode_cores`,
-/// `mla_decode_mma`, `model_ops`, `probes`) use NVIDIA's tensor-core, `cp.async` or
-/// warp-synchronous instructions.
+/// `mla_decode_mma`, `model_ops`, `model_linear_mma`, `probes`) use NVIDIA's tensor-core,
+/// `cp.async` or warp-synchronous instructions.
 pub const PORTABLE_SOURCES: [KernelSource; 7] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
@@ -268,6 +286,7 @@ pub fn full_source(k: &KernelSource) -> String {
     k.source
         .replace("#include \"common.cuh\"", &common)
         .replace("#include \"mla_params.cuh\"", MLA_PARAMS)
+        .replace("#include \"linear_params.cuh\"", LINEAR_PARAMS)
 }
 
 #[cfg(test)]

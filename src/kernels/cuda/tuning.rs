@@ -32,6 +32,9 @@ pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
 pub const MLA_DECODE_ENV: &str = "POLYATTN_CUDA_MLA_DECODE";
 /// Turns dependent launches off (`0`) or on (`1`); see [`CudaTuning::dependent_launch`].
 pub const DEPENDENT_LAUNCH_ENV: &str = "POLYATTN_CUDA_DEPENDENT_LAUNCH";
+/// Turns the tensor-core linear layers of 2 to 16 tokens off (`0`) or on (`1`); see
+/// [`CudaTuning::gemv_mma`].
+pub const GEMV_MMA_ENV: &str = "POLYATTN_CUDA_GEMV_MMA";
 
 /// Which kernel runs `CUDA_MLA`'s latent decode ([`CudaTuning::mla_decode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +107,10 @@ pub struct CudaTuning {
     /// most of a small kernel's launch latency in a decode step of many. [`DEPENDENT_LAUNCH_ENV`]:
     /// `0` / `1`; default on.
     pub dependent_launch: bool,
+    /// Run the linear layers of 2 to 16 tokens (K a multiple of 32, vector-aligned operands,
+    /// sm_80+) on `model_linear_mma.cu`'s tensor-core form (3xTF32, f32 accuracy) instead of
+    /// `model_linear.cu`'s GEMV. [`GEMV_MMA_ENV`]: `0` / `1`; default on.
+    pub gemv_mma: bool,
 }
 
 impl Default for CudaTuning {
@@ -118,6 +125,7 @@ impl Default for CudaTuning {
             mla_prefill_chunk: None,
             mla_decode: MlaDecodeKernel::TensorCores,
             dependent_launch: true,
+            gemv_mma: true,
         }
     }
 }
@@ -160,6 +168,7 @@ impl CudaTuning {
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
             dependent_launch: env.switch(DEPENDENT_LAUNCH_ENV, d.dependent_launch),
+            gemv_mma: env.switch(GEMV_MMA_ENV, d.gemv_mma),
             decode_splits: env.get(
                 DECODE_SPLITS_ENV,
                 &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
@@ -275,6 +284,7 @@ mod tests {
             (MLA_PREFILL_CHUNK_ENV, "64"),
             (MLA_DECODE_ENV, "portable"),
             (DEPENDENT_LAUNCH_ENV, "0"),
+            (GEMV_MMA_ENV, "off"),
         ]);
         assert_eq!(
             t,
@@ -291,6 +301,7 @@ mod tests {
                 mla_prefill_chunk: Some(64),
                 mla_decode: MlaDecodeKernel::Portable,
                 dependent_launch: false,
+                gemv_mma: false,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
