@@ -15,7 +15,8 @@
 // tile's k-blocks of 32 input features w, w + MMA_WARPS, ...; the warps' accumulators are
 // added in shared memory in warp order, so a result does not depend on the launch.
 //
-// Per k-block kb (32 features), lane (g = lane / 4, t = lane % 4) loads 8 consecutive
+// Per k-block kb (32 features; the next block's loads issued before this one is multiplied),
+// lane (g = lane / 4, t = lane % 4) loads 8 consecutive
 // features 8t .. 8t + 7 of weight rows r0(g) and r1(g) and of token g's input row (two float4s
 // each) and feeds them to four k8 steps s = 0..3, step s taking features 8t + 2s (logical k t)
 // and 8t + 2s + 1 (logical k t + 4): a permutation of the block's features applied alike to
@@ -93,32 +94,49 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
         acc_lo[n][0] = acc_lo[n][1] = acc_lo[n][2] = acc_lo[n][3] = 0.0f;
         ss[n] = 0.0f;
     }
-    const int blocks = p.k / 32;
-    for (int kb = warp; kb < blocks; kb += MMA_WARPS) {
-        const int f = kb * 32 + 8 * t;  // this lane's first feature of the block
-        const float4 wa0 = lin_w4(p, (pa_i64)r0 * p.k + f);
-        const float4 wa1 = lin_w4(p, (pa_i64)r0 * p.k + f + 4);
-        const float4 wb0 = lin_w4(p, (pa_i64)r1 * p.k + f);
-        const float4 wb1 = lin_w4(p, (pa_i64)r1 * p.k + f + 4);
-        const float wr0[8] = {wa0.x, wa0.y, wa0.z, wa0.w, wa1.x, wa1.y, wa1.z, wa1.w};
-        const float wr1[8] = {wb0.x, wb0.y, wb0.z, wb0.w, wb1.x, wb1.y, wb1.z, wb1.w};
-        float4 g0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        float4 g1 = g0;
+    // One k-block's operands as this lane loads them: weights of rows r0 and r1, the norm
+    // weight, the token rows (features f .. f + 7, f = 32 kb + 8t).
+    struct Block {
+        float4 w[4];
+        float4 g[2];
+        float4 x[NT][2];
+    };
+    auto load = [&](int kb, Block& b) {
+        const int f = kb * 32 + 8 * t;
+        b.w[0] = lin_w4(p, (pa_i64)r0 * p.k + f);
+        b.w[1] = lin_w4(p, (pa_i64)r0 * p.k + f + 4);
+        b.w[2] = lin_w4(p, (pa_i64)r1 * p.k + f);
+        b.w[3] = lin_w4(p, (pa_i64)r1 * p.k + f + 4);
         if (NORM) {
-            g0 = pa_ldg((const float4*)(p.norm + f));
-            g1 = pa_ldg((const float4*)(p.norm + f + 4));
+            b.g[0] = pa_ldg((const float4*)(p.norm + f));
+            b.g[1] = pa_ldg((const float4*)(p.norm + f + 4));
         }
-        const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            b.x[n][0] = pa_ldg((const float4*)(xrow[n] + f));
+            b.x[n][1] = pa_ldg((const float4*)(xrow[n] + f + 4));
+        }
+    };
+    // The block's four k8 steps.
+    auto multiply = [&](const Block& b) {
+        const float wr0[8] = {b.w[0].x, b.w[0].y, b.w[0].z, b.w[0].w,
+                              b.w[1].x, b.w[1].y, b.w[1].z, b.w[1].w};
+        const float wr1[8] = {b.w[2].x, b.w[2].y, b.w[2].z, b.w[2].w,
+                              b.w[3].x, b.w[3].y, b.w[3].z, b.w[3].w};
         float xv[NT][8];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float4 a = pa_ldg((const float4*)(xrow[n] + f));
-            const float4 b = pa_ldg((const float4*)(xrow[n] + f + 4));
-            const float raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const float raw[8] = {b.x[n][0].x, b.x[n][0].y, b.x[n][0].z, b.x[n][0].w,
+                                  b.x[n][1].x, b.x[n][1].y, b.x[n][1].z, b.x[n][1].w};
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                if (NORM) ss[n] = fmaf(raw[e], raw[e], ss[n]);
-                xv[n][e] = NORM ? raw[e] * gv[e] : raw[e];
+                if (NORM) {
+                    const float ge = e < 4 ? (&b.g[0].x)[e] : (&b.g[1].x)[e - 4];
+                    ss[n] = fmaf(raw[e], raw[e], ss[n]);
+                    xv[n][e] = raw[e] * ge;
+                } else {
+                    xv[n][e] = raw[e];
+                }
             }
         }
 #pragma unroll
@@ -141,6 +159,15 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
                 mma_m16n8k8(acc[n], ab, b0, b1);
             }
         }
+    };
+    // Software pipeline: the next block's loads are in flight while this one multiplies.
+    const int blocks = p.k / 32;
+    Block cur, next;
+    if (warp < blocks) load(warp, cur);
+    for (int kb = warp; kb < blocks; kb += MMA_WARPS) {
+        if (kb + MMA_WARPS < blocks) load(kb + MMA_WARPS, next);
+        multiply(cur);
+        cur = next;
     }
 
     // The warps' accumulators and sums of squares, added in warp order.
