@@ -10,7 +10,7 @@
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
 # identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, decode-cores,
-# gemv-mma). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# decode-cores-ncu, gemv-mma, step-ab). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
@@ -72,14 +72,21 @@ for p in "$@"; do
     decode-cores)
       # The CUDA-core decode kernel (paged_decode_cores.cu; build with --test cuda_gpu
       # --test attention_correctness --example generate and the example's test harness):
-      # its test (CUDA only) under memcheck and racecheck, the shared attention bodies, one launch of each kernel under ncu for the
-      # same batches (POLYATTN_CUDA_DECODE=1: the new kernel; 0: paged_attention.cu), then
-      # SmolLM2 with it on and off, one and eight prompts, twice, interleaved
-      # ($OUT/generate-h200-decode{1,0}.jsonl), and the greedy-token identity.
+      # its test (CUDA only) under memcheck and racecheck. The shared attention bodies are the
+      # attention phase, its ncu A/B decode-cores-ncu, its SmolLM2 A/B step-ab.
       run decode-cores 120 $B/test-cuda_gpu --nocapture decode_cores
       run memcheck-decode-cores 120 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-cuda_gpu decode_cores
-      run racecheck-decode-cores 200 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-cuda_gpu decode_cores
-      run attention 200 $B/test-attention_correctness
+      run racecheck-decode-cores 200 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-cuda_gpu decode_cores ;;
+    gemv-mma)
+      # The tensor-core linear layers of 2 to 16 tokens (model_linear_mma.cu; build with
+      # --test compute): the linear bodies under memcheck and racecheck. Its SmolLM2 A/B is in
+      # step-ab.
+      run compute-linear 200 $B/test-compute --nocapture linear
+      run memcheck-linear-mma 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
+      run racecheck-linear-mma 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_matches linear_fused ;;
+    decode-cores-ncu)
+      # One launch of each decode kernel under ncu for the decode_cores test's batches
+      # (POLYATTN_CUDA_DECODE=1: paged_decode_cores.cu; 0: paged_attention.cu).
       for dec in 1 0; do
         say "ncu decode $dec"
         POLYATTN_CUDA_DECODE=$dec timeout 120 ncu --clock-control none \
@@ -87,38 +94,27 @@ for p in "$@"; do
           --metrics gpu__time_duration.sum --csv --print-units base $B/test-cuda_gpu decode_cores \
           >"$OUT/ncu-decode$dec.csv" 2>&1
         echo "-- rc=$?"
-      done
+      done ;;
+    step-ab)
+      # SmolLM2 decode steps with the two new kernels on and off in every combination
+      # (POLYATTN_CUDA_DECODE: paged_decode_cores.cu for the f32 attention layers;
+      # POLYATTN_CUDA_GEMV_MMA: model_linear_mma.cu for the 2–16-token projections), one and
+      # eight prompts, twice, interleaved: $OUT/generate-h200-step-d{1,0}m{1,0}.jsonl. Then the
+      # greedy-token identity and the graph tests with both on (the defaults).
       P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
          "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
       for rep in 1 2; do
         for n in 1 8; do
-          for dec in 1 0; do
-            run "smollm2-decode$dec-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_DECODE=$dec $B/example-generate \
-              --model smollm2 --max-tokens 128 --roofline --json "$OUT/generate-h200-decode$dec.jsonl" "${P[@]:0:$n}"
+          for dm in 11 10 01 00; do
+            dec=${dm:0:1} mma=${dm:1:1}
+            run "smollm2-d${dec}m${mma}-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_DECODE=$dec \
+              POLYATTN_CUDA_GEMV_MMA=$mma $B/example-generate --model smollm2 --max-tokens 128 --roofline \
+              --json "$OUT/generate-h200-step-d${dec}m${mma}.jsonl" "${P[@]:0:$n}"
           done
         done
       done
-      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris ;;
-    gemv-mma)
-      # The tensor-core linear layers of 2 to 16 tokens (model_linear_mma.cu; build with
-      # --test compute --example generate and the example's test harness): the linear bodies
-      # under memcheck and racecheck, then SmolLM2 with them on and off
-      # (POLYATTN_CUDA_GEMV_MMA), eight and one prompts, twice, interleaved
-      # ($OUT/generate-h200-gemv-mma{1,0}.jsonl), and the greedy-token identity.
-      run compute-linear 200 $B/test-compute --nocapture linear
-      run memcheck-linear-mma 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
-      run racecheck-linear-mma 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_fused
-      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
-         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
-      for rep in 1 2; do
-        for n in 8 1; do
-          for mma in 1 0; do
-            run "smollm2-gemv-mma$mma-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_GEMV_MMA=$mma $B/example-generate \
-              --model smollm2 --max-tokens 128 --roofline --json "$OUT/generate-h200-gemv-mma$mma.jsonl" "${P[@]:0:$n}"
-          done
-        done
-      done
-      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris ;;
+      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris
+      run graph-tests 200 $B/test-generate --nocapture graph_tests ;;
     profile-graphs)
       # Every kernel of replayed decode steps (ncu profiles each graph node), 1 and 8 prompts,
       # 48 tokens: $OUT/ncu-graphs-{1,8}.csv for benches/ncu_steps.py; then the 8-token GEMV
