@@ -19,7 +19,7 @@ struct LinearParams {
     const float* x;
     const float* w;          // LIN_W's element type (f32, or f16 / bf16 bits)
     float* y;                // store / accumulate / swiglu output; rope: q
-    float* y2;               // rope: k
+    float* y2;               // rope: k; rope into the cache: the cache
     float* y3;               // rope: v
     const float* norm;       // [K] RMSNorm weight, or null
     const int* positions;    // rope: [T]
@@ -34,9 +34,12 @@ struct LinearParams {
     int half;                // rope: d / 2
     float rope_base;
     int interleaved;         // rope: 1 = pairs (2i, 2i+1)
+    int cache_block_size;    // rope into the cache: tokens per block; 0: k / v outputs
+    const pa_i64* slots;     // rope into the cache: [T] slot per token, -1 = not written
+    int cache_hnd;           // rope into the cache: 1 = HND layout, 0 = NHD
     int pad_;
 };
-static_assert(sizeof(LinearParams) == 104, "LinearParams must match src/kernels/cuda/model_ops.rs");
+static_assert(sizeof(LinearParams) == 120, "LinearParams must match src/kernels/cuda/model_ops.rs");
 
 // Row pairs of a pair form (and of the GEMV's store / accumulate): how many there are.
 __device__ __forceinline__ int lin_units(const LinearParams& p) {
@@ -61,6 +64,24 @@ __device__ __forceinline__ void lin_pair_rows(const LinearParams& p, int u, int*
     }
 }
 
+// Rope into the cache: the cache row of key (head < H + Hk) or value head `head` (H <= head)
+// of token tok, or null where the token's slot is -1. The cache is [blocks][2][bs][Hk][d]
+// (NHD) or [blocks][2][Hk][bs][d] (HND), f32; every slot was checked on the host to lie in
+// its blocks, so the row is inside the cache.
+__device__ __forceinline__ float* lin_cache_row(const LinearParams& p, pa_i64 tok, int head) {
+    const pa_i64 slot = p.slots[tok];
+    if (slot < 0) return nullptr;
+    const int d = 2 * p.half;
+    const int kv = head >= p.num_heads + p.num_kv_heads ? 1 : 0;
+    const int kvh = head - p.num_heads - kv * p.num_kv_heads;
+    const pa_i64 bs = p.cache_block_size;
+    const pa_i64 block = slot / bs;
+    const pa_i64 off = slot - block * bs;
+    const pa_i64 plane = bs * p.num_kv_heads * d;
+    const pa_i64 row = p.cache_hnd ? ((pa_i64)kvh * bs + off) * d : (off * p.num_kv_heads + kvh) * d;
+    return p.y2 + (block * 2 + kv) * plane + row;
+}
+
 __device__ __forceinline__ float lin_silu(float g) { return g / (1.0f + expf(-g)); }
 
 // Token tok's products a0, a1 of pair u, written as the epilogue says.
@@ -75,8 +96,14 @@ __device__ __forceinline__ void lin_put_pair(const LinearParams& p, pa_i64 tok, 
         int ia, ib;
         pa_rope_pair(i, p.half, p.interleaved, &ia, &ib);
         bool rotate;
-        float* dst =
-            pa_qkv_head(p.y, p.y2, p.y3, tok, head, p.num_heads, p.num_kv_heads, d, &rotate);
+        float* dst;
+        if (p.cache_block_size > 0 && head >= p.num_heads) {
+            dst = lin_cache_row(p, tok, head);
+            if (dst == nullptr) return;
+            rotate = head < p.num_heads + p.num_kv_heads;
+        } else {
+            dst = pa_qkv_head(p.y, p.y2, p.y3, tok, head, p.num_heads, p.num_kv_heads, d, &rotate);
+        }
         if (rotate) {
             pa_rope_rotate(a0, a1, p.positions[tok], i, d, p.rope_base, dst + ia, dst + ib);
         } else {

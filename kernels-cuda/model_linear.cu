@@ -9,7 +9,10 @@
 //   epilogue 3  rope split   p is a fused Q/K/V projection, N = (H + 2Hk)·d: query heads
 //                            rotated into y = q [T][H][d], key heads into y2 = k [T][Hk][d],
 //                            value heads copied into y3 = v [T][Hk][d] (pa_rope_rotate, the
-//                            arithmetic of model_ops.cu's model_rope)
+//                            arithmetic of model_ops.cu's model_rope); with
+//                            cache_block_size > 0 the key and value heads go instead into
+//                            the f32 paged cache y2 at token t's slot slots[t] (NHD or HND,
+//                            reshape_and_cache.cu's layout; slot -1: not written), y3 unused
 // norm != null: each input row is used as h = x · inv · g with inv = 1 / sqrtf(mean(x²) + eps)
 // and g = norm [K] (model_rms_norm's expression; the squares are summed in this kernel's
 // own order).
@@ -58,7 +61,8 @@
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
 // ceil(T / 64) ≤ 65535; a GEMV runs only for 1 ≤ T ≤ its width; positions only feed
-// arithmetic.
+// arithmetic; into the cache, every slot is -1 or inside the cache's blocks (checked
+// against the batch's metadata).
 
 #include "common.cuh"
 #include "linear_params.cuh"

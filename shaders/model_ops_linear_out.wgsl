@@ -15,6 +15,12 @@
 //               rounding: inv_freq = pow(base, −2i/d), angle = f32(pos)·inv_freq reduced to
 //               [−π, π] (Cody–Waite: k = round(a / 2π), r = a − k·HI − k·LO with fma) before
 //               cos / sin, then (x0·cos − x1·sin, x0·sin + x1·cos).
+//   OUT_ROPE_CACHE  OUT_ROPE with the key and value heads written into the f32 paged KV
+//               cache kv_cache instead of k_out / v_out: token tok's rows go to slot
+//               s = slots[tok] (i64 as (low, high) words; a high word ≠ 0, i.e. s < 0 or
+//               s ≥ 2^31: not written), block s / bs, offset s % bs, in reshape_and_cache's
+//               layout ([blocks][2][bs][Hk][d] NHD or [blocks][2][Hk][bs][d] HND; values
+//               bs·Hk·d elements after their keys).
 // The pair forms (SWIGLU, ROPE) combine two products per output element, so their unit of
 // work is a pair of weight rows: pair u < N / 2 is rows (u, I + u) for SwiGLU; for RoPE
 // head = u / half, i = u % half, rows head·d + ia and head·d + ib with (ia, ib) = (2i,
@@ -28,14 +34,17 @@
 // Bindings: 0 params; 1 x [T, K] (VT), 2 W [N, K] (f32 as VT, or f16 / bf16 bits read
 // through wload), 3 y (the plain or SwiGLU output, or q), row-major, f32 but for a 16-bit W.
 // The generated header declares W and wload, 4 norm_w [K] (VT) with NORM and
-// 5 positions [T] (i32), 6 k_out, 7 v_out (f32) with OUT_ROPE; a binding a form does not use
+// 5 positions [T] (i32), 6 k_out, 7 v_out (f32) with OUT_ROPE, 5 positions, 6 kv_cache
+// (f32), 7 slots [T] (vec2<i32>) with OUT_ROPE_CACHE; a binding a form does not use
 // is declared instead as a private one-element stand-in that only code behind a false
 // constant names, so the plain form binds exactly x, W and y (kernels::wgsl::Bindings::Model)
 // and the others kernels::wgsl::Bindings::LinearFused.
 //
 // Bounds relied on (host checks): every tensor fits one storage binding (fewer than 2^30
 // f32), so every element index below fits a u32; T ≥ 1, K ≥ 1; N even in the pair forms
-// and N = (H + 2Hk)·d, d = 2·half ≥ 2 in OUT_ROPE; a position only feeds arithmetic.
+// and N = (H + 2Hk)·d, d = 2·half ≥ 2 in OUT_ROPE; a position only feeds arithmetic; in
+// OUT_ROPE_CACHE every slot < 2^31 lies in the cache's blocks (checked against the batch's
+// metadata), and the cache fits one binding, so its indices fit a u32.
 
 struct Params {
     num_tokens: u32,
@@ -53,8 +62,9 @@ struct Params {
     num_kv_heads: u32,
     base: f32,
     interleaved: u32,
-    pad0: u32,
-    pad1: u32,
+    // OUT_ROPE_CACHE: tokens per cache block, and 1 for the HND layout.
+    block_size: u32,
+    hnd: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -66,6 +76,9 @@ struct Params {
 const OUT_PLAIN: u32 = 0u;
 const OUT_SWIGLU: u32 = 1u;
 const OUT_ROPE: u32 = 2u;
+const OUT_ROPE_CACHE: u32 = 3u;
+// Either RoPE split.
+const ROPE_SPLIT: bool = OUT == OUT_ROPE || OUT == OUT_ROPE_CACHE;
 
 // Output units: weight rows (OUT_PLAIN) or row pairs.
 fn num_units() -> u32 {
@@ -88,7 +101,7 @@ fn unit_row(u: u32, m: u32) -> u32 {
     if OUT == OUT_SWIGLU {
         return u + m * (params.n / 2u);
     }
-    if OUT == OUT_ROPE {
+    if ROPE_SPLIT {
         let head = u / params.half;
         let o = rope_offsets(u - head * params.half);
         return head * 2u * params.half + select(o.x, o.y, m == 1u);
@@ -120,6 +133,10 @@ fn put_pair(tok: u32, u: u32, a0: f32, a1: f32) {
     let o = rope_offsets(i);
     let h = params.num_heads;
     let hk = params.num_kv_heads;
+    if OUT == OUT_ROPE_CACHE && head >= h {
+        put_cache_pair(tok, head, i, o, a0, a1);
+        return;
+    }
     if head >= h + hk {
         let at = (tok * hk + head - h - hk) * d;
         v_out[at + o.x] = a0;
@@ -140,4 +157,36 @@ fn put_pair(tok: u32, u: u32, a0: f32, a1: f32) {
         k_out[at + o.x] = r0;
         k_out[at + o.y] = r1;
     }
+}
+
+// OUT_ROPE_CACHE: token tok's key (rotated) or value pair (a0, a1) of KV head row `head`
+// (H ≤ head < H + 2Hk), RoPE pair i at offsets o of its row, into the token's cache slot.
+fn put_cache_pair(tok: u32, head: u32, i: u32, o: vec2<u32>, a0: f32, a1: f32) {
+    let s = slots[tok];
+    if s.y != 0 {
+        return;
+    }
+    let h = params.num_heads;
+    let hk = params.num_kv_heads;
+    let half = params.half;
+    let d = 2u * half;
+    let is_v = head >= h + hk;
+    let kvh = select(head - h, head - h - hk, is_v);
+    let slot = bitcast<u32>(s.x);
+    let bs = params.block_size;
+    let blk = slot / bs;
+    let off = slot % bs;
+    var row = (off * hk + kvh) * d;
+    if params.hnd != 0u {
+        row = (kvh * bs + off) * d;
+    }
+    let at = (blk * 2u + select(0u, 1u, is_v)) * bs * hk * d + row;
+    if is_v {
+        kv_cache[at + o.x] = a0;
+        kv_cache[at + o.y] = a1;
+        return;
+    }
+    let cs = rope_cos_sin(positions[tok], i, d, params.base);
+    kv_cache[at + o.x] = a0 * cs.x - a1 * cs.y;
+    kv_cache[at + o.y] = a0 * cs.y + a1 * cs.x;
 }

@@ -117,7 +117,7 @@ impl CommonAttentionMetadata {
     /// ([`Self::min_cache_blocks`]), and the forward checks the cache against that.
     pub fn new(device: &Device, mut desc: BatchDescription) -> Result<Self> {
         let v = validate(&desc)?;
-        let (num_reqs, max_query_len, max_seq_len) = (v.num_reqs, v.max_query_len, v.max_seq_len);
+        let num_reqs = v.num_reqs;
         let num_actual_tokens = *desc.query_start_loc.last().unwrap_or(&0) as usize;
         desc.slot_mapping.truncate(num_actual_tokens);
         let dev = DeviceMetadata {
@@ -130,15 +130,72 @@ impl CommonAttentionMetadata {
             )?,
             slot_mapping: Tensor::from_i64(device, &desc.slot_mapping, &[desc.slot_mapping.len()])?,
         };
-        Ok(CommonAttentionMetadata {
+        Ok(Self::assemble(desc, &v, dev))
+    }
+
+    /// The metadata of a validated, truncated description and its device arrays.
+    fn assemble(desc: BatchDescription, v: &Validated, dev: DeviceMetadata) -> Self {
+        CommonAttentionMetadata {
+            num_actual_tokens: *desc.query_start_loc.last().unwrap_or(&0) as usize,
             desc,
-            num_reqs,
-            num_actual_tokens,
-            max_query_len,
-            max_seq_len,
+            num_reqs: v.num_reqs,
+            max_query_len: v.max_query_len,
+            max_seq_len: v.max_seq_len,
             min_cache_blocks: v.min_cache_blocks,
             device: std::sync::Arc::new(dev),
-        })
+        }
+    }
+
+    /// [`CommonAttentionMetadata::new`] with the arrays written in place into `arrays` (a
+    /// previous batch's, taken back with [`CommonAttentionMetadata::into_device_arrays`])
+    /// instead of uploaded anew: the device addresses stay put, so a captured graph that
+    /// reads them (a model operation that writes the KV cache through the slot mapping)
+    /// sees this batch's values on its next replay. An error when an array lives on another
+    /// device or has another shape than this batch needs.
+    pub fn new_in(
+        device: &Device,
+        mut desc: BatchDescription,
+        arrays: DeviceMetadata,
+    ) -> Result<Self> {
+        let v = validate(&desc)?;
+        let num_reqs = v.num_reqs;
+        let num_actual_tokens = *desc.query_start_loc.last().unwrap_or(&0) as usize;
+        desc.slot_mapping.truncate(num_actual_tokens);
+        let mut dev = arrays;
+        for (what, t, shape) in [
+            ("query_start_loc", &dev.query_start_loc, vec![num_reqs + 1]),
+            ("seq_lens", &dev.seq_lens, vec![num_reqs]),
+            (
+                "block_table",
+                &dev.block_table,
+                vec![num_reqs, desc.max_blocks_per_req],
+            ),
+            (
+                "slot_mapping",
+                &dev.slot_mapping,
+                vec![desc.slot_mapping.len()],
+            ),
+        ] {
+            if t.device() != device || t.shape() != shape.as_slice() {
+                return Err(Error::config(format!(
+                    "metadata array {what} {:?} on {} cannot hold this batch's {shape:?} on {}",
+                    t.shape(),
+                    t.device().kind().as_str(),
+                    device.kind().as_str()
+                )));
+            }
+        }
+        dev.query_start_loc.write_i32(&desc.query_start_loc)?;
+        dev.seq_lens.write_i32(&desc.seq_lens)?;
+        dev.block_table.write_i32(&desc.block_table)?;
+        dev.slot_mapping.write_i64(&desc.slot_mapping)?;
+        Ok(Self::assemble(desc, &v, dev))
+    }
+
+    /// The device arrays, for [`CommonAttentionMetadata::new_in`]; `None` while a clone of
+    /// this metadata (a backend's built metadata holds one) is alive.
+    pub fn into_device_arrays(self) -> Option<DeviceMetadata> {
+        std::sync::Arc::try_unwrap(self.device).ok()
     }
 
     /// Number of requests.

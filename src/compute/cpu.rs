@@ -9,6 +9,7 @@ use super::{LinearOutput, Rope, RopeStyle};
 use crate::device::{CpuStorage, Device, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
 
 fn f32s(t: &Tensor) -> &[f32] {
     match t.as_cpu() {
@@ -512,8 +513,55 @@ pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result
             let heads = (q.shape()[1], kt.shape()[1], q.shape()[2]);
             rope_split(&p, positions, rope, heads, t, q, kt, v)?;
         }
+        LinearOutput::RopeSplitQkvCache {
+            positions,
+            rope,
+            q,
+            cache,
+            batch,
+        } => {
+            let mut p = Tensor::zeros(&Device::cpu(), &[t, n], DType::F32)?;
+            store_t(&yt, t, n, f32s_mut(&mut p), false);
+            let (h, d) = (q.shape()[1], q.shape()[2]);
+            let hk = cache.spec().num_kv_heads;
+            let mut kt = Tensor::zeros(&Device::cpu(), &[t, hk, d], DType::F32)?;
+            let mut v = Tensor::zeros(&Device::cpu(), &[t, hk, d], DType::F32)?;
+            rope_split(&p, positions, rope, (h, hk, d), t, q, &mut kt, &mut v)?;
+            write_cache(cache, batch.slot_mapping_cpu(), &kt, &v);
+        }
     }
     Ok(())
+}
+
+/// Rows `[T, Hk, d]` of keys and values into their cache slots (`slots[t] < 0`: skipped);
+/// every slot was checked against the cache's blocks.
+fn write_cache(cache: &mut KvCache, slots: &[i64], k: &Tensor, v: &Tensor) {
+    let (hk, d, bs) = (
+        cache.spec().num_kv_heads,
+        cache.spec().head_size,
+        cache.block_size(),
+    );
+    let offsets: Vec<Option<(usize, usize)>> = slots
+        .iter()
+        .map(|&s| {
+            let s = usize::try_from(s).ok()?;
+            Some((s / bs, s % bs))
+        })
+        .collect();
+    let mut at = Vec::with_capacity(slots.len() * hk * 2);
+    for (tok, o) in offsets.iter().enumerate() {
+        if let Some((block, off)) = *o {
+            for head in 0..hk {
+                let row = (tok * hk + head) * d;
+                at.push((cache.offset(block, 0, off, head), k, row));
+                at.push((cache.offset(block, 1, off, head), v, row));
+            }
+        }
+    }
+    let data = f32s_mut(cache.data_mut());
+    for (dst, src, row) in at {
+        data[dst..dst + d].copy_from_slice(&f32s(src)[row..row + d]);
+    }
 }
 
 /// `(cos, sin)` of position `pos` for pair `i` of a head of size `d`.

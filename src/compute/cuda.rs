@@ -27,6 +27,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::fused_linear::FusedLinear;
 use super::{LinearOutput, Rope, RopeStyle};
+use crate::capability::KvLayout;
 use crate::device::cuda as runtime;
 use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
@@ -330,6 +331,27 @@ pub(super) fn linear_fused(
             params.half = i32_of("head_size / 2", q.shape()[2] / 2)?;
             params.rope_base = rope.base;
             params.interleaved = i32::from(rope.style == RopeStyle::Interleaved);
+        }
+        LinearOutput::RopeSplitQkvCache {
+            positions,
+            rope,
+            q,
+            cache,
+            batch,
+        } => {
+            let spec = *cache.spec();
+            params.y = ptr(dev, q, "q")?;
+            params.y2 = ptr(dev, cache.data(), "KV cache")?;
+            params.slots = ptr(dev, &batch.device().slot_mapping, "slot mapping")?;
+            params.positions = ptr(dev, positions, "positions")?;
+            params.epilogue = LinearEpilogue::RopeSplit as i32;
+            params.num_heads = i32_of("query heads", q.shape()[1])?;
+            params.num_kv_heads = i32_of("kv heads", spec.num_kv_heads)?;
+            params.half = i32_of("head_size / 2", spec.head_size / 2)?;
+            params.rope_base = rope.base;
+            params.interleaved = i32::from(rope.style == RopeStyle::Interleaved);
+            params.cache_block_size = i32_of("cache block size", cache.block_size())?;
+            params.cache_hnd = i32::from(cache.layout() == KvLayout::Hnd);
         }
     }
     launch_linear(dev, &params, a.w.dtype())

@@ -1,6 +1,7 @@
 //! A linear layer with the work around it folded in: an RMSNorm of its input rows before the
 //! product, and what becomes of the product after it (stored, added into a residual stream,
-//! SwiGLU of a fused gate/up projection, the split and RoPE of a fused Q/K/V projection).
+//! SwiGLU of a fused gate/up projection, the split and RoPE of a fused Q/K/V projection,
+//! with or without the new keys and values written straight into a paged KV cache).
 //!
 //! Why: a decoder layer's small operations (two RMSNorms, SwiGLU, the Q/K/V split) each cost
 //! a launch, and at decode sizes a launch costs more than its work. [`linear_fused`] makes
@@ -16,6 +17,8 @@ use super::{check_out, cpu, cuda, hip, linear_dims, same_device, wgsl, Rope};
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::metadata::CommonAttentionMetadata;
 
 /// An RMSNorm applied to a linear layer's input rows inside the layer:
 /// `x / sqrt(mean(x²) + eps) · weight`, with `weight [in_features]`.
@@ -51,6 +54,45 @@ pub enum LinearOutput<'a> {
         /// Value heads (copied).
         v: &'a mut Tensor,
     },
+    /// [`LinearOutput::RopeSplitQkv`] with the key and value heads written straight into
+    /// their paged-cache slots, `batch`'s slot mapping (token `t` to slot
+    /// `slot_mapping[t]`; −1 writes nothing), as the attention layer's own cache write
+    /// (`AttentionImpl::do_kv_cache_update`) stores them; the layer's attention then runs
+    /// with no key or value (`forward(q, None, None, …)`). Why: at decode sizes the cache
+    /// write is a launch of its own for a few hundred bytes; here it is the projection's
+    /// epilogue. [`fuses_cache_write`] says which caches take it: f32 storage in one buffer,
+    /// on the CPU, CUDA and the WGSL family's runtimes. Duplicate slots in one batch race
+    /// (which token's row lands is unspecified, as in vLLM's kernel).
+    RopeSplitQkvCache {
+        /// `[T]` i32 positions of the tokens.
+        positions: &'a Tensor,
+        /// The rotation.
+        rope: Rope,
+        /// Rotated query heads `[T, H, d]`.
+        q: &'a mut Tensor,
+        /// The layer's cache (`Hk` heads of size `d`, f32 storage).
+        cache: &'a mut KvCache,
+        /// The step's batch: its slot mapping (on the input's device) says where each
+        /// token's key and value go; its host copy is checked against the cache. A
+        /// captured step reads the mapping's device buffer on every replay, so the caller
+        /// keeps that buffer in place between steps (the runner's graph steps do).
+        batch: &'a CommonAttentionMetadata,
+    },
+}
+
+/// Whether [`linear_fused`] can write a Q/K/V projection's keys and values straight into
+/// `cache` ([`LinearOutput::RopeSplitQkvCache`]): its storage is f32 (the linear kernels
+/// compute in f32; a cache of another dtype goes through the attention layer's write, which
+/// converts and scales), it is stored in one buffer, and its device's family has the fused
+/// epilogue (CPU, CUDA, Vulkan, wgpu; not HIP, whose model operations run through the host).
+pub fn fuses_cache_write(cache: &KvCache) -> bool {
+    cache.spec().storage_dtype() == DType::F32
+        && match cache.data().device() {
+            Device::Cpu(_) | Device::Cuda(_) => true,
+            Device::Hip(_) => false,
+            Device::Vulkan(d) => wgsl::binds_whole(d, cache.data()),
+            Device::Wgpu(d) => wgsl::binds_whole(d, cache.data()),
+        }
 }
 
 /// The validated operands of a fused linear layer, for the device families.
@@ -101,6 +143,26 @@ pub(super) fn rope_split_dims(
             ))
         }
     };
+    for (what, o) in [("rope_split_qkv k", k), ("rope_split_qkv v", v)] {
+        o.expect_dtype(what, DType::F32)?;
+        same_device(what, like, o)?;
+    }
+    k.expect_shape("rope_split_qkv k", &[t, hk, d])?;
+    v.expect_shape("rope_split_qkv v", &[t, hk, d])?;
+    query_and_rope_checks(like, positions, rope, q, t, d)?;
+    Ok((t, (h, hk, d)))
+}
+
+/// The checks every Q/K/V split shares: an even head size, the query f32 on `like`'s
+/// device, `positions [T]` i32 there too, a finite positive rotation base.
+fn query_and_rope_checks(
+    like: &Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    q: &Tensor,
+    t: usize,
+    d: usize,
+) -> Result<()> {
     if d % 2 != 0 {
         return Err(Error::shape(
             "rope_split_qkv q",
@@ -108,16 +170,8 @@ pub(super) fn rope_split_dims(
             "an even head_size",
         ));
     }
-    for (what, o) in [
-        ("rope_split_qkv q", q),
-        ("rope_split_qkv k", k),
-        ("rope_split_qkv v", v),
-    ] {
-        o.expect_dtype(what, DType::F32)?;
-        same_device(what, like, o)?;
-    }
-    k.expect_shape("rope_split_qkv k", &[t, hk, d])?;
-    v.expect_shape("rope_split_qkv v", &[t, hk, d])?;
+    q.expect_dtype("rope_split_qkv q", DType::F32)?;
+    same_device("rope_split_qkv q", like, q)?;
     positions.expect_shape("rope positions", &[t])?;
     positions.expect_dtype("rope positions", DType::I32)?;
     same_device("rope_split_qkv", like, positions)?;
@@ -125,6 +179,88 @@ pub(super) fn rope_split_dims(
         return Err(Error::Config(format!(
             "rope base must be finite and > 0, got {}",
             rope.base
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a Q/K/V weight `[N, K]` has `(H + 2·Hk)·d` rows and that the query holds the
+/// input's `T` tokens.
+fn check_qkv_rows(
+    weight: &Tensor,
+    (t, k, n): (usize, usize, usize),
+    tq: usize,
+    (h, hk, d): QkvHeads,
+) -> Result<()> {
+    if tq != t || (h + 2 * hk) * d != n {
+        return Err(Error::shape(
+            "linear weight",
+            weight.shape(),
+            format!(
+                "[(H + 2·Hk)·d = {}, {k}] for {h} query heads and {hk} KV heads of size {d}, \
+                 with the query's {tq} tokens = the input's {t}",
+                (h + 2 * hk) * d
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks of a Q/K/V split whose keys and values go into `cache` through `batch`'s slot
+/// mapping (the query `q [T, H, d]`, the cache's heads and storage, the batch against the
+/// cache); returns `(T, (H, Hk, d))`.
+fn rope_cache_dims(
+    like: &Tensor,
+    positions: &Tensor,
+    rope: Rope,
+    q: &Tensor,
+    cache: &KvCache,
+    batch: &CommonAttentionMetadata,
+) -> Result<(usize, QkvHeads)> {
+    let spec = *cache.spec();
+    let (hk, d) = (spec.num_kv_heads, spec.head_size);
+    let (t, h) = match q.shape() {
+        [a, b, c] if *c == d => (*a, *b),
+        s => {
+            return Err(Error::shape(
+                "rope_split_qkv q",
+                s,
+                format!("[num_tokens, num_heads, {d}] (the cache's head size)"),
+            ))
+        }
+    };
+    query_and_rope_checks(like, positions, rope, q, t, d)?;
+    if !fuses_cache_write(cache) {
+        return Err(Error::config(format!(
+            "the Q/K/V projection cannot write this cache itself (storage {}, on {}): it \
+             needs f32 storage in one buffer on a CPU, CUDA, Vulkan or wgpu device; write \
+             the keys and values through the attention layer instead",
+            spec.storage_dtype(),
+            cache.data().device().kind().as_str()
+        )));
+    }
+    same_device("the KV cache", like, cache.data())?;
+    let slots = &batch.device().slot_mapping;
+    same_device("the batch's slot mapping", like, slots)?;
+    if batch.slot_mapping_cpu().len() != t {
+        return Err(Error::config(format!(
+            "the batch's slot mapping has {} entries for the projection's {t} tokens",
+            batch.slot_mapping_cpu().len()
+        )));
+    }
+    if batch.block_size() != cache.block_size() {
+        return Err(Error::config(format!(
+            "KV cache has blocks of {} tokens; the batch's metadata was built for blocks of {}",
+            cache.block_size(),
+            batch.block_size()
+        )));
+    }
+    if cache.num_blocks() < batch.min_cache_blocks() {
+        return Err(Error::metadata(format!(
+            "the batch uses block {} (block table or slot mapping) but the KV cache has {} \
+             blocks",
+            batch.min_cache_blocks() - 1,
+            cache.num_blocks()
         )));
     }
     Ok((t, (h, hk, d)))
@@ -186,20 +322,18 @@ pub fn linear_fused(
             k: kt,
             v,
         } => {
-            let (tq, (h, hk, d)) = rope_split_dims(x, positions, *rope, q, kt, v)?;
-            if tq != t || (h + 2 * hk) * d != n {
-                return Err(Error::shape(
-                    "linear weight",
-                    weight.shape(),
-                    format!(
-                        "[(H + 2·Hk)·d = {}, {k}] for q {:?} and k {:?}, with q's {tq} tokens = \
-                         the input's {t}",
-                        (h + 2 * hk) * d,
-                        q.shape(),
-                        kt.shape()
-                    ),
-                ));
-            }
+            let (tq, heads) = rope_split_dims(x, positions, *rope, q, kt, v)?;
+            check_qkv_rows(weight, (t, k, n), tq, heads)?;
+        }
+        LinearOutput::RopeSplitQkvCache {
+            positions,
+            rope,
+            q,
+            cache,
+            batch,
+        } => {
+            let (tq, heads) = rope_cache_dims(x, positions, *rope, q, cache, batch)?;
+            check_qkv_rows(weight, (t, k, n), tq, heads)?;
         }
     }
     dispatch(

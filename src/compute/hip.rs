@@ -7,7 +7,7 @@ use super::cpu;
 use super::fused_linear::FusedLinear;
 use super::{InputNorm, LinearOutput};
 use crate::device::{Device, Tensor};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// `t` in host memory.
 pub(super) fn host(t: &Tensor) -> Result<Tensor> {
@@ -95,5 +95,11 @@ pub(super) fn linear_fused(a: &FusedLinear<'_>, out: LinearOutput<'_>) -> Result
             back(hk, k)?;
             back(hv, v)
         }
+        // `fuses_cache_write` is false on HIP, so validation refuses this form first.
+        LinearOutput::RopeSplitQkvCache { .. } => Err(Error::config(
+            "the Q/K/V projection cannot write a KV cache on HIP (its model operations run \
+             through the host); split into keys and values and write them through the \
+             attention layer",
+        )),
     }
 }

@@ -30,7 +30,7 @@ mod fused_linear;
 mod hip;
 mod wgsl;
 
-pub use fused_linear::{linear_fused, InputNorm, LinearOutput};
+pub use fused_linear::{fuses_cache_write, linear_fused, InputNorm, LinearOutput};
 
 use crate::device::{Device, Tensor};
 use crate::dtype::DType;

@@ -30,6 +30,7 @@
 
 use super::fused_linear::FusedLinear;
 use super::{LinearOutput, Rope, RopeStyle};
+use crate::capability::KvLayout;
 #[cfg(doc)]
 use crate::device::wgsl::WgslDeviceInfo;
 use crate::device::wgsl::{Dispatch, LoopBounding, WgslRuntime, Words};
@@ -338,6 +339,13 @@ pub(super) fn rope_split<R: WgslRuntime>(
     Ok(())
 }
 
+/// Whether `t` is stored in one buffer that a kernel can bind whole (a tensor larger than
+/// one binding is stored in chunks on the Vulkan runtime, which only the attention kernels
+/// bind).
+pub(super) fn binds_whole<R: WgslRuntime>(dev: &R, t: &Tensor) -> bool {
+    dev.tensor_buffer(t, "tensor").is_ok()
+}
+
 /// [`super::linear_fused`]: one dispatch of the GEMV (T ≤ [`GEMV_MAX_TOKENS`]) or of the
 /// tiled GEMM with the input norm and output step folded in ([`LinearFusion`]).
 pub(super) fn linear_fused<R: WgslRuntime>(
@@ -360,6 +368,8 @@ pub(super) fn linear_fused<R: WgslRuntime>(
     // interleaved); zero where the form has none.
     let mut accumulate = false;
     let mut rope_words = (0, 0, 0, 0.0, false);
+    // The cache form's block size and layout (1: HND).
+    let mut cache_words = (0, 0);
     let epilogue = match out {
         LinearOutput::Store(o) => {
             buffers.push((3, dev.tensor_buffer(o, "linear output")?));
@@ -396,6 +406,36 @@ pub(super) fn linear_fused<R: WgslRuntime>(
                 rope.style == RopeStyle::Interleaved,
             );
             LinearEpilogue::RopeSplit
+        }
+        LinearOutput::RopeSplitQkvCache {
+            positions,
+            rope,
+            q,
+            cache,
+            batch,
+        } => {
+            let spec = *cache.spec();
+            buffers.extend([
+                (3, dev.tensor_buffer(q, "rope_split_qkv q")?),
+                (5, dev.tensor_buffer(positions, "rope positions")?),
+                (6, dev.tensor_buffer(cache.data(), "KV cache")?),
+                (
+                    7,
+                    dev.tensor_buffer(&batch.device().slot_mapping, "slot mapping")?,
+                ),
+            ]);
+            rope_words = (
+                u32_of("head_size / 2", spec.head_size / 2)?,
+                u32_of("heads", q.shape()[1])?,
+                u32_of("kv heads", spec.num_kv_heads)?,
+                rope.base,
+                rope.style == RopeStyle::Interleaved,
+            );
+            cache_words = (
+                u32_of("cache block size", cache.block_size())?,
+                u32::from(cache.layout() == KvLayout::Hnd),
+            );
+            LinearEpilogue::RopeSplitCache
         }
     };
     let fusion = LinearFusion {
@@ -437,7 +477,9 @@ pub(super) fn linear_fused<R: WgslRuntime>(
         .u(h)
         .u(hk)
         .f(base)
-        .u(u32::from(interleaved));
+        .u(u32::from(interleaved))
+        .u(cache_words.0)
+        .u(cache_words.1);
     let units = fusion.units(n);
     let groups = if t <= GEMV_MAX_TOKENS {
         let (gx, gz) = dev

@@ -197,6 +197,11 @@ impl Tensor {
         self.write_pod("write_f32", DType::F32, data)
     }
 
+    /// [`Tensor::write_i32`] for an i64 tensor (a slot mapping).
+    pub fn write_i64(&mut self, data: &[i64]) -> Result<()> {
+        self.write_pod("write_i64", DType::I64, data)
+    }
+
     fn write_pod<T: bytemuck::Pod + Copy>(
         &mut self,
         what: &'static str,
@@ -217,6 +222,10 @@ impl Tensor {
                 Ok(())
             }
             (Storage::Cpu(CpuStorage::F32(v)), _) => {
+                v.copy_from_slice(bytemuck::cast_slice(data));
+                Ok(())
+            }
+            (Storage::Cpu(CpuStorage::I64(v)), _) => {
                 v.copy_from_slice(bytemuck::cast_slice(data));
                 Ok(())
             }

@@ -20,7 +20,9 @@
 //!
 //! The first step of a size runs eagerly through [`CausalLm::forward_into`] (that allocates
 //! the model's buffers for B tokens, compiles its kernels and *is* this step's result), then
-//! the same calls are captured; later steps write the inputs, rebuild the metadata and
+//! the same calls are captured; later steps write the inputs, rewrite the batch's device
+//! arrays in place (`CommonAttentionMetadata::new_in`: a model may read them, as the fused
+//! Q/K/V projection reads the slot mapping to write the cache), rebuild the metadata and
 //! replay. The greedy argmax is part of the graph, so a greedy step downloads B token ids; a
 //! step whose requests sample runs [`compute::sample`] on the replayed logits, outside the
 //! graph (its rows change every step), and downloads token ids too.
@@ -60,6 +62,9 @@ struct DecodeGraph {
     graph: Option<DeviceGraph>,
     /// The latest build's metadata, whose buffers the graph reads.
     metadata: Option<Box<dyn AttentionMetadata>>,
+    /// The latest batch, whose device arrays the graph reads too (a model operation that
+    /// writes the KV cache reads the slot mapping): rewritten in place every step.
+    common: Option<CommonAttentionMetadata>,
 }
 
 /// The narrowest block table a captured step has, in blocks.
@@ -165,8 +170,6 @@ impl DecodeGraphs {
         }
         desc.slot_mapping.resize(size, -1);
         desc.seq_lens.resize(size, 1);
-        let common = CommonAttentionMetadata::new(device, desc)?;
-        let metadata = builder.build_for_graph_capture(&common)?;
 
         let entry = match self.graphs.entry((size, width)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -180,9 +183,26 @@ impl DecodeGraphs {
                     tokens: Tensor::zeros(device, &[size], DType::I32)?,
                     graph: None,
                     metadata: None,
+                    common: None,
                 })
             }
         };
+        // The batch's arrays go into the last step's buffers, which the graph reads (the
+        // last build, which holds a clone of them, goes first). Where they cannot be taken
+        // back, the graph is captured again over new ones.
+        entry.metadata = None;
+        let arrays = entry
+            .common
+            .take()
+            .and_then(CommonAttentionMetadata::into_device_arrays);
+        let common = match arrays {
+            Some(a) => CommonAttentionMetadata::new_in(device, desc, a)?,
+            None => {
+                entry.graph = None;
+                CommonAttentionMetadata::new(device, desc)?
+            }
+        };
+        let metadata = builder.build_for_graph_capture(&common)?;
         entry.input_ids.write_i32(&ids)?;
         entry.positions.write_i32(&positions)?;
         let DecodeGraph {
@@ -220,6 +240,7 @@ impl DecodeGraphs {
             }
         }
         entry.metadata = Some(metadata);
+        entry.common = Some(common);
         if let Some(sampling) = sampling {
             // Padding rows are greedy: their tokens are computed and dropped.
             let mut padded = sampling.to_vec();

@@ -170,7 +170,7 @@ pub struct LinearParams {
     pub w: u64,
     /// The output (`[t][n]`; `[t][n / 2]` for SwiGLU; `q` for the RoPE split).
     pub y: u64,
-    /// The RoPE split's `k` (else 0).
+    /// The RoPE split's `k`, or the KV cache when it writes the cache (else 0).
     pub y2: u64,
     /// The RoPE split's `v` (else 0).
     pub y3: u64,
@@ -200,6 +200,13 @@ pub struct LinearParams {
     pub rope_base: f32,
     /// The RoPE split's pairing: 1 = (2i, 2i+1), 0 = (i, i + d/2).
     pub interleaved: i32,
+    /// Tokens per cache block when the RoPE split writes the keys and values into the
+    /// cache `y2`; 0 when it writes `k` / `v` tensors.
+    pub cache_block_size: i32,
+    /// Into the cache: the `[t]` i64 slot mapping (−1: not written).
+    pub slots: u64,
+    /// Into the cache: 1 for the HND layout, 0 for NHD.
+    pub cache_hnd: i32,
     /// Padding.
     pub pad: i32,
 }
@@ -360,6 +367,6 @@ const _: () = assert!(std::mem::size_of::<SwigluParams>() == 32);
 const _: () = assert!(std::mem::size_of::<RopeSplitParams>() == 72);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 48);
 const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 48);
-const _: () = assert!(std::mem::size_of::<LinearParams>() == 104);
+const _: () = assert!(std::mem::size_of::<LinearParams>() == 120);
 const _: () = assert!(std::mem::size_of::<RopeParams>() == 40);
 const _: () = assert!(std::mem::size_of::<EltwiseParams>() == 40);

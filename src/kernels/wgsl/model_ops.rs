@@ -58,6 +58,9 @@ pub enum LinearEpilogue {
     /// The split of a fused Q/K/V projection, query and key heads rotated (either pairing:
     /// a run-time flag), into `q`, `k`, `v`.
     RopeSplit,
+    /// [`LinearEpilogue::RopeSplit`] with the keys and values written into an f32 paged KV
+    /// cache at the tokens' slots (block size and layout: run-time words).
+    RopeSplitCache,
 }
 
 /// The element type of a linear kernel's weight: f32, or 16-bit weights widened to f32 as
@@ -101,6 +104,7 @@ impl LinearFusion {
             LinearEpilogue::Plain,
             LinearEpilogue::SwiGlu,
             LinearEpilogue::RopeSplit,
+            LinearEpilogue::RopeSplitCache,
         ] {
             for norm in [false, true] {
                 v.push(LinearFusion {
@@ -158,6 +162,7 @@ impl LinearFusion {
             LinearEpilogue::Plain => "",
             LinearEpilogue::SwiGlu => " swiglu",
             LinearEpilogue::RopeSplit => " rope_split",
+            LinearEpilogue::RopeSplitCache => " rope_split_cache",
         };
         let w = match self.weights {
             LinearWeights::F32 => "",
@@ -206,19 +211,24 @@ impl LinearFusion {
     /// bindings 4-7, each declared where the form uses it and as a private one-element
     /// stand-in elsewhere.
     fn header(self) -> String {
-        let rope = self.epilogue == LinearEpilogue::RopeSplit;
+        let split = self.epilogue == LinearEpilogue::RopeSplit;
+        let cache = self.epilogue == LinearEpilogue::RopeSplitCache;
         let out = match self.epilogue {
             LinearEpilogue::Plain => 0,
             LinearEpilogue::SwiGlu => 1,
             LinearEpilogue::RopeSplit => 2,
+            LinearEpilogue::RopeSplitCache => 3,
         };
         let mut s = format!("const NORM: bool = {};\n", self.norm);
         s += &consts(&[("OUT", out)]);
+        // The slots are only read; binding 7 is read-write in the set (v in the split).
         for (used, binding, name, access, ty) in [
             (self.norm, 4, "norm_w", "read", "VT"),
-            (rope, 5, "positions", "read", "i32"),
-            (rope, 6, "k_out", "read_write", "f32"),
-            (rope, 7, "v_out", "read_write", "f32"),
+            (split || cache, 5, "positions", "read", "i32"),
+            (split, 6, "k_out", "read_write", "f32"),
+            (split, 7, "v_out", "read_write", "f32"),
+            (cache, 6, "kv_cache", "read_write", "f32"),
+            (cache, 7, "slots", "read_write", "vec2<i32>"),
         ] {
             s += &if used {
                 format!(
@@ -626,7 +636,10 @@ mod tests {
             if fusion.norm {
                 want.push((4, true));
             }
-            if fusion.epilogue == LinearEpilogue::RopeSplit {
+            if matches!(
+                fusion.epilogue,
+                LinearEpilogue::RopeSplit | LinearEpilogue::RopeSplitCache
+            ) {
                 want.extend([(5, true), (6, false), (7, false)]);
             }
             assert_eq!(got, want, "{}", s.key());

@@ -113,6 +113,11 @@ struct Args {
     /// widened to f32 as they are read).
     #[arg(long, default_value = "f32", value_parser = parse_weight_dtype)]
     weights: DType,
+    /// Write each layer's new keys and values through the attention layer's own cache write
+    /// (a launch of its own), not in the Q/K/V projection (the default where the cache is
+    /// f32 on the CPU, CUDA, Vulkan or wgpu)
+    #[arg(long)]
+    separate_cache_write: bool,
     /// Prompts (default: "Once upon a time").
     prompts: Vec<String>,
 }
@@ -308,6 +313,7 @@ fn run(args: Args) -> Result<(), String> {
         tensor_parallel: args.tensor_parallel,
         placement: placement(&args, &config)?,
         weight_dtype: args.weights,
+        separate_cache_write: args.separate_cache_write,
     };
     let model = Llama::load_with(config.clone(), loaded.weights, None, options)
         .map_err(|e| e.to_string())?;

@@ -4,7 +4,11 @@
 //! added into the residual stream → gate and up as one linear layer with the MLP's RMSNorm
 //! before it and SwiGLU after it → the down projection added into the residual stream; a
 //! final RMSNorm and the output head (tied to the embedding or separate), one layer again.
-//! Four launches per layer besides attention's own ([`compute::linear_fused`]).
+//! Four launches per layer besides attention's own ([`compute::linear_fused`]). Where the
+//! cache takes it ([`compute::fuses_cache_write`]: f32 storage on the CPU, CUDA or the WGSL
+//! family's runtimes), the Q/K/V projection writes the new keys and values straight into the
+//! layer's KV cache and attention runs with none to write, so the cache write is no launch of
+//! its own ([`LoadOptions::separate_cache_write`] keeps the attention layer's write).
 //!
 //! With `tensor_parallel` N > 1 ([`Llama::load_with`]) each layer runs as N rank shards
 //! (`polyattn::parallel::heads`): a shard owns whole GQA groups (its rows of W_q / W_k / W_v,
@@ -144,6 +148,9 @@ pub struct LoadOptions {
     /// decode step streams; the CPU widens them as it reads). Norms and the embedding stay
     /// f32.
     pub weight_dtype: DType,
+    /// Write each layer's keys and values through the attention layer (a launch of its
+    /// own) even where the Q/K/V projection could write them into the cache itself.
+    pub separate_cache_write: bool,
 }
 
 impl Default for LoadOptions {
@@ -152,6 +159,7 @@ impl Default for LoadOptions {
             tensor_parallel: 1,
             placement: Placement::OneDevice,
             weight_dtype: DType::F32,
+            separate_cache_write: false,
         }
     }
 }
@@ -295,6 +303,8 @@ pub struct Llama {
     lm_head: Option<Tensor>,
     /// With [`Placement::PerRank`]: the ranks past the first and the group summing them.
     ranks: Option<Ranks>,
+    /// The Q/K/V projection writes the keys and values into the cache where it can.
+    fuse_cache_write: bool,
     /// `forward_into`'s activations per (tokens, logits rows), kept so that a captured step
     /// finds them where it recorded them.
     scratch: Mutex<HashMap<(usize, usize), Scratch>>,
@@ -325,6 +335,7 @@ impl Llama {
             tensor_parallel,
             placement,
             weight_dtype,
+            separate_cache_write,
         } = options;
         let c = &config;
         if weights.layers.len() != c.num_layers {
@@ -485,6 +496,7 @@ impl Llama {
             backend,
             device,
             config,
+            fuse_cache_write: !separate_cache_write,
             scratch: Mutex::new(HashMap::new()),
         })
     }
@@ -693,13 +705,13 @@ impl Llama {
             // Every shard's attention reads the residual stream before any shard adds to it.
             for ((sh, ss), cache) in layer.shards.iter().zip(&mut s.shards).zip(caches) {
                 let norm = ctx.norm(&layer.attn_norm);
+                let fused = self.fuse_cache_write.then_some(batch.common);
                 sh.attend(
                     &s.x,
                     norm,
                     batch.positions,
                     ctx.rope,
-                    cache,
-                    batch.attn_metadata,
+                    (cache, batch.attn_metadata, fused),
                     ss,
                 )?;
             }
@@ -803,7 +815,16 @@ impl Llama {
             let shards = layer.shards.iter().zip(&mut s.shards).zip(caches);
             for (r, ((sh, ss), cache)) in shards.enumerate() {
                 let norm = ctx.norm(norms(r).0);
-                sh.attend(xs[r], norm, positions[r], ctx.rope, cache, metadata[r], ss)?;
+                // Each rank's batch arrays live on its own device: its cache is written
+                // through its attention layer.
+                sh.attend(
+                    xs[r],
+                    norm,
+                    positions[r],
+                    ctx.rope,
+                    (cache, metadata[r], None),
+                    ss,
+                )?;
                 // Rank 0 adds its part to its residual copy, the others store theirs: the
                 // sum over ranks is residual + every part.
                 sh.project_heads(ss, xs[r], r == 0)?;
@@ -839,18 +860,39 @@ impl StepContext {
 
 impl LayerShard {
     /// The shard's attention over the residual stream `x`: the normed Q/K/V projection,
-    /// split and rotated into `ss.q / k / v`, then attention into `ss.o`.
-    #[allow(clippy::too_many_arguments)]
+    /// split and rotated into `ss.q / k / v`, then attention into `ss.o`. With the step's
+    /// batch (`fused`) and a cache that takes it, the projection writes the keys and values
+    /// into the cache itself and attention reads them from there.
     fn attend(
         &self,
         x: &Tensor,
         norm: Option<InputNorm<'_>>,
         positions: &Tensor,
         rope: Rope,
-        cache: &mut KvCache,
-        metadata: &dyn AttentionMetadata,
+        (cache, metadata, fused): (
+            &mut KvCache,
+            &dyn AttentionMetadata,
+            Option<&CommonAttentionMetadata>,
+        ),
         ss: &mut ShardScratch,
     ) -> polyattn::Result<()> {
+        if let Some(batch) = fused.filter(|_| compute::fuses_cache_write(cache)) {
+            compute::linear_fused(
+                x,
+                norm,
+                &self.wqkv,
+                LinearOutput::RopeSplitQkvCache {
+                    positions,
+                    rope,
+                    q: &mut ss.q,
+                    cache,
+                    batch,
+                },
+            )?;
+            return self
+                .attn
+                .forward(&ss.q, None, None, cache, metadata, &mut ss.o);
+        }
         compute::linear_fused(
             x,
             norm,
