@@ -719,6 +719,44 @@ mod tests {
         );
     }
 
+    #[test]
+    fn new_in_rewrites_the_arrays_in_place() {
+        let dev = Device::cpu();
+        let first = CommonAttentionMetadata::new(&dev, desc()).unwrap();
+        // A clone alive (a backend's metadata): the arrays cannot be taken back.
+        let held = first.clone();
+        assert!(first.into_device_arrays().is_none());
+        let arrays = held.into_device_arrays().unwrap();
+        let mut next = desc();
+        next.seq_lens = vec![6, 4];
+        next.slot_mapping = vec![2 * 4 + 1, 3 * 4 + 1, 3 * 4 + 2, 3 * 4 + 3];
+        let ptr = arrays.slot_mapping.as_cpu().map(|s| match s {
+            crate::device::CpuStorage::I64(v) => v.as_ptr(),
+            _ => std::ptr::null(),
+        });
+        let m = CommonAttentionMetadata::new_in(&dev, next, arrays).unwrap();
+        assert_eq!(m.slot_mapping_cpu(), &[9, 13, 14, 15]);
+        let slots = match m.device().slot_mapping.as_cpu() {
+            Some(crate::device::CpuStorage::I64(v)) => v.clone(),
+            other => panic!("slot mapping storage {other:?}"),
+        };
+        assert_eq!(slots, vec![9, 13, 14, 15]);
+        assert_eq!(m.device().seq_lens.to_i32_vec().unwrap(), vec![6, 4]);
+        let again = m.device().slot_mapping.as_cpu().map(|s| match s {
+            crate::device::CpuStorage::I64(v) => v.as_ptr(),
+            _ => std::ptr::null(),
+        });
+        assert_eq!(ptr, again, "the slot mapping moved");
+        // Another batch shape does not fit the arrays: an error, not new buffers.
+        let mut wider = desc();
+        wider.max_blocks_per_req = 3;
+        wider.block_table = vec![1, 2, 0, 3, 0, 0];
+        let e = CommonAttentionMetadata::new_in(&dev, wider, m.into_device_arrays().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("block_table"), "{e}");
+    }
+
     fn err(d: BatchDescription) -> String {
         match CommonAttentionMetadata::new(&Device::cpu(), d) {
             Err(Error::Metadata(m)) => m,

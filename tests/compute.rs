@@ -10,7 +10,10 @@ use polyattn::compute::{self, Rope, RopeStyle};
 use polyattn::device::CpuStorage;
 use polyattn::reference;
 use polyattn::testing::{Rng, Tolerance};
-use polyattn::{BackendRef, DType, Tensor};
+use polyattn::{
+    BackendRef, BatchDescription, CacheDType, CommonAttentionMetadata, DType, KvCache, KvCacheSpec,
+    KvLayout, Tensor,
+};
 
 fn tol() -> Tolerance {
     Tolerance::for_dtype(DType::F32)
@@ -823,6 +826,46 @@ fn normed_rows(x: &[f32], g: Option<(&[f32], f32)>, t: usize, k: usize) -> Vec<f
     h
 }
 
+/// Heads `first..first + count` of each token's row of `p [T, heads · d]` (a Q/K/V
+/// projection, `heads` = H + 2·Hk), rotated by the token's position with base 10000 in
+/// `style`'s pairing where given, in f64: `[T, count, d]`.
+fn rotated_heads(
+    p: &[f64],
+    pos: &[i32],
+    (heads, d): (usize, usize),
+    (first, count): (usize, usize),
+    style: Option<RopeStyle>,
+) -> Vec<f64> {
+    let (row, half) = (heads * d, d / 2);
+    let mut out = Vec::with_capacity(pos.len() * count * d);
+    for (r, &ps) in pos.iter().enumerate() {
+        for hh in first..first + count {
+            let src = &p[r * row + hh * d..][..d];
+            let mut dst = src.to_vec();
+            if let Some(style) = style {
+                for pi in 0..half {
+                    let a = ps as f64 * 10000f64.powf(-2.0 * pi as f64 / d as f64);
+                    let (ia, ib) = match style {
+                        RopeStyle::Interleaved => (2 * pi, 2 * pi + 1),
+                        RopeStyle::HalfSplit => (pi, pi + half),
+                    };
+                    dst[ia] = src[ia] * a.cos() - src[ib] * a.sin();
+                    dst[ib] = src[ia] * a.sin() + src[ib] * a.cos();
+                }
+            }
+            out.extend(dst);
+        }
+    }
+    out
+}
+
+/// The tolerance of rotated heads: angles of positions in the thousands carry ~1e-4 rad of
+/// f32 rounding on a GPU (rope_matches_reference's tolerance).
+const ROTATED: Tolerance = Tolerance {
+    atol: 2e-3,
+    rtol: 1e-3,
+};
+
 /// `h [T, K] · w [N, K]ᵀ` in f64.
 fn product(h: &[f64], w: &[f32], t: usize, k: usize, n: usize) -> Vec<f64> {
     let mut p = vec![0.0f64; t * n];
@@ -1058,39 +1101,18 @@ fn linear_fused_matches_reference() {
                             v: &mut v,
                         },
                     )?;
-                    let half = d / 2;
-                    let heads = |first: usize, count: usize, rotate: bool| -> Vec<f64> {
-                        let mut out = Vec::with_capacity(t * count * d);
-                        for (r, &ps) in pos.iter().enumerate() {
-                            for hh in first..first + count {
-                                let src = &p[r * row + hh * d..][..d];
-                                let mut dst = src.to_vec();
-                                if rotate {
-                                    for pi in 0..half {
-                                        let a =
-                                            ps as f64 * 10000f64.powf(-2.0 * pi as f64 / d as f64);
-                                        let (ia, ib) = match style {
-                                            RopeStyle::Interleaved => (2 * pi, 2 * pi + 1),
-                                            RopeStyle::HalfSplit => (pi, pi + half),
-                                        };
-                                        dst[ia] = src[ia] * a.cos() - src[ib] * a.sin();
-                                        dst[ib] = src[ia] * a.sin() + src[ib] * a.cos();
-                                    }
-                                }
-                                out.extend(dst);
-                            }
-                        }
-                        out
-                    };
-                    // Angles of positions in the thousands carry ~1e-4 rad of f32 rounding on
-                    // a GPU: the rotated heads get rope_matches_reference's tolerance.
-                    let rot = Tolerance {
-                        atol: 2e-3,
-                        rtol: 1e-3,
+                    let heads = |first: usize, count: usize, rotate: bool| {
+                        rotated_heads(
+                            &p,
+                            &pos,
+                            (h + 2 * hk, d),
+                            (first, count),
+                            rotate.then_some(style),
+                        )
                     };
                     for (what, got, want, tolerance) in [
-                        ("q", &q, heads(0, h, true), rot),
-                        ("k", &kk, heads(h, hk, true), rot),
+                        ("q", &q, heads(0, h, true), ROTATED),
+                        ("k", &kk, heads(h, hk, true), ROTATED),
                         ("v", &v, heads(h + hk, hk, false), tol()),
                     ] {
                         let cmp = reference::compare(&got.to_f32_vec()?, &want, tolerance);
@@ -1098,6 +1120,156 @@ fn linear_fused_matches_reference() {
                             format!("{label}rope split {style:?} {what}: {cmp}")
                         })?;
                     }
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+/// (tokens, in features, query heads, kv heads, head size, block size) of
+/// `linear_into_the_cache_writes_the_slots`: decode and prefill token counts either side of
+/// the GPU GEMV / tiled switch, SmolLM2's heads (9 / 3 of 64) and small GQA ones, blocks of
+/// 1 to 32 tokens.
+const CACHE_SHAPES: &[(usize, usize, usize, usize, usize, usize)] = &[
+    (1, 576, 9, 3, 64, 16),
+    (5, 576, 9, 3, 64, 16),
+    (8, 35, 4, 2, 8, 4),
+    (16, 35, 9, 3, 64, 32),
+    (17, 576, 9, 3, 64, 16),
+    (130, 96, 2, 1, 16, 1),
+];
+
+/// `compute::linear_fused` with the keys and values written into a KV cache
+/// (`LinearOutput::RopeSplitQkvCache`), normed input, both pairings, both layouts: the
+/// query as the f64 reference rotates it; each token's key (rotated) and value rows in its
+/// slot; every other element of the cache, NaN before, still NaN (a token with slot −1 and
+/// the slots no token names are not written). A device whose family cannot write the cache
+/// (`fuses_cache_write` false) must refuse with an error.
+#[test]
+fn linear_into_the_cache_writes_the_slots() {
+    for_each_case(
+        "compute::linear_fused into the KV cache",
+        CACHE_SHAPES,
+        |&(t, k, h, hk, d, bs)| CaseInfo::plain(format!("T{t} K{k} H{h}/{hk} d{d} bs{bs}")),
+        |b, &(t, k, h, hk, d, bs)| {
+            let dev = b.device()?;
+            let mut rng = Rng::new((t * 7919 + k * 31 + bs) as u64);
+            let tensor = |v: &[f32], shape: &[usize]| Tensor::from_f32(&dev, v, shape, DType::F32);
+            let row = (h + 2 * hk) * d;
+            let x: Vec<f32> = rng.normals(t * k).iter().map(|v| 2.0 * v - 0.25).collect();
+            let g: Vec<f32> = rng.normals(k).iter().map(|v| 1.0 + 0.5 * v).collect();
+            let s = 1.0 / (k as f32).sqrt();
+            let w: Vec<f32> = rng.normals(row * k).iter().map(|v| v * s).collect();
+            let (xt, gt, wt) = (
+                tensor(&x, &[t, k])?,
+                tensor(&g, &[k])?,
+                tensor(&w, &[row, k])?,
+            );
+            let eps = 1e-5f32;
+            let p = product(&normed_rows(&x, Some((&g, eps)), t, k), &w, t, k, row);
+            let pos: Vec<i32> = (0..t).map(|_| rng.below(3000) as i32).collect();
+            let post = Tensor::from_i32(&dev, &pos, &[t])?;
+            // Distinct slots in a shuffled order over two blocks more than the tokens need;
+            // the middle token (of two or more) writes nothing.
+            let num_blocks = t.div_ceil(bs) + 2;
+            let mut free: Vec<i64> = (0..(num_blocks * bs) as i64).collect();
+            let mut slots = Vec::with_capacity(t);
+            for _ in 0..t {
+                slots.push(free.swap_remove(rng.below(free.len())));
+            }
+            if t > 1 {
+                slots[t / 2] = -1;
+            }
+            let batch = CommonAttentionMetadata::new(
+                &dev,
+                BatchDescription {
+                    query_start_loc: (0..=t as i32).collect(),
+                    seq_lens: vec![1; t],
+                    block_table: slots
+                        .iter()
+                        .map(|&s| (s.max(0) as usize / bs) as i32)
+                        .collect(),
+                    max_blocks_per_req: 1,
+                    slot_mapping: slots.clone(),
+                    causal: true,
+                    block_size: bs,
+                    is_prefilling: None,
+                },
+            )?;
+            let spec = KvCacheSpec {
+                block_size: bs,
+                num_kv_heads: hk,
+                head_size: d,
+                dtype: DType::F32,
+                cache_dtype: CacheDType::Auto,
+            };
+            for layout in [KvLayout::Nhd, KvLayout::Hnd] {
+                for style in [RopeStyle::Interleaved, RopeStyle::HalfSplit] {
+                    let label = format!("{layout:?} {style:?}");
+                    let mut cache = KvCache::with_layout(&dev, spec, num_blocks, layout)?;
+                    let shape = cache.data().shape().to_vec();
+                    *cache.data_mut() = tensor(&vec![f32::NAN; shape.iter().product()], &shape)?;
+                    let fuses = compute::fuses_cache_write(&cache);
+                    let mut q = tensor(&vec![f32::NAN; t * h * d], &[t, h, d])?;
+                    let done = compute::linear_fused(
+                        &xt,
+                        Some(compute::InputNorm { weight: &gt, eps }),
+                        &wt,
+                        compute::LinearOutput::RopeSplitQkvCache {
+                            positions: &post,
+                            rope: Rope {
+                                base: 10000.0,
+                                style,
+                            },
+                            q: &mut q,
+                            cache: &mut cache,
+                            batch: &batch,
+                        },
+                    );
+                    if !fuses {
+                        ensure(done.is_err(), || {
+                            format!("{label}: a cache the device cannot write was accepted")
+                        })?;
+                        continue;
+                    }
+                    done?;
+                    let want_q = rotated_heads(&p, &pos, (h + 2 * hk, d), (0, h), Some(style));
+                    let cmp = reference::compare(&q.to_f32_vec()?, &want_q, ROTATED);
+                    ensure(cmp.pass, || format!("{label} q: {cmp}"))?;
+                    let keys = rotated_heads(&p, &pos, (h + 2 * hk, d), (h, hk), Some(style));
+                    let values = rotated_heads(&p, &pos, (h + 2 * hk, d), (h + hk, hk), None);
+                    let host = cache.to_device(&polyattn::Device::cpu())?;
+                    let data = host.data().to_f32_vec()?;
+                    let mut written = vec![false; data.len()];
+                    for (tok, &slot) in slots.iter().enumerate() {
+                        let Ok(slot) = usize::try_from(slot) else {
+                            continue;
+                        };
+                        for head in 0..hk {
+                            let from = (tok * hk + head) * d;
+                            for (kv, want, tolerance) in [(0, &keys, ROTATED), (1, &values, tol())]
+                            {
+                                let at = host.offset(slot / bs, kv, slot % bs, head);
+                                let cmp = reference::compare(
+                                    &data[at..at + d],
+                                    &want[from..from + d],
+                                    tolerance,
+                                );
+                                ensure(cmp.pass, || {
+                                    format!("{label} token {tok} head {head} kv {kv}: {cmp}")
+                                })?;
+                                written[at..at + d].iter_mut().for_each(|w| *w = true);
+                            }
+                        }
+                    }
+                    let stray = data
+                        .iter()
+                        .zip(&written)
+                        .position(|(v, &w)| !w && !v.is_nan());
+                    ensure(stray.is_none(), || {
+                        format!("{label}: cache element {stray:?} no token owns was written")
+                    })?;
                 }
             }
             Ok(())

@@ -47,7 +47,11 @@ pub struct StepBatch<'a> {
     /// The metadata of the model's backend, built once for the step: every layer on that
     /// backend uses it (ranks on other devices build theirs from `common`).
     pub attn_metadata: &'a dyn AttentionMetadata,
-    /// The validated batch (host and device copies of the arrays).
+    /// The validated batch (host and device copies of the arrays). A model may read its
+    /// device arrays inside a captured step (the Q/K/V projection that writes the KV cache
+    /// reads the slot mapping), so for graph steps the runner keeps them in place, rewritten
+    /// every step ([`CommonAttentionMetadata::new_in`]); code that replays a model's graph
+    /// itself does the same.
     pub common: &'a CommonAttentionMetadata,
 }
 

@@ -159,6 +159,9 @@ fn replay_equals_eager(b: &BackendRef) -> polyattn::Result<()> {
     let rows = Tensor::from_i32(&device, &(0..size as i32).collect::<Vec<_>>(), &[size])?;
     let mut g_logits = Tensor::zeros(&device, &[size, v], DType::F32)?;
     let mut graph = None;
+    // The batch's device arrays stay in place across steps, as the runner keeps them: the
+    // captured step reads the slot mapping (the Q/K/V projection writes the cache).
+    let mut arrays = None;
     for step in 0..4 {
         let mut desc = BatchDescription {
             query_start_loc: (0..=size as i32).collect(),
@@ -179,7 +182,10 @@ fn replay_equals_eager(b: &BackendRef) -> polyattn::Result<()> {
         }
         desc.slot_mapping.resize(size, -1);
         desc.seq_lens.resize(size, 1);
-        let common = CommonAttentionMetadata::new(&device, desc)?;
+        let common = match arrays.take() {
+            Some(a) => CommonAttentionMetadata::new_in(&device, desc, a)?,
+            None => CommonAttentionMetadata::new(&device, desc)?,
+        };
         let md = graph_builder.build_for_graph_capture(&common)?;
         g_ids.write_i32(&ids)?;
         g_pos.write_i32(&pos)?;
@@ -233,6 +239,10 @@ fn replay_equals_eager(b: &BackendRef) -> polyattn::Result<()> {
         for (r, t) in tokens.iter_mut().enumerate() {
             t.push(polyattn::runner::argmax(&logits[r * v..(r + 1) * v]) as i32);
         }
+        drop((md, emd));
+        arrays = Some(common.into_device_arrays().ok_or_else(|| {
+            polyattn::Error::Config("the batch's arrays are still shared after the step".into())
+        })?);
     }
     no_validation_errors(&device)
 }

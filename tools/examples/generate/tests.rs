@@ -266,6 +266,48 @@ fn tiny_model_greedy_tokens_are_identical_on_every_backend() {
     identical_on_every_backend("tiny, 32 tokens", &tiny, &glass_reference().prompts, 32);
 }
 
+/// The keys and values written by the Q/K/V projection (the default where the cache takes
+/// it, `compute::fuses_cache_write`) and by the attention layer's own write give the same
+/// greedy tokens on every available backend, through the default runner (decode steps
+/// replayed as graphs where the backend captures them, so the replayed steps read each
+/// step's slot mapping from the arrays the runner rewrites in place).
+#[test]
+fn tiny_model_cache_written_by_the_projection_gives_the_same_tokens() {
+    let tiny = load_tiny().unwrap();
+    let prompts = glass_reference().prompts;
+    on_every_backend(
+        "tiny, cache written by the Q/K/V projection or by attention, 24 tokens",
+        "identical greedy tokens on",
+        &[],
+        |b| {
+            let run = |separate_cache_write| {
+                let options = LoadOptions {
+                    separate_cache_write,
+                    ..LoadOptions::default()
+                };
+                generate_sharded(
+                    &tiny,
+                    Some(b.clone()),
+                    &prompts,
+                    24,
+                    RunnerConfig::default(),
+                    options,
+                )
+                .map(|r| r.0)
+                .map_err(|e| format!("separate cache write {separate_cache_write}: {e}"))
+            };
+            let (fused, separate) = (run(false)?, run(true)?);
+            if fused != separate {
+                return Err(format!(
+                    "greedy tokens differ\n  attention's write: {separate:?}\n  the \
+                     projection's:     {fused:?}"
+                ));
+            }
+            Ok(vec![b.name().to_string()])
+        },
+    );
+}
+
 /// Greedy tokens of the model split into 2, 3 and 4 tensor-parallel shards (those its heads
 /// allow) equal the unsharded model's, on every available backend, in both placements: every
 /// shard on the one device (partial projections summed into the residual stream in place),
