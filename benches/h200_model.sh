@@ -10,7 +10,7 @@
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
 # identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, decode-cores,
-# decode-cores-ncu, gemv-mma, step-ab). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# decode-cores-ncu, gemv-mma, step-ab, cache-write-ab). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
@@ -83,7 +83,7 @@ for p in "$@"; do
       # step-ab.
       run compute-linear 200 $B/test-compute --nocapture linear
       run memcheck-linear-mma 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
-      run racecheck-linear-mma 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_matches linear_fused ;;
+      run racecheck-linear-mma 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_matches linear_fused linear_into ;;
     decode-cores-ncu)
       # One launch of each decode kernel under ncu for the decode_cores test's batches
       # (POLYATTN_CUDA_DECODE=1: paged_decode_cores.cu; 0: paged_attention.cu).
@@ -115,6 +115,23 @@ for p in "$@"; do
       done
       run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris
       run graph-tests 200 $B/test-generate --nocapture graph_tests ;;
+    cache-write-ab)
+      # The KV cache written by the Q/K/V projection (the default) or by the attention layer's
+      # own launch (--separate-cache-write), CUDA and VULKAN with graphs, WGPU eager, one and
+      # eight prompts, twice, interleaved: $OUT/generate-h200-cache-{fused,separate}.jsonl.
+      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
+         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
+      for rep in 1 2; do
+        for be in cuda vulkan wgpu; do
+          for n in 1 8; do
+            for cw in fused separate; do
+              flag=; [ $cw = separate ] && flag=--separate-cache-write
+              run "smollm2-cache-$cw-$be-$n-$rep" 120 env POLYATTN_BACKEND=$be $B/example-generate --model smollm2 \
+                --max-tokens 128 --roofline $flag --json "$OUT/generate-h200-cache-$cw.jsonl" "${P[@]:0:$n}"
+            done
+          done
+        done
+      done ;;
     profile-graphs)
       # Every kernel of replayed decode steps (ncu profiles each graph node), 1 and 8 prompts,
       # 48 tokens: $OUT/ncu-graphs-{1,8}.csv for benches/ncu_steps.py; then the 8-token GEMV

@@ -1349,4 +1349,81 @@ fn bad_arguments_are_typed_errors() {
         .to_string();
     assert!(e.contains("rms_norm weight"), "{e}");
     assert_eq!(o2.to_f32_vec().unwrap(), vec![7.0; 9]);
+
+    // Into the cache: x [3, 4] through a [6, 4] Q/K/V weight is 1 query head and 1 KV head
+    // of size 2. A cache of 16-bit storage, a batch of another token count, block size or
+    // more blocks than the cache holds: errors, and the cache untouched.
+    let w6 = Tensor::from_f32(&dev, &[0.5; 24], &[6, 4], DType::F32).unwrap();
+    let batch = |slots: Vec<i64>, block_size: usize| {
+        let t = slots.len();
+        CommonAttentionMetadata::new(
+            &dev,
+            BatchDescription {
+                query_start_loc: (0..=t as i32).collect(),
+                seq_lens: vec![1; t],
+                block_table: slots
+                    .iter()
+                    .map(|&s| (s.max(0) as usize / block_size) as i32)
+                    .collect(),
+                max_blocks_per_req: 1,
+                slot_mapping: slots,
+                causal: true,
+                block_size,
+                is_prefilling: None,
+            },
+        )
+        .unwrap()
+    };
+    let cache = |cache_dtype| {
+        let spec = KvCacheSpec {
+            block_size: 2,
+            num_kv_heads: 1,
+            head_size: 2,
+            dtype: DType::F32,
+            cache_dtype,
+        };
+        KvCache::with_layout(&dev, spec, 2, KvLayout::Nhd).unwrap()
+    };
+    let into = |cache: &mut KvCache, batch: &CommonAttentionMetadata| {
+        let mut q = Tensor::from_f32(&dev, &[0.0; 6], &[3, 1, 2], DType::F32).unwrap();
+        compute::linear_fused(
+            &x,
+            None,
+            &w6,
+            compute::LinearOutput::RopeSplitQkvCache {
+                positions: &p3,
+                rope,
+                q: &mut q,
+                cache,
+                batch,
+            },
+        )
+        .map_err(|e| e.to_string())
+    };
+    let mut c16 = cache(CacheDType::F16);
+    let e = into(&mut c16, &batch(vec![0, 1, 2], 2)).unwrap_err();
+    assert!(
+        e.contains("storage f16") && e.contains("attention layer"),
+        "{e}"
+    );
+    let mut c = cache(CacheDType::Auto);
+    for (b, want) in [
+        (
+            batch(vec![0, 1], 2),
+            "2 entries for the projection's 3 tokens",
+        ),
+        (batch(vec![0, 1, 2], 1), "blocks of 2 tokens"),
+        (batch(vec![0, 1, 5], 2), "block 2"),
+    ] {
+        let e = into(&mut c, &b).unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+    assert_eq!(c.data().to_f32_vec().unwrap(), vec![0.0; 16]);
+    into(&mut c, &batch(vec![3, -1, 0], 2)).unwrap();
+    let written = c.data().to_f32_vec().unwrap();
+    assert_eq!(
+        written.iter().filter(|v| **v != 0.0).count(),
+        8,
+        "{written:?}"
+    );
 }
