@@ -99,8 +99,8 @@ for p in "$@"; do
       # SmolLM2 decode steps with the two new kernels on and off in every combination
       # (POLYATTN_CUDA_DECODE: paged_decode_cores.cu for the f32 attention layers;
       # POLYATTN_CUDA_GEMV_MMA: model_linear_mma.cu for the 2–16-token projections), one and
-      # eight prompts, twice, interleaved: $OUT/generate-h200-step-d{1,0}m{1,0}.jsonl. Then the
-      # greedy-token identity and the graph tests with both on (the defaults).
+      # eight prompts, twice, interleaved: $OUT/generate-h200-step-d{1,0}m{1,0}.jsonl (the
+      # greedy-token identity and the graph tests: the identity and graphs phases).
       P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
          "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
       for rep in 1 2; do
@@ -112,9 +112,7 @@ for p in "$@"; do
               --json "$OUT/generate-h200-step-d${dec}m${mma}.jsonl" "${P[@]:0:$n}"
           done
         done
-      done
-      run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris
-      run graph-tests 200 $B/test-generate --nocapture graph_tests ;;
+      done ;;
     cache-write-ab)
       # The KV cache written by the Q/K/V projection (the default) or by the attention layer's
       # own launch (--separate-cache-write), CUDA and VULKAN with graphs, WGPU eager, one and

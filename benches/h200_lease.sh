@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One lease for the decode-step kernels and the model runner: three calls on one warm
+# machine, because SmolLM2's GGUF (93 MB) and the binaries do not fit one transfer (64 MiB).
+# Build here first:
+#   ../shared/gpu/pack.sh --test cuda_gpu --test attention_correctness --test compute \
+#       --example generate
+#   plus the example's test harness as .devbin/test-generate (cargo test --release --no-run
+#   -p polyattn-tools --example generate --message-format=json: its test executable).
+# Then, each within the machine's idle window of the one before:
+#   call 1: carry .devbin/on-device.sh .devbin/test-cuda_gpu .devbin/test-attention_correctness
+#           .devbin/test-compute .devbin/test-generate .m3
+#           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 1
+#   call 2: carry .devbin/on-device.sh .devbin/example-generate .m1
+#           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 2
+#   call 3: carry .devbin/on-device.sh .m2 .gl
+#           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 3
+# Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
+# in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
+# leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
+set -u
+call=${1:?usage: h200_lease.sh 1|2|3}
+R=${OUT:?run on the GPU machine, where \$OUT is set}
+here=$(dirname "$0")
+mkdir -p /tmp/b /tmp/h200
+cp .devbin/* /tmp/b/ 2>/dev/null
+export OUT=/tmp/h200 B=/tmp/b
+case $call in
+  # The kernels' tests and sanitizers (no model needed): the CUDA-core decode kernel, the
+  # tensor-core linear layers and the projection's cache write, the shared attention bodies,
+  # one launch of each decode kernel under ncu.
+  1) phases=(stash decode-cores gemv-mma attention decode-cores-ncu) ;;
+  2) phases=(stash) ;;
+  # SmolLM2: the two kernels on and off, the projection's cache write on and off, then the
+  # graph tests and the greedy-token identity with everything on (the defaults).
+  3) phases=(join step-ab cache-write-ab graphs identity) ;;
+  *) echo "unknown call $call"; exit 2 ;;
+esac
+timeout 560 bash "$here/h200_model.sh" "${phases[@]}" 2>&1 | tee "$R/summary-$call.txt"
+tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
