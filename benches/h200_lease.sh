@@ -30,9 +30,9 @@ case $call in
   # one launch of each decode kernel under ncu.
   1) phases=(stash decode-cores gemv-mma attention decode-cores-ncu) ;;
   2) phases=(stash) ;;
-  # SmolLM2: the two kernels on and off, the projection's cache write on and off, then the
-  # graph tests and the greedy-token identity with everything on (the defaults).
-  3) phases=(join step-ab cache-write-ab graphs identity) ;;
+  # The graph tests and the greedy-token identity with everything on (the defaults) first,
+  # then SmolLM2 with the two kernels on and off and the projection's cache write on and off.
+  3) phases=(join graphs identity step-ab cache-write-ab) ;;
   *) echo "unknown call $call"; exit 2 ;;
 esac
 timeout 560 bash "$here/h200_model.sh" "${phases[@]}" 2>&1 | tee "$R/summary-$call.txt"

@@ -71,15 +71,12 @@ __device__ __forceinline__ void lin_pair_rows(const LinearParams& p, int u, int*
 __device__ __forceinline__ float* lin_cache_row(const LinearParams& p, pa_i64 tok, int head) {
     const pa_i64 slot = p.slots[tok];
     if (slot < 0) return nullptr;
-    const int d = 2 * p.half;
     const int kv = head >= p.num_heads + p.num_kv_heads ? 1 : 0;
     const int kvh = head - p.num_heads - kv * p.num_kv_heads;
-    const pa_i64 bs = p.cache_block_size;
-    const pa_i64 block = slot / bs;
-    const pa_i64 off = slot - block * bs;
-    const pa_i64 plane = bs * p.num_kv_heads * d;
-    const pa_i64 row = p.cache_hnd ? ((pa_i64)kvh * bs + off) * d : (off * p.num_kv_heads + kvh) * d;
-    return p.y2 + (block * 2 + kv) * plane + row;
+    const pa_i64 block = slot / p.cache_block_size;
+    const int off = (int)(slot - block * p.cache_block_size);
+    return p.y2 + pa_cache_offset(block, kv, off, kvh, p.cache_block_size, p.num_kv_heads,
+                                  2 * p.half, p.cache_hnd);
 }
 
 __device__ __forceinline__ float lin_silu(float g) { return g / (1.0f + expf(-g)); }

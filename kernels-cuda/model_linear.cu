@@ -61,8 +61,9 @@
 // Bounds relied on (host checks in src/compute/ and the MLA backends): the sizes match the
 // tensors; element counts fit in i64 and T, K, N in i32; grid.y of the tiled kernel =
 // ceil(T / 64) ≤ 65535; a GEMV runs only for 1 ≤ T ≤ its width; positions only feed
-// arithmetic; into the cache, every slot is -1 or inside the cache's blocks (checked
-// against the batch's metadata).
+// arithmetic; into the cache, every slot is -1 or inside the cache's blocks (the batch's
+// metadata checked against the cache on the host, by linear_fused and before a graph
+// replay).
 
 #include "common.cuh"
 #include "linear_params.cuh"

@@ -18,7 +18,7 @@
 //   OUT_ROPE_CACHE  OUT_ROPE with the key and value heads written into the f32 paged KV
 //               cache kv_cache instead of k_out / v_out: token tok's rows go to slot
 //               s = slots[tok] (i64 as (low, high) words; a high word ≠ 0, i.e. s < 0 or
-//               s ≥ 2^31: not written), block s / bs, offset s % bs, in reshape_and_cache's
+//               s ≥ 2^32: not written), block s / bs, offset s % bs, in reshape_and_cache's
 //               layout ([blocks][2][bs][Hk][d] NHD or [blocks][2][Hk][bs][d] HND; values
 //               bs·Hk·d elements after their keys).
 // The pair forms (SWIGLU, ROPE) combine two products per output element, so their unit of
@@ -43,8 +43,9 @@
 // Bounds relied on (host checks): every tensor fits one storage binding (fewer than 2^30
 // f32), so every element index below fits a u32; T ≥ 1, K ≥ 1; N even in the pair forms
 // and N = (H + 2Hk)·d, d = 2·half ≥ 2 in OUT_ROPE; a position only feeds arithmetic; in
-// OUT_ROPE_CACHE every slot < 2^31 lies in the cache's blocks (checked against the batch's
-// metadata), and the cache fits one binding, so its indices fit a u32.
+// OUT_ROPE_CACHE every slot ≥ 0 lies in the cache's blocks (the batch's metadata checked
+// against the cache on the host, by linear_fused and before a graph replay), and the cache
+// fits one binding, so its indices fit a u32.
 
 struct Params {
     num_tokens: u32,

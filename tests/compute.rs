@@ -1239,6 +1239,29 @@ fn linear_into_the_cache_writes_the_slots() {
                     ensure(cmp.pass, || format!("{label} q: {cmp}"))?;
                     let keys = rotated_heads(&p, &pos, (h + 2 * hk, d), (h, hk), Some(style));
                     let values = rotated_heads(&p, &pos, (h + 2 * hk, d), (h + hk, hk), None);
+                    // The split into k / v tensors (what the attention layer's write copies
+                    // into the cache): the cache rows must be its rows bit for bit.
+                    let nan = |n: usize| tensor(&vec![f32::NAN; t * n * d], &[t, n, d]);
+                    let (mut q2, mut k2, mut v2) = (nan(h)?, nan(hk)?, nan(hk)?);
+                    compute::linear_fused(
+                        &xt,
+                        Some(compute::InputNorm { weight: &gt, eps }),
+                        &wt,
+                        compute::LinearOutput::RopeSplitQkv {
+                            positions: &post,
+                            rope: Rope {
+                                base: 10000.0,
+                                style,
+                            },
+                            q: &mut q2,
+                            k: &mut k2,
+                            v: &mut v2,
+                        },
+                    )?;
+                    let bits = |t: &Tensor| -> polyattn::Result<Vec<u32>> {
+                        Ok(t.to_f32_vec()?.iter().map(|v| v.to_bits()).collect())
+                    };
+                    let (split_k, split_v) = (bits(&k2)?, bits(&v2)?);
                     let host = cache.to_device(&polyattn::Device::cpu())?;
                     let data = host.data().to_f32_vec()?;
                     let mut written = vec![false; data.len()];
@@ -1258,6 +1281,17 @@ fn linear_into_the_cache_writes_the_slots() {
                                 );
                                 ensure(cmp.pass, || {
                                     format!("{label} token {tok} head {head} kv {kv}: {cmp}")
+                                })?;
+                                let split = if kv == 0 { &split_k } else { &split_v };
+                                let same = data[at..at + d]
+                                    .iter()
+                                    .zip(&split[from..from + d])
+                                    .all(|(a, b)| a.to_bits() == *b);
+                                ensure(same, || {
+                                    format!(
+                                        "{label} token {tok} head {head} kv {kv}: not the \
+                                         split's bits"
+                                    )
                                 })?;
                                 written[at..at + d].iter_mut().for_each(|w| *w = true);
                             }

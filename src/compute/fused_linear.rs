@@ -62,7 +62,8 @@ pub enum LinearOutput<'a> {
     /// write is a launch of its own for a few hundred bytes; here it is the projection's
     /// epilogue. [`fuses_cache_write`] says which caches take it: f32 storage in one buffer,
     /// on the CPU, CUDA and the WGSL family's runtimes. Duplicate slots in one batch race
-    /// (which token's row lands is unspecified, as in vLLM's kernel).
+    /// (which token's row lands is unspecified, as in vLLM's kernel; the WGSL family's
+    /// attention-layer write keeps the last token's instead).
     RopeSplitQkvCache {
         /// `[T]` i32 positions of the tokens.
         positions: &'a Tensor,
@@ -286,7 +287,11 @@ pub(super) fn norm_check(x: &Tensor, weight: &Tensor, eps: f32, h: usize) -> Res
 ///
 /// Errors: the shapes, dtypes and devices of every operand as the separate operations check
 /// them, `N` odd for [`LinearOutput::SwiGlu`], `N ≠ (H + 2·Hk)·d` for
-/// [`LinearOutput::RopeSplitQkv`], and `K = 0` (no product to write).
+/// [`LinearOutput::RopeSplitQkv`] and [`LinearOutput::RopeSplitQkvCache`], and `K = 0` (no
+/// product to write); for the cache form also a cache [`fuses_cache_write`] refuses, a
+/// batch whose slot mapping has another token count or whose block size differs from the
+/// cache's, and a batch naming more blocks than the cache holds. A refused call writes
+/// nothing.
 pub fn linear_fused(
     x: &Tensor,
     norm: Option<InputNorm<'_>>,

@@ -80,6 +80,8 @@ pub(super) struct DecodeGraphs {
     vocab: usize,
     /// By (padded batch size, block-table width).
     graphs: HashMap<(usize, usize), DecodeGraph>,
+    /// Captures so far.
+    captures: usize,
 }
 
 impl DecodeGraphs {
@@ -99,6 +101,7 @@ impl DecodeGraphs {
             block_size,
             vocab,
             graphs: HashMap::new(),
+            captures: 0,
         }
     }
 
@@ -116,9 +119,10 @@ impl DecodeGraphs {
             .min(self.max_width)
     }
 
-    /// (batch size, width) graphs captured so far.
+    /// Graphs captured so far: one per (batch size, width), more where a graph had to be
+    /// captured again over new batch arrays (their old ones were still shared).
     pub(super) fn captured(&self) -> usize {
-        self.graphs.values().filter(|g| g.graph.is_some()).count()
+        self.captures
     }
 
     /// Runs one decode step of `rows` at padded size `size` (from [`DecodeGraphs::size_for`]):
@@ -202,6 +206,18 @@ impl DecodeGraphs {
                 CommonAttentionMetadata::new(device, desc)?
             }
         };
+        // A replay checks nothing on the device: every cache must hold the blocks the batch
+        // names (the eager step that records a graph checks this too).
+        if let Some(c) = caches
+            .iter()
+            .find(|c| c.num_blocks() < common.min_cache_blocks())
+        {
+            return Err(Error::metadata(format!(
+                "the batch uses block {} but a KV cache has {} blocks",
+                common.min_cache_blocks() - 1,
+                c.num_blocks()
+            )));
+        }
         let metadata = builder.build_for_graph_capture(&common)?;
         entry.input_ids.write_i32(&ids)?;
         entry.positions.write_i32(&positions)?;
@@ -237,6 +253,7 @@ impl DecodeGraphs {
                     ))
                 })?;
                 *graph = Some(captured);
+                self.captures += 1;
             }
         }
         entry.metadata = Some(metadata);

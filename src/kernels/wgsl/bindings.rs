@@ -23,7 +23,8 @@ pub enum Bindings {
     Model,
     /// model_ops_gemv.wgsl / model_ops_linear.wgsl with an input norm or a pair output
     /// (`crate::compute::linear_fused`): uniform 0; read 1 (x), 2 (W), 4 (norm weight),
-    /// 5 (positions); read-write 3 (the output, or q), 6 (k), 7 (v). A specialisation
+    /// 5 (positions); read-write 3 (the output, or q), 6 (k, or the KV cache), 7 (v, or the
+    /// slot mapping, only read). A specialisation
     /// declares only those it uses ([`LinearFusion`](super::LinearFusion)); the others get
     /// placeholders.
     LinearFused,
