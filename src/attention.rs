@@ -202,23 +202,7 @@ impl AttentionParams {
                 ),
             });
         }
-        if cache.block_size() != common.block_size() {
-            return Err(Error::config(format!(
-                "KV cache has blocks of {} tokens; the batch's metadata was built for blocks of {}",
-                cache.block_size(),
-                common.block_size()
-            )));
-        }
-        if cache.num_blocks() < common.min_cache_blocks() {
-            return Err(Error::metadata(format!(
-                "the batch uses block {} (block table or slot mapping) but the KV cache has {} \
-                 blocks (ids 0..{})",
-                common.min_cache_blocks() - 1,
-                cache.num_blocks(),
-                cache.num_blocks()
-            )));
-        }
-        Ok(())
+        cache.check_batch(common)
     }
 
     /// Checks the inputs of a KV-cache update (`do_kv_cache_update`) and returns their dtype:

@@ -14,7 +14,7 @@ use crate::capability::KvLayout;
 use crate::device::{Device, Tensor};
 use crate::dtype::{CacheDType, DType};
 use crate::error::{Error, Result};
-use crate::metadata::NULL_BLOCK_ID;
+use crate::metadata::{CommonAttentionMetadata, NULL_BLOCK_ID};
 
 /// What one layer's KV cache holds (vLLM's `AttentionSpec`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,6 +182,29 @@ impl KvCache {
             KvLayout::Nhd => base + (token * h + head) * d,
             KvLayout::Hnd => base + (head * bs + token) * d,
         }
+    }
+
+    /// Checks that `batch` was built for this cache's block size and names no block past its
+    /// last (block table or slot mapping): what every write or read of the cache through the
+    /// batch relies on.
+    pub fn check_batch(&self, batch: &CommonAttentionMetadata) -> Result<()> {
+        if self.block_size() != batch.block_size() {
+            return Err(Error::config(format!(
+                "KV cache has blocks of {} tokens; the batch's metadata was built for blocks of {}",
+                self.block_size(),
+                batch.block_size()
+            )));
+        }
+        if self.num_blocks < batch.min_cache_blocks() {
+            return Err(Error::metadata(format!(
+                "the batch uses block {} (block table or slot mapping) but the KV cache has {} \
+                 blocks (ids 0..{})",
+                batch.min_cache_blocks() - 1,
+                self.num_blocks,
+                self.num_blocks
+            )));
+        }
+        Ok(())
     }
 
     /// Elements between two consecutive tokens of one head inside a block.

@@ -249,21 +249,7 @@ fn rope_cache_dims(
             batch.slot_mapping_cpu().len()
         )));
     }
-    if batch.block_size() != cache.block_size() {
-        return Err(Error::config(format!(
-            "KV cache has blocks of {} tokens; the batch's metadata was built for blocks of {}",
-            cache.block_size(),
-            batch.block_size()
-        )));
-    }
-    if cache.num_blocks() < batch.min_cache_blocks() {
-        return Err(Error::metadata(format!(
-            "the batch uses block {} (block table or slot mapping) but the KV cache has {} \
-             blocks",
-            batch.min_cache_blocks() - 1,
-            cache.num_blocks()
-        )));
-    }
+    cache.check_batch(batch)?;
     Ok((t, (h, hk, d)))
 }
 

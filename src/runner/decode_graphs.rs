@@ -208,15 +208,8 @@ impl DecodeGraphs {
         };
         // A replay checks nothing on the device: every cache must hold the blocks the batch
         // names (the eager step that records a graph checks this too).
-        if let Some(c) = caches
-            .iter()
-            .find(|c| c.num_blocks() < common.min_cache_blocks())
-        {
-            return Err(Error::metadata(format!(
-                "the batch uses block {} but a KV cache has {} blocks",
-                common.min_cache_blocks() - 1,
-                c.num_blocks()
-            )));
+        for c in caches.iter() {
+            c.check_batch(&common)?;
         }
         let metadata = builder.build_for_graph_capture(&common)?;
         entry.input_ids.write_i32(&ids)?;
