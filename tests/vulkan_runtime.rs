@@ -11,6 +11,7 @@
 //! without validation and says so.
 
 use polyattn::device::vulkan::{BindingKind, ModuleBinding, VulkanDevice, VulkanOptions};
+use polyattn::device::wgsl::WgslRuntime;
 use polyattn::kernels::wgsl::{MergeShader, ELEMENTWISE_WORKGROUP};
 use polyattn::rng::Rng;
 use polyattn::DType;
@@ -25,10 +26,17 @@ fn open() -> Option<VulkanDevice> {
 /// [`open`] with push descriptors on or off (off: every dispatch allocates and writes a
 /// descriptor set, the path of devices without `VK_KHR_push_descriptor`).
 fn open_with(push_descriptors: bool) -> Option<VulkanDevice> {
-    let validated = VulkanDevice::open(VulkanOptions {
+    open_options(VulkanOptions {
         validation: true,
         push_descriptors,
-    });
+        subgroup_size_control: true,
+    })
+}
+
+/// The device opened with `options` (validation asked for; see the module docs for when it
+/// runs without), or `None` after printing why there is none.
+fn open_options(options: VulkanOptions) -> Option<VulkanDevice> {
+    let validated = VulkanDevice::open(options);
     // A release build (the GPU machine's, which has no validation layer) runs without it;
     // a debug build (what CI runs, with the layer installed) never does.
     let opened = match validated {
@@ -36,7 +44,7 @@ fn open_with(push_descriptors: bool) -> Option<VulkanDevice> {
             println!("vulkan_runtime: no validation layer in this release run ({e}); without it");
             VulkanDevice::open(VulkanOptions {
                 validation: false,
-                push_descriptors,
+                ..options
             })
         }
         other => other,
@@ -453,4 +461,83 @@ fn the_benchmark_probes_run() {
     let secs = timer.stop().unwrap();
     assert!(secs > 0.0 && secs < 10.0, "{secs}");
     assert!(dev.take_validation_errors().is_empty());
+}
+
+/// Every invocation of a module writes the size of its subgroup. With subgroup-size control
+/// (where the device has it: Vulkan 1.3's `subgroupSizeControl`, lavapipe and NVIDIA's
+/// driver included), every pipeline runs at the one size the device reports as required, and
+/// the kernels see the range collapsed to it; without it, sizes lie in the device's range.
+#[test]
+fn pipelines_run_at_the_required_subgroup_size() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    const SOURCE: &str = "
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(128)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(subgroup_size) n: u32) {
+    out[g.x] = n;
+}
+";
+    for control in [true, false] {
+        let Some(dev) = open_options(VulkanOptions {
+            validation: true,
+            push_descriptors: true,
+            subgroup_size_control: control,
+        }) else {
+            return;
+        };
+        let (min, max) = WgslRuntime::info(&dev).subgroup_sizes;
+        if !WgslRuntime::info(&dev).subgroups {
+            println!(
+                "SKIP subgroup sizes: {} has no subgroup operations",
+                dev.name()
+            );
+            return;
+        }
+        let required = dev.required_subgroup_size();
+        match (control, required) {
+            (true, Some(n)) => {
+                assert_eq!((min, max), (n, n), "the kernels see the required size only");
+                assert!(
+                    dev.description().contains("(required)"),
+                    "{}",
+                    dev.description()
+                );
+            }
+            (true, None) => println!(
+                "subgroup sizes: {} cannot require a size (range {min}..{max})",
+                dev.name()
+            ),
+            (false, r) => assert_eq!(r, None, "a size required with control off"),
+        }
+        let pipe = dev.pipeline("subgroup size probe", SOURCE).unwrap();
+        let out = dev.zeros(4 * 4 * 128).unwrap();
+        dev.dispatch(&pipe, &[(0, &out)], (4, 1, 1)).unwrap();
+        let sizes: Vec<u32> = bytemuck::cast_slice(&dev.download(&out).unwrap()).to_vec();
+        for &n in &sizes {
+            match required {
+                Some(r) => assert_eq!(n, r, "a subgroup of {n} lanes, {r} required"),
+                None => assert!((min..=max).contains(&n), "{n} lanes outside {min}..{max}"),
+            }
+        }
+        // A workgroup of the device's largest size: on a device of one subgroup size it runs
+        // at that size (required or not); where sizes vary, the device's largest workgroup is
+        // already capped to what the required size allows.
+        let most = WgslRuntime::info(&dev).max_invocations.min(1024);
+        let wide = SOURCE.replace("workgroup_size(128)", &format!("workgroup_size({most})"));
+        let pipe = dev.pipeline("subgroup size probe, widest", &wide).unwrap();
+        let out = dev.zeros(4 * u64::from(most)).unwrap();
+        dev.dispatch(&pipe, &[(0, &out)], (1, 1, 1)).unwrap();
+        let wide_sizes: Vec<u32> = bytemuck::cast_slice(&dev.download(&out).unwrap()).to_vec();
+        assert!(
+            wide_sizes.iter().all(|n| (min..=max).contains(n)),
+            "{most} invocations: sizes {wide_sizes:?} outside {min}..{max}"
+        );
+        let errors = dev.validation_errors();
+        assert!(errors.is_empty(), "validation errors: {errors:#?}");
+        println!(
+            "subgroup sizes on {} with control {control}: {:?} (required {required:?})",
+            dev.name(),
+            sizes.iter().collect::<std::collections::BTreeSet<_>>()
+        );
+    }
 }

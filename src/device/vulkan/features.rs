@@ -5,7 +5,13 @@
 //!   class naga's subgroup built-ins translate to (basic, vote, arithmetic, ballot, shuffle,
 //!   relative shuffle) — what wgpu's `SUBGROUP` feature asks of a Vulkan device;
 //! * the subgroup sizes a compute dispatch may run with (Vulkan 1.3's subgroup-size-control
-//!   range, else the one size of the device);
+//!   range, else the one size of the device), and the one size pipelines require where the
+//!   device lets a compute stage require it (`subgroupSizeControl`, then enabled; which size:
+//!   [`preferred_subgroup_size`]), with the largest workgroup that size allows
+//!   (`maxComputeWorkgroupSubgroups` of them). WGSL cannot ask for a subgroup size, and a
+//!   kernel that knows its subgroup's size exactly can give each key group a whole subgroup
+//!   (on a device whose compiler may pick 8, 16 or 32 lanes the family's decode kernel
+//!   otherwise has to plan for 8);
 //! * f16: `shaderFloat16` with 16-bit storage-buffer and uniform access (naga declares both
 //!   access capabilities for every module that has an f16 type);
 //! * cooperative matrices: `VK_KHR_cooperative_matrix` offering the 16 × 16 × 16 f16 × f16 →
@@ -35,6 +41,10 @@ pub(crate) struct ShaderFeatures {
     pub api: u32,
     pub subgroups: bool,
     pub subgroup_sizes: (u32, u32),
+    /// The subgroup size pipelines can require and the most invocations a workgroup may
+    /// then have (`subgroupSizeControl`, which is then enabled), or `None` where the device
+    /// cannot require one (see the module docs).
+    pub required_subgroup_size: Option<(u32, u32)>,
     pub f16: bool,
     /// The coop form's cooperative matrices (see the module docs); the extension and
     /// features are enabled with the device when set.
@@ -112,6 +122,7 @@ impl ShaderFeatures {
                 api,
                 subgroups: false,
                 subgroup_sizes: (1, 1),
+                required_subgroup_size: None,
                 f16: false,
                 coop: false,
                 coop_bf16: false,
@@ -164,15 +175,20 @@ impl ShaderFeatures {
         };
         let has_coop_extension = has(COOP_EXTENSION);
         let has_bf16_extension = has_coop_extension && has(BF16_EXTENSION);
+        let mut size_control_feature = false;
         let (f16, memory_model, coop_feature, bf16_feature, array_any_index) =
             if api >= vk::API_VERSION_1_2 {
                 let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
                 let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+                let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
                 let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
                 let mut fbf16 = Bfloat16Features::default();
                 let mut features = vk::PhysicalDeviceFeatures2::default()
                     .push_next(&mut f11)
                     .push_next(&mut f12);
+                if api >= vk::API_VERSION_1_3 {
+                    features = features.push_next(&mut f13);
+                }
                 if has_coop_extension {
                     features = features.push_next(&mut fcoop);
                 }
@@ -184,6 +200,7 @@ impl ShaderFeatures {
                     .features
                     .shader_storage_buffer_array_dynamic_indexing
                     == vk::TRUE;
+                size_control_feature = f13.subgroup_size_control == vk::TRUE;
                 (
                     f12.shader_float16 == vk::TRUE
                         && f11.storage_buffer16_bit_access == vk::TRUE
@@ -211,10 +228,22 @@ impl ShaderFeatures {
             && has_bf16_extension
             && bf16_feature
             && coop_configuration(entry, instance, physical, COMPONENT_BF16);
+        let stage_controls = size_control
+            .required_subgroup_size_stages
+            .contains(vk::ShaderStageFlags::COMPUTE);
+        let required_subgroup_size = (subgroups && size_control_feature && stage_controls)
+            .then(|| preferred_subgroup_size(subgroup_sizes))
+            .flatten()
+            .map(|size| {
+                let most =
+                    u64::from(size_control.max_compute_workgroup_subgroups) * u64::from(size);
+                (size, most.min(u64::from(u32::MAX)) as u32)
+            });
         ShaderFeatures {
             api,
             subgroups,
             subgroup_sizes,
+            required_subgroup_size,
             f16,
             coop,
             coop_bf16,
@@ -223,6 +252,20 @@ impl ShaderFeatures {
             max_push_descriptors,
         }
     }
+}
+
+/// The subgroup size to require of pipelines on a device whose compute subgroups may have
+/// `min..=max` lanes: the largest power of two in the range up to 32 (the width the family's
+/// kernels are planned for: an NVIDIA warp, AMD's wave32, Intel's widest SIMD), else the
+/// smallest (a device of 64 lanes only). `None` for a range without a power of two (no
+/// device reports one).
+pub(crate) fn preferred_subgroup_size((min, max): (u32, u32)) -> Option<u32> {
+    if min == 0 || min > max {
+        return None;
+    }
+    let fits = |s: &u32| (min..=max).contains(s);
+    let up_to_32 = (0..=5).rev().map(|e| 1u32 << e).find(fits);
+    up_to_32.or_else(|| (6..=10).map(|e| 1u32 << e).find(fits))
 }
 
 /// Whether `physical` offers the coop form's configuration for inputs of `ab`: 16 × 16 × 16,
@@ -250,4 +293,22 @@ unsafe fn coop_configuration(
                 && p.result_type == vk::ComponentTypeKHR::FLOAT32
                 && p.scope == vk::ScopeKHR::SUBGROUP
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preferred_subgroup_size;
+
+    #[test]
+    fn the_required_size_is_the_widest_up_to_32() {
+        // NVIDIA, lavapipe, Intel (SIMD8..32), AMD RDNA (wave32 / wave64), AMD CDNA, Arm.
+        assert_eq!(preferred_subgroup_size((32, 32)), Some(32));
+        assert_eq!(preferred_subgroup_size((8, 8)), Some(8));
+        assert_eq!(preferred_subgroup_size((8, 32)), Some(32));
+        assert_eq!(preferred_subgroup_size((32, 64)), Some(32));
+        assert_eq!(preferred_subgroup_size((64, 64)), Some(64));
+        assert_eq!(preferred_subgroup_size((4, 16)), Some(16));
+        assert_eq!(preferred_subgroup_size((0, 32)), None);
+        assert_eq!(preferred_subgroup_size((33, 63)), None);
+    }
 }

@@ -83,6 +83,10 @@ pub struct VulkanOptions {
     /// Record a dispatch's buffers with `VK_KHR_push_descriptor` where the device offers it
     /// (the process device does); off, every dispatch allocates and writes a descriptor set.
     pub push_descriptors: bool,
+    /// Require one subgroup size of every pipeline where the device can (the process device
+    /// does; `features::preferred_subgroup_size` says which): kernels then plan for exactly
+    /// that size. Off, the driver picks a size within the device's range per pipeline.
+    pub subgroup_size_control: bool,
 }
 
 /// What the validation messenger collected.
@@ -131,6 +135,11 @@ pub(crate) struct Inner {
     pub(crate) limits: vk::PhysicalDeviceLimits,
     /// `VK_KHR_push_descriptor` and its `maxPushDescriptors`, where enabled.
     pub(crate) push: Option<(ash::khr::push_descriptor::Device, u32)>,
+    /// The subgroup size pipelines require where `subgroupSizeControl` is enabled, with the
+    /// most invocations a workgroup may have at that size.
+    pub(crate) required_subgroup_size: Option<(u32, u32)>,
+    /// The device's own range of subgroup sizes (before any is required).
+    pub(crate) device_subgroup_sizes: (u32, u32),
     /// What the device offers the WGSL family's kernels.
     pub(crate) wgsl: WgslDeviceInfo,
     /// Valid bits of the compute queue's timestamps (0: no timestamps there).
@@ -363,6 +372,11 @@ impl VulkanDevice {
             .shader_storage_buffer_array_non_uniform_indexing(caps.array_any_index)
             .vulkan_memory_model(caps.coop)
             .vulkan_memory_model_device_scope(caps.coop);
+        let required_subgroup_size = caps
+            .required_subgroup_size
+            .filter(|_| options.subgroup_size_control);
+        let mut enable13 = vk::PhysicalDeviceVulkan13Features::default()
+            .subgroup_size_control(required_subgroup_size.is_some());
         let mut enable_coop =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let mut enable_bf16 = features::Bfloat16Features::default();
@@ -387,6 +401,9 @@ impl VulkanDevice {
         info = info.enabled_features(&enable10);
         if caps.api >= vk::API_VERSION_1_2 {
             info = info.push_next(&mut enable11).push_next(&mut enable12);
+        }
+        if required_subgroup_size.is_some() {
+            info = info.push_next(&mut enable13);
         }
         if caps.coop {
             info = info.push_next(&mut enable_coop);
@@ -488,16 +505,29 @@ impl VulkanDevice {
             .map(|h| h.size)
             .max()
             .unwrap_or(u64::MAX);
+        // Where the size varies, every pipeline runs at the required one, and no workgroup is
+        // larger than that size allows (`VulkanDevice::required_size_for`).
+        let (min, max) = caps.subgroup_sizes;
+        let (subgroup_sizes, max_invocations) = match required_subgroup_size {
+            Some((n, most)) if min < max => (
+                (n, n),
+                props.limits.max_compute_work_group_invocations.min(most),
+            ),
+            _ => (
+                caps.subgroup_sizes,
+                props.limits.max_compute_work_group_invocations,
+            ),
+        };
         let wgsl = WgslDeviceInfo {
             name: name.clone(),
             is_cpu: props.device_type == vk::PhysicalDeviceType::CPU,
             subgroups: caps.subgroups,
-            subgroup_sizes: caps.subgroup_sizes,
+            subgroup_sizes,
             f16: caps.f16,
             coop: caps.coop,
             coop_bf16: caps.coop_bf16,
             max_workgroup_storage: props.limits.max_compute_shared_memory_size,
-            max_invocations: props.limits.max_compute_work_group_invocations,
+            max_invocations,
             max_workgroup_size_x: props.limits.max_compute_work_group_size[0],
             max_workgroups_per_dim: props.limits.max_compute_work_group_count[0]
                 .min(props.limits.max_compute_work_group_count[2]),
@@ -524,6 +554,8 @@ impl VulkanDevice {
             device,
             limits: props.limits,
             push,
+            required_subgroup_size,
+            device_subgroup_sizes: caps.subgroup_sizes,
             timestamp_bits,
             name,
             kind: props.device_type,
@@ -650,6 +682,7 @@ impl VulkanDevice {
                 VulkanDevice::open(VulkanOptions {
                     validation,
                     push_descriptors: true,
+                    subgroup_size_control: true,
                 })
                 .map_err(|e| match e {
                     Error::Device { message, .. } => message,

@@ -51,15 +51,15 @@ fn compile_error(key: &str, message: String) -> Error {
     }
 }
 
-/// SPIR-V words and the group-0 buffer bindings of WGSL module `source` (entry point
-/// `main`), validated with what `device` offers (subgroup operations, f16) and written with
-/// or without naga's loop-bounding counters.
+/// SPIR-V words, the group-0 buffer bindings and the workgroup's invocations of WGSL
+/// module `source` (entry point `main`), validated with what `device` offers (subgroup
+/// operations, f16) and written with or without naga's loop-bounding counters.
 pub fn translate(
     key: &str,
     source: &str,
     device: &WgslDeviceInfo,
     loops: LoopBounding,
-) -> Result<(Vec<u32>, Vec<ModuleBinding>)> {
+) -> Result<(Vec<u32>, Vec<ModuleBinding>, u32)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(key, e.emit_to_string(source)))?;
     let mut caps = Capabilities::empty();
@@ -166,7 +166,12 @@ pub fn translate(
                 .map_err(|e| compile_error(key, e))?;
         }
     }
-    Ok((words, bindings))
+    let invocations = module
+        .entry_points
+        .iter()
+        .find(|e| e.name == "main")
+        .map_or(1, |e| e.workgroup_size.iter().product());
+    Ok((words, bindings, invocations))
 }
 
 /// A compute pipeline of one module, destroyed when dropped.
@@ -237,6 +242,31 @@ fn descriptor_type(kind: BindingKind) -> vk::DescriptorType {
 }
 
 impl VulkanDevice {
+    /// The subgroup size a pipeline of a workgroup of `invocations` requires: the device's
+    /// (where it can require one) when the workgroup fits the subgroups that size allows.
+    /// On a device whose subgroup size varies the kernels plan for the required size and
+    /// keep their workgroups within that bound (`WgslDeviceInfo::max_invocations`), so a
+    /// larger one is an error; on a device of one size it runs at that size unrequired.
+    fn required_size_for(&self, key: &str, invocations: u32) -> Result<Option<u32>> {
+        let Some((size, most)) = self.inner().required_subgroup_size else {
+            return Ok(None);
+        };
+        if invocations <= most {
+            return Ok(Some(size));
+        }
+        let (min, max) = self.inner().device_subgroup_sizes;
+        if min == max {
+            return Ok(None);
+        }
+        Err(compile_error(
+            key,
+            format!(
+                "a workgroup of {invocations} invocations: at the required subgroup size \
+                 {size} this device takes at most {most}"
+            ),
+        ))
+    }
+
     /// The pipeline of WGSL module `source` (named `key` in errors).
     pub fn pipeline(&self, key: &str, source: &str) -> Result<ComputePipeline> {
         self.pipeline_with(key, source, LoopBounding::Forced)
@@ -249,7 +279,8 @@ impl VulkanDevice {
         source: &str,
         loops: LoopBounding,
     ) -> Result<ComputePipeline> {
-        let (words, bindings) = translate(key, source, &self.inner().wgsl, loops)?;
+        let (words, bindings, invocations) = translate(key, source, &self.inner().wgsl, loops)?;
+        let required_size = self.required_size_for(key, invocations)?;
         let descriptors: u32 = bindings.iter().map(|b| b.count).sum();
         let push = self
             .inner()
@@ -302,10 +333,17 @@ impl VulkanDevice {
                     return Err(vk_error("vkCreatePipelineLayout", e));
                 }
             };
-            let stage = vk::PipelineShaderStageCreateInfo::default()
+            // Every pipeline at the device's required size, where it has one: the kernels were
+            // chosen for exactly that size (`WgslDeviceInfo::subgroup_sizes`).
+            let mut size = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
+                .required_subgroup_size(required_size.unwrap_or(0));
+            let mut stage = vk::PipelineShaderStageCreateInfo::default()
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(shader)
                 .name(c"main");
+            if required_size.is_some() {
+                stage = stage.push_next(&mut size);
+            }
             let info = vk::ComputePipelineCreateInfo::default()
                 .stage(stage)
                 .layout(layout);

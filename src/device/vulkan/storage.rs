@@ -243,6 +243,12 @@ impl VulkanDevice {
         self.wait_idle()
     }
 
+    /// The subgroup size every pipeline of this device requires (`subgroupSizeControl`), or
+    /// `None` where the driver picks one within the device's range.
+    pub fn required_subgroup_size(&self) -> Option<u32> {
+        self.inner().required_subgroup_size.map(|(n, _)| n)
+    }
+
     /// One-line description: device, type, what the kernels may use.
     pub fn description(&self) -> String {
         let w = &self.inner().wgsl;
@@ -251,10 +257,12 @@ impl VulkanDevice {
             extras.push("f16".to_string());
         }
         if w.subgroups {
-            extras.push(format!(
-                "subgroups {}..{}",
-                w.subgroup_sizes.0, w.subgroup_sizes.1
-            ));
+            let (min, max) = self.inner().device_subgroup_sizes;
+            extras.push(match self.required_subgroup_size() {
+                Some(n) if min < max => format!("subgroups of {n} (required, of {min}..{max})"),
+                Some(n) => format!("subgroups of {n} (required)"),
+                None => format!("subgroups {min}..{max}"),
+            });
         }
         if w.coop {
             extras.push(
