@@ -26,10 +26,11 @@ cp .devbin/* /tmp/b/ 2>/dev/null
 export OUT=/tmp/h200 B=/tmp/b
 case $call in
   # The kernels' tests and sanitizers (no model needed): the CUDA-core decode kernel, the
-  # tensor-core linear layers and the projection's cache write, the shared attention bodies,
-  # one launch of each decode kernel under ncu.
-  1) phases=(stash decode-cores gemv-mma attention decode-cores-ncu) ;;
-  2) phases=(stash) ;;
+  # tensor-core linear layers and the projection's cache write.
+  1) phases=(stash decode-cores gemv-mma) ;;
+  # With call 1's binaries from /tmp/b: the shared attention bodies, one launch of each
+  # decode kernel under ncu.
+  2) phases=(stash attention decode-cores-ncu) ;;
   # The graph tests and the greedy-token identity with everything on (the defaults) first,
   # then SmolLM2 with the two kernels on and off and the projection's cache write on and off.
   3) phases=(join graphs identity step-ab cache-write-ab) ;;
