@@ -170,7 +170,11 @@ pub fn translate(
         .entry_points
         .iter()
         .find(|e| e.name == "main")
-        .map_or(1, |e| e.workgroup_size.iter().product());
+        .map_or(1, |e| {
+            e.workgroup_size
+                .iter()
+                .fold(1u32, |n, &d| n.saturating_mul(d))
+        });
     Ok((words, bindings, invocations))
 }
 
