@@ -498,7 +498,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(subgroup_size) n: 
             (true, Some(n)) => {
                 assert_eq!((min, max), (n, n), "the kernels see the required size only");
                 assert!(
-                    dev.description().contains("(required)"),
+                    dev.description().contains("(required"),
                     "{}",
                     dev.description()
                 );
