@@ -67,6 +67,7 @@
 // (cp.async, ldmatrix, bf16 mma). Block-table entries are read only for keys inside the item's visible union.
 
 #include "common.cuh"
+#include "mma_softmax.cuh"
 
 // m16 tiles per warp: 1 (64 rows per CTA, the host's default) or 2 (128 rows); the host
 // passes -DPA_MMA_MT. Without it the default form is built (the CI whole-file check for
@@ -106,8 +107,6 @@
 static_assert(MMA_MT == 1 || MMA_MT == 2, "one or two m16 tiles per warp");
 static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "4 or 8 warps per CTA");
 static_assert(MMA_SUBK == 32 || MMA_SUBK == 64, "32 or 64 keys per softmax step");
-#define PA_LOG2E 1.4426950408889634f
-#define PA_LN2 0.6931471805599453f
 
 // Element offset of the K row of key `kp` for this item's KV head (the V row is `v_delta`
 // further), or -1 when kp is outside [span_lo, span_hi) (its copies are zero-filled).
@@ -173,74 +172,6 @@ __device__ __forceinline__ void pa_mma_load_kv(const pa_u16* cache, const pa_u64
                               cache);
         }
     }
-}
-
-// Folds the row maxima (MAX) or sums (else) of a thread's scores of one m-tile into r[0]
-// (row lane/4: elements 0, 1 of every n-tile) and r[1] (row lane/4 + 8: elements 2, 3).
-// Why a tree: a running max / sum is a chain of 2 NJ dependent instructions per row, and at
-// 8 warps per SM their latency is not hidden (ncu: warps stalled on fixed-latency
-// dependencies more than on anything else); the tree's depth is log2(2 NJ).
-template <int NJ, bool SUM>
-__device__ __forceinline__ void pa_mma_row_reduce(const float (&s)[NJ][4], float (&r)[2]) {
-    static_assert((NJ & (NJ - 1)) == 0, "a power of two of n-tiles");
-    float a[NJ][2];
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        a[j][0] = SUM ? s[j][0] + s[j][1] : fmaxf(s[j][0], s[j][1]);
-        a[j][1] = SUM ? s[j][2] + s[j][3] : fmaxf(s[j][2], s[j][3]);
-    }
-#pragma unroll
-    for (int w = NJ / 2; w >= 1; w /= 2) {
-#pragma unroll
-        for (int j = 0; j < w; ++j) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                a[j][i] = SUM ? a[j][i] + a[j + w][i] : fmaxf(a[j][i], a[j + w][i]);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) r[i] = SUM ? r[i] + a[0][i] : fmaxf(r[i], a[0][i]);
-}
-
-// Scores of one m16 x (8 NJ)-key sub-tile starting at key c0 for the two rows a thread owns
-// (rows r and r + 8 of the item), the visibility mask [lo, hi) when MASK (a tile wholly
-// inside every row's visible range needs none), and folds their maxima into mx. PLAIN (no soft cap, no
-// ALiBi): s stays the raw Q K^T (the caller folds scale * log2 e into the exponent's FFMA,
-// which is exact to reorder because scale > 0); otherwise s = (Q K^T * scale, soft-capped,
-// minus the ALiBi bias) * log2 e, in base-2 units.
-template <bool MASK, bool PLAIN, int NJ>
-__device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ][4], int c0,
-                                              int t4, int r, int hc, int pos0, int head0,
-                                              const int (&lo)[2], const int (&hi)[2],
-                                              float qk_scale, float (&mx)[2]) {
-    float slope[2] = {0.0f, 0.0f};
-    int pos[2] = {0, 0};
-    if (!PLAIN && p.alibi != 0) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            pos[i] = pos0 + (r + 8 * i) / hc;
-            slope[i] = p.alibi[head0 + (r + 8 * i) % hc];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = e >> 1;
-            const int kp = c0 + 8 * j + 2 * t4 + (e & 1);
-            float x = s[j][e];
-            if (!PLAIN) {
-                x *= qk_scale;
-                if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-                x -= slope[i] * fabsf((float)(pos[i] - kp));
-                x *= PA_LOG2E;
-            }
-            if (MASK) x = (kp >= lo[i] && kp < hi[i]) ? x : -PA_INF;
-            s[j][e] = x;
-        }
-    }
-    pa_mma_row_reduce<NJ, false>(s, mx);
 }
 
 // PLAIN: the layer has neither soft cap nor ALiBi (the entry point picks the instantiation,

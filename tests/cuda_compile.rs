@@ -88,6 +88,99 @@ fn check_arch(arch: &str) -> Vec<String> {
     failures
 }
 
+/// The Hopper sources compile for sm_90a without spills, and their SASS holds the warpgroup
+/// tensor-core instructions (`HGMMA`) where a `cuobjdump` is on the PATH (a kernel whose
+/// products compiled to anything else would be on a slower path); without one the test says
+/// that the SASS check skipped. (`cuobjdump` comes with the CUDA toolkit, or from PyPI's
+/// `nvidia-cuda-cuobjdump` wheel.)
+#[test]
+fn hopper_kernels_compile_for_sm90a_with_wgmma() {
+    if let Err(why) = nvrtc_status() {
+        report!("SKIP cuda_compile hopper: NVRTC is not available: {why}");
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut images = Vec::new();
+    for k in cuda::HOPPER_SOURCES {
+        match compile(&k, cuda::HOPPER_ARCH, &["--ptxas-options=-v"]) {
+            Ok(out) => {
+                let reports = parse_ptxas_report(&out.log);
+                for f in k.functions {
+                    if !reports.iter().any(|r| &r.function == f) {
+                        failures.push(format!("{}: no ptxas report for {f}", k.name));
+                    }
+                }
+                for r in &reports {
+                    report!(
+                        "{} {:<20} {:<32} {:>3} registers, {:>4} B stack, {} B spill stores, {} B \
+                         spill loads",
+                        cuda::HOPPER_ARCH,
+                        k.name,
+                        r.function,
+                        r.registers,
+                        r.stack_bytes,
+                        r.spill_stores,
+                        r.spill_loads
+                    );
+                    if r.spill_stores > 0 || r.spill_loads > 0 {
+                        failures.push(format!("{}: {} spills", k.name, r.function));
+                    }
+                }
+                images.push((k.name, out.image));
+            }
+            Err(e) => failures.push(format!("{}: {e}", k.name)),
+        }
+    }
+    // The run-time variants: each selects its one entry point and spills nothing.
+    for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
+        for head_size in [64, 128] {
+            for keys in [64, 128] {
+                for plain in [true, false] {
+                    let variant = cuda::wgmma_variant(dtype, head_size, keys, plain);
+                    let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
+                    let name = cuda::wgmma_function_name(dtype, head_size).expect("variant");
+                    let opts = [&["--ptxas-options=-v"], defines.as_slice()].concat();
+                    match compile(&cuda::PAGED_ATTENTION_WGMMA, cuda::HOPPER_ARCH, &opts) {
+                        Ok(out) => {
+                            let reports = parse_ptxas_report(&out.log);
+                            let got: Vec<&str> =
+                                reports.iter().map(|r| r.function.as_str()).collect();
+                            if got != [name] {
+                                failures.push(format!("{defines:?}: got {got:?}, want {name}"));
+                            }
+                            for r in reports
+                                .iter()
+                                .filter(|r| r.spill_stores + r.spill_loads > 0)
+                            {
+                                failures.push(format!("{defines:?}: {} spills", r.function));
+                            }
+                            for r in &reports {
+                                report!(
+                                    "{defines:?}: {} registers, {} B stack",
+                                    r.registers,
+                                    r.stack_bytes
+                                );
+                            }
+                        }
+                        Err(e) => failures.push(format!("{defines:?}: {e}")),
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let Some(tool) = cuobjdump() else {
+        report!("SKIP the SASS check: no cuobjdump on the PATH");
+        return;
+    };
+    for (name, image) in images {
+        let sass = sass_of(&tool, name, &image);
+        let hgmma = sass.matches("HGMMA").count();
+        report!("{name}: {hgmma} HGMMA instructions in the SASS");
+        assert!(hgmma > 0, "{name}: no HGMMA in the SASS");
+    }
+}
+
 /// The variants the backend compiles at run time (one head-size bucket or one tensor-core
 /// variant per module) select exactly the entry points they are loaded for, without spills
 /// on sm_90 (this covers the tensor-core kernel's 64-row build, which the whole-file check
@@ -191,4 +284,35 @@ fn run_time_variants_select_their_entry_points() {
         cuda::PAGED_ATTENTION_MATRIX.functions,
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A `cuobjdump` on the PATH that runs.
+fn cuobjdump() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("cuobjdump"))
+        .find(|p| {
+            std::process::Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+/// The SASS of a cubin, through `tool` (written to a temporary file first).
+fn sass_of(tool: &std::path::Path, name: &str, image: &[u8]) -> String {
+    let path = std::env::temp_dir().join(format!("polyattn-{name}-{}.cubin", std::process::id()));
+    std::fs::write(&path, image).expect("write the cubin");
+    let out = std::process::Command::new(tool)
+        .arg("--dump-sass")
+        .arg(&path)
+        .output()
+        .expect("run cuobjdump");
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "cuobjdump failed on {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

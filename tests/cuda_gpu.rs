@@ -1,9 +1,9 @@
 //! CUDA-only checks at lengths the shared suite (tests/attention_correctness.rs, small shapes
 //! on every backend) does not reach: split-KV decode (flash-decoding plus the combine kernel,
 //! which only kicks in past ~512 keys), long causal prefill and chunked prefill (many key
-//! tiles; with `POLYATTN_CUDA_MMA=1` the tensor-core kernel), cascade over a long shared
-//! prefix, each with sinks / window / ALiBi / soft cap / fp8 variants, against the f64
-//! reference.
+//! tiles, on the tensor-core prefill kernels: wgmma on sm_90, mma.sync elsewhere or with
+//! `POLYATTN_CUDA_MMA=1`), cascade over a long shared prefix, each with sinks / window /
+//! ALiBi / soft cap / fp8 variants, against the f64 reference.
 //!
 //! The decode-kernel test (`decode_kernel_matches_reference`) covers the tensor-core decode
 //! kernel (paged_decode.cu) across head sizes, GQA groups (including groups above its 16 rows),
@@ -444,8 +444,10 @@ fn decode_kernel_sanitizer_set() {
 }
 
 /// A small prefill set for compute-sanitizer (racecheck is slow: long_prefill's 30 cases take
-/// minutes under it): only batches the tensor-core prefill kernel takes, its plain and its
-/// soft cap / ALiBi build, chunked and fresh requests, a window, sinks, d64 / d96 / d128.
+/// minutes under it): only batches the tensor-core prefill kernels take, their plain and their
+/// soft cap / ALiBi builds, chunked and fresh requests, a window, sinks, GQA groups of 1 to 8,
+/// blocks of 16 to 64, d64 / d96 / d128 (on sm_90 d64 and d128 run on the wgmma kernel, d96 on
+/// the mma.sync one; `POLYATTN_CUDA_MMA=1` puts all on mma.sync).
 /// h200.sh runs it with each CTA shape forced (POLYATTN_CUDA_MMA_ROWS / _WARPS).
 #[test]
 fn prefill_kernel_sanitizer_set() {
@@ -459,8 +461,17 @@ fn prefill_kernel_sanitizer_set() {
     window.sliding_window = Some(50);
     let mut sinks = params(6, 1, 96, CacheDType::Auto);
     sinks.sinks = Some((0..6).map(|i| 0.5 - i as f32 * 0.1).collect());
+    let mut capped = params(16, 2, 128, CacheDType::Auto);
+    capped.logits_soft_cap = Some(4.0);
+    capped.sinks = Some((0..16).map(|i| 0.3 - i as f32 * 0.05).collect());
     let cases = [
         ("f16 d128 (8,2) alibi", alibi, DType::F16, 16),
+        (
+            "f16 d128 (16,2) soft cap + sinks, blocks of 64",
+            capped,
+            DType::F16,
+            64,
+        ),
         (
             "bf16 d128 (8,2) plain",
             params(8, 2, 128, CacheDType::Auto),

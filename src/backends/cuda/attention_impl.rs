@@ -27,8 +27,9 @@ use super::metadata_builder::CudaAttentionMetadata;
 use super::tuning::{CudaTuning, MmaKernel};
 use crate::kernels::cuda::{
     attention_function_name, decode_function_name, decode_smem_bytes, decode_variant,
-    matrix_function_name, mma_function_name, AttnParams, DECODE_CORES_HEAD_SIZE,
-    DECODE_ROWS_PER_ITEM, DECODE_THREADS, MATRIX_ROWS, NVIDIA_WARP, PAGED_DECODE, ROWS_PER_ITEM,
+    matrix_function_name, mma_function_name, wgmma_function_name, AttnParams,
+    DECODE_CORES_HEAD_SIZE, DECODE_ROWS_PER_ITEM, DECODE_THREADS, MATRIX_ROWS, NVIDIA_WARP,
+    PAGED_DECODE, ROWS_PER_ITEM, WGMMA_ROWS,
 };
 use crate::plan::{Pass, SplitRule};
 
@@ -76,15 +77,21 @@ impl CudaAttentionImpl {
 
     /// The prefill kernel [`CudaTuning::mma`] picks for this layer and batch, when it
     /// applies: f16 / bf16 activations with a cache of the same dtype, a supported head size,
-    /// sm_80+; `None` leaves the prefill band on CUDA cores.
+    /// sm_80+ (the Hopper kernel: compute capability 9.0, which its sm_90a cubin needs, and
+    /// head size 64 or 128); `None` leaves the prefill band on CUDA cores.
     fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<CudaKernel> {
-        if dtype != cache_dtype || self.device.compute_capability() < (8, 0) {
+        let cc = self.device.compute_capability();
+        if dtype != cache_dtype || cc < (8, 0) {
             return None;
         }
         let d = self.params.head_size;
+        let mma = || mma_function_name(dtype, d).map(CudaKernel::Mma);
         match CudaTuning::get().mma {
             MmaKernel::CudaCores => None,
-            MmaKernel::TensorCores => mma_function_name(dtype, d).map(CudaKernel::Mma),
+            MmaKernel::Auto if cc == (9, 0) => wgmma_function_name(dtype, d)
+                .map(CudaKernel::Wgmma)
+                .or_else(mma),
+            MmaKernel::Auto | MmaKernel::TensorCores => mma(),
             MmaKernel::AmdWmmaEmulated => {
                 matrix_function_name(dtype, d).map(CudaKernel::AmdMatrixEmulated)
             }
@@ -161,6 +168,8 @@ pub enum CudaKernel {
     CudaCores,
     /// The tensor-core prefill kernel (`paged_attention_mma.cu`), by function name.
     Mma(&'static str),
+    /// The Hopper prefill kernel (`paged_attention_wgmma.cu`), by function name.
+    Wgmma(&'static str),
     /// The HIP backend's matrix-core prefill with the WMMA product emulated
     /// ([`MmaKernel::AmdWmmaEmulated`]), by function name.
     AmdMatrixEmulated(&'static str),
@@ -420,6 +429,11 @@ impl ForwardKernels for CudaAttentionImpl {
                     io.dtype,
                     shape,
                 )
+            }
+            CudaKernel::Wgmma(name) => {
+                let key = job.plan_key(&self.params, false, WGMMA_ROWS, SplitRule::Never);
+                let plan = md.plan(&key)?;
+                kernels::launch_wgmma(&self.device, &self.params, &plan, &base, name, io.dtype)
             }
             CudaKernel::AmdMatrixEmulated(name) => {
                 let key = job.plan_key(&self.params, false, MATRIX_ROWS, SplitRule::Never);

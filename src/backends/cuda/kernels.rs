@@ -1,6 +1,7 @@
 //! The CUDA backend's kernel glue: how the backend launches the CUDA family through the CUDA
 //! runtime — the tensor-core prefill kernel's CTA shape per batch, one launch function per
-//! kernel (decode, CUDA-core attention and its split combine, tensor-core prefill,
+//! kernel (decode, CUDA-core attention and its split combine, the tensor-core prefills on
+//! `mma.sync` and on Hopper's wgmma,
 //! `reshape_and_cache`, `merge_attn_states`) over the planner's work lists, and the host
 //! checks they share (device residency, i32 ranges). Under the names the backend's files use:
 //! the planner's work item ([`WorkItem`], read by `paged_attention.cu`), the family's
@@ -17,9 +18,13 @@ use crate::kernels::cuda::{
     decode_cores_variant, decode_smem_bytes, matrix_smem_bytes, matrix_threads, matrix_variant,
     mma_smem_bytes, mma_variant, AttnParams, MatrixCores, MergeBuffers, MergeShape, MmaShape,
     ATTN_THREADS, DECODE_THREADS, MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION,
-    PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, PAGED_DECODE_CORES, RESHAPE_AND_CACHE,
+    PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA, PAGED_DECODE_CORES,
+    RESHAPE_AND_CACHE,
 };
 use crate::kernels::cuda::{merge_launch, ReshapeLaunch};
+use crate::kernels::cuda::{
+    wgmma_smem_bytes, wgmma_variant, HOPPER_ARCH, WGMMA_DEFAULT_KEYS, WGMMA_THREADS,
+};
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
 use super::tuning::CudaTuning;
@@ -27,7 +32,7 @@ use super::tuning::CudaTuning;
 pub use crate::kernels::cuda::{KEYS_PER_CHUNK, ROWS_PER_ITEM};
 pub use crate::plan::WorkItem;
 
-pub(crate) use crate::device::cuda::{function, launch, launch_dependent};
+pub(crate) use crate::device::cuda::{function, function_for, launch, launch_dependent};
 
 /// The tensor-core prefill kernel's CTA shape for small prefill batches: 64 rows on 4 warps
 /// (one m16 tile per warp; about 185 registers).
@@ -175,6 +180,36 @@ pub(crate) fn launch_mma(
         grid_dim: (plan.work.items.len() as u32, 1, 1),
         block_dim: (shape.threads(), 1, 1),
         shared_mem_bytes: mma_smem_bytes(p.head_size, shape.rows),
+    };
+    launch(device, &f, cfg, &params, None)
+}
+
+/// Queues the Hopper prefill kernel over `plan` (items of up to
+/// [`WGMMA_ROWS`](crate::kernels::cuda::WGMMA_ROWS) rows, never
+/// split), built for [`HOPPER_ARCH`]; the caller checked that the device is compute
+/// capability 9.0.
+pub(crate) fn launch_wgmma(
+    device: &CudaDevice,
+    p: &AttentionParams,
+    plan: &CudaPlan,
+    base: &AttnParams,
+    name: &str,
+    dtype: DType,
+) -> Result<()> {
+    let Some(params) = plan.item_params(base) else {
+        return Ok(());
+    };
+    let plain = p.soft_cap().is_none() && p.alibi_slopes.is_none();
+    let keys = CudaTuning::get()
+        .wgmma_keys
+        .map_or(WGMMA_DEFAULT_KEYS, |k| k as usize);
+    let variant = wgmma_variant(dtype, p.head_size, keys, plain);
+    let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
+    let f = function_for(device, &PAGED_ATTENTION_WGMMA, HOPPER_ARCH, &opts, name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (WGMMA_THREADS, 1, 1),
+        shared_mem_bytes: wgmma_smem_bytes(p.head_size, keys),
     };
     launch(device, &f, cfg, &params, None)
 }

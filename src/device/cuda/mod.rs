@@ -42,10 +42,10 @@ mod nvrtc;
 
 pub(crate) use launch::{launch, launch_dependent};
 pub use nccl::{nccl_status, NcclComms};
-pub(crate) use nvrtc::function;
 pub use nvrtc::{
     arch_for, base_options, compile, nvrtc_status, parse_ptxas_report, CompileOutput, PtxasReport,
 };
+pub(crate) use nvrtc::{function, function_for};
 
 fn device_error(message: impl Into<String>) -> Error {
     Error::Device {

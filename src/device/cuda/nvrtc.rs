@@ -228,26 +228,46 @@ fn compile_cached(k: &KernelSource, arch: &str, defines: &[&str]) -> Result<Vec<
     Ok(out.image)
 }
 
-/// The module of `k` (the variant selected by `defines`) on `device`, compiled for the
-/// device's architecture on first use.
-pub(crate) fn module(
+/// The module of `k` (the variant selected by `defines`) on `device`, compiled for `arch`
+/// on first use.
+fn module_for(
     device: &CudaDevice,
     k: &KernelSource,
+    arch: &str,
     defines: &[&str],
 ) -> Result<Arc<CudaModule>> {
-    let arch = arch_for(device.compute_capability());
     let key = format!("{}:{arch}:{}", k.name, defines.join(" "));
-    device.module(&key, || compile_cached(k, &arch, defines))
+    device.module(&key, || compile_cached(k, arch, defines))
 }
 
-/// Entry point `name` of `k`'s variant `defines` on `device`.
+/// Entry point `name` of `k`'s variant `defines` on `device`, compiled for the device's
+/// architecture (`sm_XY`).
 pub(crate) fn function(
     device: &CudaDevice,
     k: &KernelSource,
     defines: &[&str],
     name: &str,
 ) -> Result<CudaFunction> {
-    module(device, k, defines)?
+    function_for(
+        device,
+        k,
+        &arch_for(device.compute_capability()),
+        defines,
+        name,
+    )
+}
+
+/// [`function`] compiled for `arch` instead: an arch-specific target such as `sm_90a`,
+/// whose instructions (wgmma) the plain `sm_90` target lacks. The caller checks that the
+/// device runs it (an `sm_90a` cubin loads on compute capability 9.0 only).
+pub(crate) fn function_for(
+    device: &CudaDevice,
+    k: &KernelSource,
+    arch: &str,
+    defines: &[&str],
+    name: &str,
+) -> Result<CudaFunction> {
+    module_for(device, k, arch, defines)?
         .load_function(name)
         .map_err(|e| device_error(format!("{}: no function {name}: {e}", k.name)))
 }

@@ -104,6 +104,23 @@ pub fn mma_smem_bytes(head_size: usize, rows: usize) -> u32 {
     ((rows + 4 * 64) * (head_size + 8) * 2) as u32
 }
 
+/// Query rows per CTA and per work item of the Hopper prefill kernel
+/// (`paged_attention_wgmma.cu`'s `WG_ROWS`: two warpgroups of 64 rows).
+pub const WGMMA_ROWS: usize = 128;
+
+/// Threads per CTA of the Hopper prefill kernel (`WG_THREADS`: two warpgroups).
+pub const WGMMA_THREADS: u32 = 256;
+
+/// Keys per tile of the Hopper prefill kernel when no tuning forces one (`PA_WG_KEYS`).
+pub const WGMMA_DEFAULT_KEYS: usize = 128;
+
+/// Dynamic shared memory of the Hopper prefill kernel with `keys` keys per tile: the Q tile
+/// (128 rows), two K and two V tiles, `head_size` 16-bit elements a row, and 1024 bytes that
+/// let the kernel round its base up to the 128-byte swizzle's 1024-byte period.
+pub fn wgmma_smem_bytes(head_size: usize, keys: usize) -> u32 {
+    (1024 + (WGMMA_ROWS + 4 * keys) * head_size * 2) as u32
+}
+
 /// Query heads per work item of the decode kernel (the m16 rows of its mma tiles).
 pub const DECODE_ROWS_PER_ITEM: usize = 16;
 
@@ -142,6 +159,10 @@ mod tests {
 
     #[test]
     fn shared_memory_sizes() {
+        // Alignment slack, Q [128][128], 2 x (K + V) [128][128], 2 bytes each: 161 KiB, within
+        // the 227 KiB a Hopper CTA may opt into.
+        assert_eq!(wgmma_smem_bytes(128, 128), 1024 + (128 + 512) * 128 * 2);
+        assert!(wgmma_smem_bytes(128, 128) <= 227 * 1024);
         assert_eq!(
             attention_smem_bytes(256),
             (16 * 256 + 16 * 258 + 16 * 256) * 4

@@ -31,6 +31,11 @@ pub const MLA_PARAMS: &str = include_str!("../../../kernels-cuda/mla_params.cuh"
 /// place of `#include "linear_params.cuh"`.
 pub const LINEAR_PARAMS: &str = include_str!("../../../kernels-cuda/linear_params.cuh");
 
+/// `mma_softmax.cuh`: the online-softmax pieces of the two tensor-core prefill kernels
+/// (row reductions, scores with their modifiers and mask), pasted in place of
+/// `#include "mma_softmax.cuh"`.
+pub const MMA_SOFTMAX: &str = include_str!("../../../kernels-cuda/mma_softmax.cuh");
+
 /// `reshape_and_cache.cu`.
 pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
     name: "reshape_and_cache",
@@ -79,6 +84,27 @@ pub const PAGED_ATTENTION_MMA: KernelSource = KernelSource {
         "paged_attention_mma_bf16_d128",
     ],
 };
+
+/// `paged_attention_wgmma.cu` (Hopper's warpgroup tensor-core instructions; f16 / bf16, head
+/// sizes 64 and 128). Built for `sm_90a` only ([`HOPPER_ARCH`]), so it is not in
+/// [`ALL_SOURCES`] but in [`HOPPER_SOURCES`].
+pub const PAGED_ATTENTION_WGMMA: KernelSource = KernelSource {
+    name: "paged_attention_wgmma",
+    source: include_str!("../../../kernels-cuda/paged_attention_wgmma.cu"),
+    functions: &[
+        "paged_attention_wgmma_f16_d64",
+        "paged_attention_wgmma_f16_d128",
+        "paged_attention_wgmma_bf16_d64",
+        "paged_attention_wgmma_bf16_d128",
+    ],
+};
+
+/// The architecture the Hopper sources are built for: `wgmma` and `setmaxnreg` exist only in
+/// the arch-specific `sm_90a` target, whose cubins run on compute capability 9.0 alone.
+pub const HOPPER_ARCH: &str = "sm_90a";
+
+/// The sources built for [`HOPPER_ARCH`] only.
+pub const HOPPER_SOURCES: [KernelSource; 1] = [PAGED_ATTENTION_WGMMA];
 
 /// `paged_decode.cu` (split-KV decode on tensor cores; f16 / bf16 with a same-dtype, E4M3 or
 /// E5M2 cache, head sizes 64, 96, 128).
@@ -287,6 +313,7 @@ pub fn full_source(k: &KernelSource) -> String {
         .replace("#include \"common.cuh\"", &common)
         .replace("#include \"mla_params.cuh\"", MLA_PARAMS)
         .replace("#include \"linear_params.cuh\"", LINEAR_PARAMS)
+        .replace("#include \"mma_softmax.cuh\"", MMA_SOFTMAX)
 }
 
 #[cfg(test)]
@@ -387,8 +414,8 @@ mod tests {
 
     #[test]
     fn sources_paste_the_header() {
-        for k in ALL_SOURCES {
-            let s = full_source(&k);
+        for k in ALL_SOURCES.iter().chain(&HOPPER_SOURCES) {
+            let s = full_source(k);
             assert!(
                 !s.lines().any(|l| l.trim_start().starts_with("#include")),
                 "{}",

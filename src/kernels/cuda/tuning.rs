@@ -9,8 +9,8 @@ use super::shapes::{MmaShape, DECODE_MAX_SPLITS, MMA_SHAPES};
 
 use crate::kernels::tuning_env::{self, Env};
 
-/// Picks the CUDA backend's prefill kernel: `0` / `1` (the CUDA-core kernel / the tensor-core
-/// kernel) or `amd-wmma`; see [`CudaTuning::mma`].
+/// Picks the CUDA backend's prefill kernel: `auto`, `0` / `1` (the CUDA-core kernel / the
+/// `mma.sync` tensor-core kernel) or `amd-wmma`; see [`CudaTuning::mma`].
 pub const MMA_ENV: &str = "POLYATTN_CUDA_MMA";
 /// Forces the query rows per CTA of the tensor-core prefill kernel; see
 /// [`CudaTuning::mma_shape`].
@@ -20,6 +20,8 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 /// Forces the keys per online-softmax step of the tensor-core prefill kernel; see
 /// [`CudaTuning::mma_subk`].
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
+/// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
+pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
 /// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
 /// Forces the split count of every decode token; see [`CudaTuning::decode_splits`].
@@ -50,9 +52,14 @@ pub enum MlaDecodeKernel {
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmaKernel {
+    /// The fastest kernel the device and layer have (`auto`, the default): the Hopper kernel
+    /// (`paged_attention_wgmma.cu`: wgmma, built for sm_90a) on compute capability 9.0 where
+    /// it has the head size (64, 128), else the `mma.sync` tensor-core kernel.
+    Auto,
     /// The CUDA-core kernel (`paged_attention.cu`), as for short queries (`0`).
     CudaCores,
-    /// The tensor-core kernel (`paged_attention_mma.cu`; `1`, the default).
+    /// The `mma.sync` tensor-core kernel (`paged_attention_mma.cu`; `1`) on every GPU from
+    /// sm_80, Hopper included: the A/B of the Hopper kernel, and its fallback.
     TensorCores,
     /// The HIP backend's matrix-core prefill (`kernels-hip/paged_attention_matrix.hip`) in its
     /// RDNA3 WMMA form, the matrix product emulated by warp shuffles (`amd-wmma`). Many times
@@ -68,8 +75,11 @@ pub enum MmaKernel {
 pub struct CudaTuning {
     /// The kernel of prefill requests of at least the backend's `MMA_MIN_QUERY_LEN` (16)
     /// query tokens (f16 / bf16 with a same-dtype cache, head size 64 / 96 / 128, sm_80+).
-    /// [`MMA_ENV`]: `0` / `1` / `amd-wmma`; default [`MmaKernel::TensorCores`].
+    /// [`MMA_ENV`]: `auto` / `0` / `1` / `amd-wmma`; default [`MmaKernel::Auto`].
     pub mma: MmaKernel,
+    /// Keys per tile of the Hopper prefill kernel (`-DPA_WG_KEYS`): 64 or 128; `None` (the
+    /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
+    pub wgmma_keys: Option<u32>,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
     /// 128 or 256) and [`MMA_WARPS_ENV`] (4 or 8); a row count alone takes the fewest warps
@@ -116,7 +126,8 @@ pub struct CudaTuning {
 impl Default for CudaTuning {
     fn default() -> Self {
         CudaTuning {
-            mma: MmaKernel::TensorCores,
+            mma: MmaKernel::Auto,
+            wgmma_keys: None,
             mma_shape: None,
             mma_subk: None,
             decode: true,
@@ -150,10 +161,11 @@ impl CudaTuning {
         CudaTuning {
             mma: env.get(
                 MMA_ENV,
-                "0, 1 (or off / on) or amd-wmma",
+                "auto, 0, 1 (or off / on) or amd-wmma",
                 d.mma,
-                "on",
-                |v| match v.to_ascii_lowercase().as_str() {
+                "auto",
+                |v| match v.trim().to_ascii_lowercase().as_str() {
+                    "auto" => Some(MmaKernel::Auto),
                     "amd-wmma" => Some(MmaKernel::AmdWmmaEmulated),
                     other => tuning_env::parse_switch(other).map(|on| {
                         if on {
@@ -164,6 +176,7 @@ impl CudaTuning {
                     }),
                 },
             ),
+            wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
             mma_shape: mma_shape(&env),
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
@@ -275,6 +288,7 @@ mod tests {
     fn every_knob_parses() {
         let t = tuning(&[
             (MMA_ENV, "0"),
+            (WGMMA_KEYS_ENV, "64"),
             (MMA_ROWS_ENV, "128"),
             (MMA_WARPS_ENV, "8"),
             (MMA_SUBK_ENV, "32"),
@@ -290,6 +304,7 @@ mod tests {
             t,
             CudaTuning {
                 mma: MmaKernel::CudaCores,
+                wgmma_keys: Some(64),
                 mma_shape: Some(MmaShape {
                     rows: 128,
                     warps: 8
@@ -327,6 +342,7 @@ mod tests {
     fn rejected_values_keep_the_defaults() {
         let t = tuning(&[
             (MMA_ENV, "maybe"),
+            (WGMMA_KEYS_ENV, "96"),
             (MMA_ROWS_ENV, "96"),
             (MMA_SUBK_ENV, "48"),
             (DECODE_SPLITS_ENV, "0"),
@@ -342,8 +358,10 @@ mod tests {
     fn the_prefill_kernel_choice() {
         let k = |v| tuning(&[(MMA_ENV, v)]).mma;
         assert_eq!(k("on"), MmaKernel::TensorCores);
+        assert_eq!(k("auto"), MmaKernel::Auto);
+        assert_eq!(k(" AUTO "), MmaKernel::Auto);
         assert_eq!(k("0"), MmaKernel::CudaCores);
         assert_eq!(k("AMD-WMMA"), MmaKernel::AmdWmmaEmulated);
-        assert_eq!(k("amd"), MmaKernel::TensorCores);
+        assert_eq!(k("amd"), MmaKernel::Auto);
     }
 }

@@ -7,7 +7,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::shapes::MmaShape;
-use super::sources::{PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_DECODE};
+use super::sources::{PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA, PAGED_DECODE};
 
 /// The element-type code of `dtype` as the kernels read it (`PA_F32` ... in `common.cuh`);
 /// `None` for integer dtypes.
@@ -54,6 +54,33 @@ pub fn mma_variant(dtype: DType, head_size: usize, shape: MmaShape, plain: bool)
         format!("-DPA_MMA_WARPS={}", shape.warps),
         format!("-DPA_MMA_PLAIN={}", i32::from(plain)),
     ]
+}
+
+/// The `-D` options that build only the Hopper prefill variant for `dtype`, `head_size`,
+/// `keys` per tile (`PA_WG_KEYS`: 64 or 128) and the layer's modifiers (`PA_WG_PLAIN`, as
+/// [`mma_variant`]); see paged_attention_wgmma.cu.
+pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -> [String; 4] {
+    [
+        format!("-DPA_WG_D={head_size}"),
+        format!("-DPA_WG_BF16={}", i32::from(dtype == DType::Bf16)),
+        format!("-DPA_WG_KEYS={keys}"),
+        format!("-DPA_WG_PLAIN={}", i32::from(plain)),
+    ]
+}
+
+/// The Hopper prefill entry point for `dtype` (f16 / bf16) and `head_size` (64, 128).
+pub fn wgmma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+    let t = match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        _ => return None,
+    };
+    let want = format!("paged_attention_wgmma_{t}_d{head_size}");
+    PAGED_ATTENTION_WGMMA
+        .functions
+        .iter()
+        .find(|f| **f == want)
+        .copied()
 }
 
 /// The decode kernel's code for a cache dtype (`PD_KV`): 0 for a cache of the activation
@@ -171,5 +198,20 @@ mod tests {
         assert_eq!(decode_function_name(DType::F16, DType::Bf16, 128), None);
         assert_eq!(decode_function_name(DType::F32, DType::F32, 128), None);
         assert_eq!(decode_function_name(DType::F16, DType::F16, 256), None);
+        assert_eq!(
+            wgmma_function_name(DType::Bf16, 128),
+            Some("paged_attention_wgmma_bf16_d128")
+        );
+        assert_eq!(wgmma_function_name(DType::F16, 96), None);
+        assert_eq!(wgmma_function_name(DType::F32, 128), None);
+        assert_eq!(
+            wgmma_variant(DType::F16, 64, 128, true),
+            [
+                "-DPA_WG_D=64",
+                "-DPA_WG_BF16=0",
+                "-DPA_WG_KEYS=128",
+                "-DPA_WG_PLAIN=1"
+            ]
+        );
     }
 }

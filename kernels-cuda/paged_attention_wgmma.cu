@@ -1,0 +1,638 @@
+// Paged attention on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the prefill
+// kernel the CUDA backend runs on sm_90 for f16 / bf16 activations with a cache of the same
+// dtype and head sizes 64 and 128 (rows of whole 128-byte swizzle atoms). Everything else --
+// other head sizes, other GPUs -- runs on paged_attention_mma.cu, which shares this kernel's
+// work items, masks and softmax (mma_softmax.cuh) and is the reference for the semantics.
+//
+// Work: the same WorkItem list as paged_attention_mma.cu, planned with up to WG_ROWS = 128
+// rows per item: query tokens [q_start, q_start + q_len) of request `req` times query heads
+// kv_head*group + [head_start, head_start + head_count), row r = token r / head_count, head
+// r % head_count. num_splits is always 1.
+//
+// Algorithm per CTA: two warpgroups (8 warps, 256 threads); warpgroup g computes rows
+// 64 g .. 64 g + 63 of the item, each of its warps the 16 rows of its slice of the wgmma
+// m64 tile, in the m16 accumulator layout mma_softmax.cuh describes.
+//  1. The Q tile [128][D] is copied to shared memory with cp.async (rows past the item's rows
+//     zero-filled), in the same copy group as the first K/V tile.
+//  2. Keys are visited in tiles of WG_KEYS (128, or 64 with -DPA_WG_KEYS=64) positions from
+//     the union of the rows' visible ranges (aligned down to 16). All 256 threads gather the
+//     K and V tiles from the paged cache with 16-byte cp.async copies (pages are smaller than
+//     a tile, so there is no one box for the bulk tensor copy engine); positions outside the
+//     visible union are zero-filled, never read. Tiles are double-buffered and the block
+//     table is read two tiles ahead into a shared table of row addresses, as in
+//     paged_attention_mma.cu. A tile becomes visible to the tensor cores through
+//     cp.async.wait_group, fence.proxy.async (cp.async writes through the generic proxy;
+//     wgmma reads through the async proxy) and the one barrier of the tile.
+//  3. S = Q K^T: D / 16 wgmma.m64nKk16 steps, A (Q) and B (K) from shared memory, f32
+//     accumulators in registers. A warpgroup whose rows see no key of the tile skips it
+//     (uniform over the warpgroup, as wgmma requires).
+//  4. Online softmax in base 2 exactly as paged_attention_mma.cu (mask by selection to -inf,
+//     ex2.approx, running max m and partial sum l per row, O rescaled when m moves).
+//  5. O += P V: P packed to f16x2 / bf16x2 straight from the S accumulators (the accumulator
+//     layout of two n8 tiles is wgmma's register A fragment of one k16 step), V from shared
+//     memory read N-major (imm-trans-b), KEYS / 16 wgmma.m64nDk16 steps. Each warpgroup waits
+//     for its products before the next tile's barrier, after which the buffer is refilled.
+//  6. out = O / l (0 when l = 0), lse = m ln 2 + ln l (-inf when the row saw neither key nor
+//     sink); sinks as in paged_attention_mma.cu.
+//
+// Shared-memory layout (dynamic; its base rounded up to 1024 bytes at run time, which the
+// host's size allows for): the Q tile, then K stage 0, K stage 1, V stage 0, V stage 1. Every
+// tile is stored in column blocks of 64 elements (128 bytes a row): block b holds elements
+// 64 b .. 64 b + 63 of every row, rows 128 bytes apart, and the 16-byte chunk c of row j sits
+// at chunk position c ^ (j % 8) -- the 128-byte swizzle, whose pattern repeats every 8 rows
+// (1024 bytes, the alignment every block keeps). The Q tile holds one such set of blocks per
+// warpgroup (64 rows each). wgmma descriptors (wg_desc): Q and K are K-major (stride between
+// 8-row groups 1024 bytes; a k16 step is +32 bytes inside a block, the next block after four
+// steps); V is N-major (its rows are keys: +2048 bytes per k16 step; the leading-dimension
+// offset is the distance between its column blocks).
+//
+// Bounds relied on (host side): as paged_attention_mma.cu, plus head_size == D in {64, 128},
+// 256 threads, dynamic shared memory = wgmma_smem_bytes (src/kernels/cuda/shapes.rs:
+// 1024 + (128 + 4 KEYS) D 2 bytes), compiled for sm_90a (wgmma and the async proxy fence).
+// Block-table entries are read only for keys inside the item's visible union.
+
+#include "common.cuh"
+#include "mma_softmax.cuh"
+
+#ifndef PA_WG_KEYS
+#define PA_WG_KEYS 128
+#endif
+// PA_WG_PLAIN: 1 builds only the form without soft cap and ALiBi, 0 only the form with them,
+// undefined both, chosen at entry (the CI whole-file check).
+#ifndef PA_WG_PLAIN
+#define PA_WG_PLAIN -1
+#endif
+#define WG_KEYS PA_WG_KEYS
+#define WG_ROWS 128
+#define WG_THREADS 256
+static_assert(WG_KEYS == 64 || WG_KEYS == 128, "64 or 128 keys per tile");
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "paged_attention_wgmma.cu needs the sm_90a target (wgmma)"
+#endif
+
+// ---------------------------------------------------------------- wgmma wrappers
+
+// A shared-memory matrix descriptor with the 128-byte swizzle: start address, leading- and
+// stride-dimension byte offsets, each encoded as (x & 0x3FFFF) >> 4; base offset 0 (every
+// pattern starts on a 1024-byte boundary).
+__device__ __forceinline__ pa_u64 wg_desc(pa_u32 addr, pa_u32 lbo, pa_u32 sbo) {
+    return (pa_u64)((addr & 0x3FFFF) >> 4) | ((pa_u64)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((pa_u64)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Makes the shared memory this thread wrote through the generic proxy (cp.async, stores)
+// visible to the async proxy (wgmma's operand reads) once a barrier orders the two.
+__device__ __forceinline__ void wg_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulators across the wgmma issue /
+// wait pair (they are written asynchronously, invisibly to it).
+template <int NJ>
+__device__ __forceinline__ void wg_fence_regs(float (&d)[NJ][4]) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+    }
+}
+
+// d (+)= A B for one m64n64k16 step, A and B from shared memory (descriptors), f32
+// accumulators in the m16-tile layout of each warp (d[j][e]: n8 tile j).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_ss_n64(float (&d)[8][4], pa_u64 da, pa_u64 db, int acc) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "l"(da), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+}
+
+// d (+)= A B for one m64n128k16 step, A and B from shared memory (descriptors), f32
+// accumulators in the m16-tile layout of each warp (d[j][e]: n8 tile j).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_ss_n128(float (&d)[16][4], pa_u64 da, pa_u64 db, int acc) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(da), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+}
+
+// d += A B for one m64n64k16 step, A from registers (the m16 A-fragment layout per warp),
+// B from shared memory stored N-major (imm-trans-b = 1).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_rs_n64(float (&d)[8][4], const pa_u32 (&a)[4], pa_u64 db) {
+    const int acc = 1;
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    }
+}
+
+// d += A B for one m64n128k16 step, A from registers (the m16 A-fragment layout per warp),
+// B from shared memory stored N-major (imm-trans-b = 1).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_rs_n128(float (&d)[16][4], const pa_u32 (&a)[4], pa_u64 db) {
+    const int acc = 1;
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    }
+}
+
+
+// One k16 step of S = Q K^T over N = NJ * 8 keys.
+template <bool BF16, int NJ>
+__device__ __forceinline__ void wg_mma_qk(float (&s)[NJ][4], pa_u64 dq, pa_u64 dk, int acc) {
+    if constexpr (NJ == 16) {
+        wg_mma_ss_n128<BF16>(s, dq, dk, acc);
+    } else {
+        static_assert(NJ == 8, "64 or 128 keys");
+        wg_mma_ss_n64<BF16>(s, dq, dk, acc);
+    }
+}
+
+// One k16 step of O += P V over N = NT * 8 head dimensions.
+template <bool BF16, int NT>
+__device__ __forceinline__ void wg_mma_pv(float (&o)[NT][4], const pa_u32 (&a)[4], pa_u64 dv) {
+    if constexpr (NT == 16) {
+        wg_mma_rs_n128<BF16>(o, a, dv);
+    } else {
+        static_assert(NT == 8, "head size 64 or 128");
+        wg_mma_rs_n64<BF16>(o, a, dv);
+    }
+}
+
+// Byte offset of the 16-byte chunk `c` of row `j` in a swizzled tile of `rows` rows.
+__device__ __forceinline__ pa_u32 wg_swizzled(int j, int c, int rows) {
+    return (pa_u32)((c >> 3) * rows * 128 + j * 128 + (((c & 7) ^ (j & 7)) << 4));
+}
+
+// Issues the cp.async copies of the K and V tile whose key rows start at the global byte
+// addresses krow[0..WG_KEYS) (0: zero-fill from the valid address `dummy`) into the swizzled
+// tiles at k_sa / v_sa. Each thread copies one chunk column of every (256 / CH)-th row, a
+// multiple of 8 rows apart, so its swizzled column and destinations are constants.
+template <int D>
+__device__ __forceinline__ void wg_load_kv(const pa_u16* dummy, const pa_u64* krow,
+                                           pa_i64 v_delta_b, pa_u32 k_sa, pa_u32 v_sa) {
+    constexpr int CH = D / 8;
+    constexpr int RSTEP = WG_THREADS / CH;  // rows per copy round: 16 (D 128) or 32 (D 64)
+    static_assert(RSTEP % 8 == 0, "rounds keep the swizzle phase");
+    const int c = threadIdx.x % CH;
+    const int j0 = threadIdx.x / CH;
+    const pa_u64 cb = (pa_u64)c * 16;
+    const pa_u64 vb = cb + (pa_u64)v_delta_b;
+    const pa_u32 dst0 = wg_swizzled(j0, c, WG_KEYS);
+#pragma unroll
+    for (int k = 0; k < WG_KEYS / RSTEP; ++k) {
+        const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * 128);
+        const pa_u64 row = krow[j0 + k * RSTEP];
+        if (row != 0) {
+            ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
+            ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
+        } else {
+            ptx_cp_async16(k_sa + dst, dummy, 0);
+            ptx_cp_async16(v_sa + dst, dummy, 0);
+        }
+    }
+}
+
+template <bool BF16, int D, bool PLAIN>
+__device__ __forceinline__ void wg_attend(const AttnParams& p) {
+    constexpr int CH = D / 8;              // 16-byte chunks per row
+    constexpr int KT = D / 16;             // k16 steps of Q K^T
+    constexpr int NT = D / 8;              // n8 tiles of O
+    constexpr int NJ = WG_KEYS / 8;        // n8 tiles of S
+    constexpr int TILE_B = WG_KEYS * D * 2;  // bytes of one K or V tile
+    constexpr int QWG_B = 64 * D * 2;      // bytes of one warpgroup's Q rows
+    extern __shared__ uint4 wg_smem_raw[];
+    __shared__ pa_u64 krow_s[2][WG_KEYS];
+    __shared__ int2 vis_s[WG_ROWS];
+    __shared__ int4 bounds_s[WG_THREADS / 32];
+    const pa_u32 q_sa = (ptx_smem_addr(wg_smem_raw) + 1023u) & ~1023u;
+    const pa_u32 k_sa0 = q_sa + WG_ROWS * D * 2;
+    const pa_u32 v_sa0 = k_sa0 + 2 * TILE_B;
+
+    const WorkItem it = p.items[blockIdx.x];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wg = warp >> 2;
+    const int g4 = lane >> 2;
+    const int t4 = lane & 3;
+    const int hc = it.head_count;
+    const int rows = it.q_len * hc;
+    const int qsl0 = p.query_start_loc[it.req];
+    const int req_q_len = p.query_start_loc[it.req + 1] - qsl0;
+    const int ctx = p.seq_lens[it.req] - req_q_len;
+    const int pos0 = ctx + (it.q_start - qsl0);
+    const int head0 = it.kv_head * p.group + it.head_start;
+    const pa_u16* q = (const pa_u16*)p.q;
+    const pa_u16* cache = (const pa_u16*)p.cache;
+    const pa_i64 v_delta_b = (pa_i64)p.block_size * p.num_kv_heads * D * 2;
+
+    int span_lo, span_hi, tmp;
+    pa_visible(p, pos0, it.kv_lo, it.kv_hi, &span_lo, &tmp);
+    pa_visible(p, pos0 + it.q_len - 1, it.kv_lo, it.kv_hi, &tmp, &span_hi);
+    span_lo = max(span_lo, it.kv_lo);
+    span_hi = min(span_hi, it.kv_hi);
+    const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
+    const int first = span_lo - span_lo % 16;
+    const bool owner = tid < WG_KEYS;
+    auto table_entry = [&](int c) -> int {
+        const int kp = c + tid;
+        return (owner && kp >= span_lo && kp < span_hi) ? bt[kp / p.block_size] : 0;
+    };
+    auto row_address = [&](int kp, int block) -> pa_u64 {
+        if (kp < span_lo || kp >= span_hi) return 0;
+        const pa_i64 o = pa_cache_offset(block, 0, kp % p.block_size, it.kv_head, p.block_size,
+                                         p.num_kv_heads, D, p.layout_hnd);
+        return (pa_u64)(cache + o);
+    };
+    if (owner) {
+        krow_s[0][tid] = row_address(first + tid, table_entry(first));
+        const int c1 = first + WG_KEYS;
+        krow_s[1][tid] = row_address(c1 + tid, table_entry(c1));
+    }
+
+    // 1. Q tile, swizzled per warpgroup.
+    for (int i = tid; i < WG_ROWS * CH; i += WG_THREADS) {
+        const int r = i / CH;
+        const int c = i - r * CH;
+        const pa_u16* src = q;
+        int bytes = 0;
+        if (r < rows) {
+            const int t = it.q_start + r / hc;
+            const int h = head0 + r % hc;
+            src = q + ((pa_i64)t * p.num_heads + h) * D + c * 8;
+            bytes = 16;
+        }
+        ptx_cp_async16(q_sa + (pa_u32)((r >> 6) * QWG_B) + wg_swizzled(r & 63, c, 64), src,
+                       bytes);
+    }
+
+    // Per-row state (base 2). A row past the item's rows sees every key (computed, never
+    // stored), so it never forces the mask, and it stays out of the union, so a warpgroup
+    // with no row of the item computes nothing. Bounds per warp: the union [u_lo, u_hi) of
+    // the item's non-empty visible ranges and the intersection [n_lo, n_hi) of all.
+    const int r0 = 64 * wg + 16 * (warp & 3) + g4;  // this thread's rows: r0, r0 + 8
+    float m[2], l[2];
+    int u_lo = 1 << 30, u_hi = -(1 << 30), n_lo = -(1 << 30), n_hi = 1 << 30;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = r0 + 8 * i;
+        const bool act = r < rows;
+        int lo, hi;
+        pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo, &hi);
+        if (!act) {
+            lo = -(1 << 30);
+            hi = 1 << 30;
+        }
+        if (t4 == 0) vis_s[r] = make_int2(lo, hi);
+        if (act && lo < hi) {
+            u_lo = min(u_lo, lo);
+            u_hi = max(u_hi, hi);
+        }
+        n_lo = max(n_lo, lo);
+        n_hi = min(n_hi, hi);
+        const bool sink = p.use_sinks && act;
+        m[i] = sink ? p.sinks[head0 + r % hc] * PA_LOG2E : -PA_INF;
+        l[i] = (sink && t4 == 0) ? 1.0f : 0.0f;
+    }
+#pragma unroll
+    for (int x = 1; x < 32; x <<= 1) {
+        u_lo = min(u_lo, __shfl_xor_sync(PA_FULL_MASK, u_lo, x));
+        u_hi = max(u_hi, __shfl_xor_sync(PA_FULL_MASK, u_hi, x));
+        n_lo = max(n_lo, __shfl_xor_sync(PA_FULL_MASK, n_lo, x));
+        n_hi = min(n_hi, __shfl_xor_sync(PA_FULL_MASK, n_hi, x));
+    }
+    if (lane == 0) bounds_s[warp] = make_int4(u_lo, u_hi, n_lo, n_hi);
+    __syncthreads();  // krow_s of tiles 0 and 1, vis_s, bounds_s
+    // The warpgroup's union decides whether it computes a tile (wgmma runs per warpgroup).
+    int g_lo = 1 << 30, g_hi = -(1 << 30);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const int4 b = bounds_s[4 * wg + w];
+        g_lo = min(g_lo, b.x);
+        g_hi = max(g_hi, b.y);
+    }
+    if (first < span_hi) wg_load_kv<D>(cache, krow_s[0], v_delta_b, k_sa0, v_sa0);
+    ptx_cp_async_commit();
+
+    const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // Descriptors of this warpgroup's Q rows and of the two K and V stages (k16 steps add
+    // their byte offsets >> 4 to the start-address field).
+    const pa_u64 dq0 = wg_desc(q_sa + (pa_u32)(wg * QWG_B), 16, 1024);
+    const pa_u64 dk0 = wg_desc(k_sa0, 16, 1024);
+    const pa_u64 dv0 = wg_desc(v_sa0, WG_KEYS * 128, 1024);
+
+    int stage = 0;
+    for (int c0 = first; c0 < span_hi; c0 += WG_KEYS, stage ^= 1) {
+        const int block2 = table_entry(c0 + 2 * WG_KEYS);
+        ptx_cp_async_wait<0>();  // tile i (and Q): the only group in flight
+        wg_fence_proxy_async();
+        __syncthreads();
+        if (c0 + WG_KEYS < span_hi) {
+            wg_load_kv<D>(cache, krow_s[stage ^ 1], v_delta_b, k_sa0 + (stage ^ 1) * TILE_B,
+                          v_sa0 + (stage ^ 1) * TILE_B);
+        }
+        ptx_cp_async_commit();  // possibly empty: one group per tile
+
+        if (g_lo < c0 + WG_KEYS && g_hi > c0) {
+            // 3. S = Q K^T.
+            float s[NJ][4];
+            const pa_u64 dk = dk0 + (pa_u64)((stage * TILE_B) >> 4);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < KT; ++kk) {
+                const pa_u32 off = (pa_u32)((kk >> 2) * 64 * 128 + (kk & 3) * 32);
+                const pa_u32 koff = (pa_u32)((kk >> 2) * WG_KEYS * 128 + (kk & 3) * 32);
+                wg_mma_qk<BF16, NJ>(s, dq0 + (off >> 4), dk + (koff >> 4), kk > 0 ? 1 : 0);
+            }
+            wg_commit();
+            wg_wait_all();
+            wg_fence_regs<NJ>(s);
+
+            // 4. Modifiers, mask, online softmax (base 2).
+            const int4 wb = bounds_s[warp];
+            const bool all_inside = wb.z <= c0 && wb.w >= c0 + WG_KEYS;
+            float mx[2] = {PLAIN ? -PA_INF : m[0], PLAIN ? -PA_INF : m[1]};
+            if (all_inside) {
+                const int none[2] = {0, 0};
+                pa_mma_scores<false, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, none, none,
+                                                qk_scale, mx);
+            } else {
+                const int2 v0 = vis_s[r0];
+                const int2 v1 = vis_s[r0 + 8];
+                const int lo[2] = {v0.x, v1.x};
+                const int hi[2] = {v0.y, v1.y};
+                pa_mma_scores<true, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, lo, hi,
+                                               qk_scale, mx);
+            }
+            float msub[2], alpha[2], rs[2] = {0.0f, 0.0f};
+            bool moved = false;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
+                if (PLAIN) mx[i] = fmaxf(m[i], mx[i] * qk_scale);
+                msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
+                alpha[i] = ptx_ex2(m[i] - msub[i]);
+                moved |= alpha[i] != 1.0f;
+                m[i] = mx[i];
+            }
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] = ptx_ex2(PLAIN ? fmaf(s[j][e], qk_scale, -msub[e >> 1])
+                                            : s[j][e] - msub[e >> 1]);
+                }
+            }
+            pa_mma_row_reduce<NJ, true>(s, rs);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+            if (__any_sync(PA_FULL_MASK, moved)) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    o[n][0] *= alpha[0];
+                    o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
+            }
+
+            // 5. O += P V.
+            pa_u32 pf[WG_KEYS / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < WG_KEYS / 16; ++kk) {
+                pf[kk][0] = ptx_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = ptx_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = ptx_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            const pa_u64 dv = dv0 + (pa_u64)((stage * TILE_B) >> 4);
+            wg_fence_regs<NT>(o);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < WG_KEYS / 16; ++kk) {
+                wg_mma_pv<BF16, NT>(o, pf[kk], dv + (pa_u64)((kk * 2048) >> 4));
+            }
+            wg_commit();
+            wg_wait_all();
+            wg_fence_regs<NT>(o);
+        }
+        // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile
+        // ago, before this tile's barrier); the next tile's barrier publishes them.
+        if (owner) krow_s[stage][tid] = row_address(c0 + 2 * WG_KEYS + tid, block2);
+    }
+    ptx_cp_async_wait<0>();  // no copy outlives the CTA
+
+    // 6. Results.
+    const WorkItem& ie = p.items[blockIdx.x];
+    const int e_hc = ie.head_count;
+    const int e_rows = ie.q_len * e_hc;
+    const int e_q0 = ie.q_start;
+    const int e_head0 = ie.kv_head * p.group + ie.head_start;
+    const int out_dt = BF16 ? PA_BF16 : PA_F16;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float lt = l[i];
+        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
+        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
+        const int r = r0 + 8 * i;
+        if (r >= e_rows) continue;
+        const int tok = e_q0 + r / e_hc;
+        const int h = e_head0 + r % e_hc;
+        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+        const pa_i64 base = ((pa_i64)tok * p.num_heads + h) * D;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int d = 8 * n + 2 * t4;
+            pa_store(p.out, base + d, out_dt, o[n][2 * i] * inv);
+            pa_store(p.out, base + d + 1, out_dt, o[n][2 * i + 1] * inv);
+        }
+        if (t4 == 0 && p.lse != 0) {
+            p.lse[(pa_i64)h * p.num_tokens + tok] = lt > 0.0f ? m[i] * PA_LN2 + logf(lt) : -PA_INF;
+        }
+    }
+}
+
+#if PA_WG_PLAIN == 1
+#define PA_WG_BODY(BF16, D) wg_attend<BF16, D, true>(p);
+#elif PA_WG_PLAIN == 0
+#define PA_WG_BODY(BF16, D) wg_attend<BF16, D, false>(p);
+#else
+#define PA_WG_BODY(BF16, D)                     \
+    if (!(p.soft_cap > 0.0f) && p.alibi == 0) { \
+        wg_attend<BF16, D, true>(p);            \
+    } else {                                    \
+        wg_attend<BF16, D, false>(p);           \
+    }
+#endif
+#define PA_WG_DEFINE(NAME, BF16, D)                                                     \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) NAME(const AttnParams p) { \
+        PA_WG_BODY(BF16, D)                                                             \
+    }
+
+// The host compiles only the variant it needs (-DPA_WG_D=128 -DPA_WG_BF16=1); without the
+// defines every variant is built (the CI compile check).
+#ifdef PA_WG_D
+#define PA_WG_ALL 0
+#else
+#define PA_WG_ALL 1
+#define PA_WG_D 0
+#define PA_WG_BF16 0
+#endif
+#define PA_WG_WANT(BF, D) (PA_WG_ALL || (PA_WG_D == (D) && PA_WG_BF16 == (BF)))
+#if PA_WG_WANT(0, 64)
+PA_WG_DEFINE(paged_attention_wgmma_f16_d64, false, 64)
+#endif
+#if PA_WG_WANT(0, 128)
+PA_WG_DEFINE(paged_attention_wgmma_f16_d128, false, 128)
+#endif
+#if PA_WG_WANT(1, 64)
+PA_WG_DEFINE(paged_attention_wgmma_bf16_d64, true, 64)
+#endif
+#if PA_WG_WANT(1, 128)
+PA_WG_DEFINE(paged_attention_wgmma_bf16_d128, true, 128)
+#endif
