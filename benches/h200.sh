@@ -5,6 +5,9 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
+# sanitize-hopper and hopper (the wgmma prefill: compute-sanitizer on its test set; its SASS,
+# tests and P / P1 rows at 128 and 64 keys per tile beside the mma.sync kernel; add torch for
+# the cuDNN rows),
 # vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
@@ -77,7 +80,7 @@ for p in "${phases[@]}"; do
   run racecheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
   run synccheck-mma 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool synccheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
   # The 128-row form (two m16 tiles per warp): racecheck needs more than 100 s here.
-  run racecheck-mma128 300 env POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
+  run racecheck-mma128 300 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu long_prefill --test-threads=1
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-prefill ] || continue
@@ -85,15 +88,28 @@ for p in "${phases[@]}"; do
   # by default (64 rows on 4 warps, 128 rows on 4 warps) and the 8-warp forms.
   for rw in 64:4 128:4 128:8 256:8; do
     r=${rw%:*} w=${rw#*:}
-    run racecheck-prefill$r-$w 150 env POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
+    run racecheck-prefill$r-$w 150 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
       compute-sanitizer --tool racecheck --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
   done
   for tool in memcheck synccheck; do
-    run $tool-prefill128 150 env POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool $tool \
+    run $tool-prefill128 150 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=128 compute-sanitizer --tool $tool \
       --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
   done
-  run memcheck-large_prefill 150 compute-sanitizer --tool memcheck --error-exitcode 99 \
+  run memcheck-large_prefill 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool memcheck --error-exitcode 99 \
     $B/test-cuda_gpu large_prefill --test-threads=1
+done
+for p in "${phases[@]}"; do
+  [ "$p" = sanitize-hopper ] || continue
+  # The wgmma prefill (the default on sm_90 for d64 / d128): its small test set under every
+  # tool, at 128 keys per tile (the default) and 64; memcheck of the long prefills.
+  for tool in memcheck racecheck synccheck; do
+    run $tool-hopper 200 compute-sanitizer --tool $tool --error-exitcode 99 \
+      $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+  done
+  run racecheck-hopper64 200 env POLYATTN_CUDA_WGMMA_KEYS=64 compute-sanitizer --tool racecheck \
+    --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+  run memcheck-hopper-long 200 compute-sanitizer --tool memcheck --error-exitcode 99 \
+    $B/test-cuda_gpu long_prefill --test-threads=1
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-fp8 ] || continue
@@ -119,13 +135,13 @@ for p in "${phases[@]}"; do
       run mma-bench 90 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16,P2.b8s4k.p16 \
         --budget 0.3 --json "$OUT/cuda-mma.json" --no-svg ;;
     prefill)
-      run prefill-bench 90 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 \
+      run prefill-bench 90 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 \
         --json "$OUT/cuda-prefill.json" --no-svg
-      run prefill64-cuda_gpu 100 env POLYATTN_CUDA_MMA_ROWS=64 $B/test-cuda_gpu long_prefill --test-threads=1
-      run prefill64-bench 90 env POLYATTN_CUDA_MMA_ROWS=64 $B/bin-polyattn bench --backend cuda \
+      run prefill64-cuda_gpu 100 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=64 $B/test-cuda_gpu long_prefill --test-threads=1
+      run prefill64-bench 90 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=64 $B/bin-polyattn bench --backend cuda \
         --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     ncu)
-      run ncu-prefill 240 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 20 \
+      run ncu-prefill 240 env POLYATTN_CUDA_MMA=1 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 20 \
         --launch-count 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \
         --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section InstructionStats --section SchedulerStats --metrics "$STALLS" \
@@ -134,7 +150,7 @@ for p in "${phases[@]}"; do
       # Why P2 at 4k tokens per request runs slower per FLOP than at 32k: one launch each of b8s4k and b1s32k, instructions, tensor
       # pipe activity, active warps and stall reasons side by side.
       for sh in P2.b8s4k.p16 P2.b1s32k.p16; do
-        run ncu-$sh 200 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 5 \
+        run ncu-$sh 200 env POLYATTN_CUDA_MMA=1 ncu --clock-control none -k regex:paged_attention_mma --launch-skip 5 \
           --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
           --section WarpStateStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__thread_inst_executed_per_inst_executed.ratio" \
           $B/bin-polyattn bench --backend cuda --shapes $sh --budget 0.05 --gpu-warmup-secs 0 --no-svg
@@ -142,9 +158,9 @@ for p in "${phases[@]}"; do
     mma-shapes)
       for rw in 64:4 128:4 128:8 256:8; do
         r=${rw%:*} w=${rw#*:}
-        run "mma$r-$w-test" 100 env POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
+        run "mma$r-$w-test" 100 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
           $B/test-cuda_gpu long_prefill --test-threads=1
-        run "mma$r-$w-bench" 90 env POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
+        run "mma$r-$w-bench" 90 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=$r POLYATTN_CUDA_MMA_WARPS=$w \
           $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 \
           --json "$OUT/mma$r-$w.json" --no-svg
       done ;;
@@ -171,9 +187,9 @@ for p in "${phases[@]}"; do
         --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
         $B/bin-polyattn bench --backend cuda --shapes D4.b1s32k --budget 0.05 --no-svg ;;
     subk64)
-      run subk64-test 100 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
+      run subk64-test 100 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
         $B/test-cuda_gpu long_prefill --test-threads=1
-      run subk64-bench 90 env POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
+      run subk64-bench 90 env POLYATTN_CUDA_MMA=1 POLYATTN_CUDA_MMA_ROWS=128 POLYATTN_CUDA_MMA_SUBK=64 \
         $B/bin-polyattn bench --backend cuda --shapes $SHAPES_P --budget 0.3 --no-svg ;;
     fp8-bench)
       run fp8-bench 120 $B/bin-polyattn bench --backend cuda --shapes $SHAPES_D \
@@ -264,6 +280,24 @@ for p in "${phases[@]}"; do
       run chunks-mla-bench 200 $B/bin-polyattn bench --backend CUDA_MLA,VULKAN_MLA \
         --shapes M.h16.b128s32k.q1,M.h128.b64s32k.q1 --budget 0.3 \
         --json "$OUT/vulkan-mla-chunks.json" --no-svg ;;
+    hopper)
+      # The wgmma prefill: its SASS (HGMMA), the prefill tests at both tile widths, the shared
+      # bodies, then the P rows with it (128 and 64 keys) beside the mma.sync kernel, same lease.
+      run hopper-cuda_gpu 200 $B/test-cuda_gpu prefill --test-threads=1 --nocapture
+      cubin=$(ls /tmp/polyattn-cache/paged_attention_wgmma-sm_90a-*.cubin 2>/dev/null | head -1)
+      if [ -n "$cubin" ]; then
+        echo "HGMMA in $cubin: $(cuobjdump --dump-sass "$cubin" | grep -c HGMMA)"
+      else
+        echo "no wgmma cubin in /tmp/polyattn-cache: the kernel did not run"
+      fi
+      run hopper64-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_KEYS=64 $B/test-cuda_gpu long_prefill --test-threads=1
+      run hopper-attention 150 $B/test-attention_correctness --nocapture
+      for k in 128 64; do
+        run hopper$k-bench 150 env POLYATTN_CUDA_WGMMA_KEYS=$k $B/bin-polyattn bench --backend cuda \
+          --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-wgmma$k.json" --no-svg
+      done
+      run hopper-mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda \
+        --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
     torch)
       run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
         --shapes "$SHAPES_P,$SHAPES_P1,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;
