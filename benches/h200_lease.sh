@@ -14,11 +14,18 @@
 #           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 2
 #   call 3: carry .devbin/on-device.sh .m2 .gl
 #           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 3
+# The Hopper prefill (wgmma) after call 1 (its test binaries stay in /tmp/b), with the
+# benchmark binary (pack.sh --bin polyattn) carried; these two do not source on-device.sh
+# first (compute-sanitizer runs before the Vulkan loader is installed):
+#   call 4: carry .devbin/on-device.sh .devbin/bin-polyattn
+#           command: bash benches/h200_lease.sh 4      (compute-sanitizer on it)
+#   call 5: carry .devbin/on-device.sh .devbin/bin-polyattn
+#           command: bash benches/h200_lease.sh 5      (SASS, tests, P rows, cuDNN rows)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
 set -u
-call=${1:?usage: h200_lease.sh 1|2|3}
+call=${1:?usage: h200_lease.sh 1|2|3|4|5}
 R=${OUT:?run on the GPU machine, where \$OUT is set}
 here=$(dirname "$0")
 mkdir -p /tmp/b /tmp/h200
@@ -34,6 +41,13 @@ case $call in
   # The graph tests and the greedy-token identity with everything on (the defaults) first,
   # then SmolLM2 with the two kernels on and off and the projection's cache write on and off.
   3) phases=(join graphs identity step-ab cache-write-ab) ;;
+  # The Hopper prefill through h200.sh's phases (its own phase list, same folders).
+  4|5)
+    [ "$call" = 4 ] && hp=(sanitize-hopper) || hp=(hopper torch)
+    timeout 580 bash "$here/h200.sh" "${hp[@]}" 2>&1 | tee "$R/summary-$call.txt"
+    cp /tmp/h200/*.json "$R/" 2>/dev/null
+    tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
+    exit 0 ;;
   *) echo "unknown call $call"; exit 2 ;;
 esac
 timeout 560 bash "$here/h200_model.sh" "${phases[@]}" 2>&1 | tee "$R/summary-$call.txt"
