@@ -110,6 +110,17 @@ __device__ __forceinline__ void wg_fence_regs(float (&d)[NJ][4]) {
     }
 }
 
+// The same for register A fragments: their writes must come before wgmma.fence, and they
+// must stay unchanged until the products that read them are waited for.
+template <int NK>
+__device__ __forceinline__ void wg_fence_frags(pa_u32 (&a)[NK][4]) {
+#pragma unroll
+    for (int j = 0; j < NK; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+    }
+}
+
 // d (+)= A B for one m64n64k16 step, A and B from shared memory (descriptors), f32
 // accumulators in the m16-tile layout of each warp (d[j][e]: n8 tile j).
 template <bool BF16>
@@ -551,6 +562,7 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
                 pf[kk][3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
             const pa_u64 dv = dv0 + (pa_u64)((stage * TILE_B) >> 4);
+            wg_fence_frags<WG_KEYS / 16>(pf);
             wg_fence_regs<NT>(o);
             wg_fence();
 #pragma unroll
@@ -560,6 +572,7 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
             wg_commit();
             wg_wait_all();
             wg_fence_regs<NT>(o);
+            wg_fence_frags<WG_KEYS / 16>(pf);
         }
         // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile
         // ago, before this tile's barrier); the next tile's barrier publishes them.

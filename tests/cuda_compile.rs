@@ -142,6 +142,14 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                     let opts = [&["--ptxas-options=-v"], defines.as_slice()].concat();
                     match compile(&cuda::PAGED_ATTENTION_WGMMA, cuda::HOPPER_ARCH, &opts) {
                         Ok(out) => {
+                            // ptxas serialises wgmma it cannot prove safe to overlap (e.g. an
+                            // A fragment written after wgmma.fence) and says so: a slow path.
+                            if out.log.contains("serialized") {
+                                failures.push(format!(
+                                    "{defines:?}: ptxas serialised wgmma:\n{}",
+                                    out.log
+                                ));
+                            }
                             let reports = parse_ptxas_report(&out.log);
                             let got: Vec<&str> =
                                 reports.iter().map(|r| r.function.as_str()).collect();
