@@ -78,7 +78,7 @@ impl AttentionParams {
                 self.num_heads, self.num_kv_heads, self.head_size
             )));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(Error::config(format!(
                 "num_heads {} is not a multiple of num_kv_heads {} (GQA needs whole groups)",
                 self.num_heads, self.num_kv_heads

@@ -59,7 +59,7 @@ impl BlockSize {
         let base = match self {
             BlockSize::Exact(b) | BlockSize::MultipleOf(b) => b,
         };
-        bs > 0 && base > 0 && bs % base == 0
+        bs > 0 && base > 0 && bs.is_multiple_of(base)
     }
 
     pub(crate) fn describe(self) -> String {
@@ -95,7 +95,7 @@ impl HeadSizes {
             HeadSizes::Any => true,
             HeadSizes::List(l) => l.contains(&h),
             HeadSizes::Range { min, max, multiple } => {
-                h >= *min && h <= *max && *multiple > 0 && h % multiple == 0
+                h >= *min && h <= *max && *multiple > 0 && h.is_multiple_of(*multiple)
             }
         }
     }

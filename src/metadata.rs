@@ -299,7 +299,7 @@ impl CommonAttentionMetadata {
             return Ok(None);
         }
         let bs = self.block_size();
-        if common_prefix_len % bs != 0 {
+        if !common_prefix_len.is_multiple_of(bs) {
             return Err(Error::metadata(format!(
                 "common_prefix_len {common_prefix_len} is not a multiple of the block size {bs}"
             )));

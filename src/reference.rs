@@ -124,7 +124,10 @@ pub fn attend(
 ) -> Result<ReferenceOutput> {
     params.check()?;
     let (h, hkv, d) = (params.num_heads, params.num_kv_heads, params.head_size);
-    if query.len() % (h * d) != 0 || keys.len() % (hkv * d) != 0 || keys.len() != values.len() {
+    if !query.len().is_multiple_of(h * d)
+        || !keys.len().is_multiple_of(hkv * d)
+        || keys.len() != values.len()
+    {
         return Err(Error::Config(format!(
             "reference: query has {} elements (rows of {}), keys {} and values {} (rows of {})",
             query.len(),

@@ -300,12 +300,14 @@ fn check_batch(
             tuning.prefill_rows_h.unwrap_or(COOP_ROWS),
             tuning.prefill_keys_h.unwrap_or(COOP_KEYS),
         );
-        let want =
-            if ask.0 % 16 == 0 && ask.1 % 16 == 0 && coop_shared_bytes(d, ask.0, ask.1) <= limit {
-                ask
-            } else {
-                (COOP_ROWS, COOP_KEYS)
-            };
+        let want = if ask.0.is_multiple_of(16)
+            && ask.1.is_multiple_of(16)
+            && coop_shared_bytes(d, ask.0, ask.1) <= limit
+        {
+            ask
+        } else {
+            (COOP_ROWS, COOP_KEYS)
+        };
         if (bm, bn) != want {
             return Err(format!("prefill kernel {} for {:?}", prefill.key(), tuning));
         }

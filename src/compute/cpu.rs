@@ -1,6 +1,6 @@
 //! CPU kernels of the model operations: rayon over rows (or output features for `linear`),
-//! f32 throughout. `linear` runs an AVX2+FMA build of its inner loop when the CPU has it
-//! (checked at run time, as the CPU attention kernel does).
+//! f32 throughout. `linear` runs an AVX-512 or AVX2+FMA build of its inner loop when the CPU
+//! has it (checked at run time, as the CPU attention kernel does).
 
 use rayon::prelude::*;
 
@@ -201,36 +201,57 @@ fn linear_block<T: WeightElem>(
     }
 }
 
-/// The product's inner loops on x86-64 with AVX2 and FMA (and F16C for f16 weights), written
-/// with intrinsics, one module per weight type. Why: the portable loops above compile to
+/// The product's inner loops on x86-64, written with intrinsics: AVX-512 where the CPU has it
+/// (16 lanes, four weight rows a pass), else AVX2 with FMA (8 lanes, two rows a pass; F16C as
+/// well for f16 weights); one module per weight type. Why: the portable loops above compile to
 /// 128-bit lanes with shuffles and accumulator spills to the stack, which held a decode GEMV
-/// well under the DRAM rate.
+/// well under the DRAM rate; and a step of several tokens is bound by the multiply-adds, which
+/// 16 lanes do in half the instructions of 8.
 ///
-/// Every (weight row, token) dot product runs the same sequence of operations (one 8-wide
-/// accumulator, the lane sum, a scalar tail) whatever rows and tokens it is computed with, so
-/// a request's result does not depend on its row in the batch or on the batch's size.
+/// Every (weight row, token) dot product runs the same sequence of operations (one
+/// accumulator of the vector's lanes, the lane sum, a scalar tail) whatever rows and tokens it
+/// is computed with, so a request's result does not depend on its row in the batch or on the
+/// batch's size (on one CPU: the AVX-512 and AVX2 sums differ in their last bits).
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+mod simd_loops {
     use std::arch::x86_64::*;
 
     /// The sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
+    unsafe fn hsum256(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// The loops for weights of type `$t` under the target features `$feat`: `$load8` reads
-    /// 8 weights at pointer `$p` as f32 lanes, `$one` widens the weight `$w`.
+    /// The sum of the 16 lanes.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn hsum512(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+
+    /// The loops for weights of type `$t` under the target features `$feat`, on vectors
+    /// `$v` of `$lanes` f32 lanes (`$zero`, `$load` of f32 lanes, `$fma`, `$hsum`), `$nr`
+    /// weight rows a pass: `$load_w` reads `$lanes` weights at pointer `$p` as f32 lanes,
+    /// `$one` widens the weight `$w`.
     macro_rules! weight_loops {
-        ($m:ident, $t:ty, $feat:literal, |$p:ident| $load8:expr, |$w:ident| $one:expr) => {
+        (
+            $m:ident, $t:ty, $feat:literal, $v:ty, $lanes:literal, $nr:literal,
+            $zero:ident, $load:ident, $fma:ident, $hsum:ident,
+            |$p:ident| $load_w:expr, |$w:ident| $one:expr
+        ) => {
             pub(super) mod $m {
                 use super::*;
 
                 /// The dot products of `NR` weight rows with `NT` token rows (all at least
                 /// `n` long): every weight vector is loaded once for the `NT` tokens and every
                 /// token vector once for the `NR` rows, one accumulator per (row, token).
+                /// `ahead`: rows the L2 cache is asked for as the loop goes, the same offset
+                /// as the weights it reads (null: none). Why in the loop: a burst of a row's
+                /// prefetches filled the core's line-fill buffers and stalled it (the
+                /// samples of a profile sat on the prefetches), where one line per step keeps
+                /// the memory busy under the multiply-adds; why L2: it was as fast or faster
+                /// at one and at eight tokens (`benches/RESULTS.md`).
                 ///
                 /// # Safety
                 /// The CPU has the features `$feat`; every row holds at least `n` elements.
@@ -239,31 +260,38 @@ mod avx2 {
                     w: [&[$t]; NR],
                     x: [&[f32]; NT],
                     n: usize,
+                    ahead: [*const $t; NR],
                 ) -> [[f32; NT]; NR] {
                     debug_assert!(w.iter().all(|r| r.len() >= n) && x.iter().all(|r| r.len() >= n));
                     let pw = w.map(|r| r.as_ptr());
                     let px = x.map(|r| r.as_ptr());
-                    let mut acc = [[_mm256_setzero_ps(); NT]; NR];
+                    let mut acc: [[$v; NT]; NR] = [[$zero(); NT]; NR];
                     let mut i = 0;
-                    // Every load below: `i + 8 ≤ n` before it, and every row holds n.
-                    while i + 8 <= n {
-                        let mut xv = [_mm256_setzero_ps(); NT];
+                    // Every load below: `i + $lanes ≤ n` before it, and every row holds n.
+                    while i + $lanes <= n {
+                        for q in ahead {
+                            if !q.is_null() {
+                                // A hint: it reads nothing and cannot fault.
+                                _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(i).cast());
+                            }
+                        }
+                        let mut xv: [$v; NT] = [$zero(); NT];
                         for (v, p) in xv.iter_mut().zip(px) {
-                            *v = _mm256_loadu_ps(p.add(i));
+                            *v = $load(p.add(i));
                         }
                         for (acc, p) in acc.iter_mut().zip(pw) {
                             let $p = p.add(i);
-                            let wv = $load8;
+                            let wv = $load_w;
                             for (a, v) in acc.iter_mut().zip(xv) {
-                                *a = _mm256_fmadd_ps(v, wv, *a);
+                                *a = $fma(v, wv, *a);
                             }
                         }
-                        i += 8;
+                        i += $lanes;
                     }
                     let mut out = [[0.0f32; NT]; NR];
                     for ((o, acc), wr) in out.iter_mut().zip(acc).zip(w) {
                         for ((o, a), xr) in o.iter_mut().zip(acc).zip(x) {
-                            let mut s = hsum(a);
+                            let mut s = $hsum(a);
                             for (xe, &$w) in xr[i..n].iter().zip(&wr[i..n]) {
                                 s = xe.mul_add($one, s);
                             }
@@ -273,7 +301,8 @@ mod avx2 {
                     out
                 }
 
-                /// The tokens of one block of weight rows, `NR` rows at a time.
+                /// The tokens of one block of weight rows, `NR` rows at a time; the first
+                /// pass over the rows asks the cache for `ahead`.
                 ///
                 /// # Safety
                 /// As [`dots`].
@@ -284,18 +313,21 @@ mod avx2 {
                     k: usize,
                     t: usize,
                     mut cols: [&mut [f32]; NR],
+                    mut ahead: [*const $t; NR],
                 ) {
                     let row = |i: usize| &x[i * k..(i + 1) * k];
                     let mut i = 0;
                     while i + 4 <= t {
-                        let d = dots(w, [row(i), row(i + 1), row(i + 2), row(i + 3)], k);
+                        let d = dots(w, [row(i), row(i + 1), row(i + 2), row(i + 3)], k, ahead);
+                        ahead = [std::ptr::null(); NR];
                         for (c, d) in cols.iter_mut().zip(d) {
                             c[i..i + 4].copy_from_slice(&d);
                         }
                         i += 4;
                     }
                     while i < t {
-                        let d = dots(w, [row(i)], k);
+                        let d = dots(w, [row(i)], k, ahead);
+                        ahead = [std::ptr::null(); NR];
                         for (c, d) in cols.iter_mut().zip(d) {
                             c[i] = d[0];
                         }
@@ -303,10 +335,9 @@ mod avx2 {
                     }
                 }
 
-                /// [`super::super::linear_block`] with the loops above: two weight rows and
+                /// [`super::super::linear_block`] with the loops above: `$nr` weight rows and
                 /// four tokens per pass. Every (row, token) product runs the same sequence
-                /// (one 8-wide accumulator, the lane sum, a scalar tail) whatever rows and
-                /// tokens it is computed with.
+                /// whatever rows and tokens it is computed with.
                 ///
                 /// # Safety
                 /// The CPU has the features `$feat`.
@@ -320,33 +351,57 @@ mod avx2 {
                     cols: &mut [f32],
                 ) {
                     let wrow = |j: usize| &w[(n0 + j) * k..(n0 + j + 1) * k];
-                    let mut pairs = cols.chunks_exact_mut(2 * t);
+                    // The row PREFETCH_ROWS after row j, if the matrix has it.
+                    let ahead = |j: usize| {
+                        let a = n0 + j + super::super::PREFETCH_ROWS;
+                        w.get(a * k..(a + 1) * k)
+                            .map_or(std::ptr::null(), |r| r.as_ptr())
+                    };
+                    let mut groups = cols.chunks_exact_mut($nr * t);
                     let mut j = 0;
-                    for pair in &mut pairs {
-                        for ahead in [j, j + 1].map(|r| n0 + r + super::super::PREFETCH_ROWS) {
-                            if let Some(r) = w.get(ahead * k..(ahead + 1) * k) {
-                                super::super::prefetch_row(r);
-                            }
-                        }
-                        let (c0, c1) = pair.split_at_mut(t);
-                        rows(x, [wrow(j), wrow(j + 1)], k, t, [c0, c1]);
-                        j += 2;
+                    for group in &mut groups {
+                        let mut it = group.chunks_exact_mut(t);
+                        let cs: [&mut [f32]; $nr] =
+                            std::array::from_fn(|_| it.next().unwrap_or_default());
+                        let a = std::array::from_fn(|r| ahead(j + r));
+                        rows(x, std::array::from_fn(|r| wrow(j + r)), k, t, cs, a);
+                        j += $nr;
                     }
-                    let last = pairs.into_remainder();
-                    if !last.is_empty() {
-                        rows(x, [wrow(j)], k, t, [last]);
+                    for last in groups.into_remainder().chunks_exact_mut(t) {
+                        rows(x, [wrow(j)], k, t, [last], [ahead(j)]);
+                        j += 1;
                     }
                 }
             }
         };
     }
 
-    weight_loops!(f32w, f32, "avx2,fma", |p| _mm256_loadu_ps(p), |w| w);
+    weight_loops!(
+        f32w,
+        f32,
+        "avx2,fma",
+        __m256,
+        8,
+        2,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_fmadd_ps,
+        hsum256,
+        |p| _mm256_loadu_ps(p),
+        |w| w
+    );
     // bf16 is the high half of an f32: widen the 16-bit lanes and shift them up.
     weight_loops!(
         bf16w,
         half::bf16,
         "avx2,fma",
+        __m256,
+        8,
+        2,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_fmadd_ps,
+        hsum256,
         |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
             _mm_loadu_si128(p.cast())
         ))),
@@ -356,22 +411,86 @@ mod avx2 {
         f16w,
         half::f16,
         "avx2,fma,f16c",
+        __m256,
+        8,
+        2,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_fmadd_ps,
+        hsum256,
         |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+        |w| w.to_f32()
+    );
+    weight_loops!(
+        f32w512,
+        f32,
+        "avx512f",
+        __m512,
+        16,
+        4,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_fmadd_ps,
+        hsum512,
+        |p| _mm512_loadu_ps(p),
+        |w| w
+    );
+    weight_loops!(
+        bf16w512,
+        half::bf16,
+        "avx512f",
+        __m512,
+        16,
+        4,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_fmadd_ps,
+        hsum512,
+        |p| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(p.cast())
+        ))),
+        |w| w.to_f32()
+    );
+    weight_loops!(
+        f16w512,
+        half::f16,
+        "avx512f",
+        __m512,
+        16,
+        4,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_fmadd_ps,
+        hsum512,
+        |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
         |w| w.to_f32()
     );
 }
 
-/// Which SIMD loops this CPU runs: (AVX2 + FMA, F16C as well).
-fn simd() -> (bool, bool) {
+/// Which SIMD loops this CPU runs (checked once at run time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    /// The portable loops.
+    None,
+    /// AVX2 with FMA; `f16c`: F16C as well, for f16 weights.
+    Avx2 { f16c: bool },
+    /// AVX-512 Foundation (which converts f16 itself).
+    Avx512,
+}
+
+fn simd() -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-        (avx2, avx2 && std::is_x86_feature_detected!("f16c"))
+        if std::is_x86_feature_detected!("avx512f") {
+            return Simd::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return Simd::Avx2 {
+                f16c: std::is_x86_feature_detected!("f16c"),
+            };
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        (false, false)
-    }
+    Simd::None
 }
 
 /// A block function: the columns of one rayon task (see [`linear_block`]).
@@ -397,37 +516,40 @@ fn weights(t: &Tensor) -> Weights<'_> {
 /// `y = x·Wᵀ` transposed: `[N][T]` (`yt[j * t + i] = y[i][j]`), so that each weight row is
 /// read once for all tokens. Output features in blocks of 16, one rayon task each.
 fn product_t(x: &[f32], w: Weights<'_>, t: usize, k: usize, n: usize) -> Vec<f32> {
-    let (avx2, f16c) = simd();
+    let level = simd();
     #[cfg(target_arch = "x86_64")]
-    match w {
-        Weights::F32(w) => product_t_of(
-            x,
-            w,
-            t,
-            k,
-            n,
-            avx2.then_some(avx2::f32w::linear_block as BlockFn<f32>),
-        ),
-        Weights::Bf16(w) => product_t_of(
-            x,
-            w,
-            t,
-            k,
-            n,
-            avx2.then_some(avx2::bf16w::linear_block as BlockFn<half::bf16>),
-        ),
-        Weights::F16(w) => product_t_of(
-            x,
-            w,
-            t,
-            k,
-            n,
-            f16c.then_some(avx2::f16w::linear_block as BlockFn<half::f16>),
-        ),
+    {
+        use simd_loops as l;
+        match w {
+            Weights::F32(w) => {
+                let f: Option<BlockFn<f32>> = match level {
+                    Simd::Avx512 => Some(l::f32w512::linear_block),
+                    Simd::Avx2 { .. } => Some(l::f32w::linear_block),
+                    Simd::None => None,
+                };
+                product_t_of(x, w, t, k, n, f)
+            }
+            Weights::Bf16(w) => {
+                let f: Option<BlockFn<half::bf16>> = match level {
+                    Simd::Avx512 => Some(l::bf16w512::linear_block),
+                    Simd::Avx2 { .. } => Some(l::bf16w::linear_block),
+                    Simd::None => None,
+                };
+                product_t_of(x, w, t, k, n, f)
+            }
+            Weights::F16(w) => {
+                let f: Option<BlockFn<half::f16>> = match level {
+                    Simd::Avx512 => Some(l::f16w512::linear_block),
+                    Simd::Avx2 { f16c: true } => Some(l::f16w::linear_block),
+                    _ => None,
+                };
+                product_t_of(x, w, t, k, n, f)
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (avx2, f16c);
+        let _ = level;
         match w {
             Weights::F32(w) => product_t_of(x, w, t, k, n, None),
             Weights::Bf16(w) => product_t_of(x, w, t, k, n, None),
@@ -783,4 +905,119 @@ pub(crate) fn sample_row(row: &[f32], s: &super::SamplingRow) -> u32 {
         }
     }
     last as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// One block of columns, through `f` or the portable loops.
+    fn block<T: WeightElem>(
+        f: Option<BlockFn<T>>,
+        x: &[f32],
+        w: &[T],
+        k: usize,
+        t: usize,
+        n: usize,
+    ) -> Vec<f32> {
+        let mut cols = vec![f32::NAN; n * t];
+        match f {
+            // SAFETY: `forms` lists a SIMD function only where the CPU has its features.
+            Some(f) => unsafe { f(x, w, k, t, 0, &mut cols) },
+            None => linear_block(x, w, k, t, 0, &mut cols),
+        }
+        cols
+    }
+
+    /// Each loop form (`None`: the portable one) against the f64 product, at widths with and
+    /// without a scalar tail, row counts that leave a remainder of every size and 1 to 9
+    /// tokens; and a token's result is bit for bit the same alone and at any row of a batch.
+    fn products_match<T: WeightElem>(
+        forms: &[(&str, Option<BlockFn<T>>)],
+        to_w: impl Fn(f32) -> T,
+        w_f64: impl Fn(T) -> f64,
+    ) {
+        let mut rng = Rng::new(7);
+        let mut r = move || (rng.uniform() * 2.0 - 1.0) as f32;
+        for &(name, f) in forms {
+            for (k, n) in [(64, 16), (37, 7), (576, 13), (96, 5)] {
+                let w: Vec<T> = (0..n * k).map(|_| to_w(r())).collect();
+                for t in 1..=9 {
+                    let x: Vec<f32> = (0..t * k).map(|_| r()).collect();
+                    let got = block(f, &x, &w, k, t, n);
+                    for i in 0..t {
+                        let alone = block(f, &x[i * k..(i + 1) * k], &w, k, 1, n);
+                        for j in 0..n {
+                            let want: f64 = (0..k)
+                                .map(|c| f64::from(x[i * k + c]) * w_f64(w[j * k + c]))
+                                .sum();
+                            let g = f64::from(got[j * t + i]);
+                            assert!(
+                                (g - want).abs() <= 1e-5 * k as f64,
+                                "{name}: k {k} n {n} t {t}: row {j} token {i}: {g} vs {want}"
+                            );
+                            assert_eq!(
+                                alone[j].to_bits(),
+                                got[j * t + i].to_bits(),
+                                "{name}: k {k} t {t}: token {i} differs alone and in the batch"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The forms of one weight type this CPU runs, each SIMD one named and listed only where
+    /// the CPU has its features (a missing one says that it skipped).
+    #[allow(unused_mut)]
+    fn forms<T>(
+        simd: &[(&'static str, bool, BlockFn<T>)],
+    ) -> Vec<(&'static str, Option<BlockFn<T>>)> {
+        let mut out = vec![("portable", None)];
+        for &(name, runs, f) in simd {
+            if runs {
+                out.push((name, Some(f)));
+            } else {
+                eprintln!("SKIP the {name} product: this CPU lacks its features");
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_loop_form_matches_the_f64_product() {
+        #[cfg(target_arch = "x86_64")]
+        let (f32s, bf16s, f16s) = {
+            use simd_loops as l;
+            let avx2 =
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+            let f16c = avx2 && std::is_x86_feature_detected!("f16c");
+            let avx512 = std::is_x86_feature_detected!("avx512f");
+            (
+                forms::<f32>(&[
+                    ("avx2", avx2, l::f32w::linear_block),
+                    ("avx512", avx512, l::f32w512::linear_block),
+                ]),
+                forms::<half::bf16>(&[
+                    ("avx2", avx2, l::bf16w::linear_block),
+                    ("avx512", avx512, l::bf16w512::linear_block),
+                ]),
+                forms::<half::f16>(&[
+                    ("avx2", f16c, l::f16w::linear_block),
+                    ("avx512", avx512, l::f16w512::linear_block),
+                ]),
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (f32s, bf16s, f16s) = (
+            forms::<f32>(&[]),
+            forms::<half::bf16>(&[]),
+            forms::<half::f16>(&[]),
+        );
+        products_match(&f32s, |v| v, f64::from);
+        products_match(&bf16s, half::bf16::from_f32, |w| f64::from(w.to_f32()));
+        products_match(&f16s, half::f16::from_f32, |w| f64::from(w.to_f32()));
+    }
 }

@@ -75,7 +75,7 @@ fn i64_of(what: &str, v: usize) -> Result<i64> {
 
 /// Whether `len` elements per row and every address allow float4 accesses.
 fn vec4_ok(len: usize, ptrs: &[u64]) -> i32 {
-    i32::from(len % 4 == 0 && ptrs.iter().all(|p| p % 16 == 0))
+    i32::from(len.is_multiple_of(4) && ptrs.iter().all(|p| p % 16 == 0))
 }
 
 /// Launches entry point `name` of model_ops.cu / model_linear.cu with `params`, as a

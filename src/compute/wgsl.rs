@@ -111,7 +111,7 @@ pub(super) fn embedding<R: WgslRuntime>(
     let tb = dev.tensor_buffer(table, "embedding table / gather_rows input")?;
     let ib = dev.tensor_buffer(ids, "indices")?;
     let ob = dev.tensor_buffer(out, "embedding / gather_rows output")?;
-    let vec4 = h % 4 == 0;
+    let vec4 = h.is_multiple_of(4);
     let hv = if vec4 { h / 4 } else { h };
     let words = Words::new()
         .u(u32_of("rows", t)?)
@@ -141,7 +141,7 @@ pub(super) fn rms_norm<R: WgslRuntime>(
     let xb = dev.tensor_buffer(x, "rms_norm input")?;
     let wb = dev.tensor_buffer(weight, "rms_norm weight")?;
     let ob = dev.tensor_buffer(out, "rms_norm output")?;
-    let vec4 = h % 4 == 0;
+    let vec4 = h.is_multiple_of(4);
     let hv = if vec4 { h / 4 } else { h };
     let words = Words::new()
         .u(u32_of("rows", t)?)
@@ -194,7 +194,7 @@ pub(super) fn rope<R: WgslRuntime>(
 
 /// Elements per thread and the thread count of an element-wise op over `numel` elements.
 fn elementwise_units(numel: usize) -> (bool, usize) {
-    let vec4 = numel % 4 == 0;
+    let vec4 = numel.is_multiple_of(4);
     (vec4, if vec4 { numel / 4 } else { numel })
 }
 
@@ -268,7 +268,7 @@ pub(super) fn swiglu<R: WgslRuntime>(
     t: usize,
     i: usize,
 ) -> Result<()> {
-    let vec4 = i % 4 == 0;
+    let vec4 = i.is_multiple_of(4);
     let wv = if vec4 { i / 4 } else { i };
     let units = t * wv;
     if units == 0 {

@@ -202,7 +202,7 @@ pub fn retype_f16_as_bf16(words: &mut Vec<u32>) -> Result<(), String> {
 fn extension_words(name: &str) -> Vec<u32> {
     let mut bytes = name.as_bytes().to_vec();
     bytes.push(0);
-    while bytes.len() % 4 != 0 {
+    while !bytes.len().is_multiple_of(4) {
         bytes.push(0);
     }
     let lit: Vec<u32> = bytes

@@ -157,7 +157,7 @@ impl WgslDeviceInfo {
         }
         // Stored in chunks of whole blocks: a block must fit a chunk, and the chunks one
         // binding array.
-        if page_bytes > self.chunk_bytes || page_bytes % 4 != 0 {
+        if page_bytes > self.chunk_bytes || !page_bytes.is_multiple_of(4) {
             return Err(Error::config(format!(
                 "a KV cache block of {page_bytes} bytes does not fit the {}-byte chunks a \
                  cache larger than one binding is stored in on {} (whole 4-byte words)",

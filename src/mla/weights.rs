@@ -95,7 +95,7 @@ impl AbsorbedWeights {
             p.qk_rope_head_dim,
         );
         let qk = pd + r;
-        if q.len() % (n * qk) != 0 {
+        if !q.len().is_multiple_of(n * qk) {
             return Err(Error::config(format!(
                 "MLA query of {} elements is not [tokens, {n}, {qk}]",
                 q.len()
@@ -123,7 +123,7 @@ impl AbsorbedWeights {
     pub fn up_project(&self, o: &[f32]) -> Result<Vec<f32>> {
         let p = &self.params;
         let (n, l, v) = (p.num_heads, p.kv_lora_rank, p.v_head_dim);
-        if o.len() % (n * l) != 0 {
+        if !o.len().is_multiple_of(n * l) {
             return Err(Error::config(format!(
                 "MLA latent output of {} elements is not [tokens, {n}, {l}]",
                 o.len()

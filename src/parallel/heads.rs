@@ -52,7 +52,7 @@ impl HeadSharding {
         if world_size == 0
             || world_size > num_heads
             || num_kv_heads == 0
-            || num_heads % num_kv_heads != 0
+            || !num_heads.is_multiple_of(num_kv_heads)
         {
             return Err(Error::config(format!(
                 "head sharding: {num_heads} query heads over {num_kv_heads} KV heads on \
@@ -73,7 +73,7 @@ impl HeadSharding {
             }
         } else {
             let copies = world_size / num_kv_heads;
-            if world_size % num_kv_heads != 0 || group % copies != 0 {
+            if !world_size.is_multiple_of(num_kv_heads) || !group.is_multiple_of(copies) {
                 return Err(Error::config(format!(
                     "head sharding: {world_size} ranks over {num_kv_heads} KV heads replicate \
                      each KV head on {world_size}/{num_kv_heads} ranks, which needs an exact \

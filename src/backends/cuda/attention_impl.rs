@@ -279,7 +279,7 @@ impl ForwardKernels for CudaAttentionImpl {
     }
 
     fn check_cache(&self, cache: &KvCache, _: &CudaAttentionMetadata) -> Result<()> {
-        if cache.block_size() % kernels::KEYS_PER_CHUNK != 0 {
+        if !cache.block_size().is_multiple_of(kernels::KEYS_PER_CHUNK) {
             return Err(Error::config(format!(
                 "the CUDA kernels need a block size that is a multiple of {}, got {}",
                 kernels::KEYS_PER_CHUNK,

@@ -23,7 +23,7 @@ impl MlaRuntime for HipDevice {
     }
 
     fn write_i32(&self, buf: &mut HipStorage, offset: usize, data: &[i32]) -> Result<()> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(Error::config(format!(
                 "HIP_MLA: an i32 write at byte offset {offset} is not 4-byte aligned"
             )));

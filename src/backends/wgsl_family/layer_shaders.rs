@@ -150,7 +150,7 @@ impl LayerShaders {
         if cache_strides(cache).iter().any(|&s| s % g != 0) {
             return None;
         }
-        if cache_bytes % DecodeShader::granule_bytes(kv_dtype) as u64 != 0 {
+        if !cache_bytes.is_multiple_of(DecodeShader::granule_bytes(kv_dtype) as u64) {
             return None;
         }
         DecodeShader::choose(
@@ -277,7 +277,7 @@ impl LayerShaders {
         let usable = self.info.coop
             && self.tuning.subgroups
             && self.info.subgroup_sizes == (32, 32)
-            && d % 16 == 0
+            && d.is_multiple_of(16)
             && d <= 128;
         if !usable {
             return None;
@@ -320,7 +320,7 @@ pub(crate) fn cache_strides(cache: &KvCache) -> [u32; 4] {
 
 /// The tile shapes for `head_size` on a device, or why there are none.
 pub fn tiles_for(info: &WgslDeviceInfo, head_size: usize) -> Result<((u32, u32), (u32, u32))> {
-    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE {
+    if head_size == 0 || !head_size.is_multiple_of(4) || head_size > MAX_HEAD_SIZE {
         return Err(Error::config(format!(
             "WGSL: head size {head_size} must be a positive multiple of 4 up to {MAX_HEAD_SIZE}"
         )));
@@ -345,7 +345,12 @@ pub fn tiles_for(info: &WgslDeviceInfo, head_size: usize) -> Result<((u32, u32),
 /// accumulators per thread). False for head sizes the backend rejects (not a positive
 /// multiple of 4 up to [`MAX_HEAD_SIZE`]) and empty tiles.
 pub fn prefill_tile_fits(info: &WgslDeviceInfo, head_size: usize, (m, n): (u32, u32)) -> bool {
-    if head_size == 0 || head_size % 4 != 0 || head_size > MAX_HEAD_SIZE || m == 0 || n == 0 {
+    if head_size == 0
+        || !head_size.is_multiple_of(4)
+        || head_size > MAX_HEAD_SIZE
+        || m == 0
+        || n == 0
+    {
         return false;
     }
     let d = head_size as u32;

@@ -237,7 +237,7 @@ impl VulkanDevice {
             return Ok(());
         }
         let end = offset.checked_add(data.len() as u64);
-        if offset % 4 != 0 || end.is_none_or(|e| e > dst.len) {
+        if !offset.is_multiple_of(4) || end.is_none_or(|e| e > dst.len) {
             return Err(Error::config(format!(
                 "a write of {} bytes at offset {offset} does not fit a {}-byte buffer at a \
                  4-byte boundary",

@@ -122,11 +122,11 @@ impl VulkanDevice {
         }
         let max = self.max_chunk_bytes();
         let rows = rows as u64;
-        if bytes <= max || !info.binding_arrays || rows == 0 || bytes % rows != 0 {
+        if bytes <= max || !info.binding_arrays || rows == 0 || !bytes.is_multiple_of(rows) {
             return Ok(bytes);
         }
         let row = bytes / rows;
-        if row > max || row % 4 != 0 {
+        if row > max || !row.is_multiple_of(4) {
             return Ok(bytes);
         }
         let chunk = max / row * row;

@@ -724,7 +724,7 @@ impl WgpuDevice {
             return Ok(Vec::new());
         }
         let padded = bytes.div_ceil(4) * 4;
-        if offset % 4 != 0 || offset + padded > buffer.size() {
+        if !offset.is_multiple_of(4) || offset + padded > buffer.size() {
             return Err(device_error(format!(
                 "read of {bytes} bytes at {offset} is outside a buffer of {} bytes",
                 buffer.size()

@@ -406,7 +406,7 @@ pub fn mla_num_splits(
 
 /// Checks that `block_size` suits the decode kernel (a multiple of [`MLA_KEYS`]).
 pub fn check_mla_block_size(block_size: usize) -> Result<()> {
-    if block_size == 0 || block_size % MLA_KEYS != 0 {
+    if block_size == 0 || !block_size.is_multiple_of(MLA_KEYS) {
         return Err(Error::config(format!(
             "the CUDA MLA decode reads keys in chunks of {MLA_KEYS} that must not cross a \
              cache block: block size {block_size} is not a multiple of {MLA_KEYS}"

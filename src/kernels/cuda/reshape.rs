@@ -80,7 +80,7 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
 /// size that is not a multiple of 8 (the kernel moves 8-element vectors), a block of more
 /// than 2^31 elements (offsets within a block are 32-bit), or a size past i32.
 pub fn reshape_launch(b: ReshapeBuffers, s: &ReshapeShape) -> Result<ReshapeLaunch> {
-    if s.head_size % 8 != 0 {
+    if !s.head_size.is_multiple_of(8) {
         return Err(Error::config(format!(
             "the cache write needs a head size that is a multiple of 8, got {}",
             s.head_size

@@ -202,7 +202,10 @@ impl AttentionShader {
         // form keeps one of each, as before the tiled2 form existed).
         let unroll_by = |n: u32| {
             if t2 {
-                [4u32, 2, 1].into_iter().find(|k| n % k == 0).unwrap_or(1)
+                [4u32, 2, 1]
+                    .into_iter()
+                    .find(|k| n.is_multiple_of(*k))
+                    .unwrap_or(1)
             } else {
                 1
             }
@@ -550,13 +553,13 @@ impl DecodeShader {
         let g = Self::granule(kv_dtype);
         let (sg_min, sg_max) = subgroup_sizes;
         if head_size == 0
-            || head_size % g != 0
+            || !head_size.is_multiple_of(g)
             || max_rows == 0
             || max_rows > DECODE_MAX_ROWS
             || sg_min == 0
             || sg_max == 0
             || !workgroup.is_power_of_two()
-            || workgroup % sg_max != 0
+            || !workgroup.is_multiple_of(sg_max)
             || !(1..=16).contains(&keys_per_step)
         {
             return None;
@@ -639,7 +642,7 @@ impl DecodeShader {
             ("NKG", self.key_groups()),
             ("U", self.keys_per_step),
             ("ROWS", self.rows),
-            ("FULL", (ng % self.lanes_per_key == 0) as u32),
+            ("FULL", ng.is_multiple_of(self.lanes_per_key) as u32),
         ];
         s += &consts(&c);
         s += if Self::granule_bytes(self.kv_dtype) == 8 {

@@ -236,7 +236,7 @@ pub fn catalog() -> Vec<(String, String, bool)> {
             for kv in [DType::F32, DType::Bf16] {
                 n += 1;
                 let (rows, u) = ([1u32, 8, 2][n % 3], [1u32, 2, 8][n % 3]);
-                if let Some(s) = decode(d, rows, DType::F32, kv, sg, u, n % 2 == 0) {
+                if let Some(s) = decode(d, rows, DType::F32, kv, sg, u, n.is_multiple_of(2)) {
                     push(s.key(), s.source(), true);
                 }
             }

@@ -64,9 +64,9 @@ impl MlaDecodeShader {
     /// The positions per step for `latent_dim` within `limit` bytes of workgroup memory,
     /// dividing `block_size`; `None` when no step fits.
     pub fn keys_for(latent_dim: u32, block_size: u32, limit: u32) -> Option<u32> {
-        MLA_KEY_STEPS
-            .into_iter()
-            .find(|&k| block_size % k == 0 && Self::shared_bytes_for(latent_dim, k) <= limit)
+        MLA_KEY_STEPS.into_iter().find(|&k| {
+            block_size.is_multiple_of(k) && Self::shared_bytes_for(latent_dim, k) <= limit
+        })
     }
 
     /// The pipeline-cache key.

@@ -36,15 +36,15 @@ pub const GEMV_MAX_TOKENS: usize = 16;
 // groups of lanes, a power of two for the tree reduction (as is WG for rms_norm's).
 const _: () = assert!((LINEAR_TILE / 4) * (LINEAR_TILE / 4) == MODEL_WORKGROUP);
 
-const _: () = assert!((LINEAR_TILE * LINEAR_TILE_K / 4) % MODEL_WORKGROUP == 0);
+const _: () = assert!((LINEAR_TILE * LINEAR_TILE_K / 4).is_multiple_of(MODEL_WORKGROUP));
 
-const _: () = assert!(MODEL_WORKGROUP % GEMV_LANES == 0 && GEMV_LANES.is_power_of_two());
+const _: () = assert!(MODEL_WORKGROUP.is_multiple_of(GEMV_LANES) && GEMV_LANES.is_power_of_two());
 
 const _: () = assert!(MODEL_WORKGROUP.is_power_of_two());
 
 // model_ops_linear.wgsl's norm prologue: four threads per tile row (its partial sums are
 // added as two pairs); its pair forms: two pairs per thread (TX = PAIRS / 2).
-const _: () = assert!(4 * LINEAR_TILE == MODEL_WORKGROUP && LINEAR_TILE % 4 == 0);
+const _: () = assert!(4 * LINEAR_TILE == MODEL_WORKGROUP && LINEAR_TILE.is_multiple_of(4));
 
 /// What becomes of a linear kernel's product `p = x·Wᵀ` (`model_ops_linear_out.wgsl`'s
 /// `OUT`; `crate::compute::linear_fused` says what each form computes).

@@ -77,7 +77,12 @@ impl AttentionBlocking {
     /// The blocking for `d4` vec4 columns and tiles of `block_n` keys.
     pub fn new(d4: u32, block_n: u32) -> Self {
         let wg = ATTENTION_WORKGROUP;
-        let divisor = |n: u32| [4u32, 2, 1].into_iter().find(|k| n % k == 0).unwrap_or(1);
+        let divisor = |n: u32| {
+            [4u32, 2, 1]
+                .into_iter()
+                .find(|k| n.is_multiple_of(*k))
+                .unwrap_or(1)
+        };
         let keys_per_thread = divisor(block_n);
         let key_lanes = block_n / keys_per_thread;
         let cols_per_thread = divisor(d4);
@@ -120,7 +125,7 @@ impl AttentionBlocking {
         max_key_lanes: u32,
         (keys, cols): (u32, u32),
     ) -> Option<Self> {
-        if !wg.is_power_of_two() || block_n == 0 || block_n % 4 != 0 || d4 == 0 {
+        if !wg.is_power_of_two() || block_n == 0 || !block_n.is_multiple_of(4) || d4 == 0 {
             return None;
         }
         if !keys.is_power_of_two() || keys > 16 {
@@ -130,12 +135,15 @@ impl AttentionBlocking {
         let key_lanes = (0..=cap.ilog2())
             .rev()
             .map(|e| 1u32 << e)
-            .find(|kl| block_n % kl == 0)
+            .find(|kl| block_n.is_multiple_of(*kl))
             .unwrap_or(1);
-        let cols_per_thread = if cols > 0 && d4 % cols == 0 && d4 / cols <= wg {
+        let cols_per_thread = if cols > 0 && d4.is_multiple_of(cols) && d4 / cols <= wg {
             cols
         } else {
-            [4u32, 2, 1].into_iter().find(|k| d4 % k == 0).unwrap_or(1)
+            [4u32, 2, 1]
+                .into_iter()
+                .find(|k| d4.is_multiple_of(*k))
+                .unwrap_or(1)
         };
         let col_lanes = d4 / cols_per_thread;
         Some(AttentionBlocking {
@@ -207,9 +215,9 @@ pub fn coop_shared_bytes(head_size: u32, block_m: u32, block_n: u32) -> u32 {
 pub fn coop_split_fits(head_size: u32, block_m: u32, block_n: u32, split: u32) -> bool {
     split.is_power_of_two()
         && split <= 8
-        && (block_n / 16) % split == 0
-        && (head_size / 16) % split == 0
-        && (block_n / (2 * split)) % 4 == 0
+        && (block_n / 16).is_multiple_of(split)
+        && (head_size / 16).is_multiple_of(split)
+        && (block_n / (2 * split)).is_multiple_of(4)
         && (block_m / 16) * split * 256 <= block_m * (block_n + 4)
 }
 

@@ -258,9 +258,9 @@ fn min_max(it: impl Iterator<Item = usize>) -> (usize, usize) {
 
 /// `512`, `1k`, `16k`, `2000`, `1m`.
 fn tok(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}m", n >> 20)
-    } else if n >= 1024 && n % 1024 == 0 {
+    } else if n >= 1024 && n.is_multiple_of(1024) {
         format!("{}k", n / 1024)
     } else {
         n.to_string()

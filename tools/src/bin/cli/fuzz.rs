@@ -115,7 +115,7 @@ pub fn run(args: &FuzzArgs) -> Result<bool> {
                 _ => {}
             }
             i += 1;
-            if i % progress == 0 {
+            if i.is_multiple_of(progress) {
                 println!(
                     "[{name}] {i} cases: {} passed, {} failed, {} skipped ({:.1} s)",
                     tally.passed,
