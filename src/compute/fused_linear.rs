@@ -164,7 +164,7 @@ fn query_and_rope_checks(
     t: usize,
     d: usize,
 ) -> Result<()> {
-    if d % 2 != 0 {
+    if !d.is_multiple_of(2) {
         return Err(Error::shape(
             "rope_split_qkv q",
             q.shape(),
