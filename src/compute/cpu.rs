@@ -236,8 +236,8 @@ mod simd_loops {
     /// `$one` widens the weight `$w`.
     macro_rules! weight_loops {
         (
-            $m:ident, $t:ty, $feat:literal, $v:ty, $lanes:literal, $nr:literal,
-            $zero:ident, $load:ident, $fma:ident, $hsum:ident,
+            $m:ident, $t:ty, $feat:literal,
+            [$v:ty, $lanes:literal, $nr:literal, $zero:ident, $load:ident, $fma:ident, $hsum:ident],
             |$p:ident| $load_w:expr, |$w:ident| $one:expr
         ) => {
             pub(super) mod $m {
@@ -376,94 +376,38 @@ mod simd_loops {
         };
     }
 
-    weight_loops!(
-        f32w,
-        f32,
-        "avx2,fma",
-        __m256,
-        8,
-        2,
-        _mm256_setzero_ps,
-        _mm256_loadu_ps,
-        _mm256_fmadd_ps,
-        hsum256,
-        |p| _mm256_loadu_ps(p),
-        |w| w
-    );
+    /// The three weight types' loops of one vector level: `$v` vectors of `$lanes` f32 lanes,
+    /// `$nr` rows a pass, and each type's load of `$lanes` weights as f32 lanes.
+    macro_rules! level {
+        (
+            $vec:tt, f32: ($f32m:ident, $f32feat:literal, |$pf:ident| $f32load:expr),
+            bf16: ($bf16m:ident, $bf16feat:literal, |$pb:ident| $bf16load:expr),
+            f16: ($f16m:ident, $f16feat:literal, |$ph:ident| $f16load:expr)
+        ) => {
+            weight_loops!($f32m, f32, $f32feat, $vec, |$pf| $f32load, |w| w);
+            weight_loops!($bf16m, half::bf16, $bf16feat, $vec, |$pb| $bf16load, |w| w
+                .to_f32());
+            weight_loops!($f16m, half::f16, $f16feat, $vec, |$ph| $f16load, |w| w
+                .to_f32());
+        };
+    }
+
     // bf16 is the high half of an f32: widen the 16-bit lanes and shift them up.
-    weight_loops!(
-        bf16w,
-        half::bf16,
-        "avx2,fma",
-        __m256,
-        8,
-        2,
-        _mm256_setzero_ps,
-        _mm256_loadu_ps,
-        _mm256_fmadd_ps,
-        hsum256,
-        |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-            _mm_loadu_si128(p.cast())
+    level!(
+        [__m256, 8, 2, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps, hsum256],
+        f32: (f32w, "avx2,fma", |p| _mm256_loadu_ps(p)),
+        bf16: (bf16w, "avx2,fma", |p| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()))
         ))),
-        |w| w.to_f32()
+        f16: (f16w, "avx2,fma,f16c", |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())))
     );
-    weight_loops!(
-        f16w,
-        half::f16,
-        "avx2,fma,f16c",
-        __m256,
-        8,
-        2,
-        _mm256_setzero_ps,
-        _mm256_loadu_ps,
-        _mm256_fmadd_ps,
-        hsum256,
-        |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-        |w| w.to_f32()
-    );
-    weight_loops!(
-        f32w512,
-        f32,
-        "avx512f",
-        __m512,
-        16,
-        4,
-        _mm512_setzero_ps,
-        _mm512_loadu_ps,
-        _mm512_fmadd_ps,
-        hsum512,
-        |p| _mm512_loadu_ps(p),
-        |w| w
-    );
-    weight_loops!(
-        bf16w512,
-        half::bf16,
-        "avx512f",
-        __m512,
-        16,
-        4,
-        _mm512_setzero_ps,
-        _mm512_loadu_ps,
-        _mm512_fmadd_ps,
-        hsum512,
-        |p| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(p.cast())
+    level!(
+        [__m512, 16, 4, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps, hsum512],
+        f32: (f32w512, "avx512f", |p| _mm512_loadu_ps(p)),
+        bf16: (bf16w512, "avx512f", |p| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))
         ))),
-        |w| w.to_f32()
-    );
-    weight_loops!(
-        f16w512,
-        half::f16,
-        "avx512f",
-        __m512,
-        16,
-        4,
-        _mm512_setzero_ps,
-        _mm512_loadu_ps,
-        _mm512_fmadd_ps,
-        hsum512,
-        |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
-        |w| w.to_f32()
+        f16: (f16w512, "avx512f", |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())))
     );
 }
 
@@ -476,6 +420,24 @@ enum Simd {
     Avx2 { f16c: bool },
     /// AVX-512 Foundation (which converts f16 itself).
     Avx512,
+}
+
+impl Simd {
+    /// The block function of this level: `wide` (AVX-512), `narrow` (AVX2, where
+    /// `narrow_runs`), else none (the portable loops).
+    #[cfg(target_arch = "x86_64")]
+    fn pick<T>(
+        self,
+        wide: BlockFn<T>,
+        narrow: BlockFn<T>,
+        narrow_runs: bool,
+    ) -> Option<BlockFn<T>> {
+        match self {
+            Simd::Avx512 => Some(wide),
+            Simd::Avx2 { .. } if narrow_runs => Some(narrow),
+            _ => None,
+        }
+    }
 }
 
 fn simd() -> Simd {
@@ -520,29 +482,19 @@ fn product_t(x: &[f32], w: Weights<'_>, t: usize, k: usize, n: usize) -> Vec<f32
     #[cfg(target_arch = "x86_64")]
     {
         use simd_loops as l;
+        // The AVX2 f16 loops need F16C as well; AVX-512 converts f16 itself.
+        let f16c = matches!(level, Simd::Avx2 { f16c: true });
         match w {
             Weights::F32(w) => {
-                let f: Option<BlockFn<f32>> = match level {
-                    Simd::Avx512 => Some(l::f32w512::linear_block),
-                    Simd::Avx2 { .. } => Some(l::f32w::linear_block),
-                    Simd::None => None,
-                };
+                let f = level.pick(l::f32w512::linear_block, l::f32w::linear_block, true);
                 product_t_of(x, w, t, k, n, f)
             }
             Weights::Bf16(w) => {
-                let f: Option<BlockFn<half::bf16>> = match level {
-                    Simd::Avx512 => Some(l::bf16w512::linear_block),
-                    Simd::Avx2 { .. } => Some(l::bf16w::linear_block),
-                    Simd::None => None,
-                };
+                let f = level.pick(l::bf16w512::linear_block, l::bf16w::linear_block, true);
                 product_t_of(x, w, t, k, n, f)
             }
             Weights::F16(w) => {
-                let f: Option<BlockFn<half::f16>> = match level {
-                    Simd::Avx512 => Some(l::f16w512::linear_block),
-                    Simd::Avx2 { f16c: true } => Some(l::f16w::linear_block),
-                    _ => None,
-                };
+                let f = level.pick(l::f16w512::linear_block, l::f16w::linear_block, f16c);
                 product_t_of(x, w, t, k, n, f)
             }
         }
