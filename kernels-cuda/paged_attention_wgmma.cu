@@ -344,6 +344,98 @@ __device__ __forceinline__ void wg_load_kv(const pa_u16* dummy, const pa_u64* kr
     }
 }
 
+// S = Q K^T for one tile: KT k16 steps issued and committed as one wgmma group (not waited).
+template <bool BF16, int NJ, int KT>
+__device__ __forceinline__ void wg_issue_qk(float (&s)[NJ][4], pa_u64 dq0, pa_u64 dk) {
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+        const pa_u32 off = (pa_u32)((kk >> 2) * 64 * 128 + (kk & 3) * 32);
+        const pa_u32 koff = (pa_u32)((kk >> 2) * WG_KEYS * 128 + (kk & 3) * 32);
+        wg_mma_qk<BF16, NJ>(s, dq0 + (off >> 4), dk + (koff >> 4), kk > 0 ? 1 : 0);
+    }
+}
+
+// O += P V for one tile: WG_KEYS / 16 k16 steps issued (not committed, not waited).
+template <bool BF16, int NT>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[NT][4], const pa_u32 (&pf)[WG_KEYS / 16][4],
+                                            pa_u64 dv) {
+#pragma unroll
+    for (int kk = 0; kk < WG_KEYS / 16; ++kk) {
+        wg_mma_pv<BF16, NT>(o, pf[kk], dv + (pa_u64)((kk * 2048) >> 4));
+    }
+}
+
+// The online softmax of one tile's scores (base 2), as paged_attention_mma.cu: modifiers
+// and mask, the new running maxima m, alpha = 2^(m_old - m_new) for the O rescale (which the
+// caller applies when `moved` for some lane of the warp), s overwritten with P, l updated.
+template <bool PLAIN, int NJ>
+__device__ __forceinline__ bool wg_softmax(const AttnParams& p, float (&s)[NJ][4], int c0,
+                                           int4 wb, const int2* vis_s, int r0, int t4, int hc,
+                                           int pos0, int head0, float qk_scale, float (&m)[2],
+                                           float (&l)[2], float (&alpha)[2]) {
+    const bool all_inside = wb.z <= c0 && wb.w >= c0 + WG_KEYS;
+    float mx[2] = {PLAIN ? -PA_INF : m[0], PLAIN ? -PA_INF : m[1]};
+    if (all_inside) {
+        const int none[2] = {0, 0};
+        pa_mma_scores<false, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, none, none, qk_scale,
+                                        mx);
+    } else {
+        const int2 v0 = vis_s[r0];
+        const int2 v1 = vis_s[r0 + 8];
+        const int lo[2] = {v0.x, v1.x};
+        const int hi[2] = {v0.y, v1.y};
+        pa_mma_scores<true, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, lo, hi, qk_scale, mx);
+    }
+    float msub[2], rs[2] = {0.0f, 0.0f};
+    bool moved = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
+        if (PLAIN) mx[i] = fmaxf(m[i], mx[i] * qk_scale);
+        msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
+        alpha[i] = ptx_ex2(m[i] - msub[i]);
+        moved |= alpha[i] != 1.0f;
+        m[i] = mx[i];
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = ptx_ex2(PLAIN ? fmaf(s[j][e], qk_scale, -msub[e >> 1])
+                                    : s[j][e] - msub[e >> 1]);
+        }
+    }
+    pa_mma_row_reduce<NJ, true>(s, rs);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+    return __any_sync(PA_FULL_MASK, moved);
+}
+
+// P (the scores after wg_softmax) packed to f16x2 / bf16x2: the accumulator layout of two n8
+// tiles is wgmma's register A fragment of one k16 step.
+template <bool BF16, int NJ>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[NJ][4], pa_u32 (&pf)[NJ / 2][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NJ / 2; ++kk) {
+        pf[kk][0] = ptx_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+        pf[kk][1] = ptx_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+        pf[kk][2] = ptx_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pf[kk][3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void wg_rescale(float (&o)[NT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
 template <bool BF16, int D, bool PLAIN>
 __device__ __forceinline__ void wg_attend(const AttnParams& p) {
     constexpr int CH = D / 8;              // 16-byte chunks per row
@@ -491,84 +583,24 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
         if (g_lo < c0 + WG_KEYS && g_hi > c0) {
             // 3. S = Q K^T.
             float s[NJ][4];
-            const pa_u64 dk = dk0 + (pa_u64)((stage * TILE_B) >> 4);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < KT; ++kk) {
-                const pa_u32 off = (pa_u32)((kk >> 2) * 64 * 128 + (kk & 3) * 32);
-                const pa_u32 koff = (pa_u32)((kk >> 2) * WG_KEYS * 128 + (kk & 3) * 32);
-                wg_mma_qk<BF16, NJ>(s, dq0 + (off >> 4), dk + (koff >> 4), kk > 0 ? 1 : 0);
-            }
+            wg_issue_qk<BF16, NJ, KT>(s, dq0, dk0 + (pa_u64)((stage * TILE_B) >> 4));
             wg_commit();
             wg_wait_all();
             wg_fence_regs<NJ>(s);
-
             // 4. Modifiers, mask, online softmax (base 2).
-            const int4 wb = bounds_s[warp];
-            const bool all_inside = wb.z <= c0 && wb.w >= c0 + WG_KEYS;
-            float mx[2] = {PLAIN ? -PA_INF : m[0], PLAIN ? -PA_INF : m[1]};
-            if (all_inside) {
-                const int none[2] = {0, 0};
-                pa_mma_scores<false, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, none, none,
-                                                qk_scale, mx);
-            } else {
-                const int2 v0 = vis_s[r0];
-                const int2 v1 = vis_s[r0 + 8];
-                const int lo[2] = {v0.x, v1.x};
-                const int hi[2] = {v0.y, v1.y};
-                pa_mma_scores<true, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, lo, hi,
-                                               qk_scale, mx);
+            float alpha[2];
+            if (wg_softmax<PLAIN, NJ>(p, s, c0, bounds_s[warp], vis_s, r0, t4, hc, pos0, head0,
+                                      qk_scale, m, l, alpha)) {
+                wg_rescale<NT>(o, alpha);
             }
-            float msub[2], alpha[2], rs[2] = {0.0f, 0.0f};
-            bool moved = false;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
-                if (PLAIN) mx[i] = fmaxf(m[i], mx[i] * qk_scale);
-                msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
-                alpha[i] = ptx_ex2(m[i] - msub[i]);
-                moved |= alpha[i] != 1.0f;
-                m[i] = mx[i];
-            }
-#pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[j][e] = ptx_ex2(PLAIN ? fmaf(s[j][e], qk_scale, -msub[e >> 1])
-                                            : s[j][e] - msub[e >> 1]);
-                }
-            }
-            pa_mma_row_reduce<NJ, true>(s, rs);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
-            if (__any_sync(PA_FULL_MASK, moved)) {
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    o[n][0] *= alpha[0];
-                    o[n][1] *= alpha[0];
-                    o[n][2] *= alpha[1];
-                    o[n][3] *= alpha[1];
-                }
-            }
-
             // 5. O += P V.
             pa_u32 pf[WG_KEYS / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < WG_KEYS / 16; ++kk) {
-                pf[kk][0] = ptx_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-                pf[kk][1] = ptx_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-                pf[kk][2] = ptx_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pf[kk][3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
-            const pa_u64 dv = dv0 + (pa_u64)((stage * TILE_B) >> 4);
+            wg_pack_p<BF16, NJ>(s, pf);
             wg_fence_frags<WG_KEYS / 16>(pf);
             wg_fence_regs<NT>(o);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < WG_KEYS / 16; ++kk) {
-                wg_mma_pv<BF16, NT>(o, pf[kk], dv + (pa_u64)((kk * 2048) >> 4));
-            }
+            wg_issue_pv<BF16, NT>(o, pf, dv0 + (pa_u64)((stage * TILE_B) >> 4));
             wg_commit();
             wg_wait_all();
             wg_fence_regs<NT>(o);
