@@ -67,7 +67,7 @@
 // (cp.async, ldmatrix, bf16 mma). Block-table entries are read only for keys inside the item's visible union.
 
 #include "common.cuh"
-#include "mma_softmax.cuh"
+#include "prefill_tile.cuh"
 
 // m16 tiles per warp: 1 (64 rows per CTA, the host's default) or 2 (128 rows); the host
 // passes -DPA_MMA_MT. Without it the default form is built (the CI whole-file check for
@@ -204,25 +204,20 @@ __device__ __forceinline__ void pa_mma_attend(const AttnParams& p) {
     const int warp = tid >> 5;
     const int g4 = lane >> 2;
     const int t4 = lane & 3;
-    const int hc = it.head_count;
-    const int rows = it.q_len * hc;
-    const int qsl0 = p.query_start_loc[it.req];
-    const int req_q_len = p.query_start_loc[it.req + 1] - qsl0;
-    const int ctx = p.seq_lens[it.req] - req_q_len;
-    const int pos0 = ctx + (it.q_start - qsl0);
-    const int head0 = it.kv_head * p.group + it.head_start;
+    const PaPrefillItem geo = pa_prefill_item(p, it);
+    const int hc = geo.hc;
+    const int rows = geo.rows;
+    const int pos0 = geo.pos0;
+    const int head0 = geo.head0;
     const pa_u16* q = (const pa_u16*)p.q;
     const pa_u16* cache = (const pa_u16*)p.cache;
     const pa_i64 v_delta_b = (pa_i64)p.block_size * p.num_kv_heads * D * 2;
 
     // Key tiles cover the union of the rows' visible ranges, from `first` (aligned down to 16).
-    int span_lo, span_hi, tmp;
-    pa_visible(p, pos0, it.kv_lo, it.kv_hi, &span_lo, &tmp);
-    pa_visible(p, pos0 + it.q_len - 1, it.kv_lo, it.kv_hi, &tmp, &span_hi);
-    span_lo = max(span_lo, it.kv_lo);
-    span_hi = min(span_hi, it.kv_hi);
+    const int span_lo = geo.span_lo;
+    const int span_hi = geo.span_hi;
     const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
-    const int first = span_lo - span_lo % 16;
+    const int first = geo.first;
     // Threads 0..63 own one key row of every tile: they read its block-table entry one tile
     // ahead of the copy that needs it (the read flies during a tile's compute).
     const bool owner = tid < MMA_KEYS;

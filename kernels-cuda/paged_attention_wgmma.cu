@@ -2,7 +2,7 @@
 // kernel the CUDA backend runs on sm_90 for f16 / bf16 activations with a cache of the same
 // dtype and head sizes 64 and 128 (rows of whole 128-byte swizzle atoms). Everything else --
 // other head sizes, other GPUs -- runs on paged_attention_mma.cu, which shares this kernel's
-// work items, masks and softmax (mma_softmax.cuh) and is the reference for the semantics.
+// work items, masks and softmax (prefill_tile.cuh) and is the reference for the semantics.
 //
 // Work: the same WorkItem list as paged_attention_mma.cu, planned with up to WG_ROWS = 128
 // rows per item: query tokens [q_start, q_start + q_len) of request `req` times query heads
@@ -11,7 +11,7 @@
 //
 // Algorithm per CTA: two warpgroups (8 warps, 256 threads); warpgroup g computes rows
 // 64 g .. 64 g + 63 of the item, each of its warps the 16 rows of its slice of the wgmma
-// m64 tile, in the m16 accumulator layout mma_softmax.cuh describes.
+// m64 tile, in the m16 accumulator layout prefill_tile.cuh describes.
 //  1. The Q tile [128][D] is copied to shared memory with cp.async (rows past the item's rows
 //     zero-filled), in the same copy group as the first K/V tile.
 //  2. Keys are visited in tiles of WG_KEYS (128, or 64 with -DPA_WG_KEYS=64) positions from
@@ -52,7 +52,7 @@
 // Block-table entries are read only for keys inside the item's visible union.
 
 #include "common.cuh"
-#include "mma_softmax.cuh"
+#include "prefill_tile.cuh"
 
 #ifndef PA_WG_KEYS
 #define PA_WG_KEYS 128
@@ -459,24 +459,19 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
     const int wg = warp >> 2;
     const int g4 = lane >> 2;
     const int t4 = lane & 3;
-    const int hc = it.head_count;
-    const int rows = it.q_len * hc;
-    const int qsl0 = p.query_start_loc[it.req];
-    const int req_q_len = p.query_start_loc[it.req + 1] - qsl0;
-    const int ctx = p.seq_lens[it.req] - req_q_len;
-    const int pos0 = ctx + (it.q_start - qsl0);
-    const int head0 = it.kv_head * p.group + it.head_start;
+    const PaPrefillItem geo = pa_prefill_item(p, it);
+    const int hc = geo.hc;
+    const int rows = geo.rows;
+    const int pos0 = geo.pos0;
+    const int head0 = geo.head0;
     const pa_u16* q = (const pa_u16*)p.q;
     const pa_u16* cache = (const pa_u16*)p.cache;
     const pa_i64 v_delta_b = (pa_i64)p.block_size * p.num_kv_heads * D * 2;
 
-    int span_lo, span_hi, tmp;
-    pa_visible(p, pos0, it.kv_lo, it.kv_hi, &span_lo, &tmp);
-    pa_visible(p, pos0 + it.q_len - 1, it.kv_lo, it.kv_hi, &tmp, &span_hi);
-    span_lo = max(span_lo, it.kv_lo);
-    span_hi = min(span_hi, it.kv_hi);
+    const int span_lo = geo.span_lo;
+    const int span_hi = geo.span_hi;
     const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
-    const int first = span_lo - span_lo % 16;
+    const int first = geo.first;
     const bool owner = tid < WG_KEYS;
     auto table_entry = [&](int c) -> int {
         const int kp = c + tid;

@@ -31,10 +31,10 @@ pub const MLA_PARAMS: &str = include_str!("../../../kernels-cuda/mla_params.cuh"
 /// place of `#include "linear_params.cuh"`.
 pub const LINEAR_PARAMS: &str = include_str!("../../../kernels-cuda/linear_params.cuh");
 
-/// `mma_softmax.cuh`: the online-softmax pieces of the two tensor-core prefill kernels
-/// (row reductions, scores with their modifiers and mask), pasted in place of
-/// `#include "mma_softmax.cuh"`.
-pub const MMA_SOFTMAX: &str = include_str!("../../../kernels-cuda/mma_softmax.cuh");
+/// `prefill_tile.cuh`: what the two tensor-core prefill kernels share (a work item's
+/// geometry, row reductions, scores with their modifiers and mask), pasted in place of
+/// `#include "prefill_tile.cuh"`.
+pub const PREFILL_TILE: &str = include_str!("../../../kernels-cuda/prefill_tile.cuh");
 
 /// `reshape_and_cache.cu`.
 pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
@@ -313,7 +313,7 @@ pub fn full_source(k: &KernelSource) -> String {
         .replace("#include \"common.cuh\"", &common)
         .replace("#include \"mla_params.cuh\"", MLA_PARAMS)
         .replace("#include \"linear_params.cuh\"", LINEAR_PARAMS)
-        .replace("#include \"mma_softmax.cuh\"", MMA_SOFTMAX)
+        .replace("#include \"prefill_tile.cuh\"", PREFILL_TILE)
 }
 
 #[cfg(test)]

@@ -1,15 +1,48 @@
-// The online-softmax pieces the tensor-core prefill kernels share (paged_attention_mma.cu on
-// mma.sync, paged_attention_wgmma.cu on wgmma): both hold scores in the accumulator layout
+// What the tensor-core prefill kernels share (paged_attention_mma.cu on mma.sync,
+// paged_attention_wgmma.cu on wgmma): a work item's geometry, and the online softmax. Both
+// hold scores in the accumulator layout
 // of an m16 tile per warp -- a thread owns rows lane/4 and lane/4 + 8, and of each n8 tile
 // the elements 0, 1 (first row) and 2, 3 (second row) at keys 2 (lane % 4) and + 1 -- which
 // is the layout of mma.m16n8 and of each warp's 16 rows of wgmma.m64nN. Pasted in place of
-// `#include "mma_softmax.cuh"` after common.cuh (AttnParams, PA_INF, PA_FULL_MASK).
+// `#include "prefill_tile.cuh"` after common.cuh (AttnParams, WorkItem, PA_INF, PA_FULL_MASK).
 
-#ifndef POLYATTN_MMA_SOFTMAX_CUH
-#define POLYATTN_MMA_SOFTMAX_CUH
+#ifndef POLYATTN_PREFILL_TILE_CUH
+#define POLYATTN_PREFILL_TILE_CUH
 
 #define PA_LOG2E 1.4426950408889634f
 #define PA_LN2 0.6931471805599453f
+
+// A prefill work item's geometry: rows = query tokens x heads (row r = token r / hc, head
+// head0 + r % hc), pos0 the sequence position of its first token, and the union of its rows'
+// visible key ranges [span_lo, span_hi) with `first` its start aligned down to 16 (where the
+// key tiles begin).
+struct PaPrefillItem {
+    int hc;
+    int rows;
+    int pos0;
+    int head0;
+    int span_lo;
+    int span_hi;
+    int first;
+};
+
+__device__ __forceinline__ PaPrefillItem pa_prefill_item(const AttnParams& p, const WorkItem& it) {
+    PaPrefillItem g;
+    g.hc = it.head_count;
+    g.rows = it.q_len * g.hc;
+    const int qsl0 = p.query_start_loc[it.req];
+    const int req_q_len = p.query_start_loc[it.req + 1] - qsl0;
+    const int ctx = p.seq_lens[it.req] - req_q_len;
+    g.pos0 = ctx + (it.q_start - qsl0);
+    g.head0 = it.kv_head * p.group + it.head_start;
+    int tmp;
+    pa_visible(p, g.pos0, it.kv_lo, it.kv_hi, &g.span_lo, &tmp);
+    pa_visible(p, g.pos0 + it.q_len - 1, it.kv_lo, it.kv_hi, &tmp, &g.span_hi);
+    g.span_lo = max(g.span_lo, it.kv_lo);
+    g.span_hi = min(g.span_hi, it.kv_hi);
+    g.first = g.span_lo - g.span_lo % 16;
+    return g;
+}
 
 // Folds the row maxima (MAX) or sums (else) of a thread's scores of one m-tile into r[0]
 // (row lane/4: elements 0, 1 of every n-tile) and r[1] (row lane/4 + 8: elements 2, 3).
@@ -83,4 +116,4 @@ __device__ __forceinline__ void pa_mma_scores(const AttnParams& p, float (&s)[NJ
     pa_mma_row_reduce<NJ, false>(s, mx);
 }
 
-#endif  // POLYATTN_MMA_SOFTMAX_CUH
+#endif  // POLYATTN_PREFILL_TILE_CUH
