@@ -385,10 +385,12 @@ mod simd_loops {
             f16: ($f16m:ident, $f16feat:literal, |$ph:ident| $f16load:expr)
         ) => {
             weight_loops!($f32m, f32, $f32feat, $vec, |$pf| $f32load, |w| w);
-            weight_loops!($bf16m, half::bf16, $bf16feat, $vec, |$pb| $bf16load, |w| w
-                .to_f32());
-            weight_loops!($f16m, half::f16, $f16feat, $vec, |$ph| $f16load, |w| w
-                .to_f32());
+            weight_loops!($bf16m, half::bf16, $bf16feat, $vec, |$pb| $bf16load, |w| {
+                f32::from(w)
+            });
+            weight_loops!($f16m, half::f16, $f16feat, $vec, |$ph| $f16load, |w| {
+                f32::from(w)
+            });
         };
     }
 
@@ -923,7 +925,6 @@ mod tests {
 
     /// The forms of one weight type this CPU runs, each SIMD one named and listed only where
     /// the CPU has its features (a missing one says that it skipped).
-    #[allow(unused_mut)]
     fn forms<T>(
         simd: &[(&'static str, bool, BlockFn<T>)],
     ) -> Vec<(&'static str, Option<BlockFn<T>>)> {
