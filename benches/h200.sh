@@ -5,9 +5,10 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
-# sanitize-hopper and hopper (the wgmma prefill: compute-sanitizer on its test set; its SASS,
-# tests and P / P1 rows at 128 and 64 keys per tile beside the mma.sync kernel; add torch for
-# the cuDNN rows),
+# hopper-gate, sanitize-hopper and hopper (the wgmma prefill: its prefill tests and SASS,
+# stopping the script if they fail; compute-sanitizer on its test set; the tests at 64 keys
+# per tile and P / P1 rows at 128 and 64 keys beside the mma.sync kernel; add torch for the
+# cuDNN rows),
 # vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
@@ -97,6 +98,19 @@ for p in "${phases[@]}"; do
   done
   run memcheck-large_prefill 150 env POLYATTN_CUDA_MMA=1 compute-sanitizer --tool memcheck --error-exitcode 99 \
     $B/test-cuda_gpu large_prefill --test-threads=1
+done
+for p in "${phases[@]}"; do
+  [ "$p" = hopper-gate ] || continue
+  # The wgmma prefill's own tests first (no Vulkan needed) and its SASS; a failure ends the
+  # script here, so a broken kernel costs one short call.
+  run hopper-cuda_gpu 200 $B/test-cuda_gpu prefill --test-threads=1 --nocapture
+  grep -q 'test result: ok' "$OUT/hopper-cuda_gpu.log" || { say "hopper tests failed: stop"; exit 1; }
+  cubin=$(ls /tmp/polyattn-cache/paged_attention_wgmma-sm_90a-*.cubin 2>/dev/null | head -1)
+  if [ -n "$cubin" ]; then
+    echo "HGMMA in $cubin: $(cuobjdump --dump-sass "$cubin" | grep -c HGMMA)"
+  else
+    echo "no wgmma cubin in /tmp/polyattn-cache: the kernel did not run"
+  fi
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-hopper ] || continue
@@ -281,15 +295,8 @@ for p in "${phases[@]}"; do
         --shapes M.h16.b128s32k.q1,M.h128.b64s32k.q1 --budget 0.3 \
         --json "$OUT/vulkan-mla-chunks.json" --no-svg ;;
     hopper)
-      # The wgmma prefill: its SASS (HGMMA), the prefill tests at both tile widths, the shared
+      # The wgmma prefill after hopper-gate: the long prefills at 64 keys per tile, the shared
       # bodies, then the P rows with it (128 and 64 keys) beside the mma.sync kernel, same lease.
-      run hopper-cuda_gpu 200 $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-      cubin=$(ls /tmp/polyattn-cache/paged_attention_wgmma-sm_90a-*.cubin 2>/dev/null | head -1)
-      if [ -n "$cubin" ]; then
-        echo "HGMMA in $cubin: $(cuobjdump --dump-sass "$cubin" | grep -c HGMMA)"
-      else
-        echo "no wgmma cubin in /tmp/polyattn-cache: the kernel did not run"
-      fi
       run hopper64-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_KEYS=64 $B/test-cuda_gpu long_prefill --test-threads=1
       run hopper-attention 150 $B/test-attention_correctness --nocapture
       for k in 128 64; do

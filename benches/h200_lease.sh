@@ -14,13 +14,13 @@
 #           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 2
 #   call 3: carry .devbin/on-device.sh .m2 .gl
 #           command: . .devbin/on-device.sh; bash benches/h200_lease.sh 3
-# The Hopper prefill (wgmma) after call 1 (its test binaries stay in /tmp/b), with the
-# benchmark binary (pack.sh --bin polyattn) carried; these two do not source on-device.sh
-# first (compute-sanitizer runs before the Vulkan loader is installed):
-#   call 4: carry .devbin/on-device.sh .devbin/bin-polyattn
-#           command: bash benches/h200_lease.sh 4      (compute-sanitizer on it)
-#   call 5: carry .devbin/on-device.sh .devbin/bin-polyattn
-#           command: bash benches/h200_lease.sh 5      (SASS, tests, P rows, cuDNN rows)
+# The Hopper prefill (wgmma), independent of calls 1-3; these two do not source on-device.sh
+# first (compute-sanitizer runs before the Vulkan loader is installed), and each carries
+# .devbin/on-device.sh .devbin/test-cuda_gpu .devbin/test-attention_correctness
+# .devbin/bin-polyattn .gl:
+#   call 4: bash benches/h200_lease.sh 4   (its tests and SASS, stopping there if they fail;
+#                                           then compute-sanitizer on it)
+#   call 5: bash benches/h200_lease.sh 5   (tests at 64 keys, shared bodies, P rows, cuDNN)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
@@ -43,7 +43,7 @@ case $call in
   3) phases=(join graphs identity step-ab cache-write-ab) ;;
   # The Hopper prefill through h200.sh's phases (its own phase list, same folders).
   4|5)
-    [ "$call" = 4 ] && hp=(sanitize-hopper) || hp=(hopper torch)
+    [ "$call" = 4 ] && hp=(hopper-gate sanitize-hopper) || hp=(hopper torch)
     timeout 580 bash "$here/h200.sh" "${hp[@]}" 2>&1 | tee "$R/summary-$call.txt"
     cp /tmp/h200/*.json "$R/" 2>/dev/null
     tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
