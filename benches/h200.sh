@@ -8,7 +8,7 @@
 # hopper-gate, sanitize-hopper and hopper (the wgmma prefill: its prefill tests and SASS,
 # stopping the script if they fail; compute-sanitizer on its test set; the tests at 64 keys
 # per tile and P / P1 rows at 128 and 64 keys beside the mma.sync kernel; add torch for the
-# cuDNN rows),
+# cuDNN rows; ncu-hopper for one launch of it through Nsight Compute),
 # vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
@@ -160,6 +160,13 @@ for p in "${phases[@]}"; do
         --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section InstructionStats --section SchedulerStats --metrics "$STALLS" \
         $B/bin-polyattn bench --backend cuda --shapes P2.b1s4k.p16 --budget 0.05 --no-svg ;;
+    ncu-hopper)
+      # One launch of the wgmma prefill on P2.b1s16k: speed of light, tensor-pipe activity,
+      # warp states and stalls (where the next Hopper step should go).
+      run ncu-hopper 200 ncu --clock-control none -k regex:paged_attention_wgmma --launch-skip 5 \
+        --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+        --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
+        $B/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 --gpu-warmup-secs 0 --no-svg ;;
     ncu-p2)
       # Why P2 at 4k tokens per request runs slower per FLOP than at 32k: one launch each of b8s4k and b1s32k, instructions, tensor
       # pipe activity, active warps and stall reasons side by side.

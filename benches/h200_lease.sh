@@ -20,7 +20,8 @@
 # .devbin/bin-polyattn .gl:
 #   call 4: bash benches/h200_lease.sh 4   (its tests and SASS, stopping there if they fail;
 #                                           then compute-sanitizer on it)
-#   call 5: bash benches/h200_lease.sh 5   (tests at 64 keys, shared bodies, P rows, cuDNN)
+#   call 5: bash benches/h200_lease.sh 5   (tests at 64 keys, shared bodies, P rows, cuDNN,
+#                                           one launch under ncu)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
@@ -43,7 +44,7 @@ case $call in
   3) phases=(join graphs identity step-ab cache-write-ab) ;;
   # The Hopper prefill through h200.sh's phases (its own phase list, same folders).
   4|5)
-    [ "$call" = 4 ] && hp=(hopper-gate sanitize-hopper) || hp=(hopper torch)
+    [ "$call" = 4 ] && hp=(hopper-gate sanitize-hopper) || hp=(hopper torch ncu-hopper)
     timeout 580 bash "$here/h200.sh" "${hp[@]}" 2>&1 | tee "$R/summary-$call.txt"
     cp /tmp/h200/*.json "$R/" 2>/dev/null
     tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
