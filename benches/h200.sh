@@ -165,7 +165,7 @@ for p in "${phases[@]}"; do
       # warp states and stalls (where the next Hopper step should go).
       run ncu-hopper 200 ncu --clock-control none -k regex:paged_attention_wgmma --launch-skip 5 \
         --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
-        --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
+        --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
         $B/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 --gpu-warmup-secs 0 --no-svg ;;
     ncu-p2)
       # Why P2 at 4k tokens per request runs slower per FLOP than at 32k: one launch each of b8s4k and b1s32k, instructions, tensor
