@@ -36,6 +36,11 @@ pub const LINEAR_PARAMS: &str = include_str!("../../../kernels-cuda/linear_param
 /// `#include "prefill_tile.cuh"`.
 pub const PREFILL_TILE: &str = include_str!("../../../kernels-cuda/prefill_tile.cuh");
 
+/// `wgmma.cuh`: the Hopper prefill kernels' warpgroup tensor-core wrappers and tile steps
+/// (descriptors, wgmma products and fences, one tile's softmax), pasted in place of
+/// `#include "wgmma.cuh"`.
+pub const WGMMA: &str = include_str!("../../../kernels-cuda/wgmma.cuh");
+
 /// `reshape_and_cache.cu`.
 pub const RESHAPE_AND_CACHE: KernelSource = KernelSource {
     name: "reshape_and_cache",
@@ -314,6 +319,7 @@ pub fn full_source(k: &KernelSource) -> String {
         .replace("#include \"mla_params.cuh\"", MLA_PARAMS)
         .replace("#include \"linear_params.cuh\"", LINEAR_PARAMS)
         .replace("#include \"prefill_tile.cuh\"", PREFILL_TILE)
+        .replace("#include \"wgmma.cuh\"", WGMMA)
 }
 
 #[cfg(test)]

@@ -1,0 +1,354 @@
+// Hopper warpgroup tensor-core building blocks shared by the wgmma prefill kernels
+// (paged_attention_wgmma.cu and its warp-specialised form): shared-memory matrix descriptors
+// with the 128-byte swizzle, the wgmma issue / commit / wait wrappers and register fences,
+// the m64nNk16 products (A and B from shared memory, or A from registers and B N-major), the
+// swizzled tile address, and one key tile's products, online softmax and P packing.
+//
+// Layouts (the kernels' headers give the whole picture): a tile is stored in column blocks of
+// 64 16-bit elements (128 bytes a row), block b holding elements 64 b .. 64 b + 63 of every
+// row, and the 16-byte chunk c of row j at chunk position c ^ (j % 8); every block starts on a
+// 1024-byte boundary. Accumulators are f32 in the m16 layout of each warp of the warpgroup
+// (d[j][e]: n8 tile j; rows g, g + 8 with g = lane / 4; columns 8 j + 2 (lane % 4) + {0, 1}),
+// which for two n8 tiles is also the register A fragment of one k16 step.
+//
+// Needs: common.cuh and prefill_tile.cuh before it; the sm_90a target.
+#ifndef POLYATTN_WGMMA_CUH
+#define POLYATTN_WGMMA_CUH
+
+// ---------------------------------------------------------------- wgmma wrappers
+
+// A shared-memory matrix descriptor with the 128-byte swizzle: start address, leading- and
+// stride-dimension byte offsets, each encoded as (x & 0x3FFFF) >> 4; base offset 0 (every
+// pattern starts on a 1024-byte boundary).
+__device__ __forceinline__ pa_u64 wg_desc(pa_u32 addr, pa_u32 lbo, pa_u32 sbo) {
+    return (pa_u64)((addr & 0x3FFFF) >> 4) | ((pa_u64)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((pa_u64)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Makes the shared memory this thread wrote through the generic proxy (cp.async, stores)
+// visible to the async proxy (wgmma's operand reads) once a barrier orders the two.
+__device__ __forceinline__ void wg_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulators across the wgmma issue /
+// wait pair (they are written asynchronously, invisibly to it).
+template <int NJ>
+__device__ __forceinline__ void wg_fence_regs(float (&d)[NJ][4]) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+    }
+}
+
+// The same for register A fragments: their writes must come before wgmma.fence, and they
+// must stay unchanged until the products that read them are waited for.
+template <int NK>
+__device__ __forceinline__ void wg_fence_frags(pa_u32 (&a)[NK][4]) {
+#pragma unroll
+    for (int j = 0; j < NK; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+    }
+}
+
+// d (+)= A B for one m64n64k16 step, A and B from shared memory (descriptors), f32
+// accumulators in the m16-tile layout of each warp (d[j][e]: n8 tile j).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_ss_n64(float (&d)[8][4], pa_u64 da, pa_u64 db, int acc) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "l"(da), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+}
+
+// d (+)= A B for one m64n128k16 step, A and B from shared memory (descriptors), f32
+// accumulators in the m16-tile layout of each warp (d[j][e]: n8 tile j).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_ss_n128(float (&d)[16][4], pa_u64 da, pa_u64 db, int acc) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(da), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "l"(da), "l"(db), "r"(acc));
+    }
+}
+
+// d += A B for one m64n64k16 step, A from registers (the m16 A-fragment layout per warp),
+// B from shared memory stored N-major (imm-trans-b = 1).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_rs_n64(float (&d)[8][4], const pa_u32 (&a)[4], pa_u64 db) {
+    const int acc = 1;
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    }
+}
+
+// d += A B for one m64n128k16 step, A from registers (the m16 A-fragment layout per warp),
+// B from shared memory stored N-major (imm-trans-b = 1).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma_rs_n128(float (&d)[16][4], const pa_u32 (&a)[4], pa_u64 db) {
+    const int acc = 1;
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    }
+}
+
+
+// One k16 step of S = Q K^T over N = NJ * 8 keys.
+template <bool BF16, int NJ>
+__device__ __forceinline__ void wg_mma_qk(float (&s)[NJ][4], pa_u64 dq, pa_u64 dk, int acc) {
+    if constexpr (NJ == 16) {
+        wg_mma_ss_n128<BF16>(s, dq, dk, acc);
+    } else {
+        static_assert(NJ == 8, "64 or 128 keys");
+        wg_mma_ss_n64<BF16>(s, dq, dk, acc);
+    }
+}
+
+// One k16 step of O += P V over N = NT * 8 head dimensions.
+template <bool BF16, int NT>
+__device__ __forceinline__ void wg_mma_pv(float (&o)[NT][4], const pa_u32 (&a)[4], pa_u64 dv) {
+    if constexpr (NT == 16) {
+        wg_mma_rs_n128<BF16>(o, a, dv);
+    } else {
+        static_assert(NT == 8, "head size 64 or 128");
+        wg_mma_rs_n64<BF16>(o, a, dv);
+    }
+}
+
+// Byte offset of the 16-byte chunk `c` of row `j` in a swizzled tile of `rows` rows.
+__device__ __forceinline__ pa_u32 wg_swizzled(int j, int c, int rows) {
+    return (pa_u32)((c >> 3) * rows * 128 + j * 128 + (((c & 7) ^ (j & 7)) << 4));
+}
+
+// S = Q K^T for one tile: KT k16 steps issued and committed as one wgmma group (not waited).
+template <bool BF16, int NJ, int KT>
+__device__ __forceinline__ void wg_issue_qk(float (&s)[NJ][4], pa_u64 dq0, pa_u64 dk) {
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+        const pa_u32 off = (pa_u32)((kk >> 2) * 64 * 128 + (kk & 3) * 32);
+        const pa_u32 koff = (pa_u32)((kk >> 2) * NJ * 8 * 128 + (kk & 3) * 32);
+        wg_mma_qk<BF16, NJ>(s, dq0 + (off >> 4), dk + (koff >> 4), kk > 0 ? 1 : 0);
+    }
+}
+
+// O += P V for one tile of NK * 16 keys: NK k16 steps issued (not committed, not waited).
+template <bool BF16, int NT, int NK>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[NT][4], const pa_u32 (&pf)[NK][4],
+                                            pa_u64 dv) {
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+        wg_mma_pv<BF16, NT>(o, pf[kk], dv + (pa_u64)((kk * 2048) >> 4));
+    }
+}
+
+// The online softmax of one tile's scores (base 2), as paged_attention_mma.cu: modifiers
+// and mask, the new running maxima m, alpha = 2^(m_old - m_new) for the O rescale (which the
+// caller applies when `moved` for some lane of the warp), s overwritten with P, l updated.
+template <bool PLAIN, int NJ>
+__device__ __forceinline__ bool wg_softmax(const AttnParams& p, float (&s)[NJ][4], int c0,
+                                           int4 wb, const int2* vis_s, int r0, int t4, int hc,
+                                           int pos0, int head0, float qk_scale, float (&m)[2],
+                                           float (&l)[2], float (&alpha)[2]) {
+    const bool all_inside = wb.z <= c0 && wb.w >= c0 + NJ * 8;
+    float mx[2] = {PLAIN ? -PA_INF : m[0], PLAIN ? -PA_INF : m[1]};
+    if (all_inside) {
+        const int none[2] = {0, 0};
+        pa_mma_scores<false, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, none, none, qk_scale,
+                                        mx);
+    } else {
+        const int2 v0 = vis_s[r0];
+        const int2 v1 = vis_s[r0 + 8];
+        const int lo[2] = {v0.x, v1.x};
+        const int hi[2] = {v0.y, v1.y};
+        pa_mma_scores<true, PLAIN, NJ>(p, s, c0, t4, r0, hc, pos0, head0, lo, hi, qk_scale, mx);
+    }
+    float msub[2], rs[2] = {0.0f, 0.0f};
+    bool moved = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(PA_FULL_MASK, mx[i], 2));
+        if (PLAIN) mx[i] = fmaxf(m[i], mx[i] * qk_scale);
+        msub[i] = mx[i] == -PA_INF ? 0.0f : mx[i];
+        alpha[i] = ptx_ex2(m[i] - msub[i]);
+        moved |= alpha[i] != 1.0f;
+        m[i] = mx[i];
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = ptx_ex2(PLAIN ? fmaf(s[j][e], qk_scale, -msub[e >> 1])
+                                    : s[j][e] - msub[e >> 1]);
+        }
+    }
+    pa_mma_row_reduce<NJ, true>(s, rs);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+    return __any_sync(PA_FULL_MASK, moved);
+}
+
+// P (the scores after wg_softmax) packed to f16x2 / bf16x2: the accumulator layout of two n8
+// tiles is wgmma's register A fragment of one k16 step.
+template <bool BF16, int NJ>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[NJ][4], pa_u32 (&pf)[NJ / 2][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NJ / 2; ++kk) {
+        pf[kk][0] = ptx_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+        pf[kk][1] = ptx_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+        pf[kk][2] = ptx_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pf[kk][3] = ptx_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void wg_rescale(float (&o)[NT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+#endif  // POLYATTN_WGMMA_CUH
