@@ -73,35 +73,6 @@ static_assert(WG_KEYS == 64 || WG_KEYS == 128, "64 or 128 keys per tile");
 #error "paged_attention_wgmma.cu needs the sm_90a target (wgmma)"
 #endif
 
-// Issues the cp.async copies of the K and V tile whose key rows start at the global byte
-// addresses krow[0..WG_KEYS) (0: zero-fill from the valid address `dummy`) into the swizzled
-// tiles at k_sa / v_sa. Each thread copies one chunk column of every (256 / CH)-th row, a
-// multiple of 8 rows apart, so its swizzled column and destinations are constants.
-template <int D>
-__device__ __forceinline__ void wg_load_kv(const pa_u16* dummy, const pa_u64* krow,
-                                           pa_i64 v_delta_b, pa_u32 k_sa, pa_u32 v_sa) {
-    constexpr int CH = D / 8;
-    constexpr int RSTEP = WG_THREADS / CH;  // rows per copy round: 16 (D 128) or 32 (D 64)
-    static_assert(RSTEP % 8 == 0, "rounds keep the swizzle phase");
-    const int c = threadIdx.x % CH;
-    const int j0 = threadIdx.x / CH;
-    const pa_u64 cb = (pa_u64)c * 16;
-    const pa_u64 vb = cb + (pa_u64)v_delta_b;
-    const pa_u32 dst0 = wg_swizzled(j0, c, WG_KEYS);
-#pragma unroll
-    for (int k = 0; k < WG_KEYS / RSTEP; ++k) {
-        const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * 128);
-        const pa_u64 row = krow[j0 + k * RSTEP];
-        if (row != 0) {
-            ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
-            ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
-        } else {
-            ptx_cp_async16(k_sa + dst, dummy, 0);
-            ptx_cp_async16(v_sa + dst, dummy, 0);
-        }
-    }
-}
-
 template <bool BF16, int D, bool PLAIN>
 __device__ __forceinline__ void wg_attend(const AttnParams& p) {
     constexpr int CH = D / 8;              // 16-byte chunks per row
@@ -216,7 +187,7 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
         g_lo = min(g_lo, b.x);
         g_hi = max(g_hi, b.y);
     }
-    if (first < span_hi) wg_load_kv<D>(cache, krow_s[0], v_delta_b, k_sa0, v_sa0);
+    if (first < span_hi) wg_load_kv<D, WG_KEYS, WG_THREADS>(tid, cache, krow_s[0], v_delta_b, k_sa0, v_sa0);
     ptx_cp_async_commit();
 
     const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
@@ -236,7 +207,7 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
         wg_fence_proxy_async();
         __syncthreads();
         if (c0 + WG_KEYS < span_hi) {
-            wg_load_kv<D>(cache, krow_s[stage ^ 1], v_delta_b, k_sa0 + (stage ^ 1) * TILE_B,
+            wg_load_kv<D, WG_KEYS, WG_THREADS>(tid, cache, krow_s[stage ^ 1], v_delta_b, k_sa0 + (stage ^ 1) * TILE_B,
                           v_sa0 + (stage ^ 1) * TILE_B);
         }
         ptx_cp_async_commit();  // possibly empty: one group per tile

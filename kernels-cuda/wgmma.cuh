@@ -259,6 +259,37 @@ __device__ __forceinline__ pa_u32 wg_swizzled(int j, int c, int rows) {
     return (pa_u32)((c >> 3) * rows * 128 + j * 128 + (((c & 7) ^ (j & 7)) << 4));
 }
 
+// Issues the cp.async copies of the K and V tile of KEYS keys whose key rows start at the
+// global byte addresses krow[0..KEYS) (0: zero-fill from the valid address `dummy`) into the
+// swizzled tiles at k_sa / v_sa, from THREADS threads (`tid` in [0, THREADS)). Each thread
+// copies one chunk column of every (THREADS / CH)-th row, a multiple of 8 rows apart, so its
+// swizzled column and destinations are constants.
+template <int D, int KEYS, int THREADS>
+__device__ __forceinline__ void wg_load_kv(int tid, const pa_u16* dummy, const pa_u64* krow,
+                                           pa_i64 v_delta_b, pa_u32 k_sa, pa_u32 v_sa) {
+    constexpr int CH = D / 8;
+    constexpr int RSTEP = THREADS / CH;  // rows per copy round
+    static_assert(RSTEP % 8 == 0, "rounds keep the swizzle phase");
+    static_assert(KEYS % RSTEP == 0, "whole rounds");
+    const int c = tid % CH;
+    const int j0 = tid / CH;
+    const pa_u64 cb = (pa_u64)c * 16;
+    const pa_u64 vb = cb + (pa_u64)v_delta_b;
+    const pa_u32 dst0 = wg_swizzled(j0, c, KEYS);
+#pragma unroll
+    for (int k = 0; k < KEYS / RSTEP; ++k) {
+        const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * 128);
+        const pa_u64 row = krow[j0 + k * RSTEP];
+        if (row != 0) {
+            ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
+            ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
+        } else {
+            ptx_cp_async16(k_sa + dst, dummy, 0);
+            ptx_cp_async16(v_sa + dst, dummy, 0);
+        }
+    }
+}
+
 // S = Q K^T for one tile: KT k16 steps issued and committed as one wgmma group (not waited).
 template <bool BF16, int NJ, int KT>
 __device__ __forceinline__ void wg_issue_qk(float (&s)[NJ][4], pa_u64 dq0, pa_u64 dk) {

@@ -131,46 +131,64 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
             Err(e) => failures.push(format!("{}: {e}", k.name)),
         }
     }
-    // The run-time variants: each selects its one entry point and spills nothing.
-    for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
-        for head_size in [64, 128] {
-            for keys in [64, 128] {
-                for plain in [true, false] {
-                    let variant = cuda::wgmma_variant(dtype, head_size, keys, plain);
-                    let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
-                    let name = cuda::wgmma_function_name(dtype, head_size).expect("variant");
-                    let opts = [&["--ptxas-options=-v"], defines.as_slice()].concat();
-                    match compile(&cuda::PAGED_ATTENTION_WGMMA, cuda::HOPPER_ARCH, &opts) {
-                        Ok(out) => {
-                            // ptxas serialises wgmma it cannot prove safe to overlap (e.g. an
-                            // A fragment written after wgmma.fence) and says so: a slow path.
-                            if out.log.contains("serialized") {
-                                failures.push(format!(
-                                    "{defines:?}: ptxas serialised wgmma:\n{}",
-                                    out.log
-                                ));
+    // The run-time variants of both forms: each selects its one entry point and spills
+    // nothing.
+    use cuda::WgmmaForm;
+    for form in [WgmmaForm::Barrier, WgmmaForm::WarpSpecialized] {
+        for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
+            for head_size in [64, 128] {
+                for keys in [64, 128] {
+                    for plain in [true, false] {
+                        let (source, variant) = match form {
+                            WgmmaForm::Barrier => (
+                                &cuda::PAGED_ATTENTION_WGMMA,
+                                cuda::wgmma_variant(dtype, head_size, keys, plain).to_vec(),
+                            ),
+                            WgmmaForm::WarpSpecialized => {
+                                let stages = cuda::wgmma_ws_stages(head_size, keys);
+                                (
+                                    &cuda::PAGED_ATTENTION_WGMMA_WS,
+                                    cuda::wgmma_ws_variant(dtype, head_size, keys, stages, plain)
+                                        .to_vec(),
+                                )
                             }
-                            let reports = parse_ptxas_report(&out.log);
-                            let got: Vec<&str> =
-                                reports.iter().map(|r| r.function.as_str()).collect();
-                            if got != [name] {
-                                failures.push(format!("{defines:?}: got {got:?}, want {name}"));
+                        };
+                        let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
+                        let name =
+                            cuda::wgmma_function_name(dtype, head_size, form).expect("variant");
+                        let opts = [&["--ptxas-options=-v"], defines.as_slice()].concat();
+                        match compile(source, cuda::HOPPER_ARCH, &opts) {
+                            Ok(out) => {
+                                // ptxas serialises wgmma it cannot prove safe to overlap (e.g. an
+                                // A fragment written after wgmma.fence) and says so: a slow path.
+                                if out.log.contains("serialized") {
+                                    failures.push(format!(
+                                        "{defines:?}: ptxas serialised wgmma:\n{}",
+                                        out.log
+                                    ));
+                                }
+                                let reports = parse_ptxas_report(&out.log);
+                                let got: Vec<&str> =
+                                    reports.iter().map(|r| r.function.as_str()).collect();
+                                if got != [name] {
+                                    failures.push(format!("{defines:?}: got {got:?}, want {name}"));
+                                }
+                                for r in reports
+                                    .iter()
+                                    .filter(|r| r.spill_stores + r.spill_loads > 0)
+                                {
+                                    failures.push(format!("{defines:?}: {} spills", r.function));
+                                }
+                                for r in &reports {
+                                    report!(
+                                        "{defines:?}: {} registers, {} B stack",
+                                        r.registers,
+                                        r.stack_bytes
+                                    );
+                                }
                             }
-                            for r in reports
-                                .iter()
-                                .filter(|r| r.spill_stores + r.spill_loads > 0)
-                            {
-                                failures.push(format!("{defines:?}: {} spills", r.function));
-                            }
-                            for r in &reports {
-                                report!(
-                                    "{defines:?}: {} registers, {} B stack",
-                                    r.registers,
-                                    r.stack_bytes
-                                );
-                            }
+                            Err(e) => failures.push(format!("{defines:?}: {e}")),
                         }
-                        Err(e) => failures.push(format!("{defines:?}: {e}")),
                     }
                 }
             }

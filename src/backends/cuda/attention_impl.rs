@@ -86,9 +86,10 @@ impl CudaAttentionImpl {
         }
         let d = self.params.head_size;
         let mma = || mma_function_name(dtype, d).map(CudaKernel::Mma);
-        match CudaTuning::get().mma {
+        let tuning = CudaTuning::get();
+        match tuning.mma {
             MmaKernel::CudaCores => None,
-            MmaKernel::Auto if cc == (9, 0) => wgmma_function_name(dtype, d)
+            MmaKernel::Auto if cc == (9, 0) => wgmma_function_name(dtype, d, tuning.wgmma_form)
                 .map(CudaKernel::Wgmma)
                 .or_else(mma),
             MmaKernel::Auto | MmaKernel::TensorCores => mma(),

@@ -23,7 +23,9 @@ use crate::kernels::cuda::{
 };
 use crate::kernels::cuda::{merge_launch, ReshapeLaunch};
 use crate::kernels::cuda::{
-    wgmma_smem_bytes, wgmma_variant, HOPPER_ARCH, WGMMA_DEFAULT_KEYS, WGMMA_THREADS,
+    wgmma_smem_bytes, wgmma_variant, wgmma_ws_smem_bytes, wgmma_ws_stages, wgmma_ws_variant,
+    WgmmaForm, HOPPER_ARCH, PAGED_ATTENTION_WGMMA_WS, WGMMA_DEFAULT_KEYS, WGMMA_THREADS,
+    WGMMA_WS_THREADS,
 };
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
@@ -186,8 +188,8 @@ pub(crate) fn launch_mma(
 
 /// Queues the Hopper prefill kernel over `plan` (items of up to
 /// [`WGMMA_ROWS`](crate::kernels::cuda::WGMMA_ROWS) rows, never
-/// split), built for [`HOPPER_ARCH`]; the caller checked that the device is compute
-/// capability 9.0.
+/// split) in the form [`CudaTuning::wgmma_form`] names (`name` is that form's entry point),
+/// built for [`HOPPER_ARCH`]; the caller checked that the device is compute capability 9.0.
 pub(crate) fn launch_wgmma(
     device: &CudaDevice,
     p: &AttentionParams,
@@ -200,16 +202,28 @@ pub(crate) fn launch_wgmma(
         return Ok(());
     };
     let plain = p.soft_cap().is_none() && p.alibi_slopes.is_none();
-    let keys = CudaTuning::get()
-        .wgmma_keys
-        .map_or(WGMMA_DEFAULT_KEYS, |k| k as usize);
-    let variant = wgmma_variant(dtype, p.head_size, keys, plain);
-    let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
-    let f = function_for(device, &PAGED_ATTENTION_WGMMA, HOPPER_ARCH, &opts, name)?;
+    let tuning = CudaTuning::get();
+    let keys = tuning.wgmma_keys.map_or(WGMMA_DEFAULT_KEYS, |k| k as usize);
+    let d = p.head_size;
+    let (f, threads, smem) = match tuning.wgmma_form {
+        WgmmaForm::Barrier => {
+            let variant = wgmma_variant(dtype, d, keys, plain);
+            let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
+            let f = function_for(device, &PAGED_ATTENTION_WGMMA, HOPPER_ARCH, &opts, name)?;
+            (f, WGMMA_THREADS, wgmma_smem_bytes(d, keys))
+        }
+        WgmmaForm::WarpSpecialized => {
+            let stages = wgmma_ws_stages(d, keys);
+            let variant = wgmma_ws_variant(dtype, d, keys, stages, plain);
+            let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
+            let f = function_for(device, &PAGED_ATTENTION_WGMMA_WS, HOPPER_ARCH, &opts, name)?;
+            (f, WGMMA_WS_THREADS, wgmma_ws_smem_bytes(d, keys, stages))
+        }
+    };
     let cfg = LaunchConfig {
         grid_dim: (plan.work.items.len() as u32, 1, 1),
-        block_dim: (WGMMA_THREADS, 1, 1),
-        shared_mem_bytes: wgmma_smem_bytes(p.head_size, keys),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
     };
     launch(device, &f, cfg, &params, None)
 }

@@ -121,6 +121,33 @@ pub fn wgmma_smem_bytes(head_size: usize, keys: usize) -> u32 {
     (1024 + (WGMMA_ROWS + 4 * keys) * head_size * 2) as u32
 }
 
+/// Threads per CTA of the warp-specialised Hopper prefill kernel
+/// (`paged_attention_wgmma_ws.cu`'s `WS_THREADS`: a producer and two consumer warpgroups).
+pub const WGMMA_WS_THREADS: u32 = 384;
+
+/// Shared memory a CTA may hold on compute capability 9.0 (227 KiB).
+const HOPPER_SMEM_PER_CTA: usize = 227 * 1024;
+
+/// Static shared memory of the warp-specialised Hopper prefill kernel, rounded up: its
+/// mbarriers, the double-buffered row-address table (up to 128 keys), the rows' visible
+/// ranges and the consumer warps' bounds.
+const WGMMA_WS_STATIC_SMEM: usize = 4096;
+
+/// K / V stages of the warp-specialised Hopper prefill kernel (`-DPA_WS_STAGES`): as many as
+/// fit beside the Q tile, up to 4 (2 at head size 128 with 128 keys a tile).
+pub fn wgmma_ws_stages(head_size: usize, keys: usize) -> usize {
+    let q = WGMMA_ROWS * head_size * 2;
+    let stage = 2 * keys * head_size * 2;
+    let room = HOPPER_SMEM_PER_CTA.saturating_sub(1024 + q + WGMMA_WS_STATIC_SMEM);
+    (room / stage.max(1)).clamp(2, 4)
+}
+
+/// Dynamic shared memory of the warp-specialised Hopper prefill kernel: the Q tile, `stages`
+/// K and V tiles, and 1024 bytes for rounding the base up to the swizzle's period.
+pub fn wgmma_ws_smem_bytes(head_size: usize, keys: usize, stages: usize) -> u32 {
+    (1024 + (WGMMA_ROWS + 2 * stages * keys) * head_size * 2) as u32
+}
+
 /// Query heads per work item of the decode kernel (the m16 rows of its mma tiles).
 pub const DECODE_ROWS_PER_ITEM: usize = 16;
 

@@ -104,12 +104,27 @@ pub const PAGED_ATTENTION_WGMMA: KernelSource = KernelSource {
     ],
 };
 
+/// `paged_attention_wgmma_ws.cu`: the warp-specialised form of [`PAGED_ATTENTION_WGMMA`] (a
+/// producer warpgroup copying K / V tiles into a ring of stages, two consumer warpgroups on
+/// wgmma, mbarriers between them, `setmaxnreg`), for sm_90a; the same variants and entry
+/// points with `_ws` in their names.
+pub const PAGED_ATTENTION_WGMMA_WS: KernelSource = KernelSource {
+    name: "paged_attention_wgmma_ws",
+    source: include_str!("../../../kernels-cuda/paged_attention_wgmma_ws.cu"),
+    functions: &[
+        "paged_attention_wgmma_ws_f16_d64",
+        "paged_attention_wgmma_ws_f16_d128",
+        "paged_attention_wgmma_ws_bf16_d64",
+        "paged_attention_wgmma_ws_bf16_d128",
+    ],
+};
+
 /// The architecture the Hopper sources are built for: `wgmma` and `setmaxnreg` exist only in
 /// the arch-specific `sm_90a` target, whose cubins run on compute capability 9.0 alone.
 pub const HOPPER_ARCH: &str = "sm_90a";
 
 /// The sources built for [`HOPPER_ARCH`] only.
-pub const HOPPER_SOURCES: [KernelSource; 1] = [PAGED_ATTENTION_WGMMA];
+pub const HOPPER_SOURCES: [KernelSource; 2] = [PAGED_ATTENTION_WGMMA, PAGED_ATTENTION_WGMMA_WS];
 
 /// `paged_decode.cu` (split-KV decode on tensor cores; f16 / bf16 with a same-dtype, E4M3 or
 /// E5M2 cache, head sizes 64, 96, 128).

@@ -22,6 +22,9 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
 /// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
 pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
+/// Picks the form of the Hopper prefill kernel (`barrier` / `ws`); see
+/// [`CudaTuning::wgmma_form`].
+pub const WGMMA_FORM_ENV: &str = "POLYATTN_CUDA_WGMMA_FORM";
 /// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
 /// Forces the split count of every decode token; see [`CudaTuning::decode_splits`].
@@ -47,6 +50,18 @@ pub enum MlaDecodeKernel {
     /// slower; it exists so that the AMD decode's tiling, masks and softmax run through the
     /// shared test bodies on an NVIDIA GPU.
     Portable,
+}
+
+/// The form of the Hopper prefill kernel ([`CudaTuning::wgmma_form`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaForm {
+    /// `paged_attention_wgmma.cu` (`barrier`, the default): two warpgroups that copy and
+    /// compute, one CTA barrier per key tile.
+    Barrier,
+    /// `paged_attention_wgmma_ws.cu` (`ws`): a producer warpgroup copying K / V tiles into a
+    /// ring of stages and two consumer warpgroups computing, with mbarriers between them and
+    /// `setmaxnreg` moving registers to the consumers.
+    WarpSpecialized,
 }
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
@@ -80,6 +95,9 @@ pub struct CudaTuning {
     /// Keys per tile of the Hopper prefill kernel (`-DPA_WG_KEYS`): 64 or 128; `None` (the
     /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
     pub wgmma_keys: Option<u32>,
+    /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws`; default
+    /// [`WgmmaForm::Barrier`].
+    pub wgmma_form: WgmmaForm,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
     /// 128 or 256) and [`MMA_WARPS_ENV`] (4 or 8); a row count alone takes the fewest warps
@@ -128,6 +146,7 @@ impl Default for CudaTuning {
         CudaTuning {
             mma: MmaKernel::Auto,
             wgmma_keys: None,
+            wgmma_form: WgmmaForm::Barrier,
             mma_shape: None,
             mma_subk: None,
             decode: true,
@@ -177,6 +196,17 @@ impl CudaTuning {
                 },
             ),
             wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
+            wgmma_form: env.get(
+                WGMMA_FORM_ENV,
+                "barrier or ws",
+                d.wgmma_form,
+                "barrier",
+                |v| match v.trim().to_ascii_lowercase().as_str() {
+                    "barrier" => Some(WgmmaForm::Barrier),
+                    "ws" => Some(WgmmaForm::WarpSpecialized),
+                    _ => None,
+                },
+            ),
             mma_shape: mma_shape(&env),
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
@@ -289,6 +319,7 @@ mod tests {
         let t = tuning(&[
             (MMA_ENV, "0"),
             (WGMMA_KEYS_ENV, "64"),
+            (WGMMA_FORM_ENV, "ws"),
             (MMA_ROWS_ENV, "128"),
             (MMA_WARPS_ENV, "8"),
             (MMA_SUBK_ENV, "32"),
@@ -305,6 +336,7 @@ mod tests {
             CudaTuning {
                 mma: MmaKernel::CudaCores,
                 wgmma_keys: Some(64),
+                wgmma_form: WgmmaForm::WarpSpecialized,
                 mma_shape: Some(MmaShape {
                     rows: 128,
                     warps: 8
@@ -343,6 +375,7 @@ mod tests {
         let t = tuning(&[
             (MMA_ENV, "maybe"),
             (WGMMA_KEYS_ENV, "96"),
+            (WGMMA_FORM_ENV, "fast"),
             (MMA_ROWS_ENV, "96"),
             (MMA_SUBK_ENV, "48"),
             (DECODE_SPLITS_ENV, "0"),

@@ -7,7 +7,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::shapes::MmaShape;
-use super::sources::{PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA, PAGED_DECODE};
+use super::sources::{
+    PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA, PAGED_ATTENTION_WGMMA_WS,
+    PAGED_DECODE,
+};
+use super::tuning::WgmmaForm;
 
 /// The element-type code of `dtype` as the kernels read it (`PA_F32` ... in `common.cuh`);
 /// `None` for integer dtypes.
@@ -68,19 +72,43 @@ pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -
     ]
 }
 
-/// The Hopper prefill entry point for `dtype` (f16 / bf16) and `head_size` (64, 128).
-pub fn wgmma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+/// The `-D` options that build only the warp-specialised Hopper prefill variant: as
+/// [`wgmma_variant`], plus the K / V stages of its ring (`PA_WS_STAGES`, see
+/// `wgmma_ws_stages`); see paged_attention_wgmma_ws.cu.
+pub fn wgmma_ws_variant(
+    dtype: DType,
+    head_size: usize,
+    keys: usize,
+    stages: usize,
+    plain: bool,
+) -> [String; 5] {
+    [
+        format!("-DPA_WS_D={head_size}"),
+        format!("-DPA_WS_BF16={}", i32::from(dtype == DType::Bf16)),
+        format!("-DPA_WS_KEYS={keys}"),
+        format!("-DPA_WS_STAGES={stages}"),
+        format!("-DPA_WS_PLAIN={}", i32::from(plain)),
+    ]
+}
+
+/// The Hopper prefill entry point of `form` for `dtype` (f16 / bf16) and `head_size` (64,
+/// 128).
+pub fn wgmma_function_name(
+    dtype: DType,
+    head_size: usize,
+    form: WgmmaForm,
+) -> Option<&'static str> {
     let t = match dtype {
         DType::F16 => "f16",
         DType::Bf16 => "bf16",
         _ => return None,
     };
-    let want = format!("paged_attention_wgmma_{t}_d{head_size}");
-    PAGED_ATTENTION_WGMMA
-        .functions
-        .iter()
-        .find(|f| **f == want)
-        .copied()
+    let (source, prefix) = match form {
+        WgmmaForm::Barrier => (&PAGED_ATTENTION_WGMMA, "paged_attention_wgmma"),
+        WgmmaForm::WarpSpecialized => (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws"),
+    };
+    let want = format!("{prefix}_{t}_d{head_size}");
+    source.functions.iter().find(|f| **f == want).copied()
 }
 
 /// The decode kernel's code for a cache dtype (`PD_KV`): 0 for a cache of the activation
@@ -198,12 +226,27 @@ mod tests {
         assert_eq!(decode_function_name(DType::F16, DType::Bf16, 128), None);
         assert_eq!(decode_function_name(DType::F32, DType::F32, 128), None);
         assert_eq!(decode_function_name(DType::F16, DType::F16, 256), None);
+        for (form, name) in [
+            (WgmmaForm::Barrier, "paged_attention_wgmma_bf16_d128"),
+            (
+                WgmmaForm::WarpSpecialized,
+                "paged_attention_wgmma_ws_bf16_d128",
+            ),
+        ] {
+            assert_eq!(wgmma_function_name(DType::Bf16, 128, form), Some(name));
+            assert_eq!(wgmma_function_name(DType::F16, 96, form), None);
+            assert_eq!(wgmma_function_name(DType::F32, 128, form), None);
+        }
         assert_eq!(
-            wgmma_function_name(DType::Bf16, 128),
-            Some("paged_attention_wgmma_bf16_d128")
+            wgmma_ws_variant(DType::Bf16, 128, 64, 4, false),
+            [
+                "-DPA_WS_D=128",
+                "-DPA_WS_BF16=1",
+                "-DPA_WS_KEYS=64",
+                "-DPA_WS_STAGES=4",
+                "-DPA_WS_PLAIN=0"
+            ]
         );
-        assert_eq!(wgmma_function_name(DType::F16, 96), None);
-        assert_eq!(wgmma_function_name(DType::F32, 128), None);
         assert_eq!(
             wgmma_variant(DType::F16, 64, 128, true),
             [
