@@ -9,7 +9,8 @@
 # warp-specialised forms: their prefill tests and SASS, stopping the script if both fail;
 # compute-sanitizer on their test set; the tests at 64 keys per tile, the shared bodies and
 # P / P1 rows of barrier at 128 keys and ws at 128 and 64 beside the mma.sync kernel; add
-# torch for the cuDNN rows; ncu-hopper for one launch of it through Nsight Compute),
+# torch for the cuDNN rows (torch-p: the prefill rows only); hopper-bench: the P / P1 rows of
+# both forms and mma.sync alone; ncu-hopper for one launch of it through Nsight Compute),
 # vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
@@ -327,6 +328,17 @@ for p in "${phases[@]}"; do
       done
       run hopper-mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda \
         --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
+    hopper-bench)
+      # The P / P1 rows of both wgmma forms at 128 keys beside the mma.sync kernel, same lease.
+      for f in barrier ws; do
+        run hopper-$f-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f $B/bin-polyattn bench --backend cuda \
+          --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-wgmma-$f.json" --no-svg
+      done
+      run hopper-mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda \
+        --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
+    torch-p)
+      run torch-p 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
+        --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --out "$OUT/torch-p.json" ;;
     torch)
       run torch 150 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py \
         --shapes "$SHAPES_P,$SHAPES_P1,$SHAPES_D" --budget 0.3 --out "$OUT/torch.json" ;;

@@ -22,11 +22,14 @@
 #                                           then compute-sanitizer on it)
 #   call 5: bash benches/h200_lease.sh 5   (tests at 64 keys, shared bodies, P rows, cuDNN,
 #                                           one launch under ncu)
+# or, where the lease has time for one call only (same carry):
+#   call 6: bash benches/h200_lease.sh 6   (tests and SASS, P rows of both forms beside
+#                                           mma.sync and cuDNN, then the sanitizers)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
 set -u
-call=${1:?usage: h200_lease.sh 1|2|3|4|5}
+call=${1:?usage: h200_lease.sh 1|2|3|4|5|6}
 R=${OUT:?run on the GPU machine, where \$OUT is set}
 here=$(dirname "$0")
 mkdir -p /tmp/b /tmp/h200
@@ -48,6 +51,15 @@ case $call in
     timeout 580 bash "$here/h200.sh" "${hp[@]}" 2>&1 | tee "$R/summary-$call.txt"
     cp /tmp/h200/*.json "$R/" 2>/dev/null
     tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
+    exit 0 ;;
+  # One call for the Hopper prefill when only one fits the lease: its tests (stop if both
+  # forms fail), the P rows of both forms beside mma.sync and cuDNN, then the sanitizers.
+  6)
+    { timeout 200 bash "$here/h200.sh" hopper-gate &&
+      timeout 240 bash "$here/h200.sh" hopper-bench torch-p
+      timeout 300 bash "$here/h200.sh" sanitize-hopper; } 2>&1 | tee "$R/summary-6.txt"
+    cp /tmp/h200/*.json "$R/" 2>/dev/null
+    tar czf "$R/logs-6.tgz" -C /tmp/h200 .
     exit 0 ;;
   *) echo "unknown call $call"; exit 2 ;;
 esac
