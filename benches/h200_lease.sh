@@ -55,9 +55,9 @@ case $call in
   # One call for the Hopper prefill when only one fits the lease: its tests (stop if both
   # forms fail), the P rows of both forms beside mma.sync and cuDNN, then the sanitizers.
   6)
-    { timeout 200 bash "$here/h200.sh" hopper-gate &&
+    { timeout 170 bash "$here/h200.sh" hopper-gate &&
       timeout 240 bash "$here/h200.sh" hopper-bench torch-p
-      timeout 300 bash "$here/h200.sh" sanitize-hopper; } 2>&1 | tee "$R/summary-6.txt"
+      timeout 150 bash "$here/h200.sh" sanitize-hopper; } 2>&1 | tee "$R/summary-6.txt"
     cp /tmp/h200/*.json "$R/" 2>/dev/null
     tar czf "$R/logs-6.tgz" -C /tmp/h200 .
     exit 0 ;;
