@@ -36,8 +36,8 @@
 //
 // Bounds relied on (host side): as paged_attention_wgmma.cu, plus 384 threads and dynamic
 // shared memory = wgmma_ws_smem_bytes (src/kernels/cuda/shapes.rs:
-// 1024 + (128 + 2 STAGES KEYS) D 2 bytes); WS_PRODUCER_REGS * 128 + WS_CONSUMER_REGS * 256
-// <= 65536 (the register file the launch bounds give the CTA).
+// 1024 + (128 + 2 STAGES KEYS) D 2 bytes, within the 227 KiB a CTA may hold); the registers
+// setmaxnreg hands out within what the launch bounds give the CTA (checked below).
 
 #include "common.cuh"
 #include "prefill_tile.cuh"
@@ -61,7 +61,12 @@
 #define WS_CONSUMER_REGS 232
 static_assert(WS_KEYS == 64 || WS_KEYS == 128, "64 or 128 keys per tile");
 static_assert(WS_STAGES >= 2 && WS_STAGES <= 4, "2 to 4 stages");
-static_assert(WS_PRODUCER_REGS * 128 + WS_CONSUMER_REGS * 256 <= 65536, "register file");
+// The launch bounds give the CTA (65536 / 384 rounded down to 8) * 384 = 64512 registers;
+// consumers asking for more than the producer gave back would spin in setmaxnreg.inc.
+#define WS_LAUNCH_REGS (65536 / WS_THREADS / 8 * 8)
+static_assert(WS_PRODUCER_REGS * 128 + WS_CONSUMER_REGS * 256 <= WS_LAUNCH_REGS * WS_THREADS,
+              "the registers setmaxnreg hands out exceed what the launch gives the CTA");
+static_assert(WS_PRODUCER_REGS % 8 == 0 && WS_CONSUMER_REGS % 8 == 0, "setmaxnreg steps of 8");
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "paged_attention_wgmma_ws.cu needs the sm_90a target (wgmma, setmaxnreg)"
@@ -120,6 +125,8 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     constexpr int NJ = WS_KEYS / 8;           // n8 tiles of S
     constexpr int TILE_B = WS_KEYS * D * 2;   // bytes of one K or V tile
     constexpr int QWG_B = 64 * D * 2;         // bytes of one warpgroup's Q rows
+    static_assert(1024 + (WS_ROWS + 2 * WS_STAGES * WS_KEYS) * D * 2 + 4096 <= 227 * 1024,
+                  "the stages, the Q tile and the static arrays within a CTA's shared memory");
     extern __shared__ uint4 ws_smem_raw[];
     __shared__ pa_u64 full_s[WS_STAGES];
     __shared__ pa_u64 empty_s[WS_STAGES];

@@ -179,6 +179,17 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                                 {
                                     failures.push(format!("{defines:?}: {} spills", r.function));
                                 }
+                                // The warp-specialised form's consumers take the registers its
+                                // producer gives back (setmaxnreg): the CTA must start with the
+                                // 168 a thread its launch bounds allow, or they wait forever.
+                                if form == WgmmaForm::WarpSpecialized {
+                                    for r in reports.iter().filter(|r| r.registers != 168) {
+                                        failures.push(format!(
+                                            "{defines:?}: {} registers, not 168",
+                                            r.registers
+                                        ));
+                                    }
+                                }
                                 for r in &reports {
                                     report!(
                                         "{defines:?}: {} registers, {} B stack",
