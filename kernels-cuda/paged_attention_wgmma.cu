@@ -76,9 +76,7 @@ static_assert(WG_KEYS == 64 || WG_KEYS == 128, "64 or 128 keys per tile");
 template <bool BF16, int D, bool PLAIN>
 __device__ __forceinline__ void wg_attend(const AttnParams& p) {
     constexpr int CH = D / 8;              // 16-byte chunks per row
-    constexpr int KT = D / 16;             // k16 steps of Q K^T
     constexpr int NT = D / 8;              // n8 tiles of O
-    constexpr int NJ = WG_KEYS / 8;        // n8 tiles of S
     constexpr int TILE_B = WG_KEYS * D * 2;  // bytes of one K or V tile
     constexpr int QWG_B = 64 * D * 2;      // bytes of one warpgroup's Q rows
     extern __shared__ uint4 wg_smem_raw[];
@@ -148,36 +146,8 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
     // the item's non-empty visible ranges and the intersection [n_lo, n_hi) of all.
     const int r0 = 64 * wg + 16 * (warp & 3) + g4;  // this thread's rows: r0, r0 + 8
     float m[2], l[2];
-    int u_lo = 1 << 30, u_hi = -(1 << 30), n_lo = -(1 << 30), n_hi = 1 << 30;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = r0 + 8 * i;
-        const bool act = r < rows;
-        int lo, hi;
-        pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo, &hi);
-        if (!act) {
-            lo = -(1 << 30);
-            hi = 1 << 30;
-        }
-        if (t4 == 0) vis_s[r] = make_int2(lo, hi);
-        if (act && lo < hi) {
-            u_lo = min(u_lo, lo);
-            u_hi = max(u_hi, hi);
-        }
-        n_lo = max(n_lo, lo);
-        n_hi = min(n_hi, hi);
-        const bool sink = p.use_sinks && act;
-        m[i] = sink ? p.sinks[head0 + r % hc] * PA_LOG2E : -PA_INF;
-        l[i] = (sink && t4 == 0) ? 1.0f : 0.0f;
-    }
-#pragma unroll
-    for (int x = 1; x < 32; x <<= 1) {
-        u_lo = min(u_lo, __shfl_xor_sync(PA_FULL_MASK, u_lo, x));
-        u_hi = max(u_hi, __shfl_xor_sync(PA_FULL_MASK, u_hi, x));
-        n_lo = max(n_lo, __shfl_xor_sync(PA_FULL_MASK, n_lo, x));
-        n_hi = min(n_hi, __shfl_xor_sync(PA_FULL_MASK, n_hi, x));
-    }
-    if (lane == 0) bounds_s[warp] = make_int4(u_lo, u_hi, n_lo, n_hi);
+    const int4 wbounds = wg_rows_start(p, it, rows, hc, pos0, head0, r0, t4, vis_s, m, l);
+    if (lane == 0) bounds_s[warp] = wbounds;
     __syncthreads();  // krow_s of tiles 0 and 1, vis_s, bounds_s
     // The warpgroup's union decides whether it computes a tile (wgmma runs per warpgroup).
     int g_lo = 1 << 30, g_hi = -(1 << 30);
@@ -187,7 +157,9 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
         g_lo = min(g_lo, b.x);
         g_hi = max(g_hi, b.y);
     }
-    if (first < span_hi) wg_load_kv<D, WG_KEYS, WG_THREADS>(tid, cache, krow_s[0], v_delta_b, k_sa0, v_sa0);
+    if (first < span_hi) {
+        wg_load_kv<D, WG_KEYS, WG_THREADS>(tid, cache, krow_s[0], v_delta_b, k_sa0, v_sa0);
+    }
     ptx_cp_async_commit();
 
     const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
@@ -207,36 +179,17 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
         wg_fence_proxy_async();
         __syncthreads();
         if (c0 + WG_KEYS < span_hi) {
-            wg_load_kv<D, WG_KEYS, WG_THREADS>(tid, cache, krow_s[stage ^ 1], v_delta_b, k_sa0 + (stage ^ 1) * TILE_B,
-                          v_sa0 + (stage ^ 1) * TILE_B);
+            wg_load_kv<D, WG_KEYS, WG_THREADS>(tid, cache, krow_s[stage ^ 1], v_delta_b,
+                                               k_sa0 + (stage ^ 1) * TILE_B,
+                                               v_sa0 + (stage ^ 1) * TILE_B);
         }
         ptx_cp_async_commit();  // possibly empty: one group per tile
 
         if (g_lo < c0 + WG_KEYS && g_hi > c0) {
-            // 3. S = Q K^T.
-            float s[NJ][4];
-            wg_fence();
-            wg_issue_qk<BF16, NJ, KT>(s, dq0, dk0 + (pa_u64)((stage * TILE_B) >> 4));
-            wg_commit();
-            wg_wait_all();
-            wg_fence_regs<NJ>(s);
-            // 4. Modifiers, mask, online softmax (base 2).
-            float alpha[2];
-            if (wg_softmax<PLAIN, NJ>(p, s, c0, bounds_s[warp], vis_s, r0, t4, hc, pos0, head0,
-                                      qk_scale, m, l, alpha)) {
-                wg_rescale<NT>(o, alpha);
-            }
-            // 5. O += P V.
-            pa_u32 pf[WG_KEYS / 16][4];
-            wg_pack_p<BF16, NJ>(s, pf);
-            wg_fence_frags<WG_KEYS / 16>(pf);
-            wg_fence_regs<NT>(o);
-            wg_fence();
-            wg_issue_pv<BF16, NT, WG_KEYS / 16>(o, pf, dv0 + (pa_u64)((stage * TILE_B) >> 4));
-            wg_commit();
-            wg_wait_all();
-            wg_fence_regs<NT>(o);
-            wg_fence_frags<WG_KEYS / 16>(pf);
+            // 3.-5. S = Q K^T, the online softmax, O += P V.
+            const pa_u64 so = (pa_u64)((stage * TILE_B) >> 4);
+            wg_tile<BF16, D, PLAIN, WG_KEYS>(p, dq0, dk0 + so, dv0 + so, c0, bounds_s[warp],
+                                             vis_s, r0, t4, hc, pos0, head0, qk_scale, m, l, o);
         }
         // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile
         // ago, before this tile's barrier); the next tile's barrier publishes them.
@@ -245,33 +198,7 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
     ptx_cp_async_wait<0>();  // no copy outlives the CTA
 
     // 6. Results.
-    const WorkItem& ie = p.items[blockIdx.x];
-    const int e_hc = ie.head_count;
-    const int e_rows = ie.q_len * e_hc;
-    const int e_q0 = ie.q_start;
-    const int e_head0 = ie.kv_head * p.group + ie.head_start;
-    const int out_dt = BF16 ? PA_BF16 : PA_F16;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float lt = l[i];
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
-        const int r = r0 + 8 * i;
-        if (r >= e_rows) continue;
-        const int tok = e_q0 + r / e_hc;
-        const int h = e_head0 + r % e_hc;
-        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-        const pa_i64 base = ((pa_i64)tok * p.num_heads + h) * D;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int d = 8 * n + 2 * t4;
-            pa_store(p.out, base + d, out_dt, o[n][2 * i] * inv);
-            pa_store(p.out, base + d + 1, out_dt, o[n][2 * i + 1] * inv);
-        }
-        if (t4 == 0 && p.lse != 0) {
-            p.lse[(pa_i64)h * p.num_tokens + tok] = lt > 0.0f ? m[i] * PA_LN2 + logf(lt) : -PA_INF;
-        }
-    }
+    wg_store_rows<BF16, D>(p, o, m, l, r0, t4);
 }
 
 #if PA_WG_PLAIN == 1

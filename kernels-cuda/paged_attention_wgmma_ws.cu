@@ -120,9 +120,7 @@ __device__ __forceinline__ void ws_regs_inc() {
 template <bool BF16, int D, bool PLAIN>
 __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     constexpr int CH = D / 8;                 // 16-byte chunks per row
-    constexpr int KT = D / 16;                // k16 steps of Q K^T
     constexpr int NT = D / 8;                 // n8 tiles of O
-    constexpr int NJ = WS_KEYS / 8;           // n8 tiles of S
     constexpr int TILE_B = WS_KEYS * D * 2;   // bytes of one K or V tile
     constexpr int QWG_B = 64 * D * 2;         // bytes of one warpgroup's Q rows
     static_assert(1024 + (WS_ROWS + 2 * WS_STAGES * WS_KEYS) * D * 2 + 4096 <= 227 * 1024,
@@ -227,36 +225,8 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     // every key (computed, never stored) and stays out of the union.
     const int r0 = 64 * wg + 16 * (warp & 3) + g4;  // this thread's rows: r0, r0 + 8
     float m[2], l[2];
-    int u_lo = 1 << 30, u_hi = -(1 << 30), n_lo = -(1 << 30), n_hi = 1 << 30;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = r0 + 8 * i;
-        const bool act = r < rows;
-        int lo, hi;
-        pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo, &hi);
-        if (!act) {
-            lo = -(1 << 30);
-            hi = 1 << 30;
-        }
-        if (t4 == 0) vis_s[r] = make_int2(lo, hi);
-        if (act && lo < hi) {
-            u_lo = min(u_lo, lo);
-            u_hi = max(u_hi, hi);
-        }
-        n_lo = max(n_lo, lo);
-        n_hi = min(n_hi, hi);
-        const bool sink = p.use_sinks && act;
-        m[i] = sink ? p.sinks[head0 + r % hc] * PA_LOG2E : -PA_INF;
-        l[i] = (sink && t4 == 0) ? 1.0f : 0.0f;
-    }
-#pragma unroll
-    for (int x = 1; x < 32; x <<= 1) {
-        u_lo = min(u_lo, __shfl_xor_sync(PA_FULL_MASK, u_lo, x));
-        u_hi = max(u_hi, __shfl_xor_sync(PA_FULL_MASK, u_hi, x));
-        n_lo = max(n_lo, __shfl_xor_sync(PA_FULL_MASK, n_lo, x));
-        n_hi = min(n_hi, __shfl_xor_sync(PA_FULL_MASK, n_hi, x));
-    }
-    if (lane == 0) bounds_s[warp] = make_int4(u_lo, u_hi, n_lo, n_hi);
+    const int4 wb = wg_rows_start(p, it, rows, hc, pos0, head0, r0, t4, vis_s, m, l);
+    if (lane == 0) bounds_s[warp] = wb;
     ptx_bar_sync(2, 256);  // vis_s, bounds_s among the consumers
     int g_lo = 1 << 30, g_hi = -(1 << 30);
 #pragma unroll
@@ -265,7 +235,6 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         g_lo = min(g_lo, b.x);
         g_hi = max(g_hi, b.y);
     }
-    const int4 wb = bounds_s[warp];
 
     const float qk_scale = PLAIN ? p.scale * PA_LOG2E : p.scale;
     float o[NT][4];
@@ -282,55 +251,15 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         ws_mbar_wait(full0 + 8 * s, (i / WS_STAGES) & 1);
         wg_fence_proxy_async();
         if (g_lo < c0 + WS_KEYS && g_hi > c0) {
-            float sc[NJ][4];
-            wg_fence();
-            wg_issue_qk<BF16, NJ, KT>(sc, dq0, dk0 + (pa_u64)((s * TILE_B) >> 4));
-            wg_commit();
-            wg_wait_all();
-            wg_fence_regs<NJ>(sc);
-            float alpha[2];
-            if (wg_softmax<PLAIN, NJ>(p, sc, c0, wb, vis_s, r0, t4, hc, pos0, head0, qk_scale,
-                                      m, l, alpha)) {
-                wg_rescale<NT>(o, alpha);
-            }
-            pa_u32 pf[WS_KEYS / 16][4];
-            wg_pack_p<BF16, NJ>(sc, pf);
-            wg_fence_frags<WS_KEYS / 16>(pf);
-            wg_fence_regs<NT>(o);
-            wg_fence();
-            wg_issue_pv<BF16, NT, WS_KEYS / 16>(o, pf, dv0 + (pa_u64)((s * TILE_B) >> 4));
-            wg_commit();
-            wg_wait_all();
-            wg_fence_regs<NT>(o);
-            wg_fence_frags<WS_KEYS / 16>(pf);
+            const pa_u64 so = (pa_u64)((s * TILE_B) >> 4);
+            wg_tile<BF16, D, PLAIN, WS_KEYS>(p, dq0, dk0 + so, dv0 + so, c0, wb, vis_s, r0, t4, hc,
+                                             pos0, head0, qk_scale, m, l, o);
         }
         __syncwarp();
         if (lane == 0) ws_mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage
     }
 
-    // Results, as paged_attention_wgmma.cu.
-    const int out_dt = BF16 ? PA_BF16 : PA_F16;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        float lt = l[k];
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
-        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
-        const int r = r0 + 8 * k;
-        if (r >= rows) continue;
-        const int tok = it.q_start + r / hc;
-        const int h = head0 + r % hc;
-        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-        const pa_i64 base = ((pa_i64)tok * p.num_heads + h) * D;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int d = 8 * n + 2 * t4;
-            pa_store(p.out, base + d, out_dt, o[n][2 * k] * inv);
-            pa_store(p.out, base + d + 1, out_dt, o[n][2 * k + 1] * inv);
-        }
-        if (t4 == 0 && p.lse != 0) {
-            p.lse[(pa_i64)h * p.num_tokens + tok] = lt > 0.0f ? m[k] * PA_LN2 + logf(lt) : -PA_INF;
-        }
-    }
+    wg_store_rows<BF16, D>(p, o, m, l, r0, t4);
 }
 
 #if PA_WS_PLAIN == 1

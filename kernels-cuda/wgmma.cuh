@@ -382,4 +382,116 @@ __device__ __forceinline__ void wg_rescale(float (&o)[NT][4], const float (&alph
     }
 }
 
+// The start state of this thread's rows r0 and r0 + 8 of an item of `rows` rows (`hc` heads a
+// token, first position pos0, first head head0), as paged_attention_mma.cu: each row's
+// visible range into vis_s (by the lane with t4 == 0), m / l from the sink or empty. A row
+// past the item's rows sees every key (computed, never stored), so it never forces the mask,
+// and it stays out of the union. Returns the warp's bounds: the union [x, y) of its rows'
+// non-empty visible ranges and the intersection [z, w) of all of them.
+__device__ __forceinline__ int4 wg_rows_start(const AttnParams& p, const WorkItem& it, int rows,
+                                              int hc, int pos0, int head0, int r0, int t4,
+                                              int2* vis_s, float (&m)[2], float (&l)[2]) {
+    int u_lo = 1 << 30, u_hi = -(1 << 30), n_lo = -(1 << 30), n_hi = 1 << 30;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = r0 + 8 * i;
+        const bool act = r < rows;
+        int lo, hi;
+        pa_visible(p, pos0 + r / hc, it.kv_lo, it.kv_hi, &lo, &hi);
+        if (!act) {
+            lo = -(1 << 30);
+            hi = 1 << 30;
+        }
+        if (t4 == 0) vis_s[r] = make_int2(lo, hi);
+        if (act && lo < hi) {
+            u_lo = min(u_lo, lo);
+            u_hi = max(u_hi, hi);
+        }
+        n_lo = max(n_lo, lo);
+        n_hi = min(n_hi, hi);
+        const bool sink = p.use_sinks && act;
+        m[i] = sink ? p.sinks[head0 + r % hc] * PA_LOG2E : -PA_INF;
+        l[i] = (sink && t4 == 0) ? 1.0f : 0.0f;
+    }
+#pragma unroll
+    for (int x = 1; x < 32; x <<= 1) {
+        u_lo = min(u_lo, __shfl_xor_sync(PA_FULL_MASK, u_lo, x));
+        u_hi = max(u_hi, __shfl_xor_sync(PA_FULL_MASK, u_hi, x));
+        n_lo = max(n_lo, __shfl_xor_sync(PA_FULL_MASK, n_lo, x));
+        n_hi = min(n_hi, __shfl_xor_sync(PA_FULL_MASK, n_hi, x));
+    }
+    return make_int4(u_lo, u_hi, n_lo, n_hi);
+}
+
+// One key tile of KEYS keys at c0 for a warpgroup, whose K and V stages the descriptors dk
+// and dv address: S = Q K^T (waited), the modifiers, mask and online softmax (wg_softmax, O
+// rescaled when a row's maximum moved), P packed, O += P V (waited, so the stage may be
+// refilled once every warpgroup reading it is past this call). `wb`: the warp's bounds from
+// wg_rows_start.
+template <bool BF16, int D, bool PLAIN, int KEYS>
+__device__ __forceinline__ void wg_tile(const AttnParams& p, pa_u64 dq0, pa_u64 dk, pa_u64 dv,
+                                        int c0, int4 wb, const int2* vis_s, int r0, int t4,
+                                        int hc, int pos0, int head0, float qk_scale,
+                                        float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+    constexpr int NJ = KEYS / 8;
+    constexpr int NK = KEYS / 16;
+    float s[NJ][4];
+    wg_fence();
+    wg_issue_qk<BF16, NJ, D / 16>(s, dq0, dk);
+    wg_commit();
+    wg_wait_all();
+    wg_fence_regs<NJ>(s);
+    float alpha[2];
+    if (wg_softmax<PLAIN, NJ>(p, s, c0, wb, vis_s, r0, t4, hc, pos0, head0, qk_scale, m, l,
+                              alpha)) {
+        wg_rescale<D / 8>(o, alpha);
+    }
+    pa_u32 pf[NK][4];
+    wg_pack_p<BF16, NJ>(s, pf);
+    wg_fence_frags<NK>(pf);
+    wg_fence_regs<D / 8>(o);
+    wg_fence();
+    wg_issue_pv<BF16, D / 8, NK>(o, pf, dv);
+    wg_commit();
+    wg_wait_all();
+    wg_fence_regs<D / 8>(o);
+    wg_fence_frags<NK>(pf);
+}
+
+// The results of this thread's rows r0 and r0 + 8 of the CTA's item: out = O / l (0 when
+// l = 0), lse = m ln 2 + ln l (-inf when the row saw neither key nor sink). The item is read
+// again from global memory here rather than kept in registers through the key loop.
+template <bool BF16, int D>
+__device__ __forceinline__ void wg_store_rows(const AttnParams& p, const float (&o)[D / 8][4],
+                                              const float (&m)[2], const float (&l)[2], int r0,
+                                              int t4) {
+    const WorkItem& ie = p.items[blockIdx.x];
+    const int e_hc = ie.head_count;
+    const int e_rows = ie.q_len * e_hc;
+    const int e_q0 = ie.q_start;
+    const int e_head0 = ie.kv_head * p.group + ie.head_start;
+    const int out_dt = BF16 ? PA_BF16 : PA_F16;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float lt = l[i];
+        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 1);
+        lt += __shfl_xor_sync(PA_FULL_MASK, lt, 2);
+        const int r = r0 + 8 * i;
+        if (r >= e_rows) continue;
+        const int tok = e_q0 + r / e_hc;
+        const int h = e_head0 + r % e_hc;
+        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+        const pa_i64 base = ((pa_i64)tok * p.num_heads + h) * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int d = 8 * n + 2 * t4;
+            pa_store(p.out, base + d, out_dt, o[n][2 * i] * inv);
+            pa_store(p.out, base + d + 1, out_dt, o[n][2 * i + 1] * inv);
+        }
+        if (t4 == 0 && p.lse != 0) {
+            p.lse[(pa_i64)h * p.num_tokens + tok] = lt > 0.0f ? m[i] * PA_LN2 + logf(lt) : -PA_INF;
+        }
+    }
+}
+
 #endif  // POLYATTN_WGMMA_CUH
