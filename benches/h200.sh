@@ -5,8 +5,8 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
-# hopper-gate, sanitize-hopper and hopper (the wgmma prefill in its barrier and
-# warp-specialised forms: their prefill tests and SASS, stopping the script if both fail;
+# hopper-gate, sanitize-hopper and hopper (the wgmma prefill in its barrier,
+# warp-specialised and ping-pong forms: their prefill tests and SASS, stopping the script if both fail;
 # compute-sanitizer on their test set; the tests at 64 keys per tile, the shared bodies and
 # P / P1 rows of barrier at 128 keys and ws at 128 and 64 beside the mma.sync kernel; add
 # torch for the cuDNN rows (torch-p: the prefill rows only); hopper-bench: the P / P1 rows of
@@ -107,7 +107,8 @@ for p in "${phases[@]}"; do
   # script here, so a broken kernel costs one short call.
   run hopper-cuda_gpu 200 $B/test-cuda_gpu prefill --test-threads=1 --nocapture
   run hopper-ws-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  grep -q 'test result: ok' "$OUT/hopper-cuda_gpu.log" "$OUT/hopper-ws-cuda_gpu.log" ||
+  run hopper-pp-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong $B/test-cuda_gpu prefill --test-threads=1 --nocapture
+  grep -q 'test result: ok' "$OUT/hopper-cuda_gpu.log" "$OUT/hopper-ws-cuda_gpu.log" "$OUT/hopper-pp-cuda_gpu.log" ||
     { say "hopper tests failed in both forms: stop"; exit 1; }
   cubin=$(ls /tmp/polyattn-cache/paged_attention_wgmma-sm_90a-*.cubin 2>/dev/null | head -1)
   if [ -n "$cubin" ]; then
@@ -129,9 +130,11 @@ for p in "${phases[@]}"; do
   run memcheck-hopper-long 200 compute-sanitizer --tool memcheck --error-exitcode 99 \
     $B/test-cuda_gpu long_prefill --test-threads=1
   # The warp-specialised form (producer warpgroup, mbarriers) on the same set.
-  for tool in memcheck racecheck synccheck; do
-    run $tool-hopper-ws 200 env POLYATTN_CUDA_WGMMA_FORM=ws compute-sanitizer --tool $tool \
-      --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+  for f in ws ws-pingpong; do
+    for tool in memcheck racecheck synccheck; do
+      run $tool-hopper-$f 200 env POLYATTN_CUDA_WGMMA_FORM=$f compute-sanitizer --tool $tool \
+        --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+    done
   done
 done
 for p in "${phases[@]}"; do
@@ -330,7 +333,7 @@ for p in "${phases[@]}"; do
         --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
     hopper-bench)
       # The P / P1 rows of both wgmma forms at 128 keys beside the mma.sync kernel, same lease.
-      for f in barrier ws; do
+      for f in barrier ws ws-pingpong; do
         run hopper-$f-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f $B/bin-polyattn bench --backend cuda \
           --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-wgmma-$f.json" --no-svg
       done

@@ -189,7 +189,8 @@ __device__ __forceinline__ void wg_attend(const AttnParams& p) {
             // 3.-5. S = Q K^T, the online softmax, O += P V.
             const pa_u64 so = (pa_u64)((stage * TILE_B) >> 4);
             wg_tile<BF16, D, PLAIN, WG_KEYS>(p, dq0, dk0 + so, dv0 + so, c0, bounds_s[warp],
-                                             vis_s, r0, t4, hc, pos0, head0, qk_scale, m, l, o);
+                                             vis_s, r0, t4, hc, pos0, head0, qk_scale, m, l, o,
+                                             [] {});
         }
         // Tile i+2's addresses go where tile i's were (tile i's copies were issued a tile
         // ago, before this tile's barrier); the next tile's barrier publishes them.

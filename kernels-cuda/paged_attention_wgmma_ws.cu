@@ -26,6 +26,10 @@
 //  - Parities: tile i is fill i / WS_STAGES of its stage, so consumers wait on `full` with
 //    parity (i / WS_STAGES) & 1 and the producer on `empty` with the opposite parity (the
 //    first round's wait on a fresh barrier's preceding phase returns at once).
+//  - With PA_WS_PINGPONG the consumers issue their Q K^T products in turns (named barriers 3
+//    and 4: a warpgroup waits for its turn, issues, hands the turn to the other), so they
+//    run out of phase: one's softmax beside the other's products. Without it both start on
+//    the same tile at the same time and tend to stay in step.
 //  - A consumer thread runs fence.proxy.async after each `full` wait: the tiles were written
 //    through the generic proxy (cp.async) and wgmma reads them through the async proxy.
 //
@@ -48,6 +52,10 @@
 #endif
 #ifndef PA_WS_STAGES
 #define PA_WS_STAGES 2
+#endif
+// PA_WS_PINGPONG: 1 takes the consumers' Q K^T issues in turns (named barriers 3 and 4).
+#ifndef PA_WS_PINGPONG
+#define PA_WS_PINGPONG 0
 #endif
 // PA_WS_PLAIN: as paged_attention_wgmma.cu's PA_WG_PLAIN.
 #ifndef PA_WS_PLAIN
@@ -103,6 +111,11 @@ __device__ __forceinline__ void ws_mbar_arrive(pa_u32 bar) {
 // One arrival on `bar` once every cp.async this thread issued before it has landed.
 __device__ __forceinline__ void ws_cp_async_arrive(pa_u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Arrives on named barrier `id` of `threads` threads without waiting for it.
+__device__ __forceinline__ void ws_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 template <int N>
@@ -245,15 +258,29 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     const pa_u64 dv0 = wg_desc(v_sa0, WS_KEYS * 128, 1024);
 
     ws_mbar_wait(q_full, 0);
+#if PA_WS_PINGPONG
+    if (wg == 1) ws_bar_arrive(3, 256);  // warpgroup 0 issues first
+#endif
     int i = 0;
     for (int c0 = first; c0 < span_hi; c0 += WS_KEYS, ++i) {
         const int s = i % WS_STAGES;
         ws_mbar_wait(full0 + 8 * s, (i / WS_STAGES) & 1);
         wg_fence_proxy_async();
+        // Ping-pong: a warpgroup issues its Q K^T only in its turn (barrier 3 + wg) and hands
+        // the turn over once they are issued, so one's softmax runs beside the other's
+        // products. Every tile takes a turn, computed or skipped, so both warpgroups pass the
+        // same number of barriers (warpgroup 1 hands no turn over after the last tile).
+        const bool last = c0 + WS_KEYS >= span_hi;
+        auto hand_over = [&] {
+            if (PA_WS_PINGPONG && !(wg == 1 && last)) ws_bar_arrive(3 + (wg ^ 1), 256);
+        };
+        if (PA_WS_PINGPONG) ptx_bar_sync(3 + wg, 256);
         if (g_lo < c0 + WS_KEYS && g_hi > c0) {
             const pa_u64 so = (pa_u64)((s * TILE_B) >> 4);
             wg_tile<BF16, D, PLAIN, WS_KEYS>(p, dq0, dk0 + so, dv0 + so, c0, wb, vis_s, r0, t4, hc,
-                                             pos0, head0, qk_scale, m, l, o);
+                                             pos0, head0, qk_scale, m, l, o, hand_over);
+        } else {
+            hand_over();
         }
         __syncwarp();
         if (lane == 0) ws_mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage

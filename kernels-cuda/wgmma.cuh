@@ -427,18 +427,21 @@ __device__ __forceinline__ int4 wg_rows_start(const AttnParams& p, const WorkIte
 // and dv address: S = Q K^T (waited), the modifiers, mask and online softmax (wg_softmax, O
 // rescaled when a row's maximum moved), P packed, O += P V (waited, so the stage may be
 // refilled once every warpgroup reading it is past this call). `wb`: the warp's bounds from
-// wg_rows_start.
-template <bool BF16, int D, bool PLAIN, int KEYS>
+// wg_rows_start. `issued` runs right after the Q K^T products are issued, before their wait
+// (the warp-specialised form hands the tensor cores to the other warpgroup there).
+template <bool BF16, int D, bool PLAIN, int KEYS, class Issued>
 __device__ __forceinline__ void wg_tile(const AttnParams& p, pa_u64 dq0, pa_u64 dk, pa_u64 dv,
                                         int c0, int4 wb, const int2* vis_s, int r0, int t4,
                                         int hc, int pos0, int head0, float qk_scale,
-                                        float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+                                        float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                        Issued issued) {
     constexpr int NJ = KEYS / 8;
     constexpr int NK = KEYS / 16;
     float s[NJ][4];
     wg_fence();
     wg_issue_qk<BF16, NJ, D / 16>(s, dq0, dk);
     wg_commit();
+    issued();
     wg_wait_all();
     wg_fence_regs<NJ>(s);
     float alpha[2];

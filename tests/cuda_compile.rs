@@ -134,7 +134,11 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
     // The run-time variants of both forms: each selects its one entry point and spills
     // nothing.
     use cuda::WgmmaForm;
-    for form in [WgmmaForm::Barrier, WgmmaForm::WarpSpecialized] {
+    for form in [
+        WgmmaForm::Barrier,
+        WgmmaForm::WarpSpecialized,
+        WgmmaForm::PingPong,
+    ] {
         for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
             for head_size in [64, 128] {
                 for keys in [64, 128] {
@@ -144,12 +148,15 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                                 &cuda::PAGED_ATTENTION_WGMMA,
                                 cuda::wgmma_variant(dtype, head_size, keys, plain).to_vec(),
                             ),
-                            WgmmaForm::WarpSpecialized => {
+                            WgmmaForm::WarpSpecialized | WgmmaForm::PingPong => {
                                 let stages = cuda::wgmma_ws_stages(head_size, keys);
+                                let pingpong = form == WgmmaForm::PingPong;
                                 (
                                     &cuda::PAGED_ATTENTION_WGMMA_WS,
-                                    cuda::wgmma_ws_variant(dtype, head_size, keys, stages, plain)
-                                        .to_vec(),
+                                    cuda::wgmma_ws_variant(
+                                        dtype, head_size, keys, stages, plain, pingpong,
+                                    )
+                                    .to_vec(),
                                 )
                             }
                         };
@@ -182,7 +189,7 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                                 // The warp-specialised form's consumers take the registers its
                                 // producer gives back (setmaxnreg): the CTA must start with the
                                 // 168 a thread its launch bounds allow, or they wait forever.
-                                if form == WgmmaForm::WarpSpecialized {
+                                if form.warp_specialized() {
                                     for r in reports.iter().filter(|r| r.registers != 168) {
                                         failures.push(format!(
                                             "{defines:?}: {} registers, not 168",

@@ -22,7 +22,7 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
 /// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
 pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
-/// Picks the form of the Hopper prefill kernel (`barrier` / `ws`); see
+/// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-pingpong`); see
 /// [`CudaTuning::wgmma_form`].
 pub const WGMMA_FORM_ENV: &str = "POLYATTN_CUDA_WGMMA_FORM";
 /// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
@@ -62,6 +62,16 @@ pub enum WgmmaForm {
     /// ring of stages and two consumer warpgroups computing, with mbarriers between them and
     /// `setmaxnreg` moving registers to the consumers.
     WarpSpecialized,
+    /// [`WgmmaForm::WarpSpecialized`] with the consumers issuing their Q·Kᵀ products in turns
+    /// (`ws-pingpong`), so that one's softmax runs beside the other's products.
+    PingPong,
+}
+
+impl WgmmaForm {
+    /// Whether this form is `paged_attention_wgmma_ws.cu` (a producer warpgroup).
+    pub fn warp_specialized(self) -> bool {
+        matches!(self, WgmmaForm::WarpSpecialized | WgmmaForm::PingPong)
+    }
 }
 
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
@@ -95,8 +105,8 @@ pub struct CudaTuning {
     /// Keys per tile of the Hopper prefill kernel (`-DPA_WG_KEYS`): 64 or 128; `None` (the
     /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
     pub wgmma_keys: Option<u32>,
-    /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws`; default
-    /// [`WgmmaForm::Barrier`].
+    /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws` /
+    /// `ws-pingpong`; default [`WgmmaForm::Barrier`].
     pub wgmma_form: WgmmaForm,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
@@ -198,12 +208,13 @@ impl CudaTuning {
             wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
             wgmma_form: env.get(
                 WGMMA_FORM_ENV,
-                "barrier or ws",
+                "barrier, ws or ws-pingpong",
                 d.wgmma_form,
                 "barrier",
                 |v| match v.trim().to_ascii_lowercase().as_str() {
                     "barrier" => Some(WgmmaForm::Barrier),
                     "ws" => Some(WgmmaForm::WarpSpecialized),
+                    "ws-pingpong" => Some(WgmmaForm::PingPong),
                     _ => None,
                 },
             ),
@@ -319,7 +330,7 @@ mod tests {
         let t = tuning(&[
             (MMA_ENV, "0"),
             (WGMMA_KEYS_ENV, "64"),
-            (WGMMA_FORM_ENV, "ws"),
+            (WGMMA_FORM_ENV, "ws-pingpong"),
             (MMA_ROWS_ENV, "128"),
             (MMA_WARPS_ENV, "8"),
             (MMA_SUBK_ENV, "32"),
@@ -336,7 +347,7 @@ mod tests {
             CudaTuning {
                 mma: MmaKernel::CudaCores,
                 wgmma_keys: Some(64),
-                wgmma_form: WgmmaForm::WarpSpecialized,
+                wgmma_form: WgmmaForm::PingPong,
                 mma_shape: Some(MmaShape {
                     rows: 128,
                     warps: 8

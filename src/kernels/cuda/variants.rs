@@ -74,20 +74,23 @@ pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -
 
 /// The `-D` options that build only the warp-specialised Hopper prefill variant: as
 /// [`wgmma_variant`], plus the K / V stages of its ring (`PA_WS_STAGES`, see
-/// `wgmma_ws_stages`); see paged_attention_wgmma_ws.cu.
+/// `wgmma_ws_stages`) and whether the consumers take turns (`PA_WS_PINGPONG`); see
+/// paged_attention_wgmma_ws.cu.
 pub fn wgmma_ws_variant(
     dtype: DType,
     head_size: usize,
     keys: usize,
     stages: usize,
     plain: bool,
-) -> [String; 5] {
+    pingpong: bool,
+) -> [String; 6] {
     [
         format!("-DPA_WS_D={head_size}"),
         format!("-DPA_WS_BF16={}", i32::from(dtype == DType::Bf16)),
         format!("-DPA_WS_KEYS={keys}"),
         format!("-DPA_WS_STAGES={stages}"),
         format!("-DPA_WS_PLAIN={}", i32::from(plain)),
+        format!("-DPA_WS_PINGPONG={}", i32::from(pingpong)),
     ]
 }
 
@@ -105,7 +108,9 @@ pub fn wgmma_function_name(
     };
     let (source, prefix) = match form {
         WgmmaForm::Barrier => (&PAGED_ATTENTION_WGMMA, "paged_attention_wgmma"),
-        WgmmaForm::WarpSpecialized => (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws"),
+        WgmmaForm::WarpSpecialized | WgmmaForm::PingPong => {
+            (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws")
+        }
     };
     let want = format!("{prefix}_{t}_d{head_size}");
     source.functions.iter().find(|f| **f == want).copied()
@@ -238,13 +243,14 @@ mod tests {
             assert_eq!(wgmma_function_name(DType::F32, 128, form), None);
         }
         assert_eq!(
-            wgmma_ws_variant(DType::Bf16, 128, 64, 4, false),
+            wgmma_ws_variant(DType::Bf16, 128, 64, 4, false, true),
             [
                 "-DPA_WS_D=128",
                 "-DPA_WS_BF16=1",
                 "-DPA_WS_KEYS=64",
                 "-DPA_WS_STAGES=4",
-                "-DPA_WS_PLAIN=0"
+                "-DPA_WS_PLAIN=0",
+                "-DPA_WS_PINGPONG=1"
             ]
         );
         assert_eq!(
