@@ -25,11 +25,13 @@
 # or, where the lease has time for one call only (same carry):
 #   call 6: bash benches/h200_lease.sh 6   (tests and SASS, P rows of both forms beside
 #                                           mma.sync and cuDNN, then the sanitizers)
+#   call 7: bash benches/h200_lease.sh 7   (a few minutes: each form's tests and goal rows,
+#                                           the default first, beside mma.sync and cuDNN)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
 set -u
-call=${1:?usage: h200_lease.sh 1|2|3|4|5|6}
+call=${1:?usage: h200_lease.sh 1|2|3|4|5|6|7}
 R=${OUT:?run on the GPU machine, where \$OUT is set}
 here=$(dirname "$0")
 mkdir -p /tmp/b /tmp/h200
@@ -62,6 +64,39 @@ case $call in
     { timeout 200 bash "$here/h200.sh" hopper-gate &&
       timeout 240 bash "$here/h200.sh" hopper-bench torch-p
       timeout 150 bash "$here/h200.sh" sanitize-hopper; } 2>&1 | tee "$R/summary-6.txt"
+    exit 0 ;;
+  # The shortest useful Hopper call (a lease with a few minutes left): the default form's
+  # tests, its P rows beside mma.sync and cuDNN on the goal shapes, then the ping-pong form's
+  # tests and rows, then the plain warp-specialised form's; logs under $OUT as they go.
+  7)
+    export OUT=$R/h200
+    mkdir -p "$OUT"
+    export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
+    sh=P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16,P1.d128.b16s1k.nc,P1.d128.b1s16k.c
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+    t() { # t NAME SECONDS CMD...: the command's log under $OUT, its summary lines here
+      local n=$1 secs=$2; shift 2
+      echo "== $n ($(date +%T))"
+      timeout "$secs" "$@" >"$OUT/$n.log" 2>&1
+      echo "-- $n rc=$? $(grep -E 'test result|panicked' "$OUT/$n.log" | head -3 | tr '\n' ' ')"
+    }
+    bench() { # bench NAME FORM: the goal rows with POLYATTN_CUDA_WGMMA_FORM=FORM
+      t "$1" 90 env POLYATTN_CUDA_WGMMA_FORM=$2 .devbin/bin-polyattn bench --backend cuda \
+        --shapes $sh --budget 0.3 --json "$OUT/$1.json" --no-svg
+      grep -E '^ *P[12]' "$OUT/$1.log" | head -8
+    }
+    {
+      t barrier-tests 120 .devbin/test-cuda_gpu prefill --test-threads=1
+      bench barrier-bench barrier
+      t mma-bench 90 env POLYATTN_CUDA_MMA=1 .devbin/bin-polyattn bench --backend cuda \
+        --shapes $sh --budget 0.3 --json "$OUT/mma-bench.json" --no-svg
+      t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
+        --budget 0.3 --out "$OUT/torch.json"
+      t pp-tests 120 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong .devbin/test-cuda_gpu prefill --test-threads=1
+      bench pp-bench ws-pingpong
+      t ws-tests 120 env POLYATTN_CUDA_WGMMA_FORM=ws .devbin/test-cuda_gpu prefill --test-threads=1
+      bench ws-bench ws
+    } 2>&1 | tee "$R/summary-7.txt"
     exit 0 ;;
   *) echo "unknown call $call"; exit 2 ;;
 esac
