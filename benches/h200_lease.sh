@@ -86,6 +86,11 @@ case $call in
       grep -E '^ *P[12]' "$OUT/$1.log" | head -8
     }
     {
+      # The small set first (every modifier, both head sizes, GQA), so even a cut-short call
+      # says whether the default form computes the right thing.
+      t barrier-small 60 .devbin/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+      t pp-small 60 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong .devbin/test-cuda_gpu \
+        prefill_kernel_sanitizer_set --test-threads=1
       t barrier-tests 120 .devbin/test-cuda_gpu prefill --test-threads=1
       bench barrier-bench barrier
       t mma-bench 90 env POLYATTN_CUDA_MMA=1 .devbin/bin-polyattn bench --backend cuda \
