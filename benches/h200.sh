@@ -6,11 +6,12 @@
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
 # hopper-gate, sanitize-hopper and hopper (the wgmma prefill in its barrier,
-# warp-specialised and ping-pong forms: their prefill tests and SASS, stopping the script if both fail;
+# warp-specialised and ping-pong forms: their prefill tests and SASS, stopping the script if all fail;
 # compute-sanitizer on their test set; the tests at 64 keys per tile, the shared bodies and
-# P / P1 rows of barrier at 128 keys and ws at 128 and 64 beside the mma.sync kernel; add
-# torch for the cuDNN rows (torch-p: the prefill rows only); hopper-bench: the P / P1 rows of
-# both forms and mma.sync alone; ncu-hopper for one launch of it through Nsight Compute),
+# P / P1 rows of barrier and ws-pingpong at 128 keys and ws at 128 and 64 beside the mma.sync
+# kernel; add torch for the cuDNN rows (torch-p: the prefill rows only); hopper-bench: the P /
+# P1 rows of the three forms and mma.sync alone; ncu-hopper for one launch of each form
+# through Nsight Compute),
 # vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
@@ -109,13 +110,15 @@ for p in "${phases[@]}"; do
   run hopper-ws-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws $B/test-cuda_gpu prefill --test-threads=1 --nocapture
   run hopper-pp-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong $B/test-cuda_gpu prefill --test-threads=1 --nocapture
   grep -q 'test result: ok' "$OUT/hopper-cuda_gpu.log" "$OUT/hopper-ws-cuda_gpu.log" "$OUT/hopper-pp-cuda_gpu.log" ||
-    { say "hopper tests failed in both forms: stop"; exit 1; }
-  cubin=$(ls /tmp/polyattn-cache/paged_attention_wgmma-sm_90a-*.cubin 2>/dev/null | head -1)
-  if [ -n "$cubin" ]; then
-    echo "HGMMA in $cubin: $(cuobjdump --dump-sass "$cubin" | grep -c HGMMA)"
-  else
-    echo "no wgmma cubin in /tmp/polyattn-cache: the kernel did not run"
-  fi
+    { say "hopper tests failed in every form: stop"; exit 1; }
+  for k in paged_attention_wgmma paged_attention_wgmma_ws; do
+    cubin=$(ls /tmp/polyattn-cache/$k-sm_90a-*.cubin 2>/dev/null | head -1)
+    if [ -n "$cubin" ]; then
+      echo "HGMMA in $cubin: $(cuobjdump --dump-sass "$cubin" | grep -c HGMMA)"
+    else
+      echo "no $k cubin in /tmp/polyattn-cache: the kernel did not run"
+    fi
+  done
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-hopper ] || continue
@@ -175,7 +178,7 @@ for p in "${phases[@]}"; do
     ncu-hopper)
       # One launch of the wgmma prefill on P2.b1s16k: speed of light, tensor-pipe activity,
       # warp states and stalls (where the next Hopper step should go).
-      for f in barrier ws; do
+      for f in barrier ws ws-pingpong; do
         run ncu-hopper-$f 200 env POLYATTN_CUDA_WGMMA_FORM=$f ncu --clock-control none -k regex:paged_attention_wgmma \
           --launch-skip 5 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
           --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
@@ -323,7 +326,7 @@ for p in "${phases[@]}"; do
         $B/test-cuda_gpu long_prefill --test-threads=1
       run hopper-attention 150 $B/test-attention_correctness --nocapture
       run hopper-ws-attention 150 env POLYATTN_CUDA_WGMMA_FORM=ws $B/test-attention_correctness --nocapture
-      for fk in barrier:128 ws:128 ws:64; do
+      for fk in barrier:128 ws-pingpong:128 ws:128 ws:64; do
         f=${fk%:*} k=${fk#*:}
         run hopper-$f$k-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f POLYATTN_CUDA_WGMMA_KEYS=$k \
           $B/bin-polyattn bench --backend cuda --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 \
@@ -332,7 +335,8 @@ for p in "${phases[@]}"; do
       run hopper-mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda \
         --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
     hopper-bench)
-      # The P / P1 rows of both wgmma forms at 128 keys beside the mma.sync kernel, same lease.
+      # The P / P1 rows of the three wgmma forms at 128 keys beside the mma.sync kernel, same
+      # lease.
       for f in barrier ws ws-pingpong; do
         run hopper-$f-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f $B/bin-polyattn bench --backend cuda \
           --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-wgmma-$f.json" --no-svg

@@ -23,7 +23,7 @@
 #   call 5: bash benches/h200_lease.sh 5   (tests at 64 keys, shared bodies, P rows, cuDNN,
 #                                           one launch under ncu)
 # or, where the lease has time for one call only (same carry):
-#   call 6: bash benches/h200_lease.sh 6   (tests and SASS, P rows of both forms beside
+#   call 6: bash benches/h200_lease.sh 6   (tests and SASS, P rows of the forms beside
 #                                           mma.sync and cuDNN, then the sanitizers)
 #   call 7: bash benches/h200_lease.sh 7   (a few minutes: each form's tests and goal rows,
 #                                           the default first, beside mma.sync and cuDNN)
@@ -54,8 +54,8 @@ case $call in
     cp /tmp/h200/*.json "$R/" 2>/dev/null
     tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
     exit 0 ;;
-  # One call for the Hopper prefill when only one fits the lease: its tests (stop if both
-  # forms fail), the P rows of both forms beside mma.sync and cuDNN, then the sanitizers.
+  # One call for the Hopper prefill when only one fits the lease: its tests (stop if every
+  # form fails), the P rows of the three forms beside mma.sync and cuDNN, then the sanitizers.
   # Its logs and JSON go straight under the returned folder, so a call cut short by its time
   # limit still brings back what it did.
   6)
