@@ -22,16 +22,14 @@
 #                                           then compute-sanitizer on it)
 #   call 5: bash benches/h200_lease.sh 5   (tests at 64 keys, shared bodies, P rows, cuDNN,
 #                                           one launch under ncu)
-# or, where the lease has time for one call only (same carry):
-#   call 6: bash benches/h200_lease.sh 6   (tests and SASS, P rows of the forms beside
-#                                           mma.sync and cuDNN, then the sanitizers)
-#   call 7: bash benches/h200_lease.sh 7   (a few minutes: each form's tests and goal rows,
-#                                           the default first, beside mma.sync and cuDNN)
+# or, where the lease has time for one call only (same carry, sourcing on-device.sh first):
+#   call 7: bash benches/h200_lease.sh 7   (each form's small test set and SASS, goal rows
+#                                           beside mma.sync and cuDNN, full tests, sanitizers)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
 set -u
-call=${1:?usage: h200_lease.sh 1|2|3|4|5|6|7}
+call=${1:?usage: h200_lease.sh 1|2|3|4|5|7}
 R=${OUT:?run on the GPU machine, where \$OUT is set}
 here=$(dirname "$0")
 mkdir -p /tmp/b /tmp/h200
@@ -54,53 +52,57 @@ case $call in
     cp /tmp/h200/*.json "$R/" 2>/dev/null
     tar czf "$R/logs-$call.tgz" -C /tmp/h200 .
     exit 0 ;;
-  # One call for the Hopper prefill when only one fits the lease: its tests (stop if every
-  # form fails), the P rows of the three forms beside mma.sync and cuDNN, then the sanitizers.
-  # Its logs and JSON go straight under the returned folder, so a call cut short by its time
-  # limit still brings back what it did.
-  6)
-    export OUT=$R/h200
-    mkdir -p "$OUT"
-    { timeout 200 bash "$here/h200.sh" hopper-gate &&
-      timeout 240 bash "$here/h200.sh" hopper-bench torch-p
-      timeout 150 bash "$here/h200.sh" sanitize-hopper; } 2>&1 | tee "$R/summary-6.txt"
-    exit 0 ;;
-  # The shortest useful Hopper call (a lease with a few minutes left): the default form's
-  # tests, its P rows beside mma.sync and cuDNN on the goal shapes, then the ping-pong form's
-  # tests and rows, then the plain warp-specialised form's; logs under $OUT as they go.
+  # The Hopper prefill in one call, most useful first, every step under its own time limit
+  # (a form that hangs costs its step, not the call): each form's small test set (every
+  # modifier, both head sizes, GQA) and the SASS of what ran; the goal rows of each passing form
+  # beside mma.sync and cuDNN; the full prefill tests and shared bodies; then the sanitizers.
+  # Logs go straight under the returned folder, so a call cut short still brings back what it
+  # did.
   7)
     export OUT=$R/h200
     mkdir -p "$OUT"
     export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
-    sh=P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16,P1.d128.b16s1k.nc,P1.d128.b1s16k.c
+    sh=P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16,P1.d128.b16s1k.nc,P1.d128.b1s16k.c,P2.b1s4k.p16
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
     t() { # t NAME SECONDS CMD...: the command's log under $OUT, its summary lines here
       local n=$1 secs=$2; shift 2
       echo "== $n ($(date +%T))"
       timeout "$secs" "$@" >"$OUT/$n.log" 2>&1
-      echo "-- $n rc=$? $(grep -E 'test result|panicked' "$OUT/$n.log" | head -3 | tr '\n' ' ')"
+      echo "-- $n rc=$? $(grep -E 'test result|panicked|ERROR SUMMARY' "$OUT/$n.log" | head -3 | tr '\n' ' ')"
     }
+    ok() { grep -q 'test result: ok' "$OUT/$1.log"; }
     bench() { # bench NAME FORM: the goal rows with POLYATTN_CUDA_WGMMA_FORM=FORM
-      t "$1" 90 env POLYATTN_CUDA_WGMMA_FORM=$2 .devbin/bin-polyattn bench --backend cuda \
+      t "$1" 100 env POLYATTN_CUDA_WGMMA_FORM=$2 .devbin/bin-polyattn bench --backend cuda \
         --shapes $sh --budget 0.3 --json "$OUT/$1.json" --no-svg
       grep -E '^ *P[12]' "$OUT/$1.log" | head -8
     }
+    forms=(barrier ws-pingpong ws)
     {
-      # The small set first (every modifier, both head sizes, GQA), so even a cut-short call
-      # says whether the default form computes the right thing.
-      t barrier-small 60 .devbin/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
-      t pp-small 60 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong .devbin/test-cuda_gpu \
-        prefill_kernel_sanitizer_set --test-threads=1
-      t barrier-tests 120 .devbin/test-cuda_gpu prefill --test-threads=1
-      bench barrier-bench barrier
-      t mma-bench 90 env POLYATTN_CUDA_MMA=1 .devbin/bin-polyattn bench --backend cuda \
+      for f in "${forms[@]}"; do
+        t $f-small 60 env POLYATTN_CUDA_WGMMA_FORM=$f .devbin/test-cuda_gpu \
+          prefill_kernel_sanitizer_set --test-threads=1
+      done
+      for c in /tmp/polyattn-cache/paged_attention_wgmma*-sm_90a-*.cubin; do
+        [ -f "$c" ] && echo "HGMMA in $(basename "$c"): $(cuobjdump --dump-sass "$c" | grep -c HGMMA)"
+      done
+      for f in "${forms[@]}"; do ok $f-small && bench $f-bench $f; done
+      t mma-bench 100 env POLYATTN_CUDA_MMA=1 .devbin/bin-polyattn bench --backend cuda \
         --shapes $sh --budget 0.3 --json "$OUT/mma-bench.json" --no-svg
+      grep -E '^ *P[12]' "$OUT/mma-bench.log" | head -8
       t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
         --budget 0.3 --out "$OUT/torch.json"
-      t pp-tests 120 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong .devbin/test-cuda_gpu prefill --test-threads=1
-      bench pp-bench ws-pingpong
-      t ws-tests 120 env POLYATTN_CUDA_WGMMA_FORM=ws .devbin/test-cuda_gpu prefill --test-threads=1
-      bench ws-bench ws
+      for f in "${forms[@]}"; do
+        ok $f-small && t $f-tests 150 env POLYATTN_CUDA_WGMMA_FORM=$f .devbin/test-cuda_gpu \
+          prefill --test-threads=1
+      done
+      t attention 120 .devbin/test-attention_correctness
+      for tool in memcheck racecheck synccheck; do
+        for f in "${forms[@]}"; do
+          ok $f-small && t $tool-$f 150 env POLYATTN_CUDA_WGMMA_FORM=$f compute-sanitizer \
+            --tool $tool --error-exitcode 99 .devbin/test-cuda_gpu prefill_kernel_sanitizer_set \
+            --test-threads=1
+        done
+      done
     } 2>&1 | tee "$R/summary-7.txt"
     exit 0 ;;
   *) echo "unknown call $call"; exit 2 ;;
