@@ -30,6 +30,14 @@
 //    and 4: a warpgroup waits for its turn, issues, hands the turn to the other), so they
 //    run out of phase: one's softmax beside the other's products. Without it both start on
 //    the same tile at the same time and tend to stay in step.
+//  - With PA_WS_OVERLAP (FlashAttention-3's intra-warpgroup overlap) K and V have their own
+//    `full` / `empty` mbarriers (the V ones: full_v / empty_v) and each consumer keeps two
+//    tiles in flight: it issues tile i's Q K^T and then tile i-1's P V (P kept packed in
+//    registers from the previous step), waits for the Q K^T only (wgmma.wait_group 1),
+//    releases K of tile i, runs tile i's softmax while the P V products still run, then waits
+//    for them, releases V of tile i-1, rescales O and packs tile i's P. The producer copies K
+//    of tile i, then V of tile i, each after its own `empty` wait, so K is refilled as soon as
+//    its scores are computed while V is held one step longer.
 //  - A consumer thread runs fence.proxy.async after each `full` wait: the tiles were written
 //    through the generic proxy (cp.async) and wgmma reads them through the async proxy.
 //
@@ -57,6 +65,10 @@
 #ifndef PA_WS_PINGPONG
 #define PA_WS_PINGPONG 0
 #endif
+// PA_WS_OVERLAP: 1 overlaps each consumer's softmax of tile i with its P V of tile i - 1.
+#ifndef PA_WS_OVERLAP
+#define PA_WS_OVERLAP 0
+#endif
 // PA_WS_PLAIN: as paged_attention_wgmma.cu's PA_WG_PLAIN.
 #ifndef PA_WS_PLAIN
 #define PA_WS_PLAIN -1
@@ -69,6 +81,7 @@
 #define WS_CONSUMER_REGS 232
 static_assert(WS_KEYS == 64 || WS_KEYS == 128, "64 or 128 keys per tile");
 static_assert(WS_STAGES >= 2 && WS_STAGES <= 4, "2 to 4 stages");
+static_assert(!(PA_WS_PINGPONG && PA_WS_OVERLAP), "turns or overlap, not both");
 // The launch bounds give the CTA (65536 / 384 rounded down to 8) * 384 = 64512 registers;
 // consumers asking for more than the producer gave back would spin in setmaxnreg.inc.
 #define WS_LAUNCH_REGS (65536 / WS_THREADS / 8 * 8)
@@ -108,6 +121,16 @@ __device__ __forceinline__ void ws_mbar_arrive(pa_u32 bar) {
                  : "memory");
 }
 
+// One arrival on `bar` where `pred` holds, predicated rather than branched around (the
+// overlapped consumers arrive while wgmma products are in flight).
+__device__ __forceinline__ void ws_mbar_arrive_if(pa_u32 bar, bool pred) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b64 st;\nsetp.ne.b32 p, %1, 0;\n"
+        "@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar),
+        "r"((int)pred)
+        : "memory");
+}
+
 // One arrival on `bar` once every cp.async this thread issued before it has landed.
 __device__ __forceinline__ void ws_cp_async_arrive(pa_u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -141,6 +164,8 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     extern __shared__ uint4 ws_smem_raw[];
     __shared__ pa_u64 full_s[WS_STAGES];
     __shared__ pa_u64 empty_s[WS_STAGES];
+    __shared__ pa_u64 full_v_s[PA_WS_OVERLAP ? WS_STAGES : 1];
+    __shared__ pa_u64 empty_v_s[PA_WS_OVERLAP ? WS_STAGES : 1];
     __shared__ pa_u64 q_full_s;
     __shared__ pa_u64 krow_s[2][WS_KEYS];
     __shared__ int2 vis_s[WS_ROWS];
@@ -151,6 +176,10 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     const pa_u32 full0 = ptx_smem_addr(full_s);
     const pa_u32 empty0 = ptx_smem_addr(empty_s);
     const pa_u32 q_full = ptx_smem_addr(&q_full_s);
+    // With the overlap, K's barriers are full0 / empty0 and V's these; without, full0 / empty0
+    // cover both.
+    const pa_u32 full_v0 = ptx_smem_addr(full_v_s);
+    const pa_u32 empty_v0 = ptx_smem_addr(empty_v_s);
 
     const WorkItem it = p.items[blockIdx.x];
     const int tid = threadIdx.x;
@@ -168,6 +197,10 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         for (int s = 0; s < WS_STAGES; ++s) {
             ws_mbar_init(full0 + 8 * s, 128);
             ws_mbar_init(empty0 + 8 * s, 8);
+            if (PA_WS_OVERLAP) {
+                ws_mbar_init(full_v0 + 8 * s, 128);
+                ws_mbar_init(empty_v0 + 8 * s, 8);
+            }
         }
         ws_mbar_init(q_full, 128);
     }
@@ -215,10 +248,21 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
             // The table of this tile for every producer thread; the other buffer was last
             // read before this barrier's previous round.
             ptx_bar_sync(1, 128);
-            ws_mbar_wait(empty0 + 8 * s, ((i / WS_STAGES) & 1) ^ 1);
+            const pa_u32 free_parity = ((i / WS_STAGES) & 1) ^ 1;
+            ws_mbar_wait(empty0 + 8 * s, free_parity);
+#if PA_WS_OVERLAP
+            wg_load_kv<D, WS_KEYS, 128, true, false>(tid, cache, krow, v_delta_b,
+                                                     k_sa0 + s * TILE_B, v_sa0 + s * TILE_B);
+            ws_cp_async_arrive(full0 + 8 * s);
+            ws_mbar_wait(empty_v0 + 8 * s, free_parity);
+            wg_load_kv<D, WS_KEYS, 128, false, true>(tid, cache, krow, v_delta_b,
+                                                     k_sa0 + s * TILE_B, v_sa0 + s * TILE_B);
+            ws_cp_async_arrive(full_v0 + 8 * s);
+#else
             wg_load_kv<D, WS_KEYS, 128>(tid, cache, krow, v_delta_b, k_sa0 + s * TILE_B,
                                         v_sa0 + s * TILE_B);
             ws_cp_async_arrive(full0 + 8 * s);
+#endif
         }
         ptx_cp_async_commit();
         ptx_cp_async_wait<0>();  // no copy outlives its thread
@@ -258,6 +302,90 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     const pa_u64 dv0 = wg_desc(v_sa0, WS_KEYS * 128, 1024);
 
     ws_mbar_wait(q_full, 0);
+#if PA_WS_OVERLAP
+    // The tiles this warpgroup computes, [i_lo, i_hi): those with a key its rows see, which
+    // are contiguous. The others are only waited for and released. Inside the range nothing
+    // branches around a wgmma in flight (ptxas would serialise them).
+    constexpr int NJ = WS_KEYS / 8;   // n8 tiles of S
+    constexpr int NK = WS_KEYS / 16;  // k16 steps of P V
+    const int n_tiles = first < span_hi ? (span_hi - first + WS_KEYS - 1) / WS_KEYS : 0;
+    int i_lo = g_lo > first ? (g_lo - first) / WS_KEYS : 0;
+    int i_hi = g_hi > first ? min(n_tiles, (g_hi - first + WS_KEYS - 1) / WS_KEYS) : 0;
+    if (g_lo >= g_hi || i_lo >= i_hi) i_lo = i_hi = n_tiles;
+    auto k_parity = [](int i) { return (pa_u32)((i / WS_STAGES) & 1); };
+    auto pass = [&](int i) {  // a tile this warpgroup does not compute
+        const int s = i % WS_STAGES;
+        ws_mbar_wait(full0 + 8 * s, k_parity(i));
+        ws_mbar_arrive_if(empty0 + 8 * s, lane == 0);
+        ws_mbar_wait(full_v0 + 8 * s, k_parity(i));
+        ws_mbar_arrive_if(empty_v0 + 8 * s, lane == 0);
+    };
+    for (int i = 0; i < i_lo; ++i) pass(i);
+    if (i_lo < i_hi) {
+        pa_u32 pf[NK][4];  // P of the previous tile, packed
+        float sc[NJ][4];
+        float alpha[2];
+        {  // the first tile: its scores alone
+            const int s = i_lo % WS_STAGES;
+            const int c0 = first + i_lo * WS_KEYS;
+            ws_mbar_wait(full0 + 8 * s, k_parity(i_lo));
+            wg_fence_proxy_async();
+            wg_fence();
+            wg_issue_qk<BF16, NJ, D / 16>(sc, dq0, dk0 + (pa_u64)((s * TILE_B) >> 4));
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs<NJ>(sc);
+            ws_mbar_arrive_if(empty0 + 8 * s, lane == 0);
+            if (wg_softmax<PLAIN, NJ>(p, sc, c0, wb, vis_s, r0, t4, hc, pos0, head0, qk_scale, m,
+                                      l, alpha)) {
+                wg_rescale<NT>(o, alpha);
+            }
+            wg_pack_p<BF16, NJ>(sc, pf);
+        }
+        for (int i = i_lo + 1; i < i_hi; ++i) {
+            const int s = i % WS_STAGES;
+            const int sp = (i - 1) % WS_STAGES;
+            const int c0 = first + i * WS_KEYS;
+            ws_mbar_wait(full0 + 8 * s, k_parity(i));
+            ws_mbar_wait(full_v0 + 8 * sp, k_parity(i - 1));
+            wg_fence_proxy_async();
+            // Tile i's Q K^T, then tile i-1's P V, in two groups.
+            wg_fence_frags<NK>(pf);
+            wg_fence_regs<NT>(o);
+            wg_fence();
+            wg_issue_qk<BF16, NJ, D / 16>(sc, dq0, dk0 + (pa_u64)((s * TILE_B) >> 4));
+            wg_commit();
+            wg_issue_pv<BF16, NT, NK>(o, pf, dv0 + (pa_u64)((sp * TILE_B) >> 4));
+            wg_commit();
+            wg_wait<1>();  // the scores; the P V products may still run
+            wg_fence_regs<NJ>(sc);
+            ws_mbar_arrive_if(empty0 + 8 * s, lane == 0);  // K of tile i read
+            const bool moved = wg_softmax<PLAIN, NJ>(p, sc, c0, wb, vis_s, r0, t4, hc, pos0,
+                                                     head0, qk_scale, m, l, alpha);
+            wg_wait<0>();
+            wg_fence_regs<NT>(o);
+            wg_fence_frags<NK>(pf);
+            ws_mbar_arrive_if(empty_v0 + 8 * sp, lane == 0);  // V of tile i - 1 read
+            if (moved) wg_rescale<NT>(o, alpha);
+            wg_pack_p<BF16, NJ>(sc, pf);
+        }
+        {  // the last tile's P V
+            const int sp = (i_hi - 1) % WS_STAGES;
+            ws_mbar_wait(full_v0 + 8 * sp, k_parity(i_hi - 1));
+            wg_fence_proxy_async();
+            wg_fence_frags<NK>(pf);
+            wg_fence_regs<NT>(o);
+            wg_fence();
+            wg_issue_pv<BF16, NT, NK>(o, pf, dv0 + (pa_u64)((sp * TILE_B) >> 4));
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs<NT>(o);
+            wg_fence_frags<NK>(pf);
+            ws_mbar_arrive_if(empty_v0 + 8 * sp, lane == 0);
+        }
+    }
+    for (int i = i_hi; i < n_tiles; ++i) pass(i);
+#else
 #if PA_WS_PINGPONG
     if (wg == 1) ws_bar_arrive(3, 256);  // warpgroup 0 issues first
 #endif
@@ -285,6 +413,7 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         __syncwarp();
         if (lane == 0) ws_mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage
     }
+#endif
 
     wg_store_rows<BF16, D>(p, o, m, l, r0, t4);
 }

@@ -33,9 +33,14 @@ __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void wg_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// Waits until at most N of this warpgroup's committed wgmma groups are pending (groups
+// complete in the order they were committed).
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+
+__device__ __forceinline__ void wg_wait_all() { wg_wait<0>(); }
 
 // Makes the shared memory this thread wrote through the generic proxy (cp.async, stores)
 // visible to the async proxy (wgmma's operand reads) once a barrier orders the two.
@@ -155,10 +160,11 @@ __device__ __forceinline__ pa_u32 wg_swizzled(int j, int c, int rows) {
 
 // Issues the cp.async copies of the K and V tile of KEYS keys whose key rows start at the
 // global byte addresses krow[0..KEYS) (0: zero-fill from the valid address `dummy`) into the
-// swizzled tiles at k_sa / v_sa, from THREADS threads (`tid` in [0, THREADS)). Each thread
-// copies one chunk column of every (THREADS / CH)-th row, a multiple of 8 rows apart, so its
-// swizzled column and destinations are constants.
-template <int D, int KEYS, int THREADS>
+// swizzled tiles at k_sa / v_sa, from THREADS threads (`tid` in [0, THREADS)); LOAD_K /
+// LOAD_V leave out one of the two. Each thread copies one chunk column of every
+// (THREADS / CH)-th row, a multiple of 8 rows apart, so its swizzled column and destinations
+// are constants.
+template <int D, int KEYS, int THREADS, bool LOAD_K = true, bool LOAD_V = true>
 __device__ __forceinline__ void wg_load_kv(int tid, const pa_u16* dummy, const pa_u64* krow,
                                            pa_i64 v_delta_b, pa_u32 k_sa, pa_u32 v_sa) {
     constexpr int CH = D / 8;
@@ -175,11 +181,11 @@ __device__ __forceinline__ void wg_load_kv(int tid, const pa_u16* dummy, const p
         const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * 128);
         const pa_u64 row = krow[j0 + k * RSTEP];
         if (row != 0) {
-            ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
-            ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
+            if (LOAD_K) ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
+            if (LOAD_V) ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
         } else {
-            ptx_cp_async16(k_sa + dst, dummy, 0);
-            ptx_cp_async16(v_sa + dst, dummy, 0);
+            if (LOAD_K) ptx_cp_async16(k_sa + dst, dummy, 0);
+            if (LOAD_V) ptx_cp_async16(v_sa + dst, dummy, 0);
         }
     }
 }

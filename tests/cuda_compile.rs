@@ -126,7 +126,7 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                         failures.push(format!("{}: {} spills", k.name, r.function));
                     }
                 }
-                images.push((k.name, out.image));
+                images.push((k.name.to_string(), out.image));
             }
             Err(e) => failures.push(format!("{}: {e}", k.name)),
         }
@@ -138,6 +138,7 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
         WgmmaForm::Barrier,
         WgmmaForm::WarpSpecialized,
         WgmmaForm::PingPong,
+        WgmmaForm::Overlap,
     ] {
         for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
             for head_size in [64, 128] {
@@ -148,13 +149,12 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                                 &cuda::PAGED_ATTENTION_WGMMA,
                                 cuda::wgmma_variant(dtype, head_size, keys, plain).to_vec(),
                             ),
-                            WgmmaForm::WarpSpecialized | WgmmaForm::PingPong => {
+                            form => {
                                 let stages = cuda::wgmma_ws_stages(head_size, keys);
-                                let pingpong = form == WgmmaForm::PingPong;
                                 (
                                     &cuda::PAGED_ATTENTION_WGMMA_WS,
                                     cuda::wgmma_ws_variant(
-                                        dtype, head_size, keys, stages, plain, pingpong,
+                                        dtype, head_size, keys, stages, plain, form,
                                     )
                                     .to_vec(),
                                 )
@@ -197,6 +197,16 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
                                         ));
                                     }
                                 }
+                                // One run-time build of each form goes through the SASS
+                                // check too (the whole-file build has only the default
+                                // schedule of the warp-specialised file).
+                                if dtype == polyattn::DType::Bf16
+                                    && head_size == 128
+                                    && keys == 128
+                                    && plain
+                                {
+                                    images.push((format!("{form:?} bf16 d128"), out.image));
+                                }
                                 for r in &reports {
                                     report!(
                                         "{defines:?}: {} registers, {} B stack",
@@ -218,7 +228,7 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
         return;
     };
     for (name, image) in images {
-        let sass = sass_of(&tool, name, &image);
+        let sass = sass_of(&tool, &name.replace(' ', "-"), &image);
         let hgmma = sass.matches("HGMMA").count();
         report!("{name}: {hgmma} HGMMA instructions in the SASS");
         assert!(hgmma > 0, "{name}: no HGMMA in the SASS");

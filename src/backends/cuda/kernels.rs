@@ -212,10 +212,9 @@ pub(crate) fn launch_wgmma(
             let f = function_for(device, &PAGED_ATTENTION_WGMMA, HOPPER_ARCH, &opts, name)?;
             (f, WGMMA_THREADS, wgmma_smem_bytes(d, keys))
         }
-        form @ (WgmmaForm::WarpSpecialized | WgmmaForm::PingPong) => {
+        form @ (WgmmaForm::WarpSpecialized | WgmmaForm::PingPong | WgmmaForm::Overlap) => {
             let stages = wgmma_ws_stages(d, keys);
-            let pingpong = form == WgmmaForm::PingPong;
-            let variant = wgmma_ws_variant(dtype, d, keys, stages, plain, pingpong);
+            let variant = wgmma_ws_variant(dtype, d, keys, stages, plain, form);
             let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
             let f = function_for(device, &PAGED_ATTENTION_WGMMA_WS, HOPPER_ARCH, &opts, name)?;
             (f, WGMMA_WS_THREADS, wgmma_ws_smem_bytes(d, keys, stages))

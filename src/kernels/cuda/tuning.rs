@@ -22,7 +22,8 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
 /// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
 pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
-/// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-pingpong`); see
+/// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-pingpong` /
+/// `ws-overlap`); see
 /// [`CudaTuning::wgmma_form`].
 pub const WGMMA_FORM_ENV: &str = "POLYATTN_CUDA_WGMMA_FORM";
 /// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
@@ -65,12 +66,19 @@ pub enum WgmmaForm {
     /// [`WgmmaForm::WarpSpecialized`] with the consumers issuing their Q·Kᵀ products in turns
     /// (`ws-pingpong`), so that one's softmax runs beside the other's products.
     PingPong,
+    /// [`WgmmaForm::WarpSpecialized`] with each consumer keeping two tiles in flight
+    /// (`ws-overlap`): tile i's softmax runs while its P·V products of tile i − 1 do, and K
+    /// and V stages are released separately.
+    Overlap,
 }
 
 impl WgmmaForm {
     /// Whether this form is `paged_attention_wgmma_ws.cu` (a producer warpgroup).
     pub fn warp_specialized(self) -> bool {
-        matches!(self, WgmmaForm::WarpSpecialized | WgmmaForm::PingPong)
+        matches!(
+            self,
+            WgmmaForm::WarpSpecialized | WgmmaForm::PingPong | WgmmaForm::Overlap
+        )
     }
 }
 
@@ -106,7 +114,7 @@ pub struct CudaTuning {
     /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
     pub wgmma_keys: Option<u32>,
     /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws` /
-    /// `ws-pingpong`; default [`WgmmaForm::Barrier`].
+    /// `ws-pingpong` / `ws-overlap`; default [`WgmmaForm::Barrier`].
     pub wgmma_form: WgmmaForm,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
@@ -208,13 +216,14 @@ impl CudaTuning {
             wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
             wgmma_form: env.get(
                 WGMMA_FORM_ENV,
-                "barrier, ws or ws-pingpong",
+                "barrier, ws, ws-pingpong or ws-overlap",
                 d.wgmma_form,
                 "barrier",
                 |v| match v.trim().to_ascii_lowercase().as_str() {
                     "barrier" => Some(WgmmaForm::Barrier),
                     "ws" => Some(WgmmaForm::WarpSpecialized),
                     "ws-pingpong" => Some(WgmmaForm::PingPong),
+                    "ws-overlap" => Some(WgmmaForm::Overlap),
                     _ => None,
                 },
             ),
@@ -407,5 +416,16 @@ mod tests {
         assert_eq!(k("0"), MmaKernel::CudaCores);
         assert_eq!(k("AMD-WMMA"), MmaKernel::AmdWmmaEmulated);
         assert_eq!(k("amd"), MmaKernel::Auto);
+    }
+
+    #[test]
+    fn the_hopper_prefill_form() {
+        let f = |v| tuning(&[(WGMMA_FORM_ENV, v)]).wgmma_form;
+        assert_eq!(f("barrier"), WgmmaForm::Barrier);
+        assert_eq!(f("ws"), WgmmaForm::WarpSpecialized);
+        assert_eq!(f(" WS-PingPong "), WgmmaForm::PingPong);
+        assert_eq!(f("ws-overlap"), WgmmaForm::Overlap);
+        assert!(!WgmmaForm::Barrier.warp_specialized());
+        assert!(WgmmaForm::Overlap.warp_specialized());
     }
 }

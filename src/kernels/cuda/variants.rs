@@ -74,23 +74,28 @@ pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -
 
 /// The `-D` options that build only the warp-specialised Hopper prefill variant: as
 /// [`wgmma_variant`], plus the K / V stages of its ring (`PA_WS_STAGES`, see
-/// `wgmma_ws_stages`) and whether the consumers take turns (`PA_WS_PINGPONG`); see
-/// paged_attention_wgmma_ws.cu.
+/// `wgmma_ws_stages`) and the consumers' schedule of the warp-specialised `form`: in turns
+/// (`PA_WS_PINGPONG`, [`WgmmaForm::PingPong`]) or two tiles in flight (`PA_WS_OVERLAP`,
+/// [`WgmmaForm::Overlap`]); see paged_attention_wgmma_ws.cu.
 pub fn wgmma_ws_variant(
     dtype: DType,
     head_size: usize,
     keys: usize,
     stages: usize,
     plain: bool,
-    pingpong: bool,
-) -> [String; 6] {
+    form: WgmmaForm,
+) -> [String; 7] {
     [
         format!("-DPA_WS_D={head_size}"),
         format!("-DPA_WS_BF16={}", i32::from(dtype == DType::Bf16)),
         format!("-DPA_WS_KEYS={keys}"),
         format!("-DPA_WS_STAGES={stages}"),
         format!("-DPA_WS_PLAIN={}", i32::from(plain)),
-        format!("-DPA_WS_PINGPONG={}", i32::from(pingpong)),
+        format!(
+            "-DPA_WS_PINGPONG={}",
+            i32::from(form == WgmmaForm::PingPong)
+        ),
+        format!("-DPA_WS_OVERLAP={}", i32::from(form == WgmmaForm::Overlap)),
     ]
 }
 
@@ -108,7 +113,7 @@ pub fn wgmma_function_name(
     };
     let (source, prefix) = match form {
         WgmmaForm::Barrier => (&PAGED_ATTENTION_WGMMA, "paged_attention_wgmma"),
-        WgmmaForm::WarpSpecialized | WgmmaForm::PingPong => {
+        WgmmaForm::WarpSpecialized | WgmmaForm::PingPong | WgmmaForm::Overlap => {
             (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws")
         }
     };
@@ -243,14 +248,15 @@ mod tests {
             assert_eq!(wgmma_function_name(DType::F32, 128, form), None);
         }
         assert_eq!(
-            wgmma_ws_variant(DType::Bf16, 128, 64, 4, false, true),
+            wgmma_ws_variant(DType::Bf16, 128, 64, 4, false, WgmmaForm::PingPong),
             [
                 "-DPA_WS_D=128",
                 "-DPA_WS_BF16=1",
                 "-DPA_WS_KEYS=64",
                 "-DPA_WS_STAGES=4",
                 "-DPA_WS_PLAIN=0",
-                "-DPA_WS_PINGPONG=1"
+                "-DPA_WS_PINGPONG=1",
+                "-DPA_WS_OVERLAP=0"
             ]
         );
         assert_eq!(
