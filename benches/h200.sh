@@ -110,7 +110,8 @@ for p in "${phases[@]}"; do
   run hopper-ws-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws $B/test-cuda_gpu prefill --test-threads=1 --nocapture
   run hopper-pp-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong $B/test-cuda_gpu prefill --test-threads=1 --nocapture
   run hopper-ov-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-overlap $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  grep -q 'test result: ok' "$OUT/hopper-cuda_gpu.log" "$OUT/hopper-ws-cuda_gpu.log" "$OUT/hopper-pp-cuda_gpu.log" ||
+  run hopper-ppov-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong-overlap $B/test-cuda_gpu prefill --test-threads=1 --nocapture
+  grep -q 'test result: ok' "$OUT"/hopper-*cuda_gpu.log ||
     { say "hopper tests failed in every form: stop"; exit 1; }
   for k in paged_attention_wgmma paged_attention_wgmma_ws; do
     cubin=$(ls /tmp/polyattn-cache/$k-sm_90a-*.cubin 2>/dev/null | head -1)
@@ -134,7 +135,7 @@ for p in "${phases[@]}"; do
   run memcheck-hopper-long 200 compute-sanitizer --tool memcheck --error-exitcode 99 \
     $B/test-cuda_gpu long_prefill --test-threads=1
   # The warp-specialised form (producer warpgroup, mbarriers) on the same set.
-  for f in ws ws-pingpong ws-overlap; do
+  for f in ws ws-pingpong ws-overlap ws-pingpong-overlap; do
     for tool in memcheck racecheck synccheck; do
       run $tool-hopper-$f 200 env POLYATTN_CUDA_WGMMA_FORM=$f compute-sanitizer --tool $tool \
         --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
@@ -179,7 +180,7 @@ for p in "${phases[@]}"; do
     ncu-hopper)
       # One launch of the wgmma prefill on P2.b1s16k: speed of light, tensor-pipe activity,
       # warp states and stalls (where the next Hopper step should go).
-      for f in barrier ws ws-pingpong ws-overlap; do
+      for f in barrier ws ws-pingpong ws-overlap ws-pingpong-overlap; do
         run ncu-hopper-$f 200 env POLYATTN_CUDA_WGMMA_FORM=$f ncu --clock-control none -k regex:paged_attention_wgmma \
           --launch-skip 5 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
           --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
@@ -338,7 +339,7 @@ for p in "${phases[@]}"; do
     hopper-bench)
       # The P / P1 rows of the three wgmma forms at 128 keys beside the mma.sync kernel, same
       # lease.
-      for f in barrier ws ws-pingpong ws-overlap; do
+      for f in barrier ws ws-pingpong ws-overlap ws-pingpong-overlap; do
         run hopper-$f-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f $B/bin-polyattn bench --backend cuda \
           --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-wgmma-$f.json" --no-svg
       done

@@ -76,7 +76,7 @@ case $call in
         --shapes $sh --budget 0.3 --json "$OUT/$1.json" --no-svg
       grep -E '^ *P[12]' "$OUT/$1.log" | head -8
     }
-    forms=(barrier ws-pingpong ws-overlap ws)
+    forms=(barrier ws-pingpong-overlap ws-overlap ws-pingpong ws)
     {
       for f in "${forms[@]}"; do
         t $f-small 60 env POLYATTN_CUDA_WGMMA_FORM=$f .devbin/test-cuda_gpu \

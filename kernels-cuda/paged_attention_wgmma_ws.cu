@@ -37,7 +37,10 @@
 //    releases K of tile i, runs tile i's softmax while the P V products still run, then waits
 //    for them, releases V of tile i-1, rescales O and packs tile i's P. The producer copies K
 //    of tile i, then V of tile i, each after its own `empty` wait, so K is refilled as soon as
-//    its scores are computed while V is held one step longer.
+//    its scores are computed while V is held one step longer. With PA_WS_PINGPONG as well
+//    (FlashAttention-3's schedule) a turn covers one step's issues (tile i's Q K^T and tile
+//    i-1's P V): turn t of each warpgroup is index t of 0 .. n_tiles, empty where it has
+//    nothing to issue, so both take n_tiles + 1 turns.
 //  - A consumer thread runs fence.proxy.async after each `full` wait: the tiles were written
 //    through the generic proxy (cp.async) and wgmma reads them through the async proxy.
 //
@@ -81,7 +84,6 @@
 #define WS_CONSUMER_REGS 232
 static_assert(WS_KEYS == 64 || WS_KEYS == 128, "64 or 128 keys per tile");
 static_assert(WS_STAGES >= 2 && WS_STAGES <= 4, "2 to 4 stages");
-static_assert(!(PA_WS_PINGPONG && PA_WS_OVERLAP), "turns or overlap, not both");
 // The launch bounds give the CTA (65536 / 384 rounded down to 8) * 384 = 64512 registers;
 // consumers asking for more than the producer gave back would spin in setmaxnreg.inc.
 #define WS_LAUNCH_REGS (65536 / WS_THREADS / 8 * 8)
@@ -134,6 +136,15 @@ __device__ __forceinline__ void ws_mbar_arrive_if(pa_u32 bar, bool pred) {
 // One arrival on `bar` once every cp.async this thread issued before it has landed.
 __device__ __forceinline__ void ws_cp_async_arrive(pa_u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Arrives on named barrier `id` of `threads` threads without waiting for it where `pred`
+// holds (predicated, not branched around: the ping-pong hand-over runs with wgmma in flight).
+__device__ __forceinline__ void ws_bar_arrive_if(int id, int threads, bool pred) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(id),
+        "r"(threads), "r"((int)pred)
+        : "memory");
 }
 
 // Arrives on named barrier `id` of `threads` threads without waiting for it.
@@ -313,6 +324,17 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     int i_hi = g_hi > first ? min(n_tiles, (g_hi - first + WS_KEYS - 1) / WS_KEYS) : 0;
     if (g_lo >= g_hi || i_lo >= i_hi) i_lo = i_hi = n_tiles;
     auto k_parity = [](int i) { return (pa_u32)((i / WS_STAGES) & 1); };
+    // Ping-pong turns (no-ops without PA_WS_PINGPONG): wait for this warpgroup's turn t,
+    // hand it to the other after the issues (warpgroup 1 hands none over after its last).
+    auto turn_wait = [&] {
+        if (PA_WS_PINGPONG) ptx_bar_sync(3 + wg, 256);
+    };
+    auto hand_over = [&](int t) {
+        if (PA_WS_PINGPONG) ws_bar_arrive_if(3 + (wg ^ 1), 256, !(wg == 1 && t == n_tiles));
+    };
+#if PA_WS_PINGPONG
+    if (wg == 1) ws_bar_arrive(3, 256);  // warpgroup 0 issues first
+#endif
     auto pass = [&](int i) {  // a tile this warpgroup does not compute
         const int s = i % WS_STAGES;
         ws_mbar_wait(full0 + 8 * s, k_parity(i));
@@ -320,7 +342,11 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         ws_mbar_wait(full_v0 + 8 * s, k_parity(i));
         ws_mbar_arrive_if(empty_v0 + 8 * s, lane == 0);
     };
-    for (int i = 0; i < i_lo; ++i) pass(i);
+    for (int i = 0; i < i_lo; ++i) {
+        turn_wait();
+        pass(i);
+        hand_over(i);
+    }
     if (i_lo < i_hi) {
         pa_u32 pf[NK][4];  // P of the previous tile, packed
         float sc[NJ][4];
@@ -328,11 +354,13 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         {  // the first tile: its scores alone
             const int s = i_lo % WS_STAGES;
             const int c0 = first + i_lo * WS_KEYS;
+            turn_wait();
             ws_mbar_wait(full0 + 8 * s, k_parity(i_lo));
             wg_fence_proxy_async();
             wg_fence();
             wg_issue_qk<BF16, NJ, D / 16>(sc, dq0, dk0 + (pa_u64)((s * TILE_B) >> 4));
             wg_commit();
+            hand_over(i_lo);
             wg_wait<0>();
             wg_fence_regs<NJ>(sc);
             ws_mbar_arrive_if(empty0 + 8 * s, lane == 0);
@@ -346,6 +374,7 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
             const int s = i % WS_STAGES;
             const int sp = (i - 1) % WS_STAGES;
             const int c0 = first + i * WS_KEYS;
+            turn_wait();
             ws_mbar_wait(full0 + 8 * s, k_parity(i));
             ws_mbar_wait(full_v0 + 8 * sp, k_parity(i - 1));
             wg_fence_proxy_async();
@@ -357,6 +386,7 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
             wg_commit();
             wg_issue_pv<BF16, NT, NK>(o, pf, dv0 + (pa_u64)((sp * TILE_B) >> 4));
             wg_commit();
+            hand_over(i);
             wg_wait<1>();  // the scores; the P V products may still run
             wg_fence_regs<NJ>(sc);
             ws_mbar_arrive_if(empty0 + 8 * s, lane == 0);  // K of tile i read
@@ -371,6 +401,7 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         }
         {  // the last tile's P V
             const int sp = (i_hi - 1) % WS_STAGES;
+            turn_wait();
             ws_mbar_wait(full_v0 + 8 * sp, k_parity(i_hi - 1));
             wg_fence_proxy_async();
             wg_fence_frags<NK>(pf);
@@ -378,13 +409,24 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
             wg_fence();
             wg_issue_pv<BF16, NT, NK>(o, pf, dv0 + (pa_u64)((sp * TILE_B) >> 4));
             wg_commit();
+            hand_over(i_hi);
             wg_wait<0>();
             wg_fence_regs<NT>(o);
             wg_fence_frags<NK>(pf);
             ws_mbar_arrive_if(empty_v0 + 8 * sp, lane == 0);
         }
     }
-    for (int i = i_hi; i < n_tiles; ++i) pass(i);
+    // Turns i_hi + 1 .. n_tiles pass the remaining tiles; a warpgroup that computed nothing
+    // passed every tile in turns 0 .. n_tiles - 1 and takes turn n_tiles empty.
+    for (int i = i_hi; i < n_tiles; ++i) {
+        turn_wait();
+        pass(i);
+        hand_over(i + 1);
+    }
+    if (i_lo == i_hi) {
+        turn_wait();
+        hand_over(n_tiles);
+    }
 #else
 #if PA_WS_PINGPONG
     if (wg == 1) ws_bar_arrive(3, 256);  // warpgroup 0 issues first

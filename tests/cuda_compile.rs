@@ -139,6 +139,7 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
         WgmmaForm::WarpSpecialized,
         WgmmaForm::PingPong,
         WgmmaForm::Overlap,
+        WgmmaForm::PingPongOverlap,
     ] {
         for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
             for head_size in [64, 128] {

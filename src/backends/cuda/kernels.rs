@@ -212,7 +212,7 @@ pub(crate) fn launch_wgmma(
             let f = function_for(device, &PAGED_ATTENTION_WGMMA, HOPPER_ARCH, &opts, name)?;
             (f, WGMMA_THREADS, wgmma_smem_bytes(d, keys))
         }
-        form @ (WgmmaForm::WarpSpecialized | WgmmaForm::PingPong | WgmmaForm::Overlap) => {
+        form => {
             let stages = wgmma_ws_stages(d, keys);
             let variant = wgmma_ws_variant(dtype, d, keys, stages, plain, form);
             let opts: Vec<&str> = variant.iter().map(String::as_str).collect();

@@ -23,7 +23,7 @@ pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
 /// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
 pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
 /// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-pingpong` /
-/// `ws-overlap`); see
+/// `ws-overlap` / `ws-pingpong-overlap`); see
 /// [`CudaTuning::wgmma_form`].
 pub const WGMMA_FORM_ENV: &str = "POLYATTN_CUDA_WGMMA_FORM";
 /// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
@@ -70,6 +70,9 @@ pub enum WgmmaForm {
     /// (`ws-overlap`): tile i's softmax runs while its P·V products of tile i − 1 do, and K
     /// and V stages are released separately.
     Overlap,
+    /// [`WgmmaForm::Overlap`] with the consumers' issues taken in turns as in
+    /// [`WgmmaForm::PingPong`] (`ws-pingpong-overlap`): FlashAttention-3's schedule.
+    PingPongOverlap,
 }
 
 impl WgmmaForm {
@@ -77,8 +80,21 @@ impl WgmmaForm {
     pub fn warp_specialized(self) -> bool {
         matches!(
             self,
-            WgmmaForm::WarpSpecialized | WgmmaForm::PingPong | WgmmaForm::Overlap
+            WgmmaForm::WarpSpecialized
+                | WgmmaForm::PingPong
+                | WgmmaForm::Overlap
+                | WgmmaForm::PingPongOverlap
         )
+    }
+
+    /// Whether the consumers issue their products in turns (`PA_WS_PINGPONG`).
+    pub fn in_turns(self) -> bool {
+        matches!(self, WgmmaForm::PingPong | WgmmaForm::PingPongOverlap)
+    }
+
+    /// Whether each consumer keeps two tiles in flight (`PA_WS_OVERLAP`).
+    pub fn overlapped(self) -> bool {
+        matches!(self, WgmmaForm::Overlap | WgmmaForm::PingPongOverlap)
     }
 }
 
@@ -114,7 +130,7 @@ pub struct CudaTuning {
     /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
     pub wgmma_keys: Option<u32>,
     /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws` /
-    /// `ws-pingpong` / `ws-overlap`; default [`WgmmaForm::Barrier`].
+    /// `ws-pingpong` / `ws-overlap` / `ws-pingpong-overlap`; default [`WgmmaForm::Barrier`].
     pub wgmma_form: WgmmaForm,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
@@ -216,7 +232,7 @@ impl CudaTuning {
             wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
             wgmma_form: env.get(
                 WGMMA_FORM_ENV,
-                "barrier, ws, ws-pingpong or ws-overlap",
+                "barrier, ws, ws-pingpong, ws-overlap or ws-pingpong-overlap",
                 d.wgmma_form,
                 "barrier",
                 |v| match v.trim().to_ascii_lowercase().as_str() {
@@ -224,6 +240,7 @@ impl CudaTuning {
                     "ws" => Some(WgmmaForm::WarpSpecialized),
                     "ws-pingpong" => Some(WgmmaForm::PingPong),
                     "ws-overlap" => Some(WgmmaForm::Overlap),
+                    "ws-pingpong-overlap" => Some(WgmmaForm::PingPongOverlap),
                     _ => None,
                 },
             ),
@@ -425,7 +442,11 @@ mod tests {
         assert_eq!(f("ws"), WgmmaForm::WarpSpecialized);
         assert_eq!(f(" WS-PingPong "), WgmmaForm::PingPong);
         assert_eq!(f("ws-overlap"), WgmmaForm::Overlap);
+        assert_eq!(f("ws-pingpong-overlap"), WgmmaForm::PingPongOverlap);
         assert!(!WgmmaForm::Barrier.warp_specialized());
         assert!(WgmmaForm::Overlap.warp_specialized());
+        let both = WgmmaForm::PingPongOverlap;
+        assert!(both.warp_specialized() && both.in_turns() && both.overlapped());
+        assert!(!WgmmaForm::PingPong.overlapped() && !WgmmaForm::Overlap.in_turns());
     }
 }

@@ -75,8 +75,8 @@ pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -
 /// The `-D` options that build only the warp-specialised Hopper prefill variant: as
 /// [`wgmma_variant`], plus the K / V stages of its ring (`PA_WS_STAGES`, see
 /// `wgmma_ws_stages`) and the consumers' schedule of the warp-specialised `form`: in turns
-/// (`PA_WS_PINGPONG`, [`WgmmaForm::PingPong`]) or two tiles in flight (`PA_WS_OVERLAP`,
-/// [`WgmmaForm::Overlap`]); see paged_attention_wgmma_ws.cu.
+/// (`PA_WS_PINGPONG`, [`WgmmaForm::in_turns`]) and / or two tiles in flight
+/// (`PA_WS_OVERLAP`, [`WgmmaForm::overlapped`]); see paged_attention_wgmma_ws.cu.
 pub fn wgmma_ws_variant(
     dtype: DType,
     head_size: usize,
@@ -91,11 +91,8 @@ pub fn wgmma_ws_variant(
         format!("-DPA_WS_KEYS={keys}"),
         format!("-DPA_WS_STAGES={stages}"),
         format!("-DPA_WS_PLAIN={}", i32::from(plain)),
-        format!(
-            "-DPA_WS_PINGPONG={}",
-            i32::from(form == WgmmaForm::PingPong)
-        ),
-        format!("-DPA_WS_OVERLAP={}", i32::from(form == WgmmaForm::Overlap)),
+        format!("-DPA_WS_PINGPONG={}", i32::from(form.in_turns())),
+        format!("-DPA_WS_OVERLAP={}", i32::from(form.overlapped())),
     ]
 }
 
@@ -113,9 +110,7 @@ pub fn wgmma_function_name(
     };
     let (source, prefix) = match form {
         WgmmaForm::Barrier => (&PAGED_ATTENTION_WGMMA, "paged_attention_wgmma"),
-        WgmmaForm::WarpSpecialized | WgmmaForm::PingPong | WgmmaForm::Overlap => {
-            (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws")
-        }
+        _ => (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws"),
     };
     let want = format!("{prefix}_{t}_d{head_size}");
     source.functions.iter().find(|f| **f == want).copied()
