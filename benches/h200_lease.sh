@@ -77,20 +77,22 @@ case $call in
       grep -E '^ *P[12]' "$OUT/$1.log" | head -8
     }
     forms=(barrier ws-pingpong-overlap ws-overlap ws-pingpong ws)
+    small() { t $1-small 60 env POLYATTN_CUDA_WGMMA_FORM=$1 .devbin/test-cuda_gpu \
+      prefill_kernel_sanitizer_set --test-threads=1; }
     {
-      for f in "${forms[@]}"; do
-        t $f-small 60 env POLYATTN_CUDA_WGMMA_FORM=$f .devbin/test-cuda_gpu \
-          prefill_kernel_sanitizer_set --test-threads=1
-      done
+      # The default and FlashAttention-3's schedule first, with cuDNN and mma.sync beside them.
+      for f in "${forms[@]:0:2}"; do small $f; done
       for c in /tmp/polyattn-cache/paged_attention_wgmma*-sm_90a-*.cubin; do
         [ -f "$c" ] && echo "HGMMA in $(basename "$c"): $(cuobjdump --dump-sass "$c" | grep -c HGMMA)"
       done
-      for f in "${forms[@]}"; do ok $f-small && bench $f-bench $f; done
+      t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
+        --budget 0.3 --out "$OUT/torch.json"
+      grep -E '^ *P[12]' "$OUT/torch.log" | head -8
+      for f in "${forms[@]:0:2}"; do ok $f-small && bench $f-bench $f; done
       t mma-bench 100 env POLYATTN_CUDA_MMA=1 .devbin/bin-polyattn bench --backend cuda \
         --shapes $sh --budget 0.3 --json "$OUT/mma-bench.json" --no-svg
       grep -E '^ *P[12]' "$OUT/mma-bench.log" | head -8
-      t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
-        --budget 0.3 --out "$OUT/torch.json"
+      for f in "${forms[@]:2}"; do small $f && ok $f-small && bench $f-bench $f; done
       for f in "${forms[@]}"; do
         ok $f-small && t $f-tests 150 env POLYATTN_CUDA_WGMMA_FORM=$f .devbin/test-cuda_gpu \
           prefill --test-threads=1
