@@ -75,28 +75,12 @@ impl CudaAttentionImpl {
         })
     }
 
-    /// The prefill kernel [`CudaTuning::mma`] picks for this layer and batch, when it
-    /// applies: f16 / bf16 activations with a cache of the same dtype, a supported head size,
-    /// sm_80+ (the Hopper kernel: compute capability 9.0, which its sm_90a cubin needs, and
-    /// head size 64 or 128); `None` leaves the prefill band on CUDA cores.
+    /// The prefill kernel [`CudaTuning::mma`] picks for this layer ([`prefill_choice`]);
+    /// `None` leaves the prefill band on CUDA cores.
     fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<CudaKernel> {
         let cc = self.device.compute_capability();
-        if dtype != cache_dtype || cc < (8, 0) {
-            return None;
-        }
         let d = self.params.head_size;
-        let mma = || mma_function_name(dtype, d).map(CudaKernel::Mma);
-        let tuning = CudaTuning::get();
-        match tuning.mma {
-            MmaKernel::CudaCores => None,
-            MmaKernel::Auto if cc == (9, 0) => wgmma_function_name(dtype, d, tuning.wgmma_form)
-                .map(CudaKernel::Wgmma)
-                .or_else(mma),
-            MmaKernel::Auto | MmaKernel::TensorCores => mma(),
-            MmaKernel::AmdWmmaEmulated => {
-                matrix_function_name(dtype, d).map(CudaKernel::AmdMatrixEmulated)
-            }
-        }
+        prefill_choice(cc, dtype, cache_dtype, d, &CudaTuning::get()).kernel
     }
 
     /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations
@@ -174,6 +158,111 @@ pub enum CudaKernel {
     /// The HIP backend's matrix-core prefill with the WMMA product emulated
     /// ([`MmaKernel::AmdWmmaEmulated`]), by function name.
     AmdMatrixEmulated(&'static str),
+}
+
+/// Which kernel runs a layer's prefill band (queries of at least [`MMA_MIN_QUERY_LEN`]
+/// tokens) on the CUDA backend, and the rule that picked it ([`prefill_choice`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillChoice {
+    /// The tensor-core kernel, or `None` for the CUDA-core kernel.
+    pub kernel: Option<CudaKernel>,
+    /// Why.
+    pub rule: PrefillRule,
+}
+
+/// The rules of [`prefill_choice`], in the order it applies them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillRule {
+    /// The cache's dtype differs from the activations' (an fp8 cache): CUDA cores.
+    CacheDtype,
+    /// Compute capability below 8.0: CUDA cores.
+    BelowSm80,
+    /// `POLYATTN_CUDA_MMA=0`: CUDA cores.
+    CudaCoresForced,
+    /// No tensor-core variant for the dtype and head size: CUDA cores.
+    NoTensorCoreVariant,
+    /// Compute capability 9.0 with f16 / bf16 at head size 64 or 128: the Hopper kernel.
+    Hopper,
+    /// Compute capability 9.0 at another head size: the `mma.sync` kernel.
+    HopperHeadSize,
+    /// Another compute capability: the `mma.sync` kernel (the Hopper cubin is sm_90a).
+    NotHopper,
+    /// `POLYATTN_CUDA_MMA=1`: the `mma.sync` kernel.
+    TensorCoresForced,
+    /// `POLYATTN_CUDA_MMA=amd-wmma`: the HIP matrix-core kernel's emulated WMMA form.
+    AmdEmulated,
+}
+
+impl std::fmt::Display for PrefillRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefillRule::CacheDtype => {
+                "the KV cache's dtype differs from the activations' (fp8 caches): CUDA cores"
+            }
+            PrefillRule::BelowSm80 => "compute capability below 8.0: CUDA cores",
+            PrefillRule::CudaCoresForced => "POLYATTN_CUDA_MMA=0: CUDA cores",
+            PrefillRule::NoTensorCoreVariant => {
+                "no tensor-core variant for this dtype and head size (f16 / bf16 at 64, 96 or \
+                 128): CUDA cores"
+            }
+            PrefillRule::Hopper => {
+                "compute capability 9.0, f16 / bf16 at head size 64 or 128: the Hopper wgmma \
+                 kernel (POLYATTN_CUDA_WGMMA_FORM picks its form)"
+            }
+            PrefillRule::HopperHeadSize => {
+                "the Hopper kernel has head sizes 64 and 128 only: the mma.sync kernel"
+            }
+            PrefillRule::NotHopper => {
+                "the Hopper kernel needs compute capability 9.0 (sm_90a): the mma.sync kernel"
+            }
+            PrefillRule::TensorCoresForced => "POLYATTN_CUDA_MMA=1: the mma.sync kernel",
+            PrefillRule::AmdEmulated => {
+                "POLYATTN_CUDA_MMA=amd-wmma: the HIP matrix-core kernel's emulated WMMA form"
+            }
+        })
+    }
+}
+
+/// The prefill kernel `tuning` picks on a device of compute capability `cc` for activations
+/// of `dtype`, a cache of `cache_dtype` and `head_size`, with its rule: the fallback from the
+/// Hopper kernel to `mma.sync` and from there to CUDA cores, as `polyattn info` states it.
+pub fn prefill_choice(
+    cc: (u32, u32),
+    dtype: DType,
+    cache_dtype: DType,
+    head_size: usize,
+    tuning: &CudaTuning,
+) -> PrefillChoice {
+    let pick = |kernel, rule| PrefillChoice { kernel, rule };
+    if dtype != cache_dtype {
+        return pick(None, PrefillRule::CacheDtype);
+    }
+    if cc < (8, 0) {
+        return pick(None, PrefillRule::BelowSm80);
+    }
+    let mma = mma_function_name(dtype, head_size).map(CudaKernel::Mma);
+    let tensor_cores = |rule| match mma {
+        Some(k) => pick(Some(k), rule),
+        None => pick(None, PrefillRule::NoTensorCoreVariant),
+    };
+    match tuning.mma {
+        MmaKernel::CudaCores => pick(None, PrefillRule::CudaCoresForced),
+        MmaKernel::Auto if cc == (9, 0) => {
+            match wgmma_function_name(dtype, head_size, tuning.wgmma_form) {
+                Some(name) => pick(Some(CudaKernel::Wgmma(name)), PrefillRule::Hopper),
+                None => tensor_cores(PrefillRule::HopperHeadSize),
+            }
+        }
+        MmaKernel::Auto => tensor_cores(PrefillRule::NotHopper),
+        MmaKernel::TensorCores => tensor_cores(PrefillRule::TensorCoresForced),
+        MmaKernel::AmdWmmaEmulated => match matrix_function_name(dtype, head_size) {
+            Some(name) => pick(
+                Some(CudaKernel::AmdMatrixEmulated(name)),
+                PrefillRule::AmdEmulated,
+            ),
+            None => pick(None, PrefillRule::NoTensorCoreVariant),
+        },
+    }
 }
 
 /// The cascade partials of one call (`[T][H][D]` f32 outputs, `[H][T]` LSEs: prefix, then
@@ -476,5 +565,61 @@ impl ForwardKernels for CudaAttentionImpl {
 
     fn finish(&self, _: CudaRecording, _: Option<&mut ForwardIo<'_>>) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cuda::WgmmaForm;
+
+    fn rule(cc: (u32, u32), dtype: DType, cache: DType, d: usize, t: &CudaTuning) -> PrefillRule {
+        prefill_choice(cc, dtype, cache, d, t).rule
+    }
+
+    #[test]
+    fn the_prefill_kernel_falls_back_by_rule() {
+        let auto = CudaTuning::default();
+        let (bf, h) = (DType::Bf16, (9, 0));
+        let hopper = prefill_choice(h, bf, bf, 128, &auto);
+        assert_eq!(
+            hopper.kernel,
+            Some(CudaKernel::Wgmma("paged_attention_wgmma_bf16_d128"))
+        );
+        assert_eq!(hopper.rule, PrefillRule::Hopper);
+        let ws = CudaTuning {
+            wgmma_form: WgmmaForm::PingPongOverlap,
+            ..auto
+        };
+        assert_eq!(
+            prefill_choice(h, bf, bf, 64, &ws).kernel,
+            Some(CudaKernel::Wgmma("paged_attention_wgmma_ws_bf16_d64"))
+        );
+        let d96 = prefill_choice(h, DType::F16, DType::F16, 96, &auto);
+        assert_eq!(d96.rule, PrefillRule::HopperHeadSize);
+        assert!(matches!(d96.kernel, Some(CudaKernel::Mma(_))));
+        assert_eq!(rule((8, 9), bf, bf, 128, &auto), PrefillRule::NotHopper);
+        assert_eq!(rule((10, 0), bf, bf, 128, &auto), PrefillRule::NotHopper);
+        assert_eq!(
+            rule(h, bf, DType::Fp8E4m3, 128, &auto),
+            PrefillRule::CacheDtype
+        );
+        assert_eq!(rule((7, 5), bf, bf, 128, &auto), PrefillRule::BelowSm80);
+        let f32s = prefill_choice(h, DType::F32, DType::F32, 128, &auto);
+        assert_eq!(
+            (f32s.kernel, f32s.rule),
+            (None, PrefillRule::NoTensorCoreVariant)
+        );
+        assert_eq!(rule(h, bf, bf, 80, &auto), PrefillRule::NoTensorCoreVariant);
+        let forced = |mma| CudaTuning { mma, ..auto };
+        assert_eq!(
+            rule(h, bf, bf, 128, &forced(MmaKernel::TensorCores)),
+            PrefillRule::TensorCoresForced
+        );
+        let off = prefill_choice(h, bf, bf, 128, &forced(MmaKernel::CudaCores));
+        assert_eq!((off.kernel, off.rule), (None, PrefillRule::CudaCoresForced));
+        assert!(PrefillRule::HopperHeadSize
+            .to_string()
+            .contains("64 and 128"));
     }
 }

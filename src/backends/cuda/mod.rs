@@ -42,7 +42,10 @@ use crate::kernels::cuda::tuning;
 // The planner caps a decode token's splits where the decode kernel's merge does.
 const _: () = assert!(crate::plan::DECODE_MAX_SPLITS == crate::kernels::cuda::DECODE_MAX_SPLITS);
 
-pub use attention_impl::{CudaAttentionImpl, CudaKernel, CudaRecording, MMA_MIN_QUERY_LEN};
+pub use attention_impl::{
+    prefill_choice, CudaAttentionImpl, CudaKernel, CudaRecording, PrefillChoice, PrefillRule,
+    MMA_MIN_QUERY_LEN,
+};
 pub use descriptor::CudaBackend;
 pub use metadata_builder::{CudaAttentionMetadata, CudaMetadataBuilder, CudaPlan};
 pub use tuning::{

@@ -77,6 +77,9 @@ pub fn run(args: &InfoArgs) -> Result<bool> {
                 None => "the best-ranked backend that is available and valid".to_string(),
             };
             println!("Selected: {} ({why})", b.name());
+            if b.name() == "CUDA" {
+                print_cuda_prefill(&config);
+            }
             Ok(true)
         }
         Err(e) => {
@@ -85,4 +88,34 @@ pub fn run(args: &InfoArgs) -> Result<bool> {
             Ok(false)
         }
     }
+}
+
+/// The CUDA backend's prefill kernel for `config` on the device it opens, with the rule that
+/// picked it (the fallback from the Hopper kernel to `mma.sync` and to CUDA cores).
+fn print_cuda_prefill(config: &polyattn::SelectorConfig) {
+    use polyattn::backends::cuda::{prefill_choice, CudaKernel, CudaTuning};
+    let tuning = CudaTuning::get();
+    let dev = match polyattn::device::cuda::CudaDevice::new(tuning.device) {
+        Ok(d) => d,
+        Err(e) => return println!("  prefill kernel: unknown ({e})"),
+    };
+    let cache = config.kv_cache_dtype.storage_dtype(config.dtype);
+    let c = prefill_choice(
+        dev.compute_capability(),
+        config.dtype,
+        cache,
+        config.head_size,
+        &tuning,
+    );
+    let kernel = match c.kernel {
+        Some(CudaKernel::Wgmma(name)) => format!("{name} ({:?} form)", tuning.wgmma_form),
+        Some(CudaKernel::Mma(name) | CudaKernel::AmdMatrixEmulated(name)) => name.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => "paged_attention (CUDA cores)".to_string(),
+    };
+    let (major, minor) = dev.compute_capability();
+    println!(
+        "  prefill kernel on compute capability {major}.{minor}: {kernel}; {}",
+        c.rule
+    );
 }
