@@ -80,7 +80,7 @@ impl CudaAttentionImpl {
     fn mma_kernel(&self, dtype: DType, cache_dtype: DType) -> Option<CudaKernel> {
         let cc = self.device.compute_capability();
         let d = self.params.head_size;
-        prefill_choice(cc, dtype, cache_dtype, d, &CudaTuning::get()).kernel
+        prefill_choice(cc, dtype, cache_dtype, d, CudaTuning::get()).kernel
     }
 
     /// The decode kernel for this layer, when enabled and applicable: f16 / bf16 activations

@@ -105,7 +105,7 @@ fn print_cuda_prefill(config: &polyattn::SelectorConfig) {
         config.dtype,
         cache,
         config.head_size,
-        &tuning,
+        tuning,
     );
     let kernel = match c.kernel {
         Some(CudaKernel::Wgmma(name)) => format!("{name} ({:?} form)", tuning.wgmma_form),
