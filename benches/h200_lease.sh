@@ -80,6 +80,7 @@ case $call in
     small() { t $1-small 60 env POLYATTN_CUDA_WGMMA_FORM=$1 .devbin/test-cuda_gpu \
       prefill_kernel_sanitizer_set --test-threads=1; }
     {
+      .devbin/bin-polyattn info | tail -2
       # The default and FlashAttention-3's schedule first, with cuDNN and mma.sync beside them.
       for f in "${forms[@]:0:2}"; do small $f; done
       for c in /tmp/polyattn-cache/paged_attention_wgmma*-sm_90a-*.cubin; do
