@@ -153,7 +153,8 @@ pub enum CudaKernel {
     CudaCores,
     /// The tensor-core prefill kernel (`paged_attention_mma.cu`), by function name.
     Mma(&'static str),
-    /// The Hopper prefill kernel (`paged_attention_wgmma.cu`), by function name.
+    /// The Hopper prefill kernel (`paged_attention_wgmma.cu` or its warp-specialised
+    /// `paged_attention_wgmma_ws.cu`), by function name.
     Wgmma(&'static str),
     /// The HIP backend's matrix-core prefill with the WMMA product emulated
     /// ([`MmaKernel::AmdWmmaEmulated`]), by function name.
@@ -584,16 +585,16 @@ mod tests {
         let hopper = prefill_choice(h, bf, bf, 128, &auto);
         assert_eq!(
             hopper.kernel,
-            Some(CudaKernel::Wgmma("paged_attention_wgmma_bf16_d128"))
+            Some(CudaKernel::Wgmma("paged_attention_wgmma_ws_bf16_d128"))
         );
         assert_eq!(hopper.rule, PrefillRule::Hopper);
-        let ws = CudaTuning {
-            wgmma_form: WgmmaForm::PingPongOverlap,
+        let barrier = CudaTuning {
+            wgmma_form: WgmmaForm::Barrier,
             ..auto
         };
         assert_eq!(
-            prefill_choice(h, bf, bf, 64, &ws).kernel,
-            Some(CudaKernel::Wgmma("paged_attention_wgmma_ws_bf16_d64"))
+            prefill_choice(h, bf, bf, 64, &barrier).kernel,
+            Some(CudaKernel::Wgmma("paged_attention_wgmma_bf16_d64"))
         );
         let d96 = prefill_choice(h, DType::F16, DType::F16, 96, &auto);
         assert_eq!(d96.rule, PrefillRule::HopperHeadSize);

@@ -56,12 +56,13 @@ pub enum MlaDecodeKernel {
 /// The form of the Hopper prefill kernel ([`CudaTuning::wgmma_form`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WgmmaForm {
-    /// `paged_attention_wgmma.cu` (`barrier`, the default): two warpgroups that copy and
-    /// compute, one CTA barrier per key tile.
+    /// `paged_attention_wgmma.cu` (`barrier`): two warpgroups that copy and compute, one CTA
+    /// barrier per key tile.
     Barrier,
-    /// `paged_attention_wgmma_ws.cu` (`ws`): a producer warpgroup copying K / V tiles into a
-    /// ring of stages and two consumer warpgroups computing, with mbarriers between them and
-    /// `setmaxnreg` moving registers to the consumers.
+    /// `paged_attention_wgmma_ws.cu` (`ws`, the default, the fastest form on the H200 on
+    /// every P row): a producer warpgroup copying K / V tiles into a ring of stages and two
+    /// consumer warpgroups computing, with mbarriers between them and `setmaxnreg` moving
+    /// registers to the consumers.
     WarpSpecialized,
     /// [`WgmmaForm::WarpSpecialized`] with the consumers issuing their Q·Kᵀ products in turns
     /// (`ws-pingpong`), so that one's softmax runs beside the other's products.
@@ -130,7 +131,7 @@ pub struct CudaTuning {
     /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
     pub wgmma_keys: Option<u32>,
     /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws` /
-    /// `ws-pingpong` / `ws-overlap` / `ws-pingpong-overlap`; default [`WgmmaForm::Barrier`].
+    /// `ws-pingpong` / `ws-overlap` / `ws-pingpong-overlap`; default [`WgmmaForm::WarpSpecialized`].
     pub wgmma_form: WgmmaForm,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
@@ -180,7 +181,7 @@ impl Default for CudaTuning {
         CudaTuning {
             mma: MmaKernel::Auto,
             wgmma_keys: None,
-            wgmma_form: WgmmaForm::Barrier,
+            wgmma_form: WgmmaForm::WarpSpecialized,
             mma_shape: None,
             mma_subk: None,
             decode: true,
@@ -234,7 +235,7 @@ impl CudaTuning {
                 WGMMA_FORM_ENV,
                 "barrier, ws, ws-pingpong, ws-overlap or ws-pingpong-overlap",
                 d.wgmma_form,
-                "barrier",
+                "ws",
                 |v| match v.trim().to_ascii_lowercase().as_str() {
                     "barrier" => Some(WgmmaForm::Barrier),
                     "ws" => Some(WgmmaForm::WarpSpecialized),
