@@ -14,6 +14,10 @@
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
+# The decode-step work that is opt-in until these phases have run it (TUNING.md): on for every
+# run here; the A/B phases turn the decode kernels and the tensor-core linears off by their
+# own switches, and cache-write-ab compares with --separate-cache-write.
+export POLYATTN_CUDA_DECODE_CORES=1 POLYATTN_CUDA_GEMV_MMA=1 POLYATTN_CUDA_FUSED_CACHE_WRITE=1
 for p in "$@"; do
   case $p in
     stash)

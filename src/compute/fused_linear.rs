@@ -61,7 +61,7 @@ pub enum LinearOutput<'a> {
     /// with no key or value (`forward(q, None, None, …)`). Why: at decode sizes the cache
     /// write is a launch of its own for a few hundred bytes; here it is the projection's
     /// epilogue. [`fuses_cache_write`] says which caches take it: f32 storage in one buffer,
-    /// on the CPU, CUDA and the WGSL family's runtimes. Duplicate slots in one batch race
+    /// on the CPU, the WGSL family's runtimes and CUDA (opt-in). Duplicate slots in one batch race
     /// (which token's row lands is unspecified, as in vLLM's kernel; the WGSL family's
     /// attention-layer write keeps the last token's instead).
     RopeSplitQkvCache {
@@ -85,11 +85,14 @@ pub enum LinearOutput<'a> {
 /// `cache` ([`LinearOutput::RopeSplitQkvCache`]): its storage is f32 (the linear kernels
 /// compute in f32; a cache of another dtype goes through the attention layer's write, which
 /// converts and scales), it is stored in one buffer, and its device's family has the fused
-/// epilogue (CPU, CUDA, Vulkan, wgpu; not HIP, whose model operations run through the host).
+/// epilogue (CPU, Vulkan, wgpu, and CUDA where `POLYATTN_CUDA_FUSED_CACHE_WRITE=1` opens it;
+/// not HIP, whose model operations run through the host).
 pub fn fuses_cache_write(cache: &KvCache) -> bool {
     cache.spec().storage_dtype() == DType::F32
         && match cache.data().device() {
-            Device::Cpu(_) | Device::Cuda(_) => true,
+            Device::Cpu(_) => true,
+            // The CUDA epilogue is opt-in until it has run on a GPU.
+            Device::Cuda(_) => crate::kernels::cuda::CudaTuning::get().fused_cache_write,
             Device::Hip(_) => false,
             Device::Vulkan(d) => wgsl::binds_whole(d, cache.data()),
             Device::Wgpu(d) => wgsl::binds_whole(d, cache.data()),

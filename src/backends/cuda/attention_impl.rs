@@ -96,10 +96,13 @@ impl CudaAttentionImpl {
 
     /// Whether single-token decodes of this layer run on the CUDA-core decode kernel
     /// (`paged_decode_cores.cu`): f32 activations and an f32 cache at head size 64, without
-    /// soft cap, ALiBi or sinks (the kernel has none of them), when decode kernels are on.
+    /// soft cap, ALiBi or sinks (the kernel has none of them), when decode kernels and
+    /// [`CudaTuning::decode_cores`] are on.
     fn decode_cores_applies(&self, dtype: DType, cache_dtype: DType) -> bool {
         let p = &self.params;
-        CudaTuning::get().decode
+        let t = CudaTuning::get();
+        t.decode
+            && t.decode_cores
             && dtype == DType::F32
             && cache_dtype == DType::F32
             && p.head_size == DECODE_CORES_HEAD_SIZE

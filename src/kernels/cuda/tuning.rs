@@ -41,6 +41,12 @@ pub const DEPENDENT_LAUNCH_ENV: &str = "POLYATTN_CUDA_DEPENDENT_LAUNCH";
 /// Turns the tensor-core linear layers of 2 to 16 tokens off (`0`) or on (`1`); see
 /// [`CudaTuning::gemv_mma`].
 pub const GEMV_MMA_ENV: &str = "POLYATTN_CUDA_GEMV_MMA";
+/// Turns the CUDA-core decode kernel of f32 layers on (`1`) or off (`0`); see
+/// [`CudaTuning::decode_cores`].
+pub const DECODE_CORES_ENV: &str = "POLYATTN_CUDA_DECODE_CORES";
+/// Lets the Q/K/V projection write f32 KV caches on CUDA (`1`) or not (`0`); see
+/// [`CudaTuning::fused_cache_write`].
+pub const FUSED_CACHE_WRITE_ENV: &str = "POLYATTN_CUDA_FUSED_CACHE_WRITE";
 
 /// Which kernel runs `CUDA_MLA`'s latent decode ([`CudaTuning::mla_decode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,9 +151,9 @@ pub struct CudaTuning {
     /// Run single-token decodes on the decode kernels: f16 / bf16 activations with a
     /// same-dtype or fp8 cache, head size 64 / 96 / 128, sm_80+, on the tensor-core split-KV
     /// decode kernel (`paged_decode.cu`); f32 activations and cache at head size 64 without
-    /// soft cap, ALiBi or sinks on the CUDA-core decode kernel (`paged_decode_cores.cu`).
-    /// Off, they run on the general CUDA-core split-KV kernel. [`DECODE_ENV`]: `0` / `1`;
-    /// default on.
+    /// soft cap, ALiBi or sinks on the CUDA-core decode kernel (`paged_decode_cores.cu`, where
+    /// [`CudaTuning::decode_cores`] allows). Off, they run on the general CUDA-core split-KV
+    /// kernel. [`DECODE_ENV`]: `0` / `1`; default on.
     pub decode: bool,
     /// Splits asked of every splittable decode token on the decode kernel (1 to
     /// [`DECODE_MAX_SPLITS`], still capped by the fewest keys per split); `None` (the
@@ -172,8 +178,17 @@ pub struct CudaTuning {
     pub dependent_launch: bool,
     /// Run the linear layers of 2 to 16 tokens (K a multiple of 32, vector-aligned operands,
     /// sm_80+) on `model_linear_mma.cu`'s tensor-core form (3xTF32, f32 accuracy) instead of
-    /// `model_linear.cu`'s GEMV. [`GEMV_MMA_ENV`]: `0` / `1`; default on.
+    /// `model_linear.cu`'s GEMV. [`GEMV_MMA_ENV`]: `0` / `1`; default off: compile-checked,
+    /// not yet run on a GPU.
     pub gemv_mma: bool,
+    /// Run the single-token decodes of f32 layers at head size 64 on `paged_decode_cores.cu`
+    /// (with [`CudaTuning::decode`] on). [`DECODE_CORES_ENV`]: `0` / `1`; default off:
+    /// compile-checked, not yet run on a GPU.
+    pub decode_cores: bool,
+    /// Let the Q/K/V projection's epilogue write f32 KV caches on CUDA
+    /// (`compute::fuses_cache_write`). [`FUSED_CACHE_WRITE_ENV`]: `0` / `1`; default off:
+    /// compile-checked, not yet run on a GPU.
+    pub fused_cache_write: bool,
 }
 
 impl Default for CudaTuning {
@@ -190,7 +205,9 @@ impl Default for CudaTuning {
             mla_prefill_chunk: None,
             mla_decode: MlaDecodeKernel::TensorCores,
             dependent_launch: true,
-            gemv_mma: true,
+            gemv_mma: false,
+            decode_cores: false,
+            fused_cache_write: false,
         }
     }
 }
@@ -250,6 +267,8 @@ impl CudaTuning {
             decode: env.switch(DECODE_ENV, d.decode),
             dependent_launch: env.switch(DEPENDENT_LAUNCH_ENV, d.dependent_launch),
             gemv_mma: env.switch(GEMV_MMA_ENV, d.gemv_mma),
+            decode_cores: env.switch(DECODE_CORES_ENV, d.decode_cores),
+            fused_cache_write: env.switch(FUSED_CACHE_WRITE_ENV, d.fused_cache_write),
             decode_splits: env.get(
                 DECODE_SPLITS_ENV,
                 &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
@@ -367,7 +386,9 @@ mod tests {
             (MLA_PREFILL_CHUNK_ENV, "64"),
             (MLA_DECODE_ENV, "portable"),
             (DEPENDENT_LAUNCH_ENV, "0"),
-            (GEMV_MMA_ENV, "off"),
+            (GEMV_MMA_ENV, "on"),
+            (DECODE_CORES_ENV, "1"),
+            (FUSED_CACHE_WRITE_ENV, "1"),
         ]);
         assert_eq!(
             t,
@@ -386,7 +407,9 @@ mod tests {
                 mla_prefill_chunk: Some(64),
                 mla_decode: MlaDecodeKernel::Portable,
                 dependent_launch: false,
-                gemv_mma: false,
+                gemv_mma: true,
+                decode_cores: true,
+                fused_cache_write: true,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
