@@ -24,7 +24,8 @@
 #                                           one launch under ncu)
 # or, where the lease has time for one call only (same carry, sourcing on-device.sh first):
 #   call 7: bash benches/h200_lease.sh 7   (each form's small test set and SASS, goal rows
-#                                           beside mma.sync and cuDNN, full tests, sanitizers)
+#                                           beside mma.sync and cuDNN, 64-key rows, the GPU
+#                                           tests and shared bodies, sanitizers)
 # Every call stashes its binaries in /tmp/b and its model part in /tmp (a carried path is gone
 # in the next call), runs its phases of h200_model.sh with B=/tmp/b and logs in /tmp/h200, and
 # leaves $OUT/summary-N.txt and $OUT/logs-N.tgz (the logs and the JSON lines so far).
@@ -55,11 +56,12 @@ case $call in
   # The Hopper prefill in one call, most useful first, every step under its own time limit
   # (a form that hangs costs its step, not the call): each form's small test set (every
   # modifier, both head sizes, GQA) and the SASS of what ran; the goal rows of each passing form
-  # beside mma.sync and cuDNN; the full prefill tests and shared bodies; then the sanitizers.
-  # Logs go straight under the returned folder, so a call cut short still brings back what it
-  # did.
+  # beside mma.sync and cuDNN, then at 64 keys a tile; the GPU tests and shared bodies with the
+  # default form; then the sanitizers. The logs and JSON are packed into $R/logs-7.tgz after
+  # every step (a call returns only a few files), so a call cut short still brings back what
+  # it did.
   7)
-    export OUT=$R/h200
+    export OUT=/tmp/h200-7
     mkdir -p "$OUT"
     export POLYATTN_CACHE_DIR=/tmp/polyattn-cache
     sh=P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16,P1.d128.b16s1k.nc,P1.d128.b1s16k.c,P2.b1s4k.p16
@@ -69,6 +71,7 @@ case $call in
       echo "== $n ($(date +%T))"
       timeout "$secs" "$@" >"$OUT/$n.log" 2>&1
       echo "-- $n rc=$? $(grep -E 'test result|panicked|ERROR SUMMARY' "$OUT/$n.log" | head -3 | tr '\n' ' ')"
+      tar czf "$R/logs-7.tgz" -C "$OUT" . 2>/dev/null
     }
     ok() { grep -q 'test result: ok' "$OUT/$1.log"; }
     bench() { # bench NAME FORM: the goal rows with POLYATTN_CUDA_WGMMA_FORM=FORM
@@ -88,17 +91,21 @@ case $call in
       done
       t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
         --budget 0.3 --out "$OUT/torch.json"
-      grep -E '^ *P[12]' "$OUT/torch.log" | head -8
+      grep -E '^\[' "$OUT/torch.log" | head -8
       for f in "${forms[@]:0:2}"; do ok $f-small && bench $f-bench $f; done
       t mma-bench 100 env POLYATTN_CUDA_MMA=1 .devbin/bin-polyattn bench --backend cuda \
         --shapes $sh --budget 0.3 --json "$OUT/mma-bench.json" --no-svg
       grep -E '^ *P[12]' "$OUT/mma-bench.log" | head -8
       for f in "${forms[@]:2}"; do small $f && ok $f-small && bench $f-bench $f; done
+      for f in ws ws-pingpong-overlap ws-overlap; do
+        ok $f-small && (export POLYATTN_CUDA_WGMMA_KEYS=64; bench $f-k64-bench $f)
+      done
+      t cuda_gpu 200 .devbin/test-cuda_gpu --test-threads=1
+      t attention 120 .devbin/test-attention_correctness
       for f in "${forms[@]}"; do
         ok $f-small && t $f-tests 150 env POLYATTN_CUDA_WGMMA_FORM=$f .devbin/test-cuda_gpu \
           prefill --test-threads=1
       done
-      t attention 120 .devbin/test-attention_correctness
       for tool in memcheck racecheck synccheck; do
         for f in "${forms[@]}"; do
           ok $f-small && t $tool-$f 150 env POLYATTN_CUDA_WGMMA_FORM=$f compute-sanitizer \
