@@ -79,6 +79,10 @@ case $call in
         --shapes $sh --budget 0.3 --json "$OUT/$1.json" --no-svg
       grep -E '^ *P[12]' "$OUT/$1.log" | head -8
     }
+    STALLS=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier \
+      long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected \
+      dispatch_stall lg_throttle selected membar sleeping misc)
+    STALLS=${STALLS%,}
     forms=(barrier ws-pingpong-overlap ws-overlap ws-pingpong ws)
     small() { t $1-small 60 env POLYATTN_CUDA_WGMMA_FORM=$1 .devbin/test-cuda_gpu \
       prefill_kernel_sanitizer_set --test-threads=1; }
@@ -100,6 +104,12 @@ case $call in
       for f in ws ws-pingpong-overlap ws-overlap; do
         ok $f-small && (export POLYATTN_CUDA_WGMMA_KEYS=64; bench $f-k64-bench $f)
       done
+      # One launch of the default form under Nsight Compute: where its time goes.
+      t ncu-ws 120 ncu --clock-control none -k regex:paged_attention_wgmma --launch-skip 5 \
+        --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+        --section WarpStateStats --metrics "$STALLS,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active" \
+        .devbin/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 \
+        --gpu-warmup-secs 0 --no-svg
       t cuda_gpu 200 .devbin/test-cuda_gpu --test-threads=1
       t attention 120 .devbin/test-attention_correctness
       for f in "${forms[@]}"; do
