@@ -83,7 +83,7 @@ case $call in
       long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected \
       dispatch_stall lg_throttle selected membar sleeping misc)
     STALLS=${STALLS%,}
-    forms=(barrier ws-pingpong-overlap ws-overlap ws-pingpong ws)
+    forms=(ws ws-pingpong-overlap barrier ws-overlap ws-pingpong)
     small() { t $1-small 60 env POLYATTN_CUDA_WGMMA_FORM=$1 .devbin/test-cuda_gpu \
       prefill_kernel_sanitizer_set --test-threads=1; }
     {
