@@ -124,7 +124,7 @@ for p in "${phases[@]}"; do
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-hopper ] || continue
-  # The wgmma prefill (the default on sm_90 for d64 / d128): its small test set under every
+  # The wgmma prefill (sm_90, d64 / d128, the default form): its small test set under every
   # tool, at 128 keys per tile (the default) and 64; memcheck of the long prefills.
   for tool in memcheck racecheck synccheck; do
     run $tool-hopper 200 compute-sanitizer --tool $tool --error-exitcode 99 \

@@ -1,8 +1,10 @@
-// Paged attention on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the prefill
-// kernel the CUDA backend runs on sm_90 for f16 / bf16 activations with a cache of the same
-// dtype and head sizes 64 and 128 (rows of whole 128-byte swizzle atoms). Everything else --
-// other head sizes, other GPUs -- runs on paged_attention_mma.cu, which shares this kernel's
-// work items, masks and softmax (prefill_tile.cuh) and is the reference for the semantics.
+// Paged attention on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), in its
+// barrier form (POLYATTN_CUDA_WGMMA_FORM=barrier; the default form is the warp-specialised
+// paged_attention_wgmma_ws.cu): the Hopper prefill for f16 / bf16 activations with a cache
+// of the same dtype and head sizes 64 and 128 (rows of whole 128-byte swizzle atoms).
+// Everything else -- other head sizes, other GPUs -- runs on paged_attention_mma.cu, which
+// shares this kernel's work items, masks and softmax (prefill_tile.cuh) and is the reference
+// for the semantics.
 // The wgmma wrappers, descriptors and one tile's steps are in wgmma.cuh.
 //
 // Work: the same WorkItem list as paged_attention_mma.cu, planned with up to WG_ROWS = 128
