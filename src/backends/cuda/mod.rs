@@ -25,6 +25,13 @@
 //! requests, its splits merged inside it by each token's last CTA (no combine launch). Both
 //! are on by default since they have passed the shared suite on hardware.
 //!
+//! On compute capability 9.0 (H100 / H200) the prefill band runs on the Hopper kernel instead
+//! (wgmma built for sm_90a, head sizes 64 and 128): by default its warp-specialised form
+//! (`paged_attention_wgmma_ws.cu`: a producer warpgroup gathering K / V tiles into a ring of
+//! stages, two consumer warpgroups, mbarriers between them); [`prefill_choice`] is the rule
+//! list that falls back to `mma.sync` and to CUDA cores, and `polyattn info` prints it.
+//! `POLYATTN_CUDA_WGMMA_FORM` picks another form for A/B ([`CudaTuning::wgmma_form`]).
+//!
 //! CUDA graphs: level `UniformSingleTokenDecode`. A forward over a batch of single-token
 //! decodes, with metadata from `build_for_graph_capture` ([`CudaMetadataBuilder::build_graph`]),
 //! can be recorded with [`crate::device::CudaDevice::capture`] and replayed for later steps
