@@ -7,20 +7,21 @@
 #       --test graph_replay --bin polyattn --example generate
 #   plus the example's test harness as .devbin/test-generate (cargo test --release --no-run
 #   -p polyattn-tools --example generate --message-format=json: its test executable), then
-#   the binaries in one archive: mkdir -p .dz && tar cJf .dz/b.tar.xz -C .devbin .
-#   (a call carries 64 MiB with the tracked files, and SmolLM2's GGUF is 94 MiB: .m1/p is its
-#   first 36,000,000 bytes, .m2/p the next 50,000,000, .m3/p the rest; the calls in this
-#   order bring them).
+#   the binaries in one archive (9.7 MB: xz -9e finds the code the binaries share):
+#     mkdir -p .dz && tar cf - -C .devbin . | xz -9e -T2 >.dz/b.tar.xz
+#   and SmolLM2's GGUF (94 MiB) in two parts, .m1/p its first 47,000,000 bytes, .m2/p the
+#   rest (a call carries 64 MiB, the tracked files included).
 # Calls, each with the command `. .devbin/on-device.sh; bash benches/h200_lease.sh NAME`:
 #   kernels: carry .devbin/on-device.sh .dz .m1 .gl
 #            The GPU tests and the shared bodies with the defaults (the Hopper prefill's `ws`
 #            form on sm_90), then with the decode-step opt-ins on (POLYATTN_CUDA_DECODE_CORES,
-#            _GEMV_MMA, _FUSED_CACHE_WRITE): their kernels' tests, the graph replays, the
-#            shared bodies, memcheck and racecheck of the two new kernels.
-#   hopper:  carry .devbin/on-device.sh .m2 .gl
+#            _GEMV_MMA, _FUSED_CACHE_WRITE): their kernels' tests and the shared bodies; the
+#            hopper call's rows; memcheck and racecheck of the two new kernels, the graph
+#            replays.
+#   hopper:  carry .devbin/on-device.sh .gl (after kernels, whose binaries it runs)
 #            The Hopper prefill's goal rows at 128 and 64 keys a tile beside cuDNN, and one
 #            launch of the default form under ncu.
-#   model:   carry .devbin/on-device.sh .m3 .gl
+#   model:   carry .devbin/on-device.sh .m2 .gl
 #            SmolLM2 joined: the graph tests and the greedy-token identity with the opt-ins,
 #            then the decode-step A/B (h200_model.sh step-ab and cache-write-ab).
 #   forms:   carry .devbin/on-device.sh .devbin/test-cuda_gpu .devbin/test-attention_correctness
@@ -59,30 +60,32 @@ t() { # t NAME SECONDS CMD...: the command's log under $OUT, its summary lines h
   echo "-- $n rc=$? $(grep -E 'test result|panicked|ERROR SUMMARY' "$OUT/$n.log" | head -3 | tr '\n' ' ')"
   tar czf "$R/logs-$call.tgz" -C "$OUT" . 2>/dev/null
 }
+# The Hopper prefill's goal rows beside cuDNN at 128 and 64 keys a tile, then one launch of
+# the default form under ncu.
+hopper_rows() {
+  t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
+    --budget 0.3 --out "$OUT/torch.json"
+  grep -E '^\[' "$OUT/torch.log" | head -8
+  bench ws-bench
+  POLYATTN_CUDA_WGMMA_KEYS=64 bench ws-k64-bench
+  POLYATTN_CUDA_WGMMA_KEYS=64 POLYATTN_CUDA_WGMMA_FORM=ws-pingpong-overlap \
+    bench ws-pingpong-overlap-k64-bench
+  t ncu-ws 120 ncu --clock-control none -k regex:paged_attention_wgmma --launch-skip 5 \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
+    $B/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 \
+    --gpu-warmup-secs 0 --no-svg
+}
 case $call in
   kernels)
-    { $B/bin-polyattn info | tail -3; phases defaults decode-cores gemv-mma graph-replay attention \
-        sanitize-decode-cores sanitize-gemv-mma; } 2>&1 | tee "$R/summary-$call.txt" ;;
+    { $B/bin-polyattn info | tail -3; phases defaults decode-cores gemv-mma attention
+      hopper_rows; phases sanitize-decode-cores sanitize-gemv-mma graph-replay; } 2>&1 |
+      tee "$R/summary-$call.txt" ;;
   model)
     phases join graphs identity step-ab cache-write-ab 2>&1 | tee "$R/summary-$call.txt" ;;
   hopper)
-    {
-      t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
-        --budget 0.3 --out "$OUT/torch.json"
-      grep -E '^\[' "$OUT/torch.log" | head -8
-      bench ws-bench
-      POLYATTN_CUDA_WGMMA_KEYS=64 bench ws-k64-bench
-      POLYATTN_CUDA_WGMMA_KEYS=64 POLYATTN_CUDA_WGMMA_FORM=ws-overlap bench ws-overlap-k64-bench
-      POLYATTN_CUDA_WGMMA_KEYS=64 POLYATTN_CUDA_WGMMA_FORM=ws-pingpong-overlap \
-        bench ws-pingpong-overlap-k64-bench
-      bench ws-bench-2
-      t ncu-ws 120 ncu --clock-control none -k regex:paged_attention_wgmma --launch-skip 5 \
-        --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
-        --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
-        $B/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 \
-        --gpu-warmup-secs 0 --no-svg
-    } 2>&1 | tee "$R/summary-$call.txt" ;;
+    hopper_rows 2>&1 | tee "$R/summary-$call.txt" ;;
   # Every form of the Hopper prefill in one call, most useful first, every step under its own
   # time limit (a form that hangs costs its step, not the call): each form's small test set
   # (every modifier, both head sizes, GQA) and the SASS of what ran; the goal rows of each

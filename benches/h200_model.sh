@@ -43,7 +43,7 @@ for p in "$@"; do
     identity)
       run smollm2-identity 300 $B/test-generate --nocapture smollm2_says_paris ;;
     attention)
-      run attention 400 $B/test-attention_correctness ;;
+      run attention 240 $B/test-attention_correctness ;;
     tiny)
       run tiny 300 $B/test-generate --nocapture tiny
       for be in cpu cuda wgpu; do
