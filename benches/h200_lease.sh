@@ -17,7 +17,7 @@
 #            form on sm_90), then with the decode-step opt-ins on (POLYATTN_CUDA_DECODE_CORES,
 #            _GEMV_MMA, _FUSED_CACHE_WRITE): their kernels' tests and the shared bodies; the
 #            hopper call's rows; memcheck and racecheck of the two new kernels, the graph
-#            replays.
+#            replays, the three sanitizers on the `ws-tma` form's small test set.
 #   hopper:  carry .devbin/on-device.sh .gl (after kernels, whose binaries it runs)
 #            The Hopper prefill's goal rows at 128 and 64 keys a tile beside cuDNN, and one
 #            launch of the default form under ncu.
@@ -60,13 +60,20 @@ t() { # t NAME SECONDS CMD...: the command's log under $OUT, its summary lines h
   echo "-- $n rc=$? $(grep -E 'test result|panicked|ERROR SUMMARY' "$OUT/$n.log" | head -3 | tr '\n' ' ')"
   tar czf "$R/logs-$call.tgz" -C "$OUT" . 2>/dev/null
 }
-# The Hopper prefill's goal rows beside cuDNN at 128 and 64 keys a tile, then one launch of
-# the default form under ncu.
+# The Hopper prefill's goal rows beside cuDNN at 128 and 64 keys a tile, the tensor-copy form
+# (`ws-tma`: its small test set, then its rows where that passed), then one launch of the
+# default form under ncu.
 hopper_rows() {
   t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
     --budget 0.3 --out "$OUT/torch.json"
   grep -E '^\[' "$OUT/torch.log" | head -8
   bench ws-bench
+  t ws-tma-small 60 env POLYATTN_CUDA_WGMMA_FORM=ws-tma $B/test-cuda_gpu \
+    prefill_kernel_sanitizer_set --test-threads=1
+  if grep -q 'test result: ok' "$OUT/ws-tma-small.log"; then
+    POLYATTN_CUDA_WGMMA_FORM=ws-tma bench ws-tma-bench
+    t ws-tma-tests 150 env POLYATTN_CUDA_WGMMA_FORM=ws-tma $B/test-cuda_gpu prefill --test-threads=1
+  fi
   POLYATTN_CUDA_WGMMA_KEYS=64 bench ws-k64-bench
   POLYATTN_CUDA_WGMMA_KEYS=64 POLYATTN_CUDA_WGMMA_FORM=ws-pingpong-overlap \
     bench ws-pingpong-overlap-k64-bench
@@ -80,7 +87,11 @@ hopper_rows() {
 case $call in
   kernels)
     { $B/bin-polyattn info | tail -3; phases defaults decode-cores gemv-mma attention
-      hopper_rows; phases sanitize-decode-cores sanitize-gemv-mma graph-replay; } 2>&1 |
+      hopper_rows; phases sanitize-decode-cores sanitize-gemv-mma graph-replay
+      for tool in memcheck racecheck synccheck; do
+        t $tool-ws-tma 120 env POLYATTN_CUDA_WGMMA_FORM=ws-tma compute-sanitizer --tool $tool \
+          --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
+      done; } 2>&1 |
       tee "$R/summary-$call.txt" ;;
   model)
     phases join graphs identity step-ab cache-write-ab 2>&1 | tee "$R/summary-$call.txt" ;;
@@ -97,7 +108,7 @@ case $call in
       long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected \
       dispatch_stall lg_throttle selected membar sleeping misc)
     STALLS=${STALLS%,}
-    forms=(ws ws-pingpong-overlap barrier ws-overlap ws-pingpong)
+    forms=(ws ws-tma ws-pingpong-overlap barrier ws-overlap ws-pingpong)
     small() { t $1-small 60 env POLYATTN_CUDA_WGMMA_FORM=$1 $B/test-cuda_gpu \
       prefill_kernel_sanitizer_set --test-threads=1; }
     {

@@ -41,6 +41,15 @@
 //    (FlashAttention-3's schedule) a turn covers one step's issues (tile i's Q K^T and tile
 //    i-1's P V): turn t of each warpgroup is index t of 0 .. n_tiles, empty where it has
 //    nothing to issue, so both take n_tiles + 1 turns.
+//  - With PA_WS_TMA (the forms without the overlap) the 16-key groups of a tile that lie wholly
+//    inside the item's visible union, within one page (block sizes a multiple of 16), come by
+//    the tensor copy engine: one producer thread posts the stage's byte count on `full`
+//    (mbarrier.arrive.expect_tx, the phase's 129th arrival) and issues one
+//    cp.async.bulk.tensor per group, head-size half and K / V (a 16-row box of 64 elements,
+//    128-byte swizzled by the copy engine as wgmma.cuh lays tiles out), through the tensor map
+//    the host encodes over the whole cache (kv_map). The groups at the union's edges, which
+//    hold keys no row may read, still come by cp.async with those rows zero-filled, so a
+//    stale or NaN slot never reaches P V.
 //  - A consumer thread runs fence.proxy.async after each `full` wait: the tiles were written
 //    through the generic proxy (cp.async) and wgmma reads them through the async proxy.
 //
@@ -52,7 +61,11 @@
 // Bounds relied on (host side): as paged_attention_wgmma.cu, plus 384 threads and dynamic
 // shared memory = wgmma_ws_smem_bytes (src/kernels/cuda/shapes.rs:
 // 1024 + (128 + 2 STAGES KEYS) D 2 bytes, within the 227 KiB a CTA may hold); the registers
-// setmaxnreg hands out within what the launch bounds give the CTA (checked below).
+// setmaxnreg hands out within what the launch bounds give the CTA (checked below). With
+// PA_WS_TMA, kv_map maps the whole 16-bit cache as five dimensions, innermost first
+// (D, heads, block_size, 2, blocks) for NHD or (D, block_size, heads, 2, blocks) for HND,
+// with a box of 64 elements by 16 keys of one head (cache_tensor_map in
+// src/backends/cuda/kernels.rs); every form takes the parameter, used or not.
 
 #include "common.cuh"
 #include "prefill_tile.cuh"
@@ -71,6 +84,13 @@
 // PA_WS_OVERLAP: 1 overlaps each consumer's softmax of tile i with its P V of tile i - 1.
 #ifndef PA_WS_OVERLAP
 #define PA_WS_OVERLAP 0
+#endif
+// PA_WS_TMA: 1 brings the groups of 16 keys inside the visible union by the tensor copy engine.
+#ifndef PA_WS_TMA
+#define PA_WS_TMA 0
+#endif
+#if PA_WS_TMA && PA_WS_OVERLAP
+#error "the tensor-copy loads are written for the forms without the overlap"
 #endif
 // PA_WS_PLAIN: as paged_attention_wgmma.cu's PA_WG_PLAIN.
 #ifndef PA_WS_PLAIN
@@ -162,10 +182,34 @@ __device__ __forceinline__ void ws_regs_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// A CUtensorMap (128 bytes, 64-byte aligned), opaque here: the host encodes it with
+// cuTensorMapEncodeTiled over the cache as five dimensions, the head size innermost.
+struct __align__(64) PaTensorMap {
+    unsigned long long v[16];
+};
+
+// Posts `bytes` of transactions on `bar` and arrives on it (one of its arrivals).
+__device__ __forceinline__ void ws_mbar_expect_tx(pa_u32 bar, pa_u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// One box of the tensor map at coordinates (c0 .. c4) into shared memory at `dst`, its bytes
+// counted on `bar` as they land.
+__device__ __forceinline__ void ws_tma_load(pa_u32 dst, const PaTensorMap* map, int c0, int c1,
+                                            int c2, int c3, int c4, pa_u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+        "l"((pa_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+        : "memory");
+}
+
 // ---------------------------------------------------------------- the kernel
 
 template <bool BF16, int D, bool PLAIN>
-__device__ __forceinline__ void ws_attend(const AttnParams& p) {
+__device__ __forceinline__ void ws_attend(const AttnParams& p, const PaTensorMap* kv_map) {
     constexpr int CH = D / 8;                 // 16-byte chunks per row
     constexpr int NT = D / 8;                 // n8 tiles of O
     constexpr int TILE_B = WS_KEYS * D * 2;   // bytes of one K or V tile
@@ -179,6 +223,7 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     __shared__ pa_u64 empty_v_s[PA_WS_OVERLAP ? WS_STAGES : 1];
     __shared__ pa_u64 q_full_s;
     __shared__ pa_u64 krow_s[2][WS_KEYS];
+    __shared__ int grp_s[2][PA_WS_TMA ? WS_KEYS / 16 : 1];  // a bulk-copied group's block, or -1
     __shared__ int2 vis_s[WS_ROWS];
     __shared__ int4 bounds_s[8];
     const pa_u32 q_sa = (ptx_smem_addr(ws_smem_raw) + 1023u) & ~1023u;
@@ -206,7 +251,7 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < WS_STAGES; ++s) {
-            ws_mbar_init(full0 + 8 * s, 128);
+            ws_mbar_init(full0 + 8 * s, 128 + PA_WS_TMA);
             ws_mbar_init(empty0 + 8 * s, 8);
             if (PA_WS_OVERLAP) {
                 ws_mbar_init(full_v0 + 8 * s, 128);
@@ -224,6 +269,10 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
         const pa_u16* cache = (const pa_u16*)p.cache;
         const pa_i64 v_delta_b = (pa_i64)p.block_size * p.num_kv_heads * D * 2;
         const int* bt = p.block_table + (pa_i64)it.req * p.bt_stride;
+        // Whole 16-key groups sit in one page when the pages are a multiple of 16 keys (the
+        // tiles start 16-aligned).
+        const bool tma_ok = p.block_size % 16 == 0 && !p.dense;
+        (void)tma_ok;
         for (int i = tid; i < WS_ROWS * CH; i += 128) {
             const int r = i / CH;
             const int c = i - r * CH;
@@ -244,17 +293,22 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
             const int s = i % WS_STAGES;
             pa_u64* krow = krow_s[i & 1];
             if (tid < WS_KEYS) {
-                // Block-table entries only for keys inside the item's visible union.
+                // Block-table entries only for keys inside the item's visible union. A row
+                // address of 1 marks a key whose group comes by the tensor copy engine.
                 const int kp = c0 + tid;
+                const int g0 = c0 + (tid & ~15);
+                const bool bulk = PA_WS_TMA && tma_ok && g0 >= span_lo && g0 + 16 <= span_hi;
                 pa_u64 a = 0;
+                int block = -1;
                 if (kp >= span_lo && kp < span_hi) {
-                    const int block = bt[kp / p.block_size];
+                    block = bt[kp / p.block_size];
                     const pa_i64 o = pa_cache_offset(block, 0, kp % p.block_size, it.kv_head,
                                                      p.block_size, p.num_kv_heads, D,
                                                      p.layout_hnd);
-                    a = (pa_u64)(cache + o);
+                    a = bulk ? 1 : (pa_u64)(cache + o);
                 }
                 krow[tid] = a;
+                if (PA_WS_TMA && (tid & 15) == 0) grp_s[i & 1][tid >> 4] = bulk ? block : -1;
             }
             // The table of this tile for every producer thread; the other buffer was last
             // read before this barrier's previous round.
@@ -270,6 +324,28 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
                                                      k_sa0 + s * TILE_B, v_sa0 + s * TILE_B);
             ws_cp_async_arrive(full_v0 + 8 * s);
 #else
+#if PA_WS_TMA
+            if (tid == 0) {
+                const int* grp = grp_s[i & 1];
+                int n = 0;
+#pragma unroll
+                for (int g = 0; g < WS_KEYS / 16; ++g) n += grp[g] >= 0 ? 1 : 0;
+                ws_mbar_expect_tx(full0 + 8 * s, (pa_u32)(n * 2 * 16 * D * 2));
+#pragma unroll
+                for (int g = 0; g < WS_KEYS / 16; ++g) {
+                    if (grp[g] < 0) continue;
+                    const int tok = (c0 + 16 * g) % p.block_size;
+                    const int a1 = p.layout_hnd ? tok : it.kv_head;
+                    const int a2 = p.layout_hnd ? it.kv_head : tok;
+#pragma unroll
+                    for (int h = 0; h < D / 64; ++h) {
+                        const pa_u32 off = (pa_u32)(s * TILE_B + h * WS_KEYS * 128 + g * 16 * 128);
+                        ws_tma_load(k_sa0 + off, kv_map, h * 64, a1, a2, 0, grp[g], full0 + 8 * s);
+                        ws_tma_load(v_sa0 + off, kv_map, h * 64, a1, a2, 1, grp[g], full0 + 8 * s);
+                    }
+                }
+            }
+#endif
             wg_load_kv<D, WS_KEYS, 128>(tid, cache, krow, v_delta_b, k_sa0 + s * TILE_B,
                                         v_sa0 + s * TILE_B);
             ws_cp_async_arrive(full0 + 8 * s);
@@ -461,20 +537,23 @@ __device__ __forceinline__ void ws_attend(const AttnParams& p) {
 }
 
 #if PA_WS_PLAIN == 1
-#define PA_WS_BODY(BF16, D) ws_attend<BF16, D, true>(p);
+#define PA_WS_BODY(BF16, D) ws_attend<BF16, D, true>(p, &kv_map);
 #elif PA_WS_PLAIN == 0
-#define PA_WS_BODY(BF16, D) ws_attend<BF16, D, false>(p);
+#define PA_WS_BODY(BF16, D) ws_attend<BF16, D, false>(p, &kv_map);
 #else
 #define PA_WS_BODY(BF16, D)                     \
     if (!(p.soft_cap > 0.0f) && p.alibi == 0) { \
-        ws_attend<BF16, D, true>(p);            \
+        ws_attend<BF16, D, true>(p, &kv_map);   \
     } else {                                    \
-        ws_attend<BF16, D, false>(p);           \
+        ws_attend<BF16, D, false>(p, &kv_map);  \
     }
 #endif
-#define PA_WS_DEFINE(NAME, BF16, D)                                                        \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME(const AttnParams p) { \
-        PA_WS_BODY(BF16, D)                                                                \
+// Every form takes the tensor map (unused without PA_WS_TMA), so the host passes the same
+// two parameters to each.
+#define PA_WS_DEFINE(NAME, BF16, D)                                                  \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                      \
+        NAME(const AttnParams p, const __grid_constant__ PaTensorMap kv_map) {       \
+        PA_WS_BODY(BF16, D)                                                          \
     }
 
 // The host compiles only the variant it needs (-DPA_WS_D=128 -DPA_WS_BF16=1); without the

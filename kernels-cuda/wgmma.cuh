@@ -159,9 +159,9 @@ __device__ __forceinline__ pa_u32 wg_swizzled(int j, int c, int rows) {
 }
 
 // Issues the cp.async copies of the K and V tile of KEYS keys whose key rows start at the
-// global byte addresses krow[0..KEYS) (0: zero-fill from the valid address `dummy`) into the
-// swizzled tiles at k_sa / v_sa, from THREADS threads (`tid` in [0, THREADS)); LOAD_K /
-// LOAD_V leave out one of the two. Each thread copies one chunk column of every
+// global byte addresses krow[0..KEYS) (0: zero-fill from the valid address `dummy`; 1: left
+// out, the row comes by another copy) into the swizzled tiles at k_sa / v_sa, from THREADS
+// threads (`tid` in [0, THREADS)); LOAD_K / LOAD_V leave out one of the two. Each thread copies one chunk column of every
 // (THREADS / CH)-th row, a multiple of 8 rows apart, so its swizzled column and destinations
 // are constants.
 template <int D, int KEYS, int THREADS, bool LOAD_K = true, bool LOAD_V = true>
@@ -180,10 +180,10 @@ __device__ __forceinline__ void wg_load_kv(int tid, const pa_u16* dummy, const p
     for (int k = 0; k < KEYS / RSTEP; ++k) {
         const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * 128);
         const pa_u64 row = krow[j0 + k * RSTEP];
-        if (row != 0) {
+        if (row > 1) {
             if (LOAD_K) ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
             if (LOAD_V) ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
-        } else {
+        } else if (row == 0) {
             if (LOAD_K) ptx_cp_async16(k_sa + dst, dummy, 0);
             if (LOAD_V) ptx_cp_async16(v_sa + dst, dummy, 0);
         }

@@ -137,6 +137,7 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
     for form in [
         WgmmaForm::Barrier,
         WgmmaForm::WarpSpecialized,
+        WgmmaForm::WarpSpecializedTma,
         WgmmaForm::PingPong,
         WgmmaForm::Overlap,
         WgmmaForm::PingPongOverlap,

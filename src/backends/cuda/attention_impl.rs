@@ -527,7 +527,19 @@ impl ForwardKernels for CudaAttentionImpl {
             CudaKernel::Wgmma(name) => {
                 let key = job.plan_key(&self.params, false, WGMMA_ROWS, SplitRule::Never);
                 let plan = md.plan(&key)?;
-                kernels::launch_wgmma(&self.device, &self.params, &plan, &base, name, io.dtype)
+                let num_blocks = match io.keys {
+                    Keys::Cache(cache) => cache.num_blocks(),
+                    _ => 0,
+                };
+                kernels::launch_wgmma(
+                    &self.device,
+                    &self.params,
+                    &plan,
+                    &base,
+                    name,
+                    io.dtype,
+                    num_blocks,
+                )
             }
             CudaKernel::AmdMatrixEmulated(name) => {
                 let key = job.plan_key(&self.params, false, MATRIX_ROWS, SplitRule::Never);

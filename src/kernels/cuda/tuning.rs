@@ -22,7 +22,7 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
 /// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
 pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
-/// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-pingpong` /
+/// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-tma` / `ws-pingpong` /
 /// `ws-overlap` / `ws-pingpong-overlap`); see
 /// [`CudaTuning::wgmma_form`].
 pub const WGMMA_FORM_ENV: &str = "POLYATTN_CUDA_WGMMA_FORM";
@@ -70,6 +70,12 @@ pub enum WgmmaForm {
     /// consumer warpgroups computing, with mbarriers between them and `setmaxnreg` moving
     /// registers to the consumers.
     WarpSpecialized,
+    /// [`WgmmaForm::WarpSpecialized`] with the key groups wholly inside a work item's visible
+    /// keys brought by the tensor copy engine (`ws-tma`: `cp.async.bulk.tensor` through a
+    /// tensor map of the cache, issued by one producer thread) instead of `cp.async` gathers;
+    /// pages must be a multiple of 16 keys for it to apply, and the groups at the edges still
+    /// come by `cp.async`.
+    WarpSpecializedTma,
     /// [`WgmmaForm::WarpSpecialized`] with the consumers issuing their Q·Kᵀ products in turns
     /// (`ws-pingpong`), so that one's softmax runs beside the other's products.
     PingPong,
@@ -88,6 +94,7 @@ impl WgmmaForm {
         matches!(
             self,
             WgmmaForm::WarpSpecialized
+                | WgmmaForm::WarpSpecializedTma
                 | WgmmaForm::PingPong
                 | WgmmaForm::Overlap
                 | WgmmaForm::PingPongOverlap
@@ -102,6 +109,12 @@ impl WgmmaForm {
     /// Whether each consumer keeps two tiles in flight (`PA_WS_OVERLAP`).
     pub fn overlapped(self) -> bool {
         matches!(self, WgmmaForm::Overlap | WgmmaForm::PingPongOverlap)
+    }
+
+    /// Whether the tensor copy engine brings the key groups inside the visible keys
+    /// (`PA_WS_TMA`).
+    pub fn bulk_copies(self) -> bool {
+        self == WgmmaForm::WarpSpecializedTma
     }
 }
 
@@ -250,12 +263,13 @@ impl CudaTuning {
             wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
             wgmma_form: env.get(
                 WGMMA_FORM_ENV,
-                "barrier, ws, ws-pingpong, ws-overlap or ws-pingpong-overlap",
+                "barrier, ws, ws-tma, ws-pingpong, ws-overlap or ws-pingpong-overlap",
                 d.wgmma_form,
                 "ws",
                 |v| match v.trim().to_ascii_lowercase().as_str() {
                     "barrier" => Some(WgmmaForm::Barrier),
                     "ws" => Some(WgmmaForm::WarpSpecialized),
+                    "ws-tma" => Some(WgmmaForm::WarpSpecializedTma),
                     "ws-pingpong" => Some(WgmmaForm::PingPong),
                     "ws-overlap" => Some(WgmmaForm::Overlap),
                     "ws-pingpong-overlap" => Some(WgmmaForm::PingPongOverlap),
@@ -464,6 +478,10 @@ mod tests {
         let f = |v| tuning(&[(WGMMA_FORM_ENV, v)]).wgmma_form;
         assert_eq!(f("barrier"), WgmmaForm::Barrier);
         assert_eq!(f("ws"), WgmmaForm::WarpSpecialized);
+        assert_eq!(f("ws-tma"), WgmmaForm::WarpSpecializedTma);
+        assert!(WgmmaForm::WarpSpecializedTma.bulk_copies());
+        assert!(!WgmmaForm::WarpSpecializedTma.overlapped());
+        assert!(!WgmmaForm::WarpSpecialized.bulk_copies());
         assert_eq!(f(" WS-PingPong "), WgmmaForm::PingPong);
         assert_eq!(f("ws-overlap"), WgmmaForm::Overlap);
         assert_eq!(f("ws-pingpong-overlap"), WgmmaForm::PingPongOverlap);

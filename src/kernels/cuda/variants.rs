@@ -76,7 +76,8 @@ pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -
 /// [`wgmma_variant`], plus the K / V stages of its ring (`PA_WS_STAGES`, see
 /// `wgmma_ws_stages`) and the consumers' schedule of the warp-specialised `form`: in turns
 /// (`PA_WS_PINGPONG`, [`WgmmaForm::in_turns`]) and / or two tiles in flight
-/// (`PA_WS_OVERLAP`, [`WgmmaForm::overlapped`]); see paged_attention_wgmma_ws.cu.
+/// (`PA_WS_OVERLAP`, [`WgmmaForm::overlapped`]), and its loads (`PA_WS_TMA`,
+/// [`WgmmaForm::bulk_copies`]); see paged_attention_wgmma_ws.cu.
 pub fn wgmma_ws_variant(
     dtype: DType,
     head_size: usize,
@@ -84,7 +85,7 @@ pub fn wgmma_ws_variant(
     stages: usize,
     plain: bool,
     form: WgmmaForm,
-) -> [String; 7] {
+) -> [String; 8] {
     [
         format!("-DPA_WS_D={head_size}"),
         format!("-DPA_WS_BF16={}", i32::from(dtype == DType::Bf16)),
@@ -93,6 +94,7 @@ pub fn wgmma_ws_variant(
         format!("-DPA_WS_PLAIN={}", i32::from(plain)),
         format!("-DPA_WS_PINGPONG={}", i32::from(form.in_turns())),
         format!("-DPA_WS_OVERLAP={}", i32::from(form.overlapped())),
+        format!("-DPA_WS_TMA={}", i32::from(form.bulk_copies())),
     ]
 }
 
@@ -251,7 +253,8 @@ mod tests {
                 "-DPA_WS_STAGES=4",
                 "-DPA_WS_PLAIN=0",
                 "-DPA_WS_PINGPONG=1",
-                "-DPA_WS_OVERLAP=0"
+                "-DPA_WS_OVERLAP=0",
+                "-DPA_WS_TMA=0"
             ]
         );
         assert_eq!(
