@@ -22,8 +22,8 @@
 #            The Hopper prefill's goal rows at 128 and 64 keys a tile beside cuDNN, and one
 #            launch of the default form under ncu.
 #   model:   carry .devbin/on-device.sh .m2 .gl
-#            SmolLM2 joined: the graph tests and the greedy-token identity with the opt-ins,
-#            then the decode-step A/B (h200_model.sh step-ab and cache-write-ab).
+#            SmolLM2 joined: the greedy-token identity with the opt-ins, the decode-step A/B
+#            (h200_model.sh step-ab), the graph tests, the cache-write A/B (cache-write-ab).
 #   forms:   carry .devbin/on-device.sh .devbin/test-cuda_gpu .devbin/test-attention_correctness
 #            .devbin/bin-polyattn .gl (one call, no archive): every form of the Hopper prefill.
 # Each call leaves $OUT/summary-NAME.txt and $OUT/logs-NAME.tgz (its logs and JSON, packed
@@ -94,7 +94,7 @@ case $call in
       done; } 2>&1 |
       tee "$R/summary-$call.txt" ;;
   model)
-    phases join graphs identity step-ab cache-write-ab 2>&1 | tee "$R/summary-$call.txt" ;;
+    phases join identity step-ab graphs cache-write-ab 2>&1 | tee "$R/summary-$call.txt" ;;
   hopper)
     hopper_rows 2>&1 | tee "$R/summary-$call.txt" ;;
   # Every form of the Hopper prefill in one call, most useful first, every step under its own
