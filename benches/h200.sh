@@ -5,13 +5,11 @@
 #       --test validation --test cuda_gpu --test wgpu_kernels --bin polyattn
 # and the command on the GPU machine is `bash benches/h200.sh PHASE...` (carry .devbin, .gl).
 # Phases: check, tests, wgpu, wgpu-f16, bench, torch, mma, sanitize, sanitize-mma, sanitize-prefill,
-# hopper-gate, sanitize-hopper and hopper (the wgmma prefill in its barrier,
-# warp-specialised and ping-pong forms: their prefill tests and SASS, stopping the script if all fail;
-# compute-sanitizer on their test set; the tests at 64 keys per tile, the shared bodies and
-# P / P1 rows of barrier and ws-pingpong at 128 keys and ws at 128 and 64 beside the mma.sync
-# kernel; add torch for the cuDNN rows (torch-p: the prefill rows only); hopper-bench: the P /
-# P1 rows of the three forms and mma.sync alone; ncu-hopper for one launch of each form
-# through Nsight Compute),
+# hopper-gate, sanitize-hopper and hopper (the wgmma prefill: its prefill tests and SASS,
+# stopping the script if they fail; compute-sanitizer on its test set; the shared bodies and
+# the P / P1 rows beside the mma.sync kernel; add torch for the cuDNN rows (torch-p: the
+# prefill rows only); hopper-bench: the P / P1 rows alone; ncu-hopper for one launch through
+# Nsight Compute),
 # vulkan-chunks (build with --test cache_chunks --test mla),
 # sanitize-fp8, fp8-bench, decode-sanitize, decode-splits, subk64, ... (default: check tests
 # bench); prefill: P2 rows of the tensor-core prefill kernel alone, at 128 rows per CTA (the
@@ -107,13 +105,8 @@ for p in "${phases[@]}"; do
   # The wgmma prefill's own tests first (no Vulkan needed) and its SASS; a failure ends the
   # script here, so a broken kernel costs one short call.
   run hopper-cuda_gpu 200 $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  run hopper-ws-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  run hopper-pp-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  run hopper-ov-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-overlap $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  run hopper-ppov-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws-pingpong-overlap $B/test-cuda_gpu prefill --test-threads=1 --nocapture
-  grep -q 'test result: ok' "$OUT"/hopper-*cuda_gpu.log ||
-    { say "hopper tests failed in every form: stop"; exit 1; }
-  for k in paged_attention_wgmma paged_attention_wgmma_ws; do
+  grep -q 'test result: ok' "$OUT"/hopper-cuda_gpu.log || { say "hopper tests failed: stop"; exit 1; }
+  for k in paged_attention_wgmma_ws; do
     cubin=$(ls /tmp/polyattn-cache/$k-sm_90a-*.cubin 2>/dev/null | head -1)
     if [ -n "$cubin" ]; then
       echo "HGMMA in $cubin: $(cuobjdump --dump-sass "$cubin" | grep -c HGMMA)"
@@ -124,23 +117,14 @@ for p in "${phases[@]}"; do
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-hopper ] || continue
-  # The wgmma prefill (sm_90, d64 / d128, the default form): its small test set under every
-  # tool, at 128 keys per tile (the default) and 64; memcheck of the long prefills.
+  # The wgmma prefill (sm_90, d64 / d128): its small test set under every tool; memcheck of
+  # the long prefills.
   for tool in memcheck racecheck synccheck; do
     run $tool-hopper 200 compute-sanitizer --tool $tool --error-exitcode 99 \
       $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
   done
-  run racecheck-hopper64 200 env POLYATTN_CUDA_WGMMA_KEYS=64 compute-sanitizer --tool racecheck \
-    --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
   run memcheck-hopper-long 200 compute-sanitizer --tool memcheck --error-exitcode 99 \
     $B/test-cuda_gpu long_prefill --test-threads=1
-  # The warp-specialised form (producer warpgroup, mbarriers) on the same set.
-  for f in ws ws-pingpong ws-overlap ws-pingpong-overlap; do
-    for tool in memcheck racecheck synccheck; do
-      run $tool-hopper-$f 200 env POLYATTN_CUDA_WGMMA_FORM=$f compute-sanitizer --tool $tool \
-        --error-exitcode 99 $B/test-cuda_gpu prefill_kernel_sanitizer_set --test-threads=1
-    done
-  done
 done
 for p in "${phases[@]}"; do
   [ "$p" = sanitize-fp8 ] || continue
@@ -180,12 +164,10 @@ for p in "${phases[@]}"; do
     ncu-hopper)
       # One launch of the wgmma prefill on P2.b1s16k: speed of light, tensor-pipe activity,
       # warp states and stalls (where the next Hopper step should go).
-      for f in barrier ws ws-pingpong ws-overlap ws-pingpong-overlap; do
-        run ncu-hopper-$f 200 env POLYATTN_CUDA_WGMMA_FORM=$f ncu --clock-control none -k regex:paged_attention_wgmma \
-          --launch-skip 5 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
-          --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
-          $B/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 --gpu-warmup-secs 0 --no-svg
-      done ;;
+      run ncu-hopper 200 ncu --clock-control none -k regex:paged_attention_wgmma \
+        --launch-skip 5 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+        --section WarpStateStats --section LaunchStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
+        $B/bin-polyattn bench --backend cuda --shapes P2.b1s16k.p16 --budget 0.05 --gpu-warmup-secs 0 --no-svg ;;
     ncu-p2)
       # Why P2 at 4k tokens per request runs slower per FLOP than at 32k: one launch each of b8s4k and b1s32k, instructions, tensor
       # pipe activity, active warps and stall reasons side by side.
@@ -321,28 +303,17 @@ for p in "${phases[@]}"; do
         --shapes M.h16.b128s32k.q1,M.h128.b64s32k.q1 --budget 0.3 \
         --json "$OUT/vulkan-mla-chunks.json" --no-svg ;;
     hopper)
-      # The wgmma prefill after hopper-gate: the long prefills at 64 keys per tile, the shared
-      # bodies, then the P rows with it (128 and 64 keys) beside the mma.sync kernel, same lease.
-      run hopper64-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_KEYS=64 $B/test-cuda_gpu long_prefill --test-threads=1
-      run hopper-ws64-cuda_gpu 200 env POLYATTN_CUDA_WGMMA_FORM=ws POLYATTN_CUDA_WGMMA_KEYS=64 \
-        $B/test-cuda_gpu long_prefill --test-threads=1
+      # The wgmma prefill after hopper-gate: the shared bodies, then the P rows beside the
+      # mma.sync kernel, same lease.
       run hopper-attention 150 $B/test-attention_correctness --nocapture
-      run hopper-ws-attention 150 env POLYATTN_CUDA_WGMMA_FORM=ws $B/test-attention_correctness --nocapture
-      for fk in barrier:128 ws-pingpong:128 ws:128 ws:64; do
-        f=${fk%:*} k=${fk#*:}
-        run hopper-$f$k-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f POLYATTN_CUDA_WGMMA_KEYS=$k \
-          $B/bin-polyattn bench --backend cuda --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 \
-          --json "$OUT/cuda-wgmma-$f$k.json" --no-svg
-      done
+      run hopper-bench 150 $B/bin-polyattn bench --backend cuda --shapes "$SHAPES_P,$SHAPES_P1" \
+        --budget 0.3 --json "$OUT/cuda-wgmma.json" --no-svg
       run hopper-mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda \
         --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
     hopper-bench)
-      # The P / P1 rows of the three wgmma forms at 128 keys beside the mma.sync kernel, same
-      # lease.
-      for f in barrier ws ws-pingpong ws-overlap ws-pingpong-overlap; do
-        run hopper-$f-bench 150 env POLYATTN_CUDA_WGMMA_FORM=$f $B/bin-polyattn bench --backend cuda \
-          --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-wgmma-$f.json" --no-svg
-      done
+      # The P / P1 rows of the wgmma prefill beside the mma.sync kernel, same lease.
+      run hopper-bench 150 $B/bin-polyattn bench --backend cuda --shapes "$SHAPES_P,$SHAPES_P1" \
+        --budget 0.3 --json "$OUT/cuda-wgmma.json" --no-svg
       run hopper-mma-bench 150 env POLYATTN_CUDA_MMA=1 $B/bin-polyattn bench --backend cuda \
         --shapes "$SHAPES_P,$SHAPES_P1" --budget 0.3 --json "$OUT/cuda-mma-sync.json" --no-svg ;;
     torch-p)

@@ -9,16 +9,11 @@
 # (.m1/p, .m2/p, ...), one per call on one warm machine. A path carried by one call is gone in
 # the next, so each call runs `stash` (its part to /tmp) and the last runs `join`.
 # Usage: bash benches/h200_model.sh PHASE... (phases: stash, join, compute, sanitize, graphs,
-# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, defaults,
-# graph-replay, decode-cores, sanitize-decode-cores, decode-cores-ncu, gemv-mma,
-# sanitize-gemv-mma, step-ab, cache-write-ab). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
+# identity, attention, tiny, smollm2, speed, weights, profile, profile-graphs, gpu-tests,
+# graph-replay, decode-cores, sanitize-decode-cores, decode-cores-ncu, cache-write-ab). `profile` writes $OUT/ncu-smollm2-{1,8}.csv: every kernel of a short eager run with
 # its duration (ncu), for benches/ncu_steps.py to split into steps and sum by kernel.
 set -u
 . "$(dirname "$0")/h200_common.sh"
-# The decode-step work that is opt-in until these phases have run it (TUNING.md): on for every
-# run here; the A/B phases turn the decode kernels and the tensor-core linears off by their
-# own switches, and cache-write-ab compares with --separate-cache-write.
-export POLYATTN_CUDA_DECODE_CORES=1 POLYATTN_CUDA_GEMV_MMA=1 POLYATTN_CUDA_FUSED_CACHE_WRITE=1
 for p in "$@"; do
   case $p in
     stash)
@@ -76,58 +71,30 @@ for p in "$@"; do
           done
         done
       done ;;
-    defaults)
-      # The GPU tests and the shared attention bodies with the defaults (the opt-ins off; on
-      # sm_90 the Hopper prefill's default form).
-      run cuda-gpu-defaults 200 env POLYATTN_CUDA_DECODE_CORES=0 POLYATTN_CUDA_GEMV_MMA=0 \
-        POLYATTN_CUDA_FUSED_CACHE_WRITE=0 $B/test-cuda_gpu --test-threads=1
-      run attention-defaults 200 env POLYATTN_CUDA_DECODE_CORES=0 POLYATTN_CUDA_GEMV_MMA=0 \
-        POLYATTN_CUDA_FUSED_CACHE_WRITE=0 $B/test-attention_correctness ;;
+    gpu-tests)
+      # The CUDA GPU tests (on sm_90 the Hopper prefill) and the shared attention bodies.
+      run cuda-gpu 200 $B/test-cuda_gpu --test-threads=1
+      run attention 200 $B/test-attention_correctness ;;
     graph-replay)
       run graph-replay 120 $B/test-graph_replay --nocapture ;;
     decode-cores)
       # The CUDA-core decode kernel (paged_decode_cores.cu): its test (CUDA only); the shared
       # attention bodies are the attention phase, the sanitizers sanitize-decode-cores, its ncu
-      # A/B decode-cores-ncu, its SmolLM2 A/B step-ab.
+      # A/B decode-cores-ncu.
       run decode-cores 120 $B/test-cuda_gpu --nocapture decode_cores ;;
     sanitize-decode-cores)
       run memcheck-decode-cores 120 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-cuda_gpu decode_cores
       run racecheck-decode-cores 200 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-cuda_gpu decode_cores ;;
-    gemv-mma)
-      # The tensor-core linear layers of 2 to 16 tokens (model_linear_mma.cu): the linear
-      # bodies of test-compute; the sanitizers sanitize-gemv-mma; its SmolLM2 A/B step-ab.
-      run compute-linear 200 $B/test-compute --nocapture linear ;;
-    sanitize-gemv-mma)
-      run memcheck-linear-mma 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test-compute linear
-      run racecheck-linear-mma 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test-compute linear_matches linear_fused linear_into ;;
     decode-cores-ncu)
       # One launch of each decode kernel under ncu for the decode_cores test's batches
-      # (POLYATTN_CUDA_DECODE_CORES=1: paged_decode_cores.cu; 0: paged_attention.cu).
+      # (POLYATTN_CUDA_DECODE=1: paged_decode_cores.cu; 0: paged_attention.cu).
       for dec in 1 0; do
         say "ncu decode $dec"
-        POLYATTN_CUDA_DECODE_CORES=$dec timeout 120 ncu --clock-control none \
+        POLYATTN_CUDA_DECODE=$dec timeout 120 ncu --clock-control none \
           --kernel-name regex:'paged_decode_cores|paged_attention_dpl2|combine_splits' \
           --metrics gpu__time_duration.sum --csv --print-units base $B/test-cuda_gpu decode_cores \
           >"$OUT/ncu-decode$dec.csv" 2>&1
         echo "-- rc=$?"
-      done ;;
-    step-ab)
-      # SmolLM2 decode steps with the two new kernels on and off in every combination
-      # (POLYATTN_CUDA_DECODE_CORES: paged_decode_cores.cu for the f32 attention layers;
-      # POLYATTN_CUDA_GEMV_MMA: model_linear_mma.cu for the 2–16-token projections), one and
-      # eight prompts, twice, interleaved: $OUT/generate-h200-step-d{1,0}m{1,0}.jsonl (the
-      # greedy-token identity and the graph tests: the identity and graphs phases).
-      P=("The capital of France is" "def fibonacci(n):" "Once upon a time, in a small village," "The three primary colors are" \
-         "import numpy as np" "The Eiffel Tower is located in" "My favourite food is" "In 1969, Neil Armstrong")
-      for rep in 1 2; do
-        for n in 1 8; do
-          for dm in 11 10 01 00; do
-            dec=${dm:0:1} mma=${dm:1:1}
-            run "smollm2-d${dec}m${mma}-$n-$rep" 120 env POLYATTN_BACKEND=cuda POLYATTN_CUDA_DECODE_CORES=$dec \
-              POLYATTN_CUDA_GEMV_MMA=$mma $B/example-generate --model smollm2 --max-tokens 128 --roofline \
-              --json "$OUT/generate-h200-step-d${dec}m${mma}.jsonl" "${P[@]:0:$n}"
-          done
-        done
       done ;;
     cache-write-ab)
       # The KV cache written by the Q/K/V projection (the default) or by the attention layer's

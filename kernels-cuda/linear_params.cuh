@@ -1,7 +1,6 @@
-// The linear layers' parameter block and the helpers both of their kernel files use
-// (model_linear.cu: the tiled SGEMM and the GEMVs; model_linear_mma.cu: the tensor-core
-// GEMV of a few tokens): weight-row pairs, the epilogues, weight loads of the build's type
-// (-DLIN_W). The semantics are model_linear.cu's header.
+// The linear layers' parameter block and the helpers of their kernels (model_linear.cu: the
+// tiled SGEMM and the GEMVs): weight-row pairs, the epilogues, weight loads of the build's
+// type (-DLIN_W). The semantics are model_linear.cu's header.
 
 #ifndef POLYATTN_LINEAR_PARAMS_CUH
 #define POLYATTN_LINEAR_PARAMS_CUH

@@ -43,9 +43,7 @@
 //     inv_sh and scales x as it loads it. In the pair forms the tile's 64 columns are 32
 //     pairs: column c is member (c >> 1) & 1 of pair (c >> 2)·2 + (c & 1), so a thread's four
 //     columns are both members of two pairs (acc[.][j] with acc[.][j + 2]).
-//   * model_linear_gemv{1,4,8,16}{,_norm}{,_split} (T ≤ 1 / 4 / 8 / 16; on NVIDIA sm_80+
-//     the host takes model_linear_mma.cu's tensor-core form for 2 to 16 tokens where K is a
-//     multiple of 32; memory-bound: every
+//   * model_linear_gemv{1,4,8,16}{,_norm}{,_split} (T ≤ 1 / 4 / 8 / 16; memory-bound: every
 //     weight element is read once for all T tokens): one warp / wavefront (PA_WAVE lanes)
 //     per row pair, or with _split four waves per pair (each a quarter of K, added in shared
 //     memory: the host takes it when there are too few pairs to fill the GPU with one wave

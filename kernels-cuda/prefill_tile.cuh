@@ -1,5 +1,5 @@
 // What the tensor-core prefill kernels share (paged_attention_mma.cu on mma.sync,
-// paged_attention_wgmma.cu on wgmma): a work item's geometry, and the online softmax. Both
+// paged_attention_wgmma_ws.cu on wgmma): a work item's geometry, and the online softmax. Both
 // hold scores in the accumulator layout
 // of an m16 tile per warp -- a thread owns rows lane/4 and lane/4 + 8, and of each n8 tile
 // the elements 0, 1 (first row) and 2, 3 (second row) at keys 2 (lane % 4) and + 1 -- which

@@ -1,5 +1,5 @@
-// Hopper warpgroup tensor-core building blocks shared by the wgmma prefill kernels
-// (paged_attention_wgmma.cu and its warp-specialised form): shared-memory matrix descriptors
+// Hopper warpgroup tensor-core building blocks of the wgmma prefill kernel
+// (paged_attention_wgmma_ws.cu): shared-memory matrix descriptors
 // with the 128-byte swizzle, the wgmma issue / commit / wait wrappers and register fences,
 // the m64nNk16 products (A and B from shared memory, or A from registers and B N-major), the
 // swizzled tile address, and one key tile's products, online softmax and P packing.
@@ -159,12 +159,11 @@ __device__ __forceinline__ pa_u32 wg_swizzled(int j, int c, int rows) {
 }
 
 // Issues the cp.async copies of the K and V tile of KEYS keys whose key rows start at the
-// global byte addresses krow[0..KEYS) (0: zero-fill from the valid address `dummy`; 1: left
-// out, the row comes by another copy) into the swizzled tiles at k_sa / v_sa, from THREADS
-// threads (`tid` in [0, THREADS)); LOAD_K / LOAD_V leave out one of the two. Each thread copies one chunk column of every
-// (THREADS / CH)-th row, a multiple of 8 rows apart, so its swizzled column and destinations
-// are constants.
-template <int D, int KEYS, int THREADS, bool LOAD_K = true, bool LOAD_V = true>
+// global byte addresses krow[0..KEYS) (0: zero-fill from the valid address `dummy`) into the
+// swizzled tiles at k_sa / v_sa, from THREADS threads (`tid` in [0, THREADS)). Each thread
+// copies one chunk column of every (THREADS / CH)-th row, a multiple of 8 rows apart, so its
+// swizzled column and destinations are constants.
+template <int D, int KEYS, int THREADS>
 __device__ __forceinline__ void wg_load_kv(int tid, const pa_u16* dummy, const pa_u64* krow,
                                            pa_i64 v_delta_b, pa_u32 k_sa, pa_u32 v_sa) {
     constexpr int CH = D / 8;
@@ -180,12 +179,12 @@ __device__ __forceinline__ void wg_load_kv(int tid, const pa_u16* dummy, const p
     for (int k = 0; k < KEYS / RSTEP; ++k) {
         const pa_u32 dst = dst0 + (pa_u32)(k * RSTEP * 128);
         const pa_u64 row = krow[j0 + k * RSTEP];
-        if (row > 1) {
-            if (LOAD_K) ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
-            if (LOAD_V) ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
-        } else if (row == 0) {
-            if (LOAD_K) ptx_cp_async16(k_sa + dst, dummy, 0);
-            if (LOAD_V) ptx_cp_async16(v_sa + dst, dummy, 0);
+        if (row != 0) {
+            ptx_cp_async16_full(k_sa + dst, (const void*)(row + cb));
+            ptx_cp_async16_full(v_sa + dst, (const void*)(row + vb));
+        } else {
+            ptx_cp_async16(k_sa + dst, dummy, 0);
+            ptx_cp_async16(v_sa + dst, dummy, 0);
         }
     }
 }
@@ -327,21 +326,18 @@ __device__ __forceinline__ int4 wg_rows_start(const AttnParams& p, const WorkIte
 // and dv address: S = Q K^T (waited), the modifiers, mask and online softmax (wg_softmax, O
 // rescaled when a row's maximum moved), P packed, O += P V (waited, so the stage may be
 // refilled once every warpgroup reading it is past this call). `wb`: the warp's bounds from
-// wg_rows_start. `issued` runs right after the Q K^T products are issued, before their wait
-// (the warp-specialised form hands the tensor cores to the other warpgroup there).
-template <bool BF16, int D, bool PLAIN, int KEYS, class Issued>
+// wg_rows_start.
+template <bool BF16, int D, bool PLAIN, int KEYS>
 __device__ __forceinline__ void wg_tile(const AttnParams& p, pa_u64 dq0, pa_u64 dk, pa_u64 dv,
                                         int c0, int4 wb, const int2* vis_s, int r0, int t4,
                                         int hc, int pos0, int head0, float qk_scale,
-                                        float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
-                                        Issued issued) {
+                                        float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
     constexpr int NJ = KEYS / 8;
     constexpr int NK = KEYS / 16;
     float s[NJ][4];
     wg_fence();
     wg_issue_qk<BF16, NJ, D / 16>(s, dq0, dk);
     wg_commit();
-    issued();
     wg_wait_all();
     wg_fence_regs<NJ>(s);
     float alpha[2];

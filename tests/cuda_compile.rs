@@ -131,97 +131,56 @@ fn hopper_kernels_compile_for_sm90a_with_wgmma() {
             Err(e) => failures.push(format!("{}: {e}", k.name)),
         }
     }
-    // The run-time variants of both forms: each selects its one entry point and spills
-    // nothing.
-    use cuda::WgmmaForm;
-    for form in [
-        WgmmaForm::Barrier,
-        WgmmaForm::WarpSpecialized,
-        WgmmaForm::WarpSpecializedTma,
-        WgmmaForm::PingPong,
-        WgmmaForm::Overlap,
-        WgmmaForm::PingPongOverlap,
-    ] {
-        for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
-            for head_size in [64, 128] {
-                for keys in [64, 128] {
-                    for plain in [true, false] {
-                        let (source, variant) = match form {
-                            WgmmaForm::Barrier => (
-                                &cuda::PAGED_ATTENTION_WGMMA,
-                                cuda::wgmma_variant(dtype, head_size, keys, plain).to_vec(),
-                            ),
-                            form => {
-                                let stages = cuda::wgmma_ws_stages(head_size, keys);
-                                (
-                                    &cuda::PAGED_ATTENTION_WGMMA_WS,
-                                    cuda::wgmma_ws_variant(
-                                        dtype, head_size, keys, stages, plain, form,
-                                    )
-                                    .to_vec(),
-                                )
-                            }
-                        };
-                        let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
-                        let name =
-                            cuda::wgmma_function_name(dtype, head_size, form).expect("variant");
-                        let opts = [&["--ptxas-options=-v"], defines.as_slice()].concat();
-                        match compile(source, cuda::HOPPER_ARCH, &opts) {
-                            Ok(out) => {
-                                // ptxas serialises wgmma it cannot prove safe to overlap (e.g. an
-                                // A fragment written after wgmma.fence) and says so: a slow path.
-                                // It also says when it ignores setmaxnreg (C7508): the
-                                // consumers would then compute in the launch's 168 registers.
-                                if out.log.contains("serialized") || out.log.contains("C7508") {
-                                    failures.push(format!(
-                                        "{defines:?}: ptxas serialised wgmma or ignored setmaxnreg:\n{}",
-                                        out.log
-                                    ));
-                                }
-                                let reports = parse_ptxas_report(&out.log);
-                                let got: Vec<&str> =
-                                    reports.iter().map(|r| r.function.as_str()).collect();
-                                if got != [name] {
-                                    failures.push(format!("{defines:?}: got {got:?}, want {name}"));
-                                }
-                                for r in reports
-                                    .iter()
-                                    .filter(|r| r.spill_stores + r.spill_loads > 0)
-                                {
-                                    failures.push(format!("{defines:?}: {} spills", r.function));
-                                }
-                                // The warp-specialised form's consumers take the registers its
-                                // producer gives back (setmaxnreg): the CTA must start with the
-                                // 168 a thread its launch bounds allow, or they wait forever.
-                                if form.warp_specialized() {
-                                    for r in reports.iter().filter(|r| r.registers != 168) {
-                                        failures.push(format!(
-                                            "{defines:?}: {} registers, not 168",
-                                            r.registers
-                                        ));
-                                    }
-                                }
-                                // One run-time build of each form goes through the SASS
-                                // check too (the whole-file build has only the default
-                                // schedule of the warp-specialised file).
-                                if dtype == polyattn::DType::Bf16
-                                    && head_size == 128
-                                    && keys == 128
-                                    && plain
-                                {
-                                    images.push((format!("{form:?} bf16 d128"), out.image));
-                                }
-                                for r in &reports {
-                                    report!(
-                                        "{defines:?}: {} registers, {} B stack",
-                                        r.registers,
-                                        r.stack_bytes
-                                    );
-                                }
-                            }
-                            Err(e) => failures.push(format!("{defines:?}: {e}")),
-                        }
+    // The run-time variants: each selects its one entry point, spills nothing, and is not
+    // serialised.
+    for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
+        for head_size in [64, 128] {
+            for plain in [true, false] {
+                let variant = cuda::wgmma_variant(dtype, head_size, plain);
+                let defines: Vec<&str> = variant.iter().map(String::as_str).collect();
+                let name = cuda::wgmma_function_name(dtype, head_size).expect("variant");
+                let opts = [&["--ptxas-options=-v"], defines.as_slice()].concat();
+                let out = match compile(&cuda::PAGED_ATTENTION_WGMMA_WS, cuda::HOPPER_ARCH, &opts) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        failures.push(format!("{defines:?}: {e}"));
+                        continue;
                     }
+                };
+                // ptxas serialises wgmma it cannot prove safe to overlap (e.g. an A fragment
+                // written after wgmma.fence) and says so: a slow path. It also says when it
+                // ignores setmaxnreg (C7508): the consumers would then compute in the launch's
+                // 168 registers.
+                if out.log.contains("serialized") || out.log.contains("C7508") {
+                    failures.push(format!(
+                        "{defines:?}: ptxas serialised wgmma or ignored setmaxnreg:\n{}",
+                        out.log
+                    ));
+                }
+                let reports = parse_ptxas_report(&out.log);
+                let got: Vec<&str> = reports.iter().map(|r| r.function.as_str()).collect();
+                if got != [name] {
+                    failures.push(format!("{defines:?}: got {got:?}, want {name}"));
+                }
+                for r in &reports {
+                    report!(
+                        "{defines:?}: {} registers, {} B stack",
+                        r.registers,
+                        r.stack_bytes
+                    );
+                    if r.spill_stores + r.spill_loads > 0 {
+                        failures.push(format!("{defines:?}: {} spills", r.function));
+                    }
+                    // The consumers take the registers the producer gives back (setmaxnreg):
+                    // the CTA must start with the 168 a thread its launch bounds allow, or
+                    // they wait forever.
+                    if r.registers != 168 {
+                        failures.push(format!("{defines:?}: {} registers, not 168", r.registers));
+                    }
+                }
+                // One run-time build goes through the SASS check too.
+                if dtype == polyattn::DType::Bf16 && head_size == 128 && plain {
+                    images.push(("run-time bf16 d128".to_string(), out.image));
                 }
             }
         }
@@ -327,11 +286,6 @@ fn run_time_variants_select_their_entry_points() {
     for dtype in [polyattn::DType::F16, polyattn::DType::Bf16] {
         let defines = cuda::linear_weight_options(dtype).expect("a 16-bit weight type");
         check(&cuda::MODEL_LINEAR, defines, cuda::MODEL_LINEAR.functions);
-        check(
-            &cuda::MODEL_LINEAR_MMA,
-            defines,
-            cuda::MODEL_LINEAR_MMA.functions,
-        );
     }
     // The HIP family's matrix-core prefill in the form the CUDA backend runs it (WMMA layout,
     // product emulated by shuffles: `POLYATTN_CUDA_MMA=amd-wmma`).

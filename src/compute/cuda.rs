@@ -5,12 +5,9 @@
 //! * `embedding` / `gather_rows`: `model_gather` (an index out of range gives zeros).
 //! * `rms_norm`: `model_rms_norm`, one block per row.
 //! * `linear` / `linear_accumulate` / `linear_fused` (`kernels-cuda/model_linear.cu`, all
-//!   through `linear_fused`): 2 ≤ T ≤ 16 with K a multiple of 32 and aligned operands on
-//!   sm_80+ → the tensor-core form of `kernels-cuda/model_linear_mma.cu` ([`gemv_mma_entry`]:
-//!   16 weight rows × 8 or 16 tokens per CTA, 3xTF32 for f32 accuracy; the GEMV below it
-//!   spends a warp's serial chain on every row pair); other T ≤ [`GEMV_MAX_TOKENS`] → a GEMV
-//!   ([`gemv_entry`]: a warp per pair of weight rows, or four where [`gemv_split`] says so,
-//!   the loads of a chunk issued together, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared memory
+//!   through `linear_fused`): T ≤ [`GEMV_MAX_TOKENS`] → a GEMV ([`gemv_entry`]: a warp per
+//!   pair of weight rows, or four where [`gemv_split`] says so, the loads of a chunk issued
+//!   together, shuffle reduction); larger T → `model_linear_tiled` (64×64 shared memory
 //!   tiles, 4×4 register blocks). One launch for every form: the input RMSNorm inside the
 //!   kernel, the product stored, accumulated, SwiGLU'd or split and rotated on its way out.
 //! * `rope`: `model_rope`; `silu_mul`: `model_silu_mul`; `add_assign`: `model_add`.
@@ -33,11 +30,10 @@ use crate::device::{CudaDevice, Device, Storage, Tensor};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::cuda::{
-    gemv_entry, gemv_mma_entry, gemv_split, linear_weight_options, ArgmaxParams, CudaTuning,
-    EltwiseParams, GatherParams, LinearEpilogue, LinearParams, RmsNormParams, RopeParams,
-    RopeSplitParams, SampleParams, SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_MMA_PAIRS,
-    GEMV_MMA_THREADS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR, MODEL_LINEAR_MMA, MODEL_OPS,
-    MODEL_THREADS,
+    gemv_entry, gemv_split, linear_weight_options, ArgmaxParams, EltwiseParams, GatherParams,
+    LinearEpilogue, LinearParams, RmsNormParams, RopeParams, RopeSplitParams, SampleParams,
+    SwigluParams, ARGMAX_THREADS, GEMV_MAX_TOKENS, GEMV_THREADS, LINEAR_TILE, MODEL_LINEAR,
+    MODEL_OPS, MODEL_THREADS,
 };
 
 /// The device address of `t`, which must live on `dev`.
@@ -109,23 +105,6 @@ fn launch_built<P: bytemuck::Pod>(
     let cfg = LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    runtime::launch_dependent(dev, &f, cfg, params, None)
-}
-
-/// Launches an entry point of `model_linear_mma.cu` built with `options` (the weight type).
-fn launch_built_mma(
-    dev: &CudaDevice,
-    name: &str,
-    options: &[&str],
-    grid: (u32, u32, u32),
-    params: &LinearParams,
-) -> Result<()> {
-    let f = runtime::function(dev, &MODEL_LINEAR_MMA, options, name)?;
-    let cfg = LaunchConfig {
-        grid_dim: grid,
-        block_dim: (GEMV_MMA_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     runtime::launch_dependent(dev, &f, cfg, params, None)
@@ -210,9 +189,7 @@ pub(super) fn rms_norm(
     )
 }
 
-/// Launches `model_linear.cu` or `model_linear_mma.cu`, built for weights of `weight` type,
-/// for `params`: the tensor-core form for 2 to 16 tokens where it applies (K a multiple of
-/// 32, aligned operands, sm_80+, [`CudaTuning::gemv_mma`]), else a GEMV up to
+/// Launches `model_linear.cu`, built for weights of `weight` type, for `params`: a GEMV up to
 /// [`GEMV_MAX_TOKENS`] tokens (a warp per pair of weight rows), the tiled kernel above (64
 /// rows, or 32 pairs, per tile column).
 fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Result<()> {
@@ -228,18 +205,7 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Resu
     if units == 0 {
         return Ok(());
     }
-    let mma = gemv_mma_entry(t, params.norm != 0).filter(|_| {
-        CudaTuning::get().gemv_mma
-            && params.vec4 != 0
-            && params.k % 32 == 0
-            && dev.compute_capability() >= (8, 0)
-    });
-    if let Some(name) = mma {
-        // A CTA per 8 pairs (16 weight rows), its warps splitting the features.
-        let blocks = units.div_ceil(GEMV_MMA_PAIRS);
-        let blocks = i32_of("linear tiles", blocks)? as u32;
-        launch_built_mma(dev, name, options, (blocks, 1, 1), params)
-    } else if t <= GEMV_MAX_TOKENS {
+    if t <= GEMV_MAX_TOKENS {
         // A wave per pair, or four (the kernel strides over pairs past the grid).
         let split = gemv_split(units, dev.sm_count() as usize);
         let per_block = if split { 1 } else { GEMV_THREADS as usize / 32 };
@@ -277,8 +243,7 @@ fn launch_linear(dev: &CudaDevice, params: &LinearParams, weight: DType) -> Resu
     }
 }
 
-/// [`super::linear_fused`]: one launch of `model_linear.cu` (or `model_linear_mma.cu`) with
-/// the norm and output step.
+/// [`super::linear_fused`]: one launch of `model_linear.cu` with the norm and output step.
 pub(super) fn linear_fused(
     dev: &CudaDevice,
     a: &FusedLinear<'_>,

@@ -85,14 +85,11 @@ pub enum LinearOutput<'a> {
 /// `cache` ([`LinearOutput::RopeSplitQkvCache`]): its storage is f32 (the linear kernels
 /// compute in f32; a cache of another dtype goes through the attention layer's write, which
 /// converts and scales), it is stored in one buffer, and its device's family has the fused
-/// epilogue (CPU, Vulkan, wgpu, and CUDA where `POLYATTN_CUDA_FUSED_CACHE_WRITE=1` opens it;
-/// not HIP, whose model operations run through the host).
+/// epilogue (CPU, CUDA, Vulkan, wgpu; not HIP, whose model operations run through the host).
 pub fn fuses_cache_write(cache: &KvCache) -> bool {
     cache.spec().storage_dtype() == DType::F32
         && match cache.data().device() {
-            Device::Cpu(_) => true,
-            // The CUDA epilogue is opt-in until it has run on a GPU.
-            Device::Cuda(_) => crate::kernels::cuda::CudaTuning::get().fused_cache_write,
+            Device::Cpu(_) | Device::Cuda(_) => true,
             Device::Hip(_) => false,
             Device::Vulkan(d) => wgsl::binds_whole(d, cache.data()),
             Device::Wgpu(d) => wgsl::binds_whole(d, cache.data()),

@@ -96,13 +96,12 @@ impl CudaAttentionImpl {
 
     /// Whether single-token decodes of this layer run on the CUDA-core decode kernel
     /// (`paged_decode_cores.cu`): f32 activations and an f32 cache at head size 64, without
-    /// soft cap, ALiBi or sinks (the kernel has none of them), when decode kernels and
-    /// [`CudaTuning::decode_cores`] are on.
+    /// soft cap, ALiBi or sinks (the kernel has none of them), when the decode kernels are on
+    /// ([`CudaTuning::decode`]).
     fn decode_cores_applies(&self, dtype: DType, cache_dtype: DType) -> bool {
         let p = &self.params;
         let t = CudaTuning::get();
         t.decode
-            && t.decode_cores
             && dtype == DType::F32
             && cache_dtype == DType::F32
             && p.head_size == DECODE_CORES_HEAD_SIZE
@@ -156,8 +155,7 @@ pub enum CudaKernel {
     CudaCores,
     /// The tensor-core prefill kernel (`paged_attention_mma.cu`), by function name.
     Mma(&'static str),
-    /// The Hopper prefill kernel (`paged_attention_wgmma.cu` or its warp-specialised
-    /// `paged_attention_wgmma_ws.cu`), by function name.
+    /// The Hopper prefill kernel (`paged_attention_wgmma_ws.cu`), by function name.
     Wgmma(&'static str),
     /// The HIP backend's matrix-core prefill with the WMMA product emulated
     /// ([`MmaKernel::AmdWmmaEmulated`]), by function name.
@@ -211,7 +209,7 @@ impl std::fmt::Display for PrefillRule {
             }
             PrefillRule::Hopper => {
                 "compute capability 9.0, f16 / bf16 at head size 64 or 128: the Hopper wgmma \
-                 kernel (POLYATTN_CUDA_WGMMA_FORM picks its form)"
+                 kernel"
             }
             PrefillRule::HopperHeadSize => {
                 "the Hopper kernel has head sizes 64 and 128 only: the mma.sync kernel"
@@ -251,12 +249,10 @@ pub fn prefill_choice(
     };
     match tuning.mma {
         MmaKernel::CudaCores => pick(None, PrefillRule::CudaCoresForced),
-        MmaKernel::Auto if cc == (9, 0) => {
-            match wgmma_function_name(dtype, head_size, tuning.wgmma_form) {
-                Some(name) => pick(Some(CudaKernel::Wgmma(name)), PrefillRule::Hopper),
-                None => tensor_cores(PrefillRule::HopperHeadSize),
-            }
-        }
+        MmaKernel::Auto if cc == (9, 0) => match wgmma_function_name(dtype, head_size) {
+            Some(name) => pick(Some(CudaKernel::Wgmma(name)), PrefillRule::Hopper),
+            None => tensor_cores(PrefillRule::HopperHeadSize),
+        },
         MmaKernel::Auto => tensor_cores(PrefillRule::NotHopper),
         MmaKernel::TensorCores => tensor_cores(PrefillRule::TensorCoresForced),
         MmaKernel::AmdWmmaEmulated => match matrix_function_name(dtype, head_size) {
@@ -527,19 +523,7 @@ impl ForwardKernels for CudaAttentionImpl {
             CudaKernel::Wgmma(name) => {
                 let key = job.plan_key(&self.params, false, WGMMA_ROWS, SplitRule::Never);
                 let plan = md.plan(&key)?;
-                let num_blocks = match io.keys {
-                    Keys::Cache(cache) => cache.num_blocks(),
-                    _ => 0,
-                };
-                kernels::launch_wgmma(
-                    &self.device,
-                    &self.params,
-                    &plan,
-                    &base,
-                    name,
-                    io.dtype,
-                    num_blocks,
-                )
+                kernels::launch_wgmma(&self.device, &self.params, &plan, &base, name, io.dtype)
             }
             CudaKernel::AmdMatrixEmulated(name) => {
                 let key = job.plan_key(&self.params, false, MATRIX_ROWS, SplitRule::Never);
@@ -587,7 +571,6 @@ impl ForwardKernels for CudaAttentionImpl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cuda::WgmmaForm;
 
     fn rule(cc: (u32, u32), dtype: DType, cache: DType, d: usize, t: &CudaTuning) -> PrefillRule {
         prefill_choice(cc, dtype, cache, d, t).rule
@@ -603,13 +586,9 @@ mod tests {
             Some(CudaKernel::Wgmma("paged_attention_wgmma_ws_bf16_d128"))
         );
         assert_eq!(hopper.rule, PrefillRule::Hopper);
-        let barrier = CudaTuning {
-            wgmma_form: WgmmaForm::Barrier,
-            ..auto
-        };
         assert_eq!(
-            prefill_choice(h, bf, bf, 64, &barrier).kernel,
-            Some(CudaKernel::Wgmma("paged_attention_wgmma_bf16_d64"))
+            prefill_choice(h, DType::F16, DType::F16, 64, &auto).kernel,
+            Some(CudaKernel::Wgmma("paged_attention_wgmma_ws_f16_d64"))
         );
         let d96 = prefill_choice(h, DType::F16, DType::F16, 96, &auto);
         assert_eq!(d96.rule, PrefillRule::HopperHeadSize);

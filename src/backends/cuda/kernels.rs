@@ -18,14 +18,11 @@ use crate::kernels::cuda::{
     decode_cores_variant, decode_smem_bytes, matrix_smem_bytes, matrix_threads, matrix_variant,
     mma_smem_bytes, mma_variant, AttnParams, MatrixCores, MergeBuffers, MergeShape, MmaShape,
     ATTN_THREADS, DECODE_THREADS, MERGE_STATES, NVIDIA_WARP, PAGED_ATTENTION,
-    PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA, PAGED_DECODE_CORES,
-    RESHAPE_AND_CACHE,
+    PAGED_ATTENTION_MATRIX, PAGED_ATTENTION_MMA, PAGED_DECODE_CORES, RESHAPE_AND_CACHE,
 };
 use crate::kernels::cuda::{merge_launch, ReshapeLaunch};
 use crate::kernels::cuda::{
-    wgmma_smem_bytes, wgmma_variant, wgmma_ws_smem_bytes, wgmma_ws_stages, wgmma_ws_variant,
-    WgmmaForm, HOPPER_ARCH, PAGED_ATTENTION_WGMMA_WS, WGMMA_DEFAULT_KEYS, WGMMA_THREADS,
-    WGMMA_WS_THREADS,
+    wgmma_smem_bytes, wgmma_variant, HOPPER_ARCH, PAGED_ATTENTION_WGMMA_WS, WGMMA_THREADS,
 };
 
 use super::metadata_builder::{CudaAttentionMetadata, CudaPlan};
@@ -34,9 +31,7 @@ use super::tuning::CudaTuning;
 pub use crate::kernels::cuda::{KEYS_PER_CHUNK, ROWS_PER_ITEM};
 pub use crate::plan::WorkItem;
 
-pub(crate) use crate::device::cuda::{
-    encode_tensor_map, function, function_for, launch, launch_dependent, launch_with_map, TensorMap,
-};
+pub(crate) use crate::device::cuda::{function, function_for, launch, launch_dependent};
 
 /// The tensor-core prefill kernel's CTA shape for small prefill batches: 64 rows on 4 warps
 /// (one m16 tile per warp; about 185 registers).
@@ -189,11 +184,9 @@ pub(crate) fn launch_mma(
 }
 
 /// Queues the Hopper prefill kernel over `plan` (items of up to
-/// [`WGMMA_ROWS`](crate::kernels::cuda::WGMMA_ROWS) rows, never
-/// split) in the form [`CudaTuning::wgmma_form`] names (`name` is that form's entry point),
-/// built for [`HOPPER_ARCH`]; the caller checked that the device is compute capability 9.0.
-/// `num_blocks`: the paged cache's blocks (0 for dense keys), the extent of the tensor map the
-/// `ws-tma` form copies through.
+/// [`WGMMA_ROWS`](crate::kernels::cuda::WGMMA_ROWS) rows, never split; `name` is its entry
+/// point), built for [`HOPPER_ARCH`]; the caller checked that the device is compute
+/// capability 9.0.
 pub(crate) fn launch_wgmma(
     device: &CudaDevice,
     p: &AttentionParams,
@@ -201,75 +194,21 @@ pub(crate) fn launch_wgmma(
     base: &AttnParams,
     name: &str,
     dtype: DType,
-    num_blocks: usize,
 ) -> Result<()> {
     let Some(params) = plan.item_params(base) else {
         return Ok(());
     };
     let plain = p.soft_cap().is_none() && p.alibi_slopes.is_none();
-    let tuning = CudaTuning::get();
-    let keys = tuning.wgmma_keys.map_or(WGMMA_DEFAULT_KEYS, |k| k as usize);
     let d = p.head_size;
-    let grid = (plan.work.items.len() as u32, 1, 1);
-    let form = tuning.wgmma_form;
-    if form == WgmmaForm::Barrier {
-        let variant = wgmma_variant(dtype, d, keys, plain);
-        let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
-        let f = function_for(device, &PAGED_ATTENTION_WGMMA, HOPPER_ARCH, &opts, name)?;
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (WGMMA_THREADS, 1, 1),
-            shared_mem_bytes: wgmma_smem_bytes(d, keys),
-        };
-        return launch(device, &f, cfg, &params, None);
-    }
-    let stages = wgmma_ws_stages(d, keys);
-    let variant = wgmma_ws_variant(dtype, d, keys, stages, plain, form);
+    let variant = wgmma_variant(dtype, d, plain);
     let opts: Vec<&str> = variant.iter().map(String::as_str).collect();
     let f = function_for(device, &PAGED_ATTENTION_WGMMA_WS, HOPPER_ARCH, &opts, name)?;
-    // The kernel copies through the map only where the pages are a multiple of 16 keys and
-    // the keys are paged; elsewhere it reads none of it.
-    let map = if form.bulk_copies() && params.dense == 0 && params.block_size % 16 == 0 {
-        cache_tensor_map(device, &params, d, num_blocks)?
-    } else {
-        TensorMap(<[u64; 16]>::default())
-    };
     let cfg = LaunchConfig {
-        grid_dim: grid,
-        block_dim: (WGMMA_WS_THREADS, 1, 1),
-        shared_mem_bytes: wgmma_ws_smem_bytes(d, keys, stages),
+        grid_dim: (plan.work.items.len() as u32, 1, 1),
+        block_dim: (WGMMA_THREADS, 1, 1),
+        shared_mem_bytes: wgmma_smem_bytes(d),
     };
-    launch_with_map(device, &f, cfg, &params, &map)
-}
-
-/// The tensor map of a 16-bit paged cache `[num_blocks, 2, block_size, heads, d]` (NHD) or
-/// `[num_blocks, 2, heads, block_size, d]` (HND) that paged_attention_wgmma_ws.cu's `ws-tma`
-/// form copies from: five dimensions, the head size innermost, and a box of 16 keys of one
-/// head by 64 elements (one 128-byte swizzled row a key).
-fn cache_tensor_map(
-    device: &CudaDevice,
-    params: &AttnParams,
-    d: usize,
-    num_blocks: usize,
-) -> Result<TensorMap> {
-    let (bs, heads) = (params.block_size as u64, params.num_kv_heads as u64);
-    let row = d as u64 * 2;
-    let (dims, strides, boxed) = if params.layout_hnd != 0 {
-        let (sb, sh) = (row, row * bs);
-        (
-            [d as u64, bs, heads, 2, num_blocks as u64],
-            [sb, sh, sh * heads, 2 * sh * heads],
-            [64, 16, 1, 1, 1],
-        )
-    } else {
-        let (sh, sb) = (row, row * heads);
-        (
-            [d as u64, heads, bs, 2, num_blocks as u64],
-            [sh, sb, sb * bs, 2 * sb * bs],
-            [64, 1, 16, 1, 1],
-        )
-    };
-    encode_tensor_map(device, params.cache, dims, strides, boxed)
+    launch(device, &f, cfg, &params, None)
 }
 
 /// Queues the HIP family's matrix-core prefill in its WMMA form, the product emulated by

@@ -26,11 +26,11 @@
 //! are on by default since they have passed the shared suite on hardware.
 //!
 //! On compute capability 9.0 (H100 / H200) the prefill band runs on the Hopper kernel instead
-//! (wgmma built for sm_90a, head sizes 64 and 128): by default its warp-specialised form
-//! (`paged_attention_wgmma_ws.cu`: a producer warpgroup gathering K / V tiles into a ring of
-//! stages, two consumer warpgroups, mbarriers between them); [`prefill_choice`] is the rule
-//! list that falls back to `mma.sync` and to CUDA cores, and `polyattn info` prints it.
-//! `POLYATTN_CUDA_WGMMA_FORM` picks another form for A/B ([`CudaTuning::wgmma_form`]).
+//! (`paged_attention_wgmma_ws.cu`: wgmma built for sm_90a, head sizes 64 and 128; a producer
+//! warpgroup gathering K / V tiles into a ring of stages, two consumer warpgroups, mbarriers
+//! between them); [`prefill_choice`] is the rule list that falls back to `mma.sync` and to
+//! CUDA cores, and `polyattn info` prints it. Single-token decodes of f32 layers at head size
+//! 64 run on a CUDA-core decode kernel (`paged_decode_cores.cu`).
 //!
 //! CUDA graphs: level `UniformSingleTokenDecode`. A forward over a batch of single-token
 //! decodes, with metadata from `build_for_graph_capture` ([`CudaMetadataBuilder::build_graph`]),

@@ -1,8 +1,7 @@
 //! Launching a compiled kernel: grid limits checked before the launch (a typed error, not a
 //! driver failure that names no size), the dynamic shared-memory limit raised where a kernel
 //! needs more than the default 48 KiB, the device's health checked (a sticky fault is
-//! reported, not repeated), and one parameter block passed by value (with a pointer or a
-//! tensor map after it where a kernel takes one).
+//! reported, not repeated), and one parameter block passed by value.
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -48,86 +47,6 @@ pub(crate) fn launch_dependent<P: bytemuck::Pod>(
 ) -> Result<()> {
     let dependent = CudaTuning::get().dependent_launch && device.compute_capability().0 >= 9;
     launch_with(device, f, cfg, params, extra_ptr, dependent)
-}
-
-/// A `CUtensorMap`: the 128 opaque bytes [`encode_tensor_map`] has the driver write, passed to
-/// a kernel by value (a `const __grid_constant__` parameter, which the copy engine reads).
-#[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TensorMap(pub [u64; 16]);
-
-// SAFETY: sixteen u64 and an alignment that divides the size: no padding, any bit pattern is
-// a value (the kernel only hands the bytes to the copy engine).
-unsafe impl bytemuck::Zeroable for TensorMap {}
-// SAFETY: as above.
-unsafe impl bytemuck::Pod for TensorMap {}
-
-/// A five-dimensional map of 16-bit elements at device address `base` for the tensor copy
-/// engine: `dims` innermost first, `strides` the byte strides of dimensions 1 to 4, `boxed`
-/// the box one copy moves (its innermost extent 128 bytes at most), swizzled in 128-byte
-/// rows as wgmma reads shared memory. The driver checks the geometry (alignments, extents);
-/// what it rejects is a typed error.
-pub(crate) fn encode_tensor_map(
-    device: &CudaDevice,
-    base: u64,
-    dims: [u64; 5],
-    strides: [u64; 4],
-    boxed: [u32; 5],
-) -> Result<TensorMap> {
-    use cudarc::driver::sys;
-    device.bind()?;
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let unit = [1u32; 5];
-    // SAFETY: every pointer is to a live local of the length the rank (5) implies; the driver
-    // only writes `map` and reads the rest.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            5,
-            base as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxed.as_ptr(),
-            unit.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    match r {
-        sys::CUresult::CUDA_SUCCESS => Ok(TensorMap(map.opaque)),
-        e => Err(device.driver_error(
-            &format!(
-                "encoding a tensor map (dims {dims:?}, byte strides {strides:?}, box {boxed:?})"
-            ),
-            cudarc::driver::DriverError(e),
-        )),
-    }
-}
-
-/// [`launch`] of a kernel whose parameters are a block and a tensor map, in that order.
-pub(crate) fn launch_with_map<P: bytemuck::Pod>(
-    device: &CudaDevice,
-    f: &CudaFunction,
-    cfg: LaunchConfig,
-    params: &P,
-    map: &TensorMap,
-) -> Result<()> {
-    if !prepare(device, f, &cfg)? {
-        return Ok(());
-    }
-    let block = ByValue(*params);
-    let map = ByValue(*map);
-    let mut b = device.stream().launch_builder(f);
-    b.arg(&block);
-    b.arg(&map);
-    // SAFETY: as in `launch_with`; the map was encoded by the driver over a live buffer of
-    // this device.
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| device.driver_error("kernel launch", e))
 }
 
 /// The checks and settings before any launch; `false` where the grid is empty (nothing to

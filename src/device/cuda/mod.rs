@@ -40,7 +40,7 @@ mod launch;
 mod nccl;
 mod nvrtc;
 
-pub(crate) use launch::{encode_tensor_map, launch, launch_dependent, launch_with_map, TensorMap};
+pub(crate) use launch::{launch, launch_dependent};
 pub use nccl::{nccl_status, NcclComms};
 pub use nvrtc::{
     arch_for, base_options, compile, nvrtc_status, parse_ptxas_report, CompileOutput, PtxasReport,

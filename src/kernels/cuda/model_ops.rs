@@ -49,24 +49,6 @@ pub fn gemv_entry(t: usize, norm: bool, split: bool) -> &'static str {
     NAMES[usize::from(norm) + 2 * usize::from(split)][width]
 }
 
-/// The tensor-core entry point of `model_linear_mma.cu` for `t` tokens (2 to 16), or `None`:
-/// 8 or 16 token columns, with or without the input norm.
-pub fn gemv_mma_entry(t: usize, norm: bool) -> Option<&'static str> {
-    match (t, norm) {
-        (2..=8, false) => Some("model_linear_mma8"),
-        (9..=16, false) => Some("model_linear_mma16"),
-        (2..=8, true) => Some("model_linear_mma8_norm"),
-        (9..=16, true) => Some("model_linear_mma16_norm"),
-        _ => None,
-    }
-}
-
-/// Weight-row pairs per CTA of `model_linear_mma.cu` (one m16 tile of rows).
-pub const GEMV_MMA_PAIRS: usize = 8;
-
-/// Threads per CTA of `model_linear_mma.cu` (`MMA_WARPS` warps splitting the features).
-pub const GEMV_MMA_THREADS: u32 = 128;
-
 /// Whether a GEMV of `pairs` weight-row pairs splits each pair over four waves: when one wave
 /// per pair would leave the GPU's `sms` multiprocessors fewer than [`GEMV_SPLIT_WAVES`] waves
 /// each (the loads in flight, not the bandwidth, bound a GEMV of a few MB).

@@ -105,47 +105,40 @@ pub fn mma_smem_bytes(head_size: usize, rows: usize) -> u32 {
 }
 
 /// Query rows per CTA and per work item of the Hopper prefill kernel
-/// (`paged_attention_wgmma.cu`'s `WG_ROWS`: two warpgroups of 64 rows).
+/// (`paged_attention_wgmma_ws.cu`'s `WS_ROWS`: two consumer warpgroups of 64 rows).
 pub const WGMMA_ROWS: usize = 128;
 
-/// Threads per CTA of the Hopper prefill kernel (`WG_THREADS`: two warpgroups).
-pub const WGMMA_THREADS: u32 = 256;
+/// Threads per CTA of the Hopper prefill kernel (`WS_THREADS`: a producer and two consumer
+/// warpgroups).
+pub const WGMMA_THREADS: u32 = 384;
 
-/// Keys per tile of the Hopper prefill kernel when no tuning forces one (`PA_WG_KEYS`).
-pub const WGMMA_DEFAULT_KEYS: usize = 128;
-
-/// Dynamic shared memory of the Hopper prefill kernel with `keys` keys per tile: the Q tile
-/// (128 rows), two K and two V tiles, `head_size` 16-bit elements a row, and 1024 bytes that
-/// let the kernel round its base up to the 128-byte swizzle's 1024-byte period.
-pub fn wgmma_smem_bytes(head_size: usize, keys: usize) -> u32 {
-    (1024 + (WGMMA_ROWS + 4 * keys) * head_size * 2) as u32
-}
-
-/// Threads per CTA of the warp-specialised Hopper prefill kernel
-/// (`paged_attention_wgmma_ws.cu`'s `WS_THREADS`: a producer and two consumer warpgroups).
-pub const WGMMA_WS_THREADS: u32 = 384;
+/// Keys per tile of the Hopper prefill kernel (`PA_WS_KEYS`; 64-key tiles over four stages
+/// were 5–10 % slower on an H100, `benches/results/lease-h100.md`).
+pub const WGMMA_KEYS: usize = 128;
 
 /// Shared memory a CTA may hold on compute capability 9.0 (227 KiB).
 const HOPPER_SMEM_PER_CTA: usize = 227 * 1024;
 
-/// Static shared memory of the warp-specialised Hopper prefill kernel, rounded up: its
+/// Static shared memory of the Hopper prefill kernel, rounded up: its
 /// mbarriers, the double-buffered row-address table (up to 128 keys), the rows' visible
 /// ranges and the consumer warps' bounds.
 const WGMMA_WS_STATIC_SMEM: usize = 4096;
 
-/// K / V stages of the warp-specialised Hopper prefill kernel (`-DPA_WS_STAGES`): as many as
-/// fit beside the Q tile, up to 4 (2 at head size 128 with 128 keys a tile).
-pub fn wgmma_ws_stages(head_size: usize, keys: usize) -> usize {
+/// K / V stages of the Hopper prefill kernel (`-DPA_WS_STAGES`): as many tiles of
+/// [`WGMMA_KEYS`] as fit beside the Q tile, up to 4 (2 at head size 128, 4 at 64).
+pub fn wgmma_stages(head_size: usize) -> usize {
     let q = WGMMA_ROWS * head_size * 2;
-    let stage = 2 * keys * head_size * 2;
+    let stage = 2 * WGMMA_KEYS * head_size * 2;
     let room = HOPPER_SMEM_PER_CTA.saturating_sub(1024 + q + WGMMA_WS_STATIC_SMEM);
     (room / stage.max(1)).clamp(2, 4)
 }
 
-/// Dynamic shared memory of the warp-specialised Hopper prefill kernel: the Q tile, `stages`
-/// K and V tiles, and 1024 bytes for rounding the base up to the swizzle's period.
-pub fn wgmma_ws_smem_bytes(head_size: usize, keys: usize, stages: usize) -> u32 {
-    (1024 + (WGMMA_ROWS + 2 * stages * keys) * head_size * 2) as u32
+/// Dynamic shared memory of the Hopper prefill kernel: the Q tile (128 rows), the stages' K
+/// and V tiles, `head_size` 16-bit elements a row, and 1024 bytes that let the kernel round
+/// its base up to the 128-byte swizzle's 1024-byte period.
+pub fn wgmma_smem_bytes(head_size: usize) -> u32 {
+    let stages = wgmma_stages(head_size);
+    (1024 + (WGMMA_ROWS + 2 * stages * WGMMA_KEYS) * head_size * 2) as u32
 }
 
 /// Query heads per work item of the decode kernel (the m16 rows of its mma tiles).
@@ -187,9 +180,12 @@ mod tests {
     #[test]
     fn shared_memory_sizes() {
         // Alignment slack, Q [128][128], 2 x (K + V) [128][128], 2 bytes each: 161 KiB, within
-        // the 227 KiB a Hopper CTA may opt into.
-        assert_eq!(wgmma_smem_bytes(128, 128), 1024 + (128 + 512) * 128 * 2);
-        assert!(wgmma_smem_bytes(128, 128) <= 227 * 1024);
+        // the 227 KiB a Hopper CTA may opt into; at head size 64 four stages.
+        assert_eq!(wgmma_stages(128), 2);
+        assert_eq!(wgmma_stages(64), 4);
+        assert_eq!(wgmma_smem_bytes(128), 1024 + (128 + 512) * 128 * 2);
+        assert!(wgmma_smem_bytes(128) as usize + 4096 <= 227 * 1024);
+        assert!(wgmma_smem_bytes(64) as usize + 4096 <= 227 * 1024);
         assert_eq!(
             attention_smem_bytes(256),
             (16 * 256 + 16 * 258 + 16 * 256) * 4

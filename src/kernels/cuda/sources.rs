@@ -90,24 +90,9 @@ pub const PAGED_ATTENTION_MMA: KernelSource = KernelSource {
     ],
 };
 
-/// `paged_attention_wgmma.cu` (Hopper's warpgroup tensor-core instructions; f16 / bf16, head
-/// sizes 64 and 128). Built for `sm_90a` only ([`HOPPER_ARCH`]), so it is not in
-/// [`ALL_SOURCES`] but in [`HOPPER_SOURCES`].
-pub const PAGED_ATTENTION_WGMMA: KernelSource = KernelSource {
-    name: "paged_attention_wgmma",
-    source: include_str!("../../../kernels-cuda/paged_attention_wgmma.cu"),
-    functions: &[
-        "paged_attention_wgmma_f16_d64",
-        "paged_attention_wgmma_f16_d128",
-        "paged_attention_wgmma_bf16_d64",
-        "paged_attention_wgmma_bf16_d128",
-    ],
-};
-
-/// `paged_attention_wgmma_ws.cu`: the warp-specialised form of [`PAGED_ATTENTION_WGMMA`] (a
+/// `paged_attention_wgmma_ws.cu`: the Hopper prefill (f16 / bf16, head sizes 64 and 128; a
 /// producer warpgroup copying K / V tiles into a ring of stages, two consumer warpgroups on
-/// wgmma, mbarriers between them, `setmaxnreg`), for sm_90a; the same variants and entry
-/// points with `_ws` in their names.
+/// wgmma, mbarriers between them, `setmaxnreg`), for sm_90a.
 pub const PAGED_ATTENTION_WGMMA_WS: KernelSource = KernelSource {
     name: "paged_attention_wgmma_ws",
     source: include_str!("../../../kernels-cuda/paged_attention_wgmma_ws.cu"),
@@ -124,7 +109,7 @@ pub const PAGED_ATTENTION_WGMMA_WS: KernelSource = KernelSource {
 pub const HOPPER_ARCH: &str = "sm_90a";
 
 /// The sources built for [`HOPPER_ARCH`] only.
-pub const HOPPER_SOURCES: [KernelSource; 2] = [PAGED_ATTENTION_WGMMA, PAGED_ATTENTION_WGMMA_WS];
+pub const HOPPER_SOURCES: [KernelSource; 1] = [PAGED_ATTENTION_WGMMA_WS];
 
 /// `paged_decode.cu` (split-KV decode on tensor cores; f16 / bf16 with a same-dtype, E4M3 or
 /// E5M2 cache, head sizes 64, 96, 128).
@@ -229,19 +214,6 @@ pub const MODEL_LINEAR: KernelSource = KernelSource {
     ],
 };
 
-/// `model_linear_mma.cu`: the linear layers for 2 to 16 tokens on tensor cores, in f32
-/// accuracy (3xTF32; NVIDIA sm_80+).
-pub const MODEL_LINEAR_MMA: KernelSource = KernelSource {
-    name: "model_linear_mma",
-    source: include_str!("../../../kernels-cuda/model_linear_mma.cu"),
-    functions: &[
-        "model_linear_mma8",
-        "model_linear_mma16",
-        "model_linear_mma8_norm",
-        "model_linear_mma16_norm",
-    ],
-};
-
 /// `mla_decode.cu`: MLA's latent-space decode on the vector ALUs, for every compiler of the
 /// family (f16 / bf16 with a same-dtype or E4M3 cache; 16 rows per CTA), and the split
 /// combine both decode forms use.
@@ -294,7 +266,7 @@ pub const MLA_PREFILL: KernelSource = KernelSource {
 };
 
 /// Every source of `kernels-cuda/`, for compile checks (each builds without `-D` options).
-pub const ALL_SOURCES: [KernelSource; 14] = [
+pub const ALL_SOURCES: [KernelSource; 13] = [
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
     PAGED_ATTENTION_MMA,
@@ -304,7 +276,6 @@ pub const ALL_SOURCES: [KernelSource; 14] = [
     PROBES,
     MODEL_OPS,
     MODEL_LINEAR,
-    MODEL_LINEAR_MMA,
     MLA_DECODE,
     MLA_DECODE_MMA,
     MLA_CACHE,
@@ -313,7 +284,7 @@ pub const ALL_SOURCES: [KernelSource; 14] = [
 
 /// The sources that compile for AMD as well (`PA_AMD`): no inline PTX, lane math in
 /// `PA_WAVE`. The others (`paged_attention_mma`, `paged_decode`, `paged_decode_cores`,
-/// `mla_decode_mma`, `model_ops`, `model_linear_mma`, `probes`) use NVIDIA's tensor-core,
+/// `mla_decode_mma`, `model_ops`, `probes`) use NVIDIA's tensor-core,
 /// `cp.async` or warp-synchronous instructions.
 pub const PORTABLE_SOURCES: [KernelSource; 7] = [
     RESHAPE_AND_CACHE,

@@ -20,12 +20,6 @@ pub const MMA_WARPS_ENV: &str = "POLYATTN_CUDA_MMA_WARPS";
 /// Forces the keys per online-softmax step of the tensor-core prefill kernel; see
 /// [`CudaTuning::mma_subk`].
 pub const MMA_SUBK_ENV: &str = "POLYATTN_CUDA_MMA_SUBK";
-/// Forces the keys per tile of the Hopper prefill kernel; see [`CudaTuning::wgmma_keys`].
-pub const WGMMA_KEYS_ENV: &str = "POLYATTN_CUDA_WGMMA_KEYS";
-/// Picks the form of the Hopper prefill kernel (`barrier` / `ws` / `ws-tma` / `ws-pingpong` /
-/// `ws-overlap` / `ws-pingpong-overlap`); see
-/// [`CudaTuning::wgmma_form`].
-pub const WGMMA_FORM_ENV: &str = "POLYATTN_CUDA_WGMMA_FORM";
 /// Turns the decode kernels off (`0`) or on (`1`); see [`CudaTuning::decode`].
 pub const DECODE_ENV: &str = "POLYATTN_CUDA_DECODE";
 /// Forces the split count of every decode token; see [`CudaTuning::decode_splits`].
@@ -38,15 +32,6 @@ pub const MLA_PREFILL_CHUNK_ENV: &str = "POLYATTN_CUDA_MLA_PREFILL_CHUNK";
 pub const MLA_DECODE_ENV: &str = "POLYATTN_CUDA_MLA_DECODE";
 /// Turns dependent launches off (`0`) or on (`1`); see [`CudaTuning::dependent_launch`].
 pub const DEPENDENT_LAUNCH_ENV: &str = "POLYATTN_CUDA_DEPENDENT_LAUNCH";
-/// Turns the tensor-core linear layers of 2 to 16 tokens off (`0`) or on (`1`); see
-/// [`CudaTuning::gemv_mma`].
-pub const GEMV_MMA_ENV: &str = "POLYATTN_CUDA_GEMV_MMA";
-/// Turns the CUDA-core decode kernel of f32 layers on (`1`) or off (`0`); see
-/// [`CudaTuning::decode_cores`].
-pub const DECODE_CORES_ENV: &str = "POLYATTN_CUDA_DECODE_CORES";
-/// Lets the Q/K/V projection write f32 KV caches on CUDA (`1`) or not (`0`); see
-/// [`CudaTuning::fused_cache_write`].
-pub const FUSED_CACHE_WRITE_ENV: &str = "POLYATTN_CUDA_FUSED_CACHE_WRITE";
 
 /// Which kernel runs `CUDA_MLA`'s latent decode ([`CudaTuning::mla_decode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,70 +44,11 @@ pub enum MlaDecodeKernel {
     Portable,
 }
 
-/// The form of the Hopper prefill kernel ([`CudaTuning::wgmma_form`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WgmmaForm {
-    /// `paged_attention_wgmma.cu` (`barrier`): two warpgroups that copy and compute, one CTA
-    /// barrier per key tile.
-    Barrier,
-    /// `paged_attention_wgmma_ws.cu` (`ws`, the default, the fastest form on the H200 on
-    /// every P row): a producer warpgroup copying K / V tiles into a ring of stages and two
-    /// consumer warpgroups computing, with mbarriers between them and `setmaxnreg` moving
-    /// registers to the consumers.
-    WarpSpecialized,
-    /// [`WgmmaForm::WarpSpecialized`] with the key groups wholly inside a work item's visible
-    /// keys brought by the tensor copy engine (`ws-tma`: `cp.async.bulk.tensor` through a
-    /// tensor map of the cache, issued by one producer thread) instead of `cp.async` gathers;
-    /// pages must be a multiple of 16 keys for it to apply, and the groups at the edges still
-    /// come by `cp.async`.
-    WarpSpecializedTma,
-    /// [`WgmmaForm::WarpSpecialized`] with the consumers issuing their Q·Kᵀ products in turns
-    /// (`ws-pingpong`), so that one's softmax runs beside the other's products.
-    PingPong,
-    /// [`WgmmaForm::WarpSpecialized`] with each consumer keeping two tiles in flight
-    /// (`ws-overlap`): tile i's softmax runs while its P·V products of tile i − 1 do, and K
-    /// and V stages are released separately.
-    Overlap,
-    /// [`WgmmaForm::Overlap`] with the consumers' issues taken in turns as in
-    /// [`WgmmaForm::PingPong`] (`ws-pingpong-overlap`): FlashAttention-3's schedule.
-    PingPongOverlap,
-}
-
-impl WgmmaForm {
-    /// Whether this form is `paged_attention_wgmma_ws.cu` (a producer warpgroup).
-    pub fn warp_specialized(self) -> bool {
-        matches!(
-            self,
-            WgmmaForm::WarpSpecialized
-                | WgmmaForm::WarpSpecializedTma
-                | WgmmaForm::PingPong
-                | WgmmaForm::Overlap
-                | WgmmaForm::PingPongOverlap
-        )
-    }
-
-    /// Whether the consumers issue their products in turns (`PA_WS_PINGPONG`).
-    pub fn in_turns(self) -> bool {
-        matches!(self, WgmmaForm::PingPong | WgmmaForm::PingPongOverlap)
-    }
-
-    /// Whether each consumer keeps two tiles in flight (`PA_WS_OVERLAP`).
-    pub fn overlapped(self) -> bool {
-        matches!(self, WgmmaForm::Overlap | WgmmaForm::PingPongOverlap)
-    }
-
-    /// Whether the tensor copy engine brings the key groups inside the visible keys
-    /// (`PA_WS_TMA`).
-    pub fn bulk_copies(self) -> bool {
-        self == WgmmaForm::WarpSpecializedTma
-    }
-}
-
 /// Which kernel runs the CUDA backend's prefill band ([`CudaTuning::mma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmaKernel {
     /// The fastest kernel the device and layer have (`auto`, the default): the Hopper kernel
-    /// (`paged_attention_wgmma.cu`: wgmma, built for sm_90a) on compute capability 9.0 where
+    /// (`paged_attention_wgmma_ws.cu`: wgmma, built for sm_90a) on compute capability 9.0 where
     /// it has the head size (64, 128), else the `mma.sync` tensor-core kernel.
     Auto,
     /// The CUDA-core kernel (`paged_attention.cu`), as for short queries (`0`).
@@ -146,12 +72,6 @@ pub struct CudaTuning {
     /// query tokens (f16 / bf16 with a same-dtype cache, head size 64 / 96 / 128, sm_80+).
     /// [`MMA_ENV`]: `auto` / `0` / `1` / `amd-wmma`; default [`MmaKernel::Auto`].
     pub mma: MmaKernel,
-    /// Keys per tile of the Hopper prefill kernel (`-DPA_WG_KEYS`): 64 or 128; `None` (the
-    /// default) takes `WGMMA_DEFAULT_KEYS` (128). [`WGMMA_KEYS_ENV`].
-    pub wgmma_keys: Option<u32>,
-    /// The form of the Hopper prefill kernel. [`WGMMA_FORM_ENV`]: `barrier` / `ws` /
-    /// `ws-pingpong` / `ws-overlap` / `ws-pingpong-overlap`; default [`WgmmaForm::WarpSpecialized`].
-    pub wgmma_form: WgmmaForm,
     /// The CTA shape of the tensor-core prefill kernel, one of [`MMA_SHAPES`]; `None`
     /// (the default) chooses per batch (the backend's `mma_shape_for`). [`MMA_ROWS_ENV`] (64,
     /// 128 or 256) and [`MMA_WARPS_ENV`] (4 or 8); a row count alone takes the fewest warps
@@ -164,8 +84,8 @@ pub struct CudaTuning {
     /// Run single-token decodes on the decode kernels: f16 / bf16 activations with a
     /// same-dtype or fp8 cache, head size 64 / 96 / 128, sm_80+, on the tensor-core split-KV
     /// decode kernel (`paged_decode.cu`); f32 activations and cache at head size 64 without
-    /// soft cap, ALiBi or sinks on the CUDA-core decode kernel (`paged_decode_cores.cu`, where
-    /// [`CudaTuning::decode_cores`] allows). Off, they run on the general CUDA-core split-KV
+    /// soft cap, ALiBi or sinks on the CUDA-core decode kernel (`paged_decode_cores.cu`). Off,
+    /// they run on the general CUDA-core split-KV
     /// kernel. [`DECODE_ENV`]: `0` / `1`; default on.
     pub decode: bool,
     /// Splits asked of every splittable decode token on the decode kernel (1 to
@@ -189,27 +109,12 @@ pub struct CudaTuning {
     /// most of a small kernel's launch latency in a decode step of many. [`DEPENDENT_LAUNCH_ENV`]:
     /// `0` / `1`; default on.
     pub dependent_launch: bool,
-    /// Run the linear layers of 2 to 16 tokens (K a multiple of 32, vector-aligned operands,
-    /// sm_80+) on `model_linear_mma.cu`'s tensor-core form (3xTF32, f32 accuracy) instead of
-    /// `model_linear.cu`'s GEMV. [`GEMV_MMA_ENV`]: `0` / `1`; default off: compile-checked,
-    /// not yet run on a GPU.
-    pub gemv_mma: bool,
-    /// Run the single-token decodes of f32 layers at head size 64 on `paged_decode_cores.cu`
-    /// (with [`CudaTuning::decode`] on). [`DECODE_CORES_ENV`]: `0` / `1`; default off:
-    /// compile-checked, not yet run on a GPU.
-    pub decode_cores: bool,
-    /// Let the Q/K/V projection's epilogue write f32 KV caches on CUDA
-    /// (`compute::fuses_cache_write`). [`FUSED_CACHE_WRITE_ENV`]: `0` / `1`; default off:
-    /// compile-checked, not yet run on a GPU.
-    pub fused_cache_write: bool,
 }
 
 impl Default for CudaTuning {
     fn default() -> Self {
         CudaTuning {
             mma: MmaKernel::Auto,
-            wgmma_keys: None,
-            wgmma_form: WgmmaForm::WarpSpecialized,
             mma_shape: None,
             mma_subk: None,
             decode: true,
@@ -218,9 +123,6 @@ impl Default for CudaTuning {
             mla_prefill_chunk: None,
             mla_decode: MlaDecodeKernel::TensorCores,
             dependent_launch: true,
-            gemv_mma: false,
-            decode_cores: false,
-            fused_cache_write: false,
         }
     }
 }
@@ -260,29 +162,10 @@ impl CudaTuning {
                     }),
                 },
             ),
-            wgmma_keys: env.one_of(WGMMA_KEYS_ENV, &[64, 128], "128"),
-            wgmma_form: env.get(
-                WGMMA_FORM_ENV,
-                "barrier, ws, ws-tma, ws-pingpong, ws-overlap or ws-pingpong-overlap",
-                d.wgmma_form,
-                "ws",
-                |v| match v.trim().to_ascii_lowercase().as_str() {
-                    "barrier" => Some(WgmmaForm::Barrier),
-                    "ws" => Some(WgmmaForm::WarpSpecialized),
-                    "ws-tma" => Some(WgmmaForm::WarpSpecializedTma),
-                    "ws-pingpong" => Some(WgmmaForm::PingPong),
-                    "ws-overlap" => Some(WgmmaForm::Overlap),
-                    "ws-pingpong-overlap" => Some(WgmmaForm::PingPongOverlap),
-                    _ => None,
-                },
-            ),
             mma_shape: mma_shape(&env),
             mma_subk: env.one_of(MMA_SUBK_ENV, &[32, 64], "chosen per build"),
             decode: env.switch(DECODE_ENV, d.decode),
             dependent_launch: env.switch(DEPENDENT_LAUNCH_ENV, d.dependent_launch),
-            gemv_mma: env.switch(GEMV_MMA_ENV, d.gemv_mma),
-            decode_cores: env.switch(DECODE_CORES_ENV, d.decode_cores),
-            fused_cache_write: env.switch(FUSED_CACHE_WRITE_ENV, d.fused_cache_write),
             decode_splits: env.get(
                 DECODE_SPLITS_ENV,
                 &format!("an integer from 1 to {DECODE_MAX_SPLITS}"),
@@ -389,8 +272,6 @@ mod tests {
     fn every_knob_parses() {
         let t = tuning(&[
             (MMA_ENV, "0"),
-            (WGMMA_KEYS_ENV, "64"),
-            (WGMMA_FORM_ENV, "ws-pingpong"),
             (MMA_ROWS_ENV, "128"),
             (MMA_WARPS_ENV, "8"),
             (MMA_SUBK_ENV, "32"),
@@ -400,16 +281,11 @@ mod tests {
             (MLA_PREFILL_CHUNK_ENV, "64"),
             (MLA_DECODE_ENV, "portable"),
             (DEPENDENT_LAUNCH_ENV, "0"),
-            (GEMV_MMA_ENV, "on"),
-            (DECODE_CORES_ENV, "1"),
-            (FUSED_CACHE_WRITE_ENV, "1"),
         ]);
         assert_eq!(
             t,
             CudaTuning {
                 mma: MmaKernel::CudaCores,
-                wgmma_keys: Some(64),
-                wgmma_form: WgmmaForm::PingPong,
                 mma_shape: Some(MmaShape {
                     rows: 128,
                     warps: 8
@@ -421,9 +297,6 @@ mod tests {
                 mla_prefill_chunk: Some(64),
                 mla_decode: MlaDecodeKernel::Portable,
                 dependent_launch: false,
-                gemv_mma: true,
-                decode_cores: true,
-                fused_cache_write: true,
             }
         );
         assert_eq!(t.mma_subk_define(), Some("-DPA_MMA_SUBK=32"));
@@ -449,8 +322,6 @@ mod tests {
     fn rejected_values_keep_the_defaults() {
         let t = tuning(&[
             (MMA_ENV, "maybe"),
-            (WGMMA_KEYS_ENV, "96"),
-            (WGMMA_FORM_ENV, "fast"),
             (MMA_ROWS_ENV, "96"),
             (MMA_SUBK_ENV, "48"),
             (DECODE_SPLITS_ENV, "0"),
@@ -471,24 +342,5 @@ mod tests {
         assert_eq!(k("0"), MmaKernel::CudaCores);
         assert_eq!(k("AMD-WMMA"), MmaKernel::AmdWmmaEmulated);
         assert_eq!(k("amd"), MmaKernel::Auto);
-    }
-
-    #[test]
-    fn the_hopper_prefill_form() {
-        let f = |v| tuning(&[(WGMMA_FORM_ENV, v)]).wgmma_form;
-        assert_eq!(f("barrier"), WgmmaForm::Barrier);
-        assert_eq!(f("ws"), WgmmaForm::WarpSpecialized);
-        assert_eq!(f("ws-tma"), WgmmaForm::WarpSpecializedTma);
-        assert!(WgmmaForm::WarpSpecializedTma.bulk_copies());
-        assert!(!WgmmaForm::WarpSpecializedTma.overlapped());
-        assert!(!WgmmaForm::WarpSpecialized.bulk_copies());
-        assert_eq!(f(" WS-PingPong "), WgmmaForm::PingPong);
-        assert_eq!(f("ws-overlap"), WgmmaForm::Overlap);
-        assert_eq!(f("ws-pingpong-overlap"), WgmmaForm::PingPongOverlap);
-        assert!(!WgmmaForm::Barrier.warp_specialized());
-        assert!(WgmmaForm::Overlap.warp_specialized());
-        let both = WgmmaForm::PingPongOverlap;
-        assert!(both.warp_specialized() && both.in_turns() && both.overlapped());
-        assert!(!WgmmaForm::PingPong.overlapped() && !WgmmaForm::Overlap.in_turns());
     }
 }

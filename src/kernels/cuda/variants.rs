@@ -6,12 +6,10 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-use super::shapes::MmaShape;
+use super::shapes::{wgmma_stages, MmaShape, WGMMA_KEYS};
 use super::sources::{
-    PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA, PAGED_ATTENTION_WGMMA_WS,
-    PAGED_DECODE,
+    PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA_WS, PAGED_DECODE,
 };
-use super::tuning::WgmmaForm;
 
 /// The element-type code of `dtype` as the kernels read it (`PA_F32` ... in `common.cuh`);
 /// `None` for integer dtypes.
@@ -60,62 +58,33 @@ pub fn mma_variant(dtype: DType, head_size: usize, shape: MmaShape, plain: bool)
     ]
 }
 
-/// The `-D` options that build only the Hopper prefill variant for `dtype`, `head_size`,
-/// `keys` per tile (`PA_WG_KEYS`: 64 or 128) and the layer's modifiers (`PA_WG_PLAIN`, as
-/// [`mma_variant`]); see paged_attention_wgmma.cu.
-pub fn wgmma_variant(dtype: DType, head_size: usize, keys: usize, plain: bool) -> [String; 4] {
-    [
-        format!("-DPA_WG_D={head_size}"),
-        format!("-DPA_WG_BF16={}", i32::from(dtype == DType::Bf16)),
-        format!("-DPA_WG_KEYS={keys}"),
-        format!("-DPA_WG_PLAIN={}", i32::from(plain)),
-    ]
-}
-
-/// The `-D` options that build only the warp-specialised Hopper prefill variant: as
-/// [`wgmma_variant`], plus the K / V stages of its ring (`PA_WS_STAGES`, see
-/// `wgmma_ws_stages`) and the consumers' schedule of the warp-specialised `form`: in turns
-/// (`PA_WS_PINGPONG`, [`WgmmaForm::in_turns`]) and / or two tiles in flight
-/// (`PA_WS_OVERLAP`, [`WgmmaForm::overlapped`]), and its loads (`PA_WS_TMA`,
-/// [`WgmmaForm::bulk_copies`]); see paged_attention_wgmma_ws.cu.
-pub fn wgmma_ws_variant(
-    dtype: DType,
-    head_size: usize,
-    keys: usize,
-    stages: usize,
-    plain: bool,
-    form: WgmmaForm,
-) -> [String; 8] {
+/// The `-D` options that build only the Hopper prefill variant for `dtype`, `head_size` and
+/// the layer's modifiers (`PA_WS_PLAIN`, as [`mma_variant`]), with its tile (`PA_WS_KEYS`,
+/// [`WGMMA_KEYS`]) and K / V stages (`PA_WS_STAGES`, [`wgmma_stages`]); see
+/// paged_attention_wgmma_ws.cu.
+pub fn wgmma_variant(dtype: DType, head_size: usize, plain: bool) -> [String; 5] {
     [
         format!("-DPA_WS_D={head_size}"),
         format!("-DPA_WS_BF16={}", i32::from(dtype == DType::Bf16)),
-        format!("-DPA_WS_KEYS={keys}"),
-        format!("-DPA_WS_STAGES={stages}"),
+        format!("-DPA_WS_KEYS={WGMMA_KEYS}"),
+        format!("-DPA_WS_STAGES={}", wgmma_stages(head_size)),
         format!("-DPA_WS_PLAIN={}", i32::from(plain)),
-        format!("-DPA_WS_PINGPONG={}", i32::from(form.in_turns())),
-        format!("-DPA_WS_OVERLAP={}", i32::from(form.overlapped())),
-        format!("-DPA_WS_TMA={}", i32::from(form.bulk_copies())),
     ]
 }
 
-/// The Hopper prefill entry point of `form` for `dtype` (f16 / bf16) and `head_size` (64,
-/// 128).
-pub fn wgmma_function_name(
-    dtype: DType,
-    head_size: usize,
-    form: WgmmaForm,
-) -> Option<&'static str> {
+/// The Hopper prefill entry point for `dtype` (f16 / bf16) and `head_size` (64, 128).
+pub fn wgmma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
     let t = match dtype {
         DType::F16 => "f16",
         DType::Bf16 => "bf16",
         _ => return None,
     };
-    let (source, prefix) = match form {
-        WgmmaForm::Barrier => (&PAGED_ATTENTION_WGMMA, "paged_attention_wgmma"),
-        _ => (&PAGED_ATTENTION_WGMMA_WS, "paged_attention_wgmma_ws"),
-    };
-    let want = format!("{prefix}_{t}_d{head_size}");
-    source.functions.iter().find(|f| **f == want).copied()
+    let want = format!("paged_attention_wgmma_ws_{t}_d{head_size}");
+    PAGED_ATTENTION_WGMMA_WS
+        .functions
+        .iter()
+        .find(|f| **f == want)
+        .copied()
 }
 
 /// The decode kernel's code for a cache dtype (`PD_KV`): 0 for a cache of the activation
@@ -233,37 +202,30 @@ mod tests {
         assert_eq!(decode_function_name(DType::F16, DType::Bf16, 128), None);
         assert_eq!(decode_function_name(DType::F32, DType::F32, 128), None);
         assert_eq!(decode_function_name(DType::F16, DType::F16, 256), None);
-        for (form, name) in [
-            (WgmmaForm::Barrier, "paged_attention_wgmma_bf16_d128"),
-            (
-                WgmmaForm::WarpSpecialized,
-                "paged_attention_wgmma_ws_bf16_d128",
-            ),
-        ] {
-            assert_eq!(wgmma_function_name(DType::Bf16, 128, form), Some(name));
-            assert_eq!(wgmma_function_name(DType::F16, 96, form), None);
-            assert_eq!(wgmma_function_name(DType::F32, 128, form), None);
-        }
         assert_eq!(
-            wgmma_ws_variant(DType::Bf16, 128, 64, 4, false, WgmmaForm::PingPong),
+            wgmma_function_name(DType::Bf16, 128),
+            Some("paged_attention_wgmma_ws_bf16_d128")
+        );
+        assert_eq!(wgmma_function_name(DType::F16, 96), None);
+        assert_eq!(wgmma_function_name(DType::F32, 128), None);
+        assert_eq!(
+            wgmma_variant(DType::Bf16, 128, false),
             [
                 "-DPA_WS_D=128",
                 "-DPA_WS_BF16=1",
-                "-DPA_WS_KEYS=64",
-                "-DPA_WS_STAGES=4",
-                "-DPA_WS_PLAIN=0",
-                "-DPA_WS_PINGPONG=1",
-                "-DPA_WS_OVERLAP=0",
-                "-DPA_WS_TMA=0"
+                "-DPA_WS_KEYS=128",
+                "-DPA_WS_STAGES=2",
+                "-DPA_WS_PLAIN=0"
             ]
         );
         assert_eq!(
-            wgmma_variant(DType::F16, 64, 128, true),
+            wgmma_variant(DType::F16, 64, true),
             [
-                "-DPA_WG_D=64",
-                "-DPA_WG_BF16=0",
-                "-DPA_WG_KEYS=128",
-                "-DPA_WG_PLAIN=1"
+                "-DPA_WS_D=64",
+                "-DPA_WS_BF16=0",
+                "-DPA_WS_KEYS=128",
+                "-DPA_WS_STAGES=4",
+                "-DPA_WS_PLAIN=1"
             ]
         );
     }

@@ -108,8 +108,9 @@ fn print_cuda_prefill(config: &polyattn::SelectorConfig) {
         tuning,
     );
     let kernel = match c.kernel {
-        Some(CudaKernel::Wgmma(name)) => format!("{name} ({:?} form)", tuning.wgmma_form),
-        Some(CudaKernel::Mma(name) | CudaKernel::AmdMatrixEmulated(name)) => name.to_string(),
+        Some(
+            CudaKernel::Wgmma(name) | CudaKernel::Mma(name) | CudaKernel::AmdMatrixEmulated(name),
+        ) => name.to_string(),
         Some(other) => format!("{other:?}"),
         None => "paged_attention (CUDA cores)".to_string(),
     };
