@@ -21,11 +21,19 @@
 #   model:   carry .devbin/on-device.sh .m2 .gl
 #            SmolLM2 joined: the greedy-token identity, the graph tests, the cache-write A/B
 #            (cache-write-ab), then the tokens/s of every backend (speed).
+#   variants: carry .devbin/on-device.sh .dz .gl
+#            Kernel variants built from other branches, each as a pair bin-polyattn-NAME and
+#            test-cuda_gpu-NAME in the archive beside this tree's bin-polyattn (in a worktree
+#            of the branch: cargo build --release --bin polyattn --test cuda_gpu, the two
+#            executables copied into .devbin with -NAME appended, stripped, before the archive
+#            is made): each variant's prefill tests and its small set under memcheck, racecheck
+#            and synccheck, then the goal rows of this tree and of every variant that passed,
+#            interleaved twice, beside cuDNN.
 # Each call leaves $OUT/summary-NAME.txt and $OUT/logs-NAME.tgz (its logs and JSON, packed
 # after every step: a call returns only a few files, and one cut short still brings back what
 # it did).
 set -u
-call=${1:?usage: h200_lease.sh kernels|hopper|model}
+call=${1:?usage: h200_lease.sh kernels|hopper|model|variants}
 R=${OUT:?run on the GPU machine, where \$OUT is set}
 here=$(dirname "$0")
 mkdir -p /tmp/b
@@ -80,5 +88,34 @@ case $call in
     hopper_rows 2>&1 | tee "$R/summary-$call.txt" ;;
   model)
     phases join identity graphs cache-write-ab speed 2>&1 | tee "$R/summary-$call.txt" ;;
+  variants)
+    {
+      names=()
+      for b in $B/bin-polyattn-*; do [ -f "$b" ] && names+=("${b##*/bin-polyattn-}"); done
+      echo "variants: ${names[*]:-none}"
+      ok=()
+      for v in "${names[@]}"; do
+        t $v-tests 200 $B/test-cuda_gpu-$v prefill --test-threads=1
+        grep -q 'test result: ok' "$OUT/$v-tests.log" || continue
+        pass=1
+        for tool in memcheck racecheck synccheck; do
+          t $v-$tool 150 compute-sanitizer --tool $tool --error-exitcode 99 \
+            $B/test-cuda_gpu-$v prefill_kernel_sanitizer_set --test-threads=1
+          grep -q 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$OUT/$v-$tool.log" || pass=0
+        done
+        [ $pass = 1 ] && ok+=("$v")
+      done
+      t torch 120 env PYTHONUNBUFFERED=1 python3 benches/reference_sdpa.py --shapes $sh \
+        --budget 0.3 --out "$OUT/torch.json"
+      grep -E '^\[' "$OUT/torch.log" | head -8
+      for rep in 1 2; do
+        bench main-bench-$rep
+        for v in "${ok[@]}"; do
+          t $v-bench-$rep 100 $B/bin-polyattn-$v bench --backend cuda --shapes $sh --budget 0.3 \
+            --json "$OUT/$v-bench-$rep.json" --no-svg
+          grep -E '^ *P[12]' "$OUT/$v-bench-$rep.log" | head -8
+        done
+      done
+    } 2>&1 | tee "$R/summary-$call.txt" ;;
   *) echo "unknown call $call"; exit 2 ;;
 esac
