@@ -23,10 +23,8 @@
 #            (cache-write-ab), then the tokens/s of every backend (speed).
 #   variants: carry .devbin/on-device.sh .dz .gl
 #            Kernel variants built from other branches, each as a pair bin-polyattn-NAME and
-#            test-cuda_gpu-NAME in the archive beside this tree's bin-polyattn (in a worktree
-#            of the branch: cargo build --release --bin polyattn --test cuda_gpu, the two
-#            executables copied into .devbin with -NAME appended, stripped, before the archive
-#            is made): each variant's prefill tests and its small set under memcheck, racecheck
+#            test-cuda_gpu-NAME in the archive beside this tree's bin-polyattn
+#            (benches/pack_variants.sh NAME=BRANCH ... after pack.sh): each variant's prefill tests and its small set under memcheck, racecheck
 #            and synccheck, then the goal rows of this tree and of every variant that passed,
 #            interleaved twice, beside cuDNN.
 # Each call leaves $OUT/summary-NAME.txt and $OUT/logs-NAME.tgz (its logs and JSON, packed
