@@ -9,13 +9,12 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-export CARGO_TARGET_DIR="$root/target"
 for spec in "$@"; do
   name=${spec%%=*} branch=${spec#*=}
   wt="$root/../wt-$name"
   [ -d "$wt" ] || git worktree add -q "$wt" "$branch"
   (cd "$wt" && git checkout -q "$branch")
-  exe=$(cd "$wt" && cargo build --release --bin polyattn --test cuda_gpu --message-format=json \
+  exe=$(cd "$wt" && CARGO_TARGET_DIR="$wt/target" cargo build --release --bin polyattn --test cuda_gpu --message-format=json \
     2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
