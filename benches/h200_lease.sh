@@ -49,8 +49,8 @@ phases() { # phases PHASE...: h200_model.sh's phases, the logs packed after each
   done
 }
 sh=P2.b1s16k.p16,P2.b1s32k.p16,P2.b8s4k.p16,P1.d128.b16s1k.nc,P1.d128.b1s16k.c,P2.b1s4k.p16
-bench() { # bench NAME: the goal rows with the environment given
-  t "$1" 100 $B/bin-polyattn bench --backend cuda --shapes $sh --budget 0.3 \
+bench() { # bench NAME: the goal rows with the environment given (BIN: another build)
+  t "$1" 100 "${BIN:-$B/bin-polyattn}" bench --backend cuda --shapes $sh --budget 0.3 \
     --json "$OUT/$1.json" --no-svg
   grep -E '^ *P[12]' "$OUT/$1.log" | head -8
 }
@@ -108,11 +108,7 @@ case $call in
       grep -E '^\[' "$OUT/torch.log" | head -8
       for rep in 1 2; do
         bench main-bench-$rep
-        for v in "${ok[@]}"; do
-          t $v-bench-$rep 100 $B/bin-polyattn-$v bench --backend cuda --shapes $sh --budget 0.3 \
-            --json "$OUT/$v-bench-$rep.json" --no-svg
-          grep -E '^ *P[12]' "$OUT/$v-bench-$rep.log" | head -8
-        done
+        for v in "${ok[@]}"; do BIN=$B/bin-polyattn-$v bench $v-bench-$rep; done
       done
     } 2>&1 | tee "$R/summary-$call.txt" ;;
   *) echo "unknown call $call"; exit 2 ;;

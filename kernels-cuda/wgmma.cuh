@@ -33,14 +33,10 @@ __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-// Waits until at most N of this warpgroup's committed wgmma groups are pending (groups
-// complete in the order they were committed).
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+// Waits until none of this warpgroup's committed wgmma groups is pending.
+__device__ __forceinline__ void wg_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-
-__device__ __forceinline__ void wg_wait_all() { wg_wait<0>(); }
 
 // Makes the shared memory this thread wrote through the generic proxy (cp.async, stores)
 // visible to the async proxy (wgmma's operand reads) once a barrier orders the two.

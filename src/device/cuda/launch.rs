@@ -49,11 +49,16 @@ pub(crate) fn launch_dependent<P: bytemuck::Pod>(
     launch_with(device, f, cfg, params, extra_ptr, dependent)
 }
 
-/// The checks and settings before any launch; `false` where the grid is empty (nothing to
-/// launch).
-fn prepare(device: &CudaDevice, f: &CudaFunction, cfg: &LaunchConfig) -> Result<bool> {
+fn launch_with<P: bytemuck::Pod>(
+    device: &CudaDevice,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &P,
+    extra_ptr: Option<u64>,
+    dependent: bool,
+) -> Result<()> {
     if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
-        return Ok(false);
+        return Ok(());
     }
     // The driver's grid limits (x < 2^31, y and z ≤ 65535, 1024 threads a block): a grid
     // past them is a typed error here, not a launch failure that names no size.
@@ -86,20 +91,6 @@ fn prepare(device: &CudaDevice, f: &CudaFunction, cfg: &LaunchConfig) -> Result<
         .map_err(|e| device_error(format!("raising the shared-memory limit: {e}")))?;
     }
     device.check_healthy()?;
-    Ok(true)
-}
-
-fn launch_with<P: bytemuck::Pod>(
-    device: &CudaDevice,
-    f: &CudaFunction,
-    cfg: LaunchConfig,
-    params: &P,
-    extra_ptr: Option<u64>,
-    dependent: bool,
-) -> Result<()> {
-    if !prepare(device, f, &cfg)? {
-        return Ok(());
-    }
     let stream = device.stream();
     if dependent {
         return launch_ex(device, f, cfg, params, extra_ptr);

@@ -122,14 +122,14 @@ const HOPPER_SMEM_PER_CTA: usize = 227 * 1024;
 /// Static shared memory of the Hopper prefill kernel, rounded up: its
 /// mbarriers, the double-buffered row-address table (up to 128 keys), the rows' visible
 /// ranges and the consumer warps' bounds.
-const WGMMA_WS_STATIC_SMEM: usize = 4096;
+const WGMMA_STATIC_SMEM: usize = 4096;
 
 /// K / V stages of the Hopper prefill kernel (`-DPA_WS_STAGES`): as many tiles of
 /// [`WGMMA_KEYS`] as fit beside the Q tile, up to 4 (2 at head size 128, 4 at 64).
 pub fn wgmma_stages(head_size: usize) -> usize {
     let q = WGMMA_ROWS * head_size * 2;
     let stage = 2 * WGMMA_KEYS * head_size * 2;
-    let room = HOPPER_SMEM_PER_CTA.saturating_sub(1024 + q + WGMMA_WS_STATIC_SMEM);
+    let room = HOPPER_SMEM_PER_CTA.saturating_sub(1024 + q + WGMMA_STATIC_SMEM);
     (room / stage.max(1)).clamp(2, 4)
 }
 
