@@ -17,7 +17,9 @@ use super::sources::{
     KernelSource, MERGE_STATES, MLA_CACHE, MLA_DECODE, MLA_PREFILL, MODEL_LINEAR, PAGED_ATTENTION,
     PAGED_ATTENTION_MATRIX, RESHAPE_AND_CACHE,
 };
-use super::variants::{attention_function_name, attention_variant, ATTENTION_MAX_HEAD_SIZE};
+use super::variants::{
+    attention_function_name, attention_variant, half_function_name, ATTENTION_MAX_HEAD_SIZE,
+};
 
 pub use super::sources::PORTABLE_SOURCES;
 
@@ -134,17 +136,7 @@ pub fn matrix_smem_bytes(d: usize) -> u32 {
 /// The matrix-core prefill's entry point for `dtype` activations (with a cache of the same
 /// dtype) at `head_size`, if it has one (f16 / bf16 at 64, 96, 128).
 pub fn matrix_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
-    let t = match dtype {
-        DType::F16 => "f16",
-        DType::Bf16 => "bf16",
-        _ => return None,
-    };
-    let want = format!("paged_attention_matrix_{t}_d{head_size}");
-    PAGED_ATTENTION_MATRIX
-        .functions
-        .iter()
-        .find(|f| **f == want)
-        .copied()
+    half_function_name(&PAGED_ATTENTION_MATRIX, dtype, head_size)
 }
 
 /// One module an AMD device compiles: a source, its `-D` options and the entry points it

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 use super::shapes::{wgmma_stages, MmaShape, WGMMA_KEYS};
 use super::sources::{
-    PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA_WS, PAGED_DECODE,
+    KernelSource, PAGED_ATTENTION, PAGED_ATTENTION_MMA, PAGED_ATTENTION_WGMMA_WS, PAGED_DECODE,
 };
 
 /// The element-type code of `dtype` as the kernels read it (`PA_F32` ... in `common.cuh`);
@@ -74,17 +74,23 @@ pub fn wgmma_variant(dtype: DType, head_size: usize, plain: bool) -> [String; 5]
 
 /// The Hopper prefill entry point for `dtype` (f16 / bf16) and `head_size` (64, 128).
 pub fn wgmma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
+    half_function_name(&PAGED_ATTENTION_WGMMA_WS, dtype, head_size)
+}
+
+/// The entry point `{source}_{f16|bf16}_d{head_size}` of a tensor-core source whose entry
+/// points are named by dtype and head size, where `source` defines it.
+pub(crate) fn half_function_name(
+    source: &KernelSource,
+    dtype: DType,
+    head_size: usize,
+) -> Option<&'static str> {
     let t = match dtype {
         DType::F16 => "f16",
         DType::Bf16 => "bf16",
         _ => return None,
     };
-    let want = format!("paged_attention_wgmma_ws_{t}_d{head_size}");
-    PAGED_ATTENTION_WGMMA_WS
-        .functions
-        .iter()
-        .find(|f| **f == want)
-        .copied()
+    let want = format!("{}_{t}_d{head_size}", source.name);
+    source.functions.iter().find(|f| **f == want).copied()
 }
 
 /// The decode kernel's code for a cache dtype (`PD_KV`): 0 for a cache of the activation
@@ -124,17 +130,7 @@ pub fn attention_function_name(head_size: usize, wave: usize) -> Option<&'static
 
 /// The tensor-core entry point for `dtype` (f16 / bf16) and `head_size` (64, 96, 128).
 pub fn mma_function_name(dtype: DType, head_size: usize) -> Option<&'static str> {
-    let t = match dtype {
-        DType::F16 => "f16",
-        DType::Bf16 => "bf16",
-        _ => return None,
-    };
-    let want = format!("paged_attention_mma_{t}_d{head_size}");
-    PAGED_ATTENTION_MMA
-        .functions
-        .iter()
-        .find(|f| **f == want)
-        .copied()
+    half_function_name(&PAGED_ATTENTION_MMA, dtype, head_size)
 }
 
 /// The decode entry point for `dtype` (f16 / bf16), `cache_dtype` (`dtype`, E4M3 or E5M2)
